@@ -1,0 +1,2 @@
+//! The `strata` command line.
+fn main() {}
