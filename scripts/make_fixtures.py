@@ -13,6 +13,8 @@ Sanity checks run for every fixture (the script aborts if one fails):
   * reloaded logits == in-memory logits within 1e-5 (for bf16: in-memory params rounded to bf16 first);
   * prefill of the first half + token-by-token decode with ``past_key_values`` matches the full forward
     within 1e-4;
+  * an independent plain-torch re-implementation (``independent_forward``, no transformers modules)
+    reproduces the logits within 1e-4;
   * the max-min spread of the logits is > 1 at every position (logits are not near-uniform);
   * for routers with ``e_score_correction_bias`` / expert groups: zeroing the bias, or disabling group
     limiting, changes the logits (so those code paths are actually exercised).
@@ -24,14 +26,16 @@ from __future__ import annotations
 
 import argparse
 import copy
+import glob
 import json
+import math
 import shutil
 from pathlib import Path
 
 import numpy as np
 import torch
 import transformers
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from transformers import (
     AutoModelForCausalLM,
     DeepseekV2Config,
@@ -496,6 +500,244 @@ FIXTURES = {
 }
 
 
+# --------------------------------------------------------------------------------------------
+# Independent re-implementation: plain torch on the raw config.json + safetensors, no transformers
+# modules. Every fixture's logits must match it (< 1e-4), which pins down the exact math the Rust
+# engine must reproduce (rope layouts, routing, MLA, YaRN) and doubles as a readable spec.
+# --------------------------------------------------------------------------------------------
+
+
+def ind_load_weights(d):
+    w = {}
+    for f in sorted(glob.glob(str(d / "*.safetensors"))):
+        w.update({k: v.float() for k, v in load_file(f).items()})
+    return w
+
+
+def rope_params(cfg):
+    if "rope_parameters" in cfg:
+        rp = dict(cfg["rope_parameters"])
+    else:
+        rp = dict(cfg.get("rope_scaling") or {})
+        rp["rope_theta"] = cfg.get("rope_theta", 10000.0)
+        if "partial_rotary_factor" in cfg:
+            rp["partial_rotary_factor"] = cfg["partial_rotary_factor"]
+    rp["rope_type"] = rp.get("rope_type", rp.get("type", "default"))
+    return rp
+
+
+def inv_freq_and_attn(rp, dim):
+    base = rp["rope_theta"]
+    pos = base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
+    inv = 1.0 / pos
+    t = rp["rope_type"]
+    if t == "default":
+        return inv, 1.0
+    if t == "llama3":
+        f, lo, hi, old = rp["factor"], rp["low_freq_factor"], rp["high_freq_factor"], rp["original_max_position_embeddings"]
+        out = []
+        for x in inv.tolist():
+            wl = 2 * math.pi / x
+            if wl < old / hi:
+                out.append(x)
+            elif wl > old / lo:
+                out.append(x / f)
+            else:
+                s = (old / wl - lo) / (hi - lo)
+                out.append((1 - s) * x / f + s * x)
+        return torch.tensor(out, dtype=torch.float32), 1.0
+    if t == "yarn":
+        f = rp["factor"]
+        orig = rp["original_max_position_embeddings"]
+        ms, msa = rp.get("mscale"), rp.get("mscale_all_dim")
+        gm = lambda s, m=1: 1.0 if s <= 1 else 0.1 * m * math.log(s) + 1.0
+        attn = gm(f, ms) / gm(f, msa) if (ms and msa) else gm(f)
+        bf, bs = rp.get("beta_fast") or 32, rp.get("beta_slow") or 1
+        cd = lambda r: dim * math.log(orig / (r * 2 * math.pi)) / (2 * math.log(base))
+        low, high = max(math.floor(cd(bf)), 0), min(math.ceil(cd(bs)), dim - 1)
+        if low == high:
+            high += 0.001
+        ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+        extrap = 1 - ramp
+        inv = (1.0 / (f * pos)) * (1 - extrap) + (1.0 / pos) * extrap
+        return inv, attn
+    raise ValueError(t)
+
+
+def rms(x, w, eps):
+    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def rope_neox(x, cos, sin):  # x [..., T, d], cos/sin [T, d/2]
+    h = x.shape[-1] // 2
+    x1, x2 = x[..., :h], x[..., h:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
+
+
+def rope_interleaved(x, cos, sin):  # pairs (2i, 2i+1), output keeps interleaved order
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    out = torch.empty_like(x)
+    out[..., 0::2] = x1 * cos - x2 * sin
+    out[..., 1::2] = x2 * cos + x1 * sin
+    return out
+
+
+def attend(q, k, v, scale):  # q [H,T,d] k [H,T,d] v [H,T,dv]
+    s = q @ k.transpose(-1, -2) * scale
+    T = q.shape[1]
+    s = s.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), float("-inf"))
+    return s.softmax(-1) @ v
+
+
+def lin(x, w, p, name):
+    y = x @ w[p + name + ".weight"].T
+    if p + name + ".bias" in w:
+        y = y + w[p + name + ".bias"]
+    return y
+
+
+def mlp(x, w, p, names=("gate_proj", "up_proj", "down_proj")):
+    g, u, d = names
+    return lin(torch.nn.functional.silu(lin(x, w, p, g)) * lin(x, w, p, u), w, p, d)
+
+
+def expert(x, w, p, e):
+    if p + "experts.gate_up_proj" in w:
+        gu = w[p + "experts.gate_up_proj"][e]
+        I = gu.shape[0] // 2
+        return (torch.nn.functional.silu(x @ gu[:I].T) * (x @ gu[I:].T)) @ w[p + "experts.down_proj"][e].T
+    if p + f"experts.{e}.w1.weight" in w:
+        return mlp(x, w, p + f"experts.{e}.", ("w1", "w3", "w2"))
+    return mlp(x, w, p + f"experts.{e}.")
+
+
+def route(x, w, p, cfg, mt):
+    logits = x @ w[p + "gate.weight"].T
+    k = cfg["num_experts_per_tok"]
+    if mt in ("qwen3_moe", "qwen2_moe", "mixtral"):
+        probs = logits.softmax(-1)
+        tw, ti = probs.topk(k, -1)
+        if mt == "mixtral" or cfg.get("norm_topk_prob"):
+            tw = tw / tw.sum(-1, keepdim=True)
+        return tw, ti
+    E = logits.shape[-1]
+    G, TG = cfg.get("n_group") or 1, cfg.get("topk_group") or 1
+    if mt == "deepseek_v2":
+        s = logits.softmax(-1)
+        if cfg.get("topk_method") == "group_limited_greedy":
+            gs = s.view(-1, G, E // G).max(-1).values
+            gi = gs.topk(TG, -1).indices
+            gmask = torch.zeros_like(gs).scatter_(1, gi, 1).repeat_interleave(E // G, -1)
+            s = s.masked_fill(gmask == 0, 0.0)
+        tw, ti = s.topk(k, -1)
+        return tw * cfg["routed_scaling_factor"], ti
+    # deepseek_v3 / glm4_moe
+    s = logits.sigmoid()
+    sc = s + w[p + "gate.e_score_correction_bias"]
+    gs = sc.view(-1, G, E // G).topk(2, -1).values.sum(-1)
+    gi = gs.topk(TG, -1).indices
+    gmask = torch.zeros_like(gs).scatter_(1, gi, 1).repeat_interleave(E // G, -1)
+    sc = sc.masked_fill(gmask == 0, float("-inf"))
+    ti = sc.topk(k, -1).indices
+    tw = s.gather(1, ti)
+    if cfg.get("norm_topk_prob"):
+        tw = tw / (tw.sum(-1, keepdim=True) + 1e-20)
+    return tw * cfg["routed_scaling_factor"], ti
+
+
+def moe(x, w, p, cfg, mt):
+    tw, ti = route(x, w, p, cfg, mt)
+    out = torch.zeros_like(x)
+    for t in range(x.shape[0]):
+        for j in range(ti.shape[1]):
+            out[t] += tw[t, j] * expert(x[t : t + 1], w, p, int(ti[t, j]))[0]
+    if mt == "qwen2_moe":
+        out = out + torch.sigmoid(x @ w[p + "shared_expert_gate.weight"].T) * mlp(x, w, p + "shared_expert.")
+    if mt in ("deepseek_v2", "deepseek_v3", "glm4_moe"):
+        out = out + mlp(x, w, p + "shared_experts.")
+    return out
+
+
+def is_moe_layer(i, cfg, mt):
+    if mt in ("llama", "qwen2"):
+        return False
+    if mt == "mixtral":
+        return True
+    if mt in ("qwen3_moe", "qwen2_moe"):
+        ne = cfg.get("num_experts", cfg.get("num_local_experts"))
+        return i not in (cfg.get("mlp_only_layers") or []) and ne > 0 and (i + 1) % cfg["decoder_sparse_step"] == 0
+    return i >= cfg["first_k_dense_replace"]
+
+
+def independent_forward(d: Path, ids: list[int]) -> torch.Tensor:
+    cfg = json.loads((d / "config.json").read_text())
+    mt = cfg["model_type"]
+    w = ind_load_weights(d)
+    eps = cfg["rms_norm_eps"]
+    H, D = cfg["num_attention_heads"], cfg["hidden_size"]
+    rp = rope_params(cfg)
+    T = len(ids)
+    x = w["model.embed_tokens.weight"][torch.tensor(ids)]
+    mla = mt.startswith("deepseek")
+    if mla:
+        dn, dr, dv = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
+        rot = dr
+    else:
+        hd = cfg.get("head_dim") or D // H
+        KV = cfg["num_key_value_heads"]
+        rot = int(hd * rp.get("partial_rotary_factor", 1.0))
+    inv, attn_factor = inv_freq_and_attn(rp, rot)
+    ang = torch.arange(T, dtype=torch.float32)[:, None] * inv[None]
+    cos, sin = ang.cos() * attn_factor, ang.sin() * attn_factor
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        h = rms(x, w[p + "input_layernorm.weight"], eps)
+        a = p + "self_attn."
+        if mla:
+            if cfg.get("q_lora_rank"):
+                q = lin(rms(lin(h, w, a, "q_a_proj"), w[a + "q_a_layernorm.weight"], 1e-6), w, a, "q_b_proj")
+            else:
+                q = lin(h, w, a, "q_proj")
+            q = q.view(T, H, dn + dr).transpose(0, 1)
+            ckv = lin(h, w, a, "kv_a_proj_with_mqa")
+            c, kpe = ckv[:, : cfg["kv_lora_rank"]], ckv[:, cfg["kv_lora_rank"] :]
+            c = rms(c, w[a + "kv_a_layernorm.weight"], 1e-6)
+            kv = lin(c, w, a, "kv_b_proj").view(T, H, dn + dv).transpose(0, 1)
+            knope, v = kv[..., :dn], kv[..., dn:]
+            interleave = mt == "deepseek_v2" or cfg.get("rope_interleave", True)
+            rf = rope_interleaved if interleave else rope_neox
+            qpe = rf(q[..., dn:], cos, sin)
+            kpe = rf(kpe, cos, sin)
+            qf = torch.cat([q[..., :dn], qpe], -1)
+            kf = torch.cat([knope, kpe[None].expand(H, T, dr)], -1)
+            scale = (dn + dr) ** -0.5
+            if rp["rope_type"] != "default" and rp.get("mscale_all_dim"):
+                m = 0.1 * rp["mscale_all_dim"] * math.log(rp["factor"]) + 1.0 if rp["factor"] > 1 else 1.0
+                scale *= m * m
+            o = attend(qf, kf, v, scale)
+        else:
+            q = lin(h, w, a, "q_proj").view(T, H, hd)
+            k = lin(h, w, a, "k_proj").view(T, KV, hd)
+            v = lin(h, w, a, "v_proj").view(T, KV, hd)
+            if a + "q_norm.weight" in w:
+                q = rms(q, w[a + "q_norm.weight"], eps)
+                k = rms(k, w[a + "k_norm.weight"], eps)
+            q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
+            q = torch.cat([rope_neox(q[..., :rot], cos, sin), q[..., rot:]], -1)
+            k = torch.cat([rope_neox(k[..., :rot], cos, sin), k[..., rot:]], -1)
+            rep = H // KV
+            k, v = k.repeat_interleave(rep, 0), v.repeat_interleave(rep, 0)
+            o = attend(q, k, v, hd**-0.5)
+        o = o.transpose(0, 1).reshape(T, -1)
+        x = x + lin(o, w, a, "o_proj")
+        h = rms(x, w[p + "post_attention_layernorm.weight"], eps)
+        mp = p + ("block_sparse_moe." if mt == "mixtral" else "mlp.")
+        x = x + (moe(h, w, mp, cfg, mt) if is_moe_layer(i, cfg, mt) else mlp(h, w, mp))
+    x = rms(x, w["model.norm.weight"], eps)
+    head = w.get("lm_head.weight", w["model.embed_tokens.weight"])
+    return x @ head.T
+
+
 def routing_sensitivity(model, seqs) -> dict[str, float]:
     """How much the logits move when the correction bias is zeroed / group limiting is disabled."""
     out = {}
@@ -565,8 +807,10 @@ def build(name: str, seed: int, out_root: Path) -> dict:
         spread = float((ref.max(dim=-1).values - ref.min(dim=-1).values).min())
         assert spread > MIN_SPREAD, f"{name}: logits near-uniform (min spread {spread})"
         assert torch.isfinite(ref).all()
+        diff_ind = float((independent_forward(path, ids) - ref).abs().max())
+        assert diff_ind < KV_TOL, f"{name}: independent re-implementation differs by {diff_ind}"
         np.save(path / f"logits_{i}.npy", ref.numpy().astype(np.float32))
-        stats[f"seq{i}"] = {"reload_max_abs_diff": diff_reload, "kv_cache_max_abs_diff": diff_kv, "min_logit_spread": spread}
+        stats[f"seq{i}"] = {"independent_impl_max_abs_diff": diff_ind, "reload_max_abs_diff": diff_reload, "kv_cache_max_abs_diff": diff_kv, "min_logit_spread": spread}
 
     stats.update(routing_sensitivity(loaded, seqs))
     for key, val in stats.items():
