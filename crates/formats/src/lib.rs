@@ -8,7 +8,9 @@
 //! checkpoints are user input: a hostile or truncated file must never panic or read out of range.
 
 mod error;
+pub mod gguf;
 mod mmap;
+pub mod npy;
 pub mod safetensors;
 mod tensor;
 

@@ -123,7 +123,22 @@ impl TensorView {
 
     /// Converts the data to f32 (a copy).
     pub fn to_f32(&self) -> Result<Vec<f32>> {
-        let b = self.bytes();
+        self.to_f32_range(0, self.numel())
+    }
+
+    /// Converts elements `start..start + len` to f32 (a copy).
+    pub fn to_f32_range(&self, start: usize, len: usize) -> Result<Vec<f32>> {
+        let size = self.dtype.size().unwrap_or(1);
+        let end = start
+            .checked_add(len)
+            .filter(|&e| e <= self.numel())
+            .ok_or_else(|| {
+                self.bad(format!(
+                    "element range {start}+{len} out of {} elements",
+                    self.numel()
+                ))
+            })?;
+        let b = &self.bytes()[start * size..end * size];
         Ok(match self.dtype {
             DType::F32 => b
                 .chunks_exact(4)

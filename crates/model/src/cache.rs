@@ -1,0 +1,82 @@
+//! Per-sequence KV cache.
+//!
+//! Each layer keeps two growing row-major buffers: keys and values for grouped-query
+//! attention, or the compressed latent and the shared rotary key for MLA. Their widths come
+//! from the attention layer ([`crate::attention::Attention::cache_widths`]).
+
+/// One layer's cache of one sequence.
+#[derive(Debug, Clone, Default)]
+pub struct LayerCache {
+    a: Vec<f32>,
+    b: Vec<f32>,
+}
+
+impl LayerCache {
+    /// Appends rows to both buffers.
+    pub fn append(&mut self, a: &[f32], b: &[f32]) {
+        self.a.extend_from_slice(a);
+        self.b.extend_from_slice(b);
+    }
+    /// Keys (GQA) or latents (MLA), `[len, width_a]`.
+    pub fn a(&self) -> &[f32] {
+        &self.a
+    }
+    /// Values (GQA) or rotary keys (MLA), `[len, width_b]`.
+    pub fn b(&self) -> &[f32] {
+        &self.b
+    }
+    fn truncate(&mut self, len: usize, wa: usize, wb: usize) {
+        self.a.truncate(len * wa);
+        self.b.truncate(len * wb);
+    }
+    fn bytes(&self) -> usize {
+        (self.a.capacity() + self.b.capacity()) * 4
+    }
+}
+
+/// The KV cache of one sequence across all layers.
+#[derive(Debug, Clone)]
+pub struct KvCache {
+    pub(crate) layers: Vec<LayerCache>,
+    widths: Vec<(usize, usize)>,
+    len: usize,
+}
+
+impl KvCache {
+    pub(crate) fn new(widths: Vec<(usize, usize)>) -> KvCache {
+        KvCache {
+            layers: vec![LayerCache::default(); widths.len()],
+            widths,
+            len: 0,
+        }
+    }
+
+    /// Positions cached.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether nothing is cached.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub(crate) fn advance(&mut self, n: usize) {
+        self.len += n;
+    }
+
+    /// Drops every position from `len` on (to rewind a sequence).
+    pub fn truncate(&mut self, len: usize) {
+        if len < self.len {
+            for (layer, &(wa, wb)) in self.layers.iter_mut().zip(&self.widths) {
+                layer.truncate(len, wa, wb);
+            }
+            self.len = len;
+        }
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.layers.iter().map(LayerCache::bytes).sum()
+    }
+}

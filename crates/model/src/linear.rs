@@ -1,0 +1,216 @@
+//! Linear layers and the loader that builds them from checkpoint tensors.
+//!
+//! A [`Linear`] holds `W: [n_out, k_in]` (the `nn.Linear` layout) in one of the engine's
+//! weight formats and an optional bias. [`Precision`] picks the format at load time:
+//! `F32` converts everything to f32 (the reference path); `Fast` keeps BF16 checkpoints
+//! mapped as they are and converts other float types to BF16 once.
+
+use half::bf16;
+use strata_formats::safetensors::Checkpoint;
+use strata_formats::{DType, TensorView};
+
+use crate::Result;
+
+/// Numeric mode of the weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Precision {
+    /// Every weight in f32: the reference path (`--dtype f32`).
+    F32,
+    /// BF16 weights (mapped when the checkpoint is BF16), f32 activations and accumulation.
+    #[default]
+    Fast,
+}
+
+/// Weight storage of a [`Linear`].
+#[derive(Debug, Clone)]
+pub enum Weight {
+    /// Owned f32 values.
+    F32(Vec<f32>),
+    /// BF16 values viewed in the mapped checkpoint, from element `offset`.
+    MappedBf16 {
+        /// The tensor holding the values.
+        view: TensorView,
+        /// First element.
+        offset: usize,
+    },
+    /// Owned BF16 values (converted at load from F32/F16 checkpoints).
+    Bf16(Vec<bf16>),
+}
+
+/// `y = x · Wᵀ (+ b)` with `W: [n_out, k_in]`.
+#[derive(Debug, Clone)]
+pub struct Linear {
+    /// Output features.
+    pub n_out: usize,
+    /// Input features.
+    pub k_in: usize,
+    weight: Weight,
+    bias: Option<Vec<f32>>,
+}
+
+impl Linear {
+    /// A linear layer from f32 values (used by tests and derived weights).
+    pub fn from_f32(w: Vec<f32>, n_out: usize, k_in: usize, bias: Option<Vec<f32>>) -> Linear {
+        assert_eq!(w.len(), n_out * k_in);
+        Linear {
+            n_out,
+            k_in,
+            weight: Weight::F32(w),
+            bias,
+        }
+    }
+
+    fn bf16_slice(&self) -> Option<&[bf16]> {
+        match &self.weight {
+            Weight::MappedBf16 { view, offset } => view
+                .as_bf16()
+                .map(|s| &s[*offset..*offset + self.n_out * self.k_in]),
+            Weight::Bf16(v) => Some(v),
+            Weight::F32(_) => None,
+        }
+    }
+
+    /// The weights as f32 (a copy unless already f32).
+    pub fn weight_f32(&self) -> Vec<f32> {
+        match &self.weight {
+            Weight::F32(w) => w.clone(),
+            _ => self
+                .bf16_slice()
+                .expect("bf16 weights")
+                .iter()
+                .map(|v| v.to_f32())
+                .collect(),
+        }
+    }
+
+    /// Row `i` of the weights as f32 (embedding lookup).
+    pub fn row_f32(&self, i: usize, out: &mut [f32]) {
+        let k = self.k_in;
+        match &self.weight {
+            Weight::F32(w) => out.copy_from_slice(&w[i * k..(i + 1) * k]),
+            _ => {
+                let w = self.bf16_slice().expect("bf16 weights");
+                for (o, v) in out.iter_mut().zip(&w[i * k..(i + 1) * k]) {
+                    *o = v.to_f32();
+                }
+            }
+        }
+    }
+
+    /// Bytes the weights occupy.
+    pub fn weight_bytes(&self) -> usize {
+        match &self.weight {
+            Weight::F32(w) => w.len() * 4,
+            _ => self.n_out * self.k_in * 2,
+        }
+    }
+
+    /// `x: [m, k_in]` -> `[m, n_out]`.
+    pub fn forward(&self, x: &[f32], m: usize) -> Vec<f32> {
+        let mut out = vec![0.0f32; m * self.n_out];
+        self.forward_into(x, m, &mut out);
+        out
+    }
+
+    /// `x: [m, k_in]` -> `out: [m, n_out]`.
+    pub fn forward_into(&self, x: &[f32], m: usize, out: &mut [f32]) {
+        use strata_kernels::gemm;
+        match &self.weight {
+            Weight::F32(w) => gemm::matmul_f32(x, w, out, m, self.n_out, self.k_in),
+            _ => {
+                let w = self.bf16_slice().expect("bf16 weights");
+                gemm::matmul_bf16(x, w, out, m, self.n_out, self.k_in)
+            }
+        }
+        if let Some(b) = &self.bias {
+            for row in out.chunks_exact_mut(self.n_out) {
+                crate::ops::add_assign(row, b);
+            }
+        }
+    }
+}
+
+/// Builds layers from a checkpoint's tensors by Hugging Face name, checking shapes.
+pub struct Loader<'a> {
+    ck: &'a Checkpoint,
+    precision: Precision,
+}
+
+impl<'a> Loader<'a> {
+    /// A loader over `ck` producing weights in `precision`.
+    pub fn new(ck: &'a Checkpoint, precision: Precision) -> Self {
+        Loader { ck, precision }
+    }
+
+    /// The checkpoint.
+    pub fn checkpoint(&self) -> &Checkpoint {
+        self.ck
+    }
+
+    /// The precision weights are built in.
+    pub fn precision(&self) -> Precision {
+        self.precision
+    }
+
+    /// Whether tensor `name` exists.
+    pub fn has(&self, name: &str) -> bool {
+        self.ck.contains(name)
+    }
+
+    /// A float tensor of exactly `shape`, converted to f32.
+    pub fn f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        let t = self.ck.get(name)?;
+        t.expect_shape(shape)?;
+        Ok(t.to_f32()?)
+    }
+
+    /// `{prefix}.weight` `[n_out, k_in]` and, if `bias`, `{prefix}.bias` `[n_out]`.
+    pub fn linear(&self, prefix: &str, n_out: usize, k_in: usize, bias: bool) -> Result<Linear> {
+        let t = self.ck.get(&format!("{prefix}.weight"))?;
+        t.expect_shape(&[n_out, k_in])?;
+        let bias = if bias {
+            Some(self.f32(&format!("{prefix}.bias"), &[n_out])?)
+        } else {
+            None
+        };
+        self.linear_from(t, 0, n_out, k_in, bias)
+    }
+
+    /// A linear layer whose weights are `n_out * k_in` consecutive elements of `t` starting
+    /// at element `offset` (one expert's slice of a stacked tensor).
+    pub fn linear_from(
+        &self,
+        t: &TensorView,
+        offset: usize,
+        n_out: usize,
+        k_in: usize,
+        bias: Option<Vec<f32>>,
+    ) -> Result<Linear> {
+        let len = n_out * k_in;
+        let weight = match (self.precision, t.dtype()) {
+            (Precision::Fast, DType::BF16) if t.as_bf16().is_some() => Weight::MappedBf16 {
+                view: t.clone(),
+                offset,
+            },
+            (Precision::Fast, _) => Weight::Bf16(
+                t.to_f32_range(offset, len)?
+                    .into_iter()
+                    .map(bf16::from_f32)
+                    .collect(),
+            ),
+            (Precision::F32, _) => Weight::F32(t.to_f32_range(offset, len)?),
+        };
+        Ok(Linear {
+            n_out,
+            k_in,
+            weight,
+            bias,
+        })
+    }
+
+    /// A linear layer in f32 whatever the precision (routers: their choices must not flip).
+    pub fn linear_f32(&self, prefix: &str, n_out: usize, k_in: usize) -> Result<Linear> {
+        let w = self.f32(&format!("{prefix}.weight"), &[n_out, k_in])?;
+        Ok(Linear::from_f32(w, n_out, k_in, None))
+    }
+}

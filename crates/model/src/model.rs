@@ -1,0 +1,271 @@
+//! A decoder-only model: embedding, layers of attention and feed-forward blocks, final norm
+//! and LM head, with a forward pass over a batch of sequences of different lengths.
+
+use std::path::Path;
+
+use strata_formats::safetensors::Checkpoint;
+
+use crate::attention::{Attention, SeqSpan};
+use crate::cache::KvCache;
+use crate::config::{Arch, AttentionConfig, FfnConfig, ModelConfig, RopeScaling, yarn_mscale};
+use crate::linear::{Linear, Loader, Precision};
+use crate::moe::{Ffn, Mlp, MoeBlock};
+use crate::ops::{add_assign, rms_norm};
+use crate::rope::Rope;
+use crate::{Error, Result};
+
+/// One decoder layer.
+#[derive(Debug)]
+pub struct Layer {
+    attn_norm: Vec<f32>,
+    /// Self-attention.
+    pub attn: Attention,
+    ffn_norm: Vec<f32>,
+    /// Feed-forward block.
+    pub ffn: Ffn,
+}
+
+/// Which logits a sequence wants back from a forward pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogitsWanted {
+    /// Logits at every new position (`strata logits`, evaluation).
+    All,
+    /// Only at the last new position (generation).
+    Last,
+    /// None (a prefill chunk that is not the last).
+    None,
+}
+
+/// One sequence's part of a batched forward pass.
+#[derive(Debug)]
+pub struct SeqInput<'a> {
+    /// New tokens to run.
+    pub tokens: &'a [u32],
+    /// The sequence's cache; the new tokens are appended.
+    pub cache: &'a mut KvCache,
+    /// Which logits to return.
+    pub logits: LogitsWanted,
+}
+
+/// Parameter and memory summary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ParamCounts {
+    /// All parameters.
+    pub total: usize,
+    /// Parameters used per token (routed experts counted top-k times).
+    pub active: usize,
+    /// Bytes of weights as loaded.
+    pub weight_bytes: usize,
+}
+
+/// A loaded model.
+#[derive(Debug)]
+pub struct Model {
+    /// Normalised configuration.
+    pub config: ModelConfig,
+    embed: Linear,
+    /// Decoder layers.
+    pub layers: Vec<Layer>,
+    norm: Vec<f32>,
+    lm_head: Option<Linear>,
+    rope: Rope,
+    attn_scale: f32,
+    precision: Precision,
+}
+
+impl Model {
+    /// Loads a Hugging Face model directory (`config.json` + safetensors).
+    pub fn load_dir(dir: &Path, precision: Precision) -> Result<Model> {
+        let config = ModelConfig::load(&dir.join("config.json"))?;
+        let ck = Checkpoint::open_dir(dir)?;
+        Model::from_checkpoint(config, &ck, precision)
+    }
+
+    /// Builds a model from a parsed config and opened checkpoint.
+    pub fn from_checkpoint(
+        config: ModelConfig,
+        ck: &Checkpoint,
+        precision: Precision,
+    ) -> Result<Model> {
+        let ld = Loader::new(ck, precision);
+        let h = config.hidden_size;
+        let v = config.vocab_size;
+        let eps_dim = h;
+        let embed = ld.linear("model.embed_tokens", v, h, false)?;
+        let mut layers = Vec::with_capacity(config.n_layers());
+        for (i, ffn_cfg) in config.layers.iter().enumerate() {
+            let p = format!("model.layers.{i}");
+            let attn = Attention::load(&ld, &format!("{p}.self_attn"), &config.attention, h)?;
+            let ffn = match ffn_cfg {
+                FfnConfig::Dense(inter) => {
+                    Ffn::Dense(Mlp::load(&ld, &format!("{p}.mlp"), h, *inter)?)
+                }
+                FfnConfig::Moe(moe) => {
+                    let prefix = if config.arch == Arch::Mixtral
+                        && ld.has(&format!("{p}.block_sparse_moe.gate.weight"))
+                    {
+                        format!("{p}.block_sparse_moe")
+                    } else {
+                        format!("{p}.mlp")
+                    };
+                    Ffn::Moe(MoeBlock::load(&ld, &prefix, moe, h)?)
+                }
+            };
+            layers.push(Layer {
+                attn_norm: ld.f32(&format!("{p}.input_layernorm.weight"), &[eps_dim])?,
+                attn,
+                ffn_norm: ld.f32(&format!("{p}.post_attention_layernorm.weight"), &[eps_dim])?,
+                ffn,
+            });
+        }
+        let norm = ld.f32("model.norm.weight", &[h])?;
+        let lm_head = if config.tie_word_embeddings && !ld.has("lm_head.weight") {
+            None
+        } else {
+            Some(ld.linear("lm_head", v, h, false)?)
+        };
+        let rope = Rope::new(&config.rope);
+        let attn_scale = attention_scale(&config);
+        Ok(Model {
+            config,
+            embed,
+            layers,
+            norm,
+            lm_head,
+            rope,
+            attn_scale,
+            precision,
+        })
+    }
+
+    /// The weights' numeric mode.
+    pub fn precision(&self) -> Precision {
+        self.precision
+    }
+
+    /// An empty KV cache for one sequence.
+    pub fn new_cache(&self) -> KvCache {
+        KvCache::new(self.layers.iter().map(|l| l.attn.cache_widths()).collect())
+    }
+
+    /// Parameter counts and weight memory.
+    pub fn param_counts(&self) -> ParamCounts {
+        let h = self.config.hidden_size;
+        let embed = self.embed.n_out * self.embed.k_in;
+        let head = self.lm_head.as_ref().map_or(0, |l| l.n_out * l.k_in);
+        let mut total = embed + head + h;
+        let mut active = total;
+        let mut bytes =
+            self.embed.weight_bytes() + self.lm_head.as_ref().map_or(0, Linear::weight_bytes);
+        for l in &self.layers {
+            let attn = l.attn.params() + 2 * h;
+            total += attn;
+            active += attn;
+            bytes += l.attn.weight_bytes();
+            match &l.ffn {
+                Ffn::Dense(m) => {
+                    total += m.params();
+                    active += m.params();
+                    bytes += m.weight_bytes();
+                }
+                Ffn::Moe(m) => {
+                    let (t, a) = m.params();
+                    total += t;
+                    active += a;
+                    bytes += m.weight_bytes();
+                }
+            }
+        }
+        ParamCounts {
+            total,
+            active,
+            weight_bytes: bytes,
+        }
+    }
+
+    /// Runs the new tokens of every sequence through the model in one batch, appending to
+    /// each sequence's cache. Returns, per sequence, the logits it asked for, row-major
+    /// `[rows, vocab]`.
+    pub fn forward(&self, seqs: &mut [SeqInput]) -> Result<Vec<Vec<f32>>> {
+        let h = self.config.hidden_size;
+        let v = self.config.vocab_size;
+        let mut spans = Vec::with_capacity(seqs.len());
+        let mut row = 0;
+        for s in seqs.iter() {
+            if let Some(&bad) = s.tokens.iter().find(|&&t| t as usize >= v) {
+                return Err(Error::Input(format!(
+                    "token id {bad} is out of range for a vocabulary of {v}"
+                )));
+            }
+            spans.push(SeqSpan {
+                row,
+                len: s.tokens.len(),
+                start_pos: s.cache.len(),
+            });
+            row += s.tokens.len();
+        }
+        let t = row;
+        let mut x = vec![0.0f32; t * h];
+        for (tok, xr) in seqs
+            .iter()
+            .flat_map(|s| s.tokens.iter())
+            .zip(x.chunks_exact_mut(h))
+        {
+            self.embed.row_f32(*tok as usize, xr);
+        }
+        let eps = self.config.rms_norm_eps;
+        for (li, layer) in self.layers.iter().enumerate() {
+            let mut hs = x.clone();
+            rms_norm(&mut hs, &layer.attn_norm, eps);
+            let mut caches: Vec<_> = seqs.iter_mut().map(|s| &mut s.cache.layers[li]).collect();
+            let a = layer
+                .attn
+                .forward(&hs, &spans, &mut caches, &self.rope, self.attn_scale, eps);
+            add_assign(&mut x, &a);
+            let mut hs = x.clone();
+            rms_norm(&mut hs, &layer.ffn_norm, eps);
+            let f = layer.ffn.forward(&hs, t);
+            add_assign(&mut x, &f);
+        }
+        for s in seqs.iter_mut() {
+            s.cache.advance(s.tokens.len());
+        }
+        let head = self.lm_head.as_ref().unwrap_or(&self.embed);
+        let mut out = Vec::with_capacity(seqs.len());
+        for (s, span) in seqs.iter().zip(&spans) {
+            let rows = match s.logits {
+                LogitsWanted::All => span.row..span.row + span.len,
+                LogitsWanted::Last if span.len > 0 => span.row + span.len - 1..span.row + span.len,
+                _ => 0..0,
+            };
+            let mut xs = x[rows.start * h..rows.end * h].to_vec();
+            rms_norm(&mut xs, &self.norm, eps);
+            out.push(head.forward(&xs, rows.len()));
+        }
+        Ok(out)
+    }
+}
+
+/// Softmax scale of attention scores: `1/sqrt(d_qk)`, times YaRN's `mscale²` for MLA
+/// (DeepSeek's `mscale_all_dim`).
+fn attention_scale(cfg: &ModelConfig) -> f32 {
+    match &cfg.attention {
+        AttentionConfig::Gqa { head_dim, .. } => 1.0 / (*head_dim as f32).sqrt(),
+        AttentionConfig::Mla {
+            qk_nope_head_dim,
+            qk_rope_head_dim,
+            ..
+        } => {
+            let base = 1.0 / ((qk_nope_head_dim + qk_rope_head_dim) as f64).sqrt();
+            let m = match cfg.rope.scaling {
+                RopeScaling::Yarn {
+                    factor,
+                    mscale_all_dim,
+                    ..
+                } if mscale_all_dim != 0.0 => yarn_mscale(factor, mscale_all_dim),
+                _ => 1.0,
+            };
+            (base * m * m) as f32
+        }
+    }
+}

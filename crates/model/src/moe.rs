@@ -1,0 +1,406 @@
+//! Feed-forward blocks: the dense SwiGLU MLP and the mixture-of-experts block with its
+//! router variants (softmax or sigmoid scores, bias-corrected and group-limited selection,
+//! renormalisation and scaling) and shared experts.
+//!
+//! A key design decision made here is that routing ([`route`]) is a pure function of the
+//! router logits, separate from expert execution ([`MoeBlock::run_experts`]): placement
+//! policies, traces and the simulator consume the same routing the forward pass uses.
+
+use crate::Result;
+use crate::config::{GroupScore, MoeConfig, RouterConfig, Scoring};
+use crate::linear::{Linear, Loader};
+use crate::ops::{sigmoid, silu_mul};
+
+/// `down(silu(gate(x)) * up(x))`.
+#[derive(Debug)]
+pub struct Mlp {
+    /// Gate projection `[inter, hidden]`.
+    pub gate: Linear,
+    /// Up projection `[inter, hidden]`.
+    pub up: Linear,
+    /// Down projection `[hidden, inter]`.
+    pub down: Linear,
+}
+
+impl Mlp {
+    /// Loads `{prefix}.{gate,up,down}_proj`.
+    pub fn load(ld: &Loader, prefix: &str, hidden: usize, inter: usize) -> Result<Mlp> {
+        Ok(Mlp {
+            gate: ld.linear(&format!("{prefix}.gate_proj"), inter, hidden, false)?,
+            up: ld.linear(&format!("{prefix}.up_proj"), inter, hidden, false)?,
+            down: ld.linear(&format!("{prefix}.down_proj"), hidden, inter, false)?,
+        })
+    }
+
+    /// `x: [m, hidden]` -> `[m, hidden]`.
+    pub fn forward(&self, x: &[f32], m: usize) -> Vec<f32> {
+        let mut g = self.gate.forward(x, m);
+        let u = self.up.forward(x, m);
+        silu_mul(&mut g, &u);
+        self.down.forward(&g, m)
+    }
+
+    /// Parameter count.
+    pub fn params(&self) -> usize {
+        [&self.gate, &self.up, &self.down]
+            .iter()
+            .map(|l| l.n_out * l.k_in)
+            .sum()
+    }
+
+    /// Bytes of weights.
+    pub fn weight_bytes(&self) -> usize {
+        self.gate.weight_bytes() + self.up.weight_bytes() + self.down.weight_bytes()
+    }
+}
+
+/// The experts chosen for each token of a batch: `ids[t * k + j]`, `weights[t * k + j]`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Routing {
+    /// Experts per token.
+    pub top_k: usize,
+    /// Chosen expert ids, `[T, k]`.
+    pub ids: Vec<u32>,
+    /// Combine weights, `[T, k]`.
+    pub weights: Vec<f32>,
+}
+
+impl Routing {
+    /// Number of tokens routed.
+    pub fn tokens(&self) -> usize {
+        self.ids.len() / self.top_k.max(1)
+    }
+
+    /// Tokens per expert.
+    pub fn load(&self, n_experts: usize) -> Vec<usize> {
+        let mut load = vec![0; n_experts];
+        for &e in &self.ids {
+            load[e as usize] += 1;
+        }
+        load
+    }
+}
+
+/// Chooses experts for every token from router `logits: [T, n_experts]`.
+pub fn route(cfg: &RouterConfig, logits: &[f32], bias: Option<&[f32]>) -> Routing {
+    let n = cfg.n_experts;
+    let k = cfg.top_k;
+    let t = logits.len() / n;
+    let mut routing = Routing {
+        top_k: k,
+        ids: Vec::with_capacity(t * k),
+        weights: Vec::with_capacity(t * k),
+    };
+    let mut scores = vec![0.0f32; n];
+    let mut choice = vec![0.0f32; n];
+    let mut order: Vec<usize> = Vec::with_capacity(n);
+    for row in logits.chunks_exact(n) {
+        match cfg.scoring {
+            Scoring::Softmax => {
+                scores.copy_from_slice(row);
+                crate::ops::softmax(&mut scores);
+            }
+            Scoring::Sigmoid => {
+                for (s, &l) in scores.iter_mut().zip(row) {
+                    *s = sigmoid(l);
+                }
+            }
+        }
+        choice.copy_from_slice(&scores);
+        if let (true, Some(b)) = (cfg.correction_bias, bias) {
+            for (c, b) in choice.iter_mut().zip(b) {
+                *c += b;
+            }
+        }
+        if let Some(g) = cfg.groups {
+            let size = n / g.n_group;
+            let group_scores: Vec<f32> = choice
+                .chunks_exact(size)
+                .map(|grp| match g.group_score {
+                    GroupScore::Max => grp.iter().copied().fold(f32::NEG_INFINITY, f32::max),
+                    GroupScore::Top2Sum => {
+                        let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+                        for &v in grp {
+                            if v > a {
+                                b = a;
+                                a = v;
+                            } else if v > b {
+                                b = v;
+                            }
+                        }
+                        if size == 1 { a } else { a + b }
+                    }
+                })
+                .collect();
+            let kept = top_indices(&group_scores, g.topk_group);
+            for (gi, grp) in choice.chunks_exact_mut(size).enumerate() {
+                if !kept.contains(&gi) {
+                    grp.fill(f32::NEG_INFINITY);
+                }
+            }
+        }
+        order.clear();
+        order.extend(top_indices(&choice, k));
+        let sum: f32 = order.iter().map(|&e| scores[e]).sum();
+        for &e in &order {
+            let mut w = scores[e];
+            if cfg.norm_topk_prob {
+                w /= sum
+                    + if cfg.scoring == Scoring::Sigmoid {
+                        1e-20
+                    } else {
+                        0.0
+                    };
+            }
+            routing.ids.push(e as u32);
+            routing.weights.push(w * cfg.scaling_factor);
+        }
+    }
+    routing
+}
+
+/// Indices of the `k` largest values, largest first (ties to the lower index).
+fn top_indices(v: &[f32], k: usize) -> Vec<usize> {
+    let mut idx: Vec<usize> = (0..v.len()).collect();
+    idx.sort_by(|&a, &b| v[b].total_cmp(&v[a]).then(a.cmp(&b)));
+    idx.truncate(k);
+    idx
+}
+
+/// A mixture-of-experts feed-forward block.
+#[derive(Debug)]
+pub struct MoeBlock {
+    /// Configuration.
+    pub cfg: MoeConfig,
+    router: Linear,
+    correction_bias: Option<Vec<f32>>,
+    /// Routed experts.
+    pub experts: Vec<Mlp>,
+    shared: Option<Mlp>,
+    shared_gate: Option<Linear>,
+}
+
+impl MoeBlock {
+    /// Loads the block of layer `layer`; `mlp` is `model.layers.N.mlp` (or
+    /// `block_sparse_moe` for Mixtral checkpoints). Experts may be stored one tensor per
+    /// expert (`experts.E.gate_proj`, or Mixtral's `w1/w3/w2`) or stacked
+    /// (`experts.gate_up_proj: [E, 2I, H]`, `experts.down_proj: [E, H, I]`).
+    pub fn load(ld: &Loader, mlp: &str, cfg: &MoeConfig, hidden: usize) -> Result<MoeBlock> {
+        let n = cfg.router.n_experts;
+        let inter = cfg.intermediate;
+        let router = ld.linear_f32(&format!("{mlp}.gate"), n, hidden)?;
+        let correction_bias = if cfg.router.correction_bias {
+            Some(ld.f32(&format!("{mlp}.gate.e_score_correction_bias"), &[n])?)
+        } else {
+            None
+        };
+        let stacked = format!("{mlp}.experts.gate_up_proj");
+        let experts = if ld.has(&stacked) {
+            let gu = ld.checkpoint().get(&stacked)?;
+            gu.expect_shape(&[n, 2 * inter, hidden])?;
+            let down = ld.checkpoint().get(&format!("{mlp}.experts.down_proj"))?;
+            down.expect_shape(&[n, hidden, inter])?;
+            (0..n)
+                .map(|e| {
+                    let base = e * 2 * inter * hidden;
+                    Ok(Mlp {
+                        gate: ld.linear_from(gu, base, inter, hidden, None)?,
+                        up: ld.linear_from(gu, base + inter * hidden, inter, hidden, None)?,
+                        down: ld.linear_from(down, e * hidden * inter, hidden, inter, None)?,
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?
+        } else if ld.has(&format!("{mlp}.experts.0.w1.weight")) {
+            (0..n)
+                .map(|e| {
+                    let p = format!("{mlp}.experts.{e}");
+                    Ok(Mlp {
+                        gate: ld.linear(&format!("{p}.w1"), inter, hidden, false)?,
+                        up: ld.linear(&format!("{p}.w3"), inter, hidden, false)?,
+                        down: ld.linear(&format!("{p}.w2"), hidden, inter, false)?,
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?
+        } else {
+            (0..n)
+                .map(|e| Mlp::load(ld, &format!("{mlp}.experts.{e}"), hidden, inter))
+                .collect::<Result<Vec<_>>>()?
+        };
+        let (shared, shared_gate) = match &cfg.shared {
+            None => (None, None),
+            Some(s) if s.gated => (
+                Some(Mlp::load(
+                    ld,
+                    &format!("{mlp}.shared_expert"),
+                    hidden,
+                    s.intermediate,
+                )?),
+                Some(ld.linear_f32(&format!("{mlp}.shared_expert_gate"), 1, hidden)?),
+            ),
+            Some(s) => (
+                Some(Mlp::load(
+                    ld,
+                    &format!("{mlp}.shared_experts"),
+                    hidden,
+                    s.intermediate,
+                )?),
+                None,
+            ),
+        };
+        Ok(MoeBlock {
+            cfg: cfg.clone(),
+            router,
+            correction_bias,
+            experts,
+            shared,
+            shared_gate,
+        })
+    }
+
+    /// Router decisions for `x: [T, hidden]` (router computed in f32).
+    pub fn route(&self, x: &[f32], t: usize) -> Routing {
+        let logits = self.router.forward(x, t);
+        route(&self.cfg.router, &logits, self.correction_bias.as_deref())
+    }
+
+    /// Weighted sum of the routed experts' outputs, `[T, hidden]`.
+    pub fn run_experts(&self, x: &[f32], routing: &Routing) -> Vec<f32> {
+        let hidden = self.router.k_in;
+        let t = routing.tokens();
+        let k = routing.top_k;
+        let mut out = vec![0.0f32; t * hidden];
+        let mut rows_of: Vec<Vec<(usize, f32)>> = vec![Vec::new(); self.experts.len()];
+        for (i, (&e, &w)) in routing.ids.iter().zip(&routing.weights).enumerate() {
+            rows_of[e as usize].push((i / k, w));
+        }
+        for (expert, rows) in self.experts.iter().zip(&rows_of) {
+            if rows.is_empty() {
+                continue;
+            }
+            let mut xs = Vec::with_capacity(rows.len() * hidden);
+            for &(r, _) in rows {
+                xs.extend_from_slice(&x[r * hidden..(r + 1) * hidden]);
+            }
+            let y = expert.forward(&xs, rows.len());
+            for (&(r, w), yr) in rows.iter().zip(y.chunks_exact(hidden)) {
+                for (o, v) in out[r * hidden..(r + 1) * hidden].iter_mut().zip(yr) {
+                    *o += w * v;
+                }
+            }
+        }
+        out
+    }
+
+    /// The whole block: routed experts plus shared experts, `[T, hidden]`.
+    pub fn forward(&self, x: &[f32], t: usize) -> Vec<f32> {
+        let routing = self.route(x, t);
+        let mut out = self.run_experts(x, &routing);
+        if let Some(shared) = &self.shared {
+            let y = shared.forward(x, t);
+            let hidden = self.router.k_in;
+            let gates = self.shared_gate.as_ref().map(|g| g.forward(x, t));
+            for (r, (o, yr)) in out
+                .chunks_exact_mut(hidden)
+                .zip(y.chunks_exact(hidden))
+                .enumerate()
+            {
+                let g = gates.as_ref().map_or(1.0, |g| sigmoid(g[r]));
+                for (a, b) in o.iter_mut().zip(yr) {
+                    *a += g * b;
+                }
+            }
+        }
+        out
+    }
+
+    /// (total, active per token) parameters.
+    pub fn params(&self) -> (usize, usize) {
+        let per_expert = self.experts.first().map_or(0, Mlp::params);
+        let router = self.router.n_out * self.router.k_in;
+        let shared = self.shared.as_ref().map_or(0, Mlp::params)
+            + self.shared_gate.as_ref().map_or(0, |g| g.k_in);
+        (
+            router + shared + per_expert * self.experts.len(),
+            router + shared + per_expert * self.cfg.router.top_k,
+        )
+    }
+
+    /// Bytes of weights.
+    pub fn weight_bytes(&self) -> usize {
+        self.experts.iter().map(Mlp::weight_bytes).sum::<usize>()
+            + self.shared.as_ref().map_or(0, Mlp::weight_bytes)
+            + self.router.weight_bytes()
+    }
+}
+
+/// A layer's feed-forward block.
+#[derive(Debug)]
+pub enum Ffn {
+    /// Dense MLP.
+    Dense(Mlp),
+    /// Mixture of experts.
+    Moe(MoeBlock),
+}
+
+impl Ffn {
+    /// `x: [T, hidden]` -> `[T, hidden]`.
+    pub fn forward(&self, x: &[f32], t: usize) -> Vec<f32> {
+        match self {
+            Ffn::Dense(m) => m.forward(x, t),
+            Ffn::Moe(m) => m.forward(x, t),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::GroupLimit;
+
+    fn router(scoring: Scoring) -> RouterConfig {
+        RouterConfig {
+            n_experts: 6,
+            top_k: 2,
+            scoring,
+            correction_bias: false,
+            groups: None,
+            norm_topk_prob: false,
+            scaling_factor: 1.0,
+        }
+    }
+
+    #[test]
+    fn softmax_topk_picks_largest_and_normalises() {
+        let mut cfg = router(Scoring::Softmax);
+        cfg.norm_topk_prob = true;
+        let r = route(&cfg, &[0.0, 3.0, 1.0, 2.5, -1.0, 0.5], None);
+        assert_eq!(r.ids, vec![1, 3]);
+        assert!((r.weights.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+        assert!(r.weights[0] > r.weights[1]);
+    }
+
+    #[test]
+    fn group_limit_excludes_losing_groups() {
+        // Groups of 2: {0,1} {2,3} {4,5}; the best single expert (5) is in a group whose
+        // top-2 sum loses, so with one group kept it must not be chosen.
+        let mut cfg = router(Scoring::Sigmoid);
+        cfg.groups = Some(GroupLimit {
+            n_group: 3,
+            topk_group: 1,
+            group_score: GroupScore::Top2Sum,
+        });
+        let r = route(&cfg, &[2.0, 2.0, 0.0, 0.0, -5.0, 3.0], None);
+        assert_eq!(r.ids, vec![0, 1]);
+    }
+
+    #[test]
+    fn correction_bias_changes_choice_not_weight() {
+        let mut cfg = router(Scoring::Sigmoid);
+        cfg.correction_bias = true;
+        let logits = [1.0, 0.0, 0.0, 0.0, 0.0, 0.9];
+        let bias = [0.0, 0.0, 0.0, 0.0, 0.0, 0.5];
+        let r = route(&cfg, &logits, Some(&bias));
+        assert_eq!(r.ids, vec![5, 0]);
+        assert!((r.weights[0] - sigmoid(0.9)).abs() < 1e-6);
+    }
+}

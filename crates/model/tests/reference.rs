@@ -1,0 +1,162 @@
+//! The forward pass against Hugging Face transformers' logits: every fixture in
+//! `tests/fixtures/` (tiny random checkpoints of every architecture, made by
+//! `scripts/make_fixtures.py`) and the trained `strata-tiny-moe` in `../shared/models`.
+//!
+//! For each: the f32 path within 1e-3 x max|ref| at every position; the fast path's top-1
+//! agrees at >= 95% of positions and stays within 5e-2 x max|ref|; whole-sequence,
+//! `chunk = 5` and token-by-token runs agree; a batch of two sequences of different lengths
+//! gives each sequence's own logits.
+
+use std::path::{Path, PathBuf};
+
+use strata_formats::npy;
+use strata_model::{LogitsWanted, Model, Precision, SeqInput};
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Runs `tokens` through `model` in chunks of `chunk` and returns all logits.
+fn logits_chunked(model: &Model, tokens: &[u32], chunk: usize) -> Vec<f32> {
+    let mut cache = model.new_cache();
+    let mut out = Vec::new();
+    for part in tokens.chunks(chunk.max(1)) {
+        let mut seqs = [SeqInput {
+            tokens: part,
+            cache: &mut cache,
+            logits: LogitsWanted::All,
+        }];
+        out.extend(model.forward(&mut seqs).unwrap().remove(0));
+    }
+    out
+}
+
+struct Stats {
+    max_rel_err: f32,
+    top1_agree: f32,
+}
+
+fn compare(got: &[f32], want: &[f32], vocab: usize) -> Stats {
+    assert_eq!(got.len(), want.len());
+    let max_ref = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let max_err = got
+        .iter()
+        .zip(want)
+        .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+    let argmax = |r: &[f32]| {
+        r.iter()
+            .enumerate()
+            .max_by(|a, b| a.1.total_cmp(b.1))
+            .map(|(i, _)| i)
+            .unwrap()
+    };
+    let rows = want.len() / vocab;
+    let agree = got
+        .chunks_exact(vocab)
+        .zip(want.chunks_exact(vocab))
+        .filter(|(g, w)| argmax(g) == argmax(w))
+        .count();
+    Stats {
+        max_rel_err: max_err / max_ref,
+        top1_agree: agree as f32 / rows as f32,
+    }
+}
+
+/// Checks one model directory against reference sequences and logits.
+fn check_model(dir: &Path, sequences: &[(Vec<u32>, Vec<f32>)]) {
+    let name = dir.file_name().unwrap().to_string_lossy().to_string();
+    let f32_model = Model::load_dir(dir, Precision::F32).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let vocab = f32_model.config.vocab_size;
+    for (i, (tokens, want)) in sequences.iter().enumerate() {
+        let whole = logits_chunked(&f32_model, tokens, tokens.len());
+        let s = compare(&whole, want, vocab);
+        println!(
+            "{name} seq {i}: f32 max rel err {:.2e}, top-1 {:.3}",
+            s.max_rel_err, s.top1_agree
+        );
+        assert!(
+            s.max_rel_err <= 1e-3,
+            "{name} seq {i}: f32 path error {:.2e} > 1e-3",
+            s.max_rel_err
+        );
+        for chunk in [1, 5] {
+            let c = logits_chunked(&f32_model, tokens, chunk);
+            let s = compare(&c, want, vocab);
+            assert!(
+                s.max_rel_err <= 1e-3,
+                "{name} seq {i}: chunk {chunk} error {:.2e} > 1e-3",
+                s.max_rel_err
+            );
+        }
+    }
+    // Both sequences in one batch, different lengths.
+    if sequences.len() >= 2 {
+        let mut caches: Vec<_> = sequences.iter().map(|_| f32_model.new_cache()).collect();
+        let mut seqs: Vec<SeqInput> = sequences
+            .iter()
+            .zip(caches.iter_mut())
+            .map(|((tokens, _), cache)| SeqInput {
+                tokens,
+                cache,
+                logits: LogitsWanted::All,
+            })
+            .collect();
+        let outs = f32_model.forward(&mut seqs).unwrap();
+        for (i, (out, (_, want))) in outs.iter().zip(sequences).enumerate() {
+            let s = compare(out, want, vocab);
+            assert!(
+                s.max_rel_err <= 1e-3,
+                "{name} batched seq {i}: error {:.2e}",
+                s.max_rel_err
+            );
+        }
+    }
+    drop(f32_model);
+    let fast = Model::load_dir(dir, Precision::Fast).unwrap();
+    for (i, (tokens, want)) in sequences.iter().enumerate() {
+        let got = logits_chunked(&fast, tokens, tokens.len());
+        let s = compare(&got, want, vocab);
+        println!(
+            "{name} seq {i}: fast max rel err {:.2e}, top-1 {:.3}",
+            s.max_rel_err, s.top1_agree
+        );
+        assert!(
+            s.max_rel_err <= 5e-2,
+            "{name} seq {i}: fast path error {:.2e} > 5e-2",
+            s.max_rel_err
+        );
+        assert!(
+            s.top1_agree >= 0.95,
+            "{name} seq {i}: fast top-1 agreement {:.3} < 0.95",
+            s.top1_agree
+        );
+    }
+}
+
+#[test]
+fn strata_tiny_moe_matches_transformers() {
+    let dir = repo_root().join("../shared/models/strata-tiny-moe");
+    let reference: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("reference/reference.json")).unwrap(),
+    )
+    .unwrap();
+    let sequences: Vec<(Vec<u32>, Vec<f32>)> = reference["prompts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let tokens: Vec<u32> = p["tokens"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t.as_u64().unwrap() as u32)
+                .collect();
+            let logits =
+                npy::read_f32(&dir.join(format!("reference/prompt{i}_logits.npy"))).unwrap();
+            assert_eq!(logits.shape[0], tokens.len());
+            (tokens, logits.data)
+        })
+        .collect();
+    check_model(&dir, &sequences);
+}
