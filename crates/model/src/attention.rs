@@ -14,6 +14,9 @@ use crate::linear::{Linear, Loader};
 use crate::ops::{parallel_map, rms_norm, softmax};
 use crate::rope::Rope;
 
+/// DeepSeek's `q_a_layernorm` and `kv_a_layernorm` use a fixed epsilon, not `rms_norm_eps`.
+const MLA_NORM_EPS: f32 = 1e-6;
+
 /// Where each sequence of a batch sits in the flattened rows.
 #[derive(Debug, Clone)]
 pub struct SeqSpan {
@@ -359,7 +362,7 @@ impl Mla {
         let mut q = match &self.q_a {
             Some((q_a, norm)) => {
                 let mut c = q_a.forward(h, t);
-                rms_norm(&mut c, norm, eps);
+                rms_norm(&mut c, norm, MLA_NORM_EPS);
                 self.q.forward(&c, t)
             }
             None => self.q.forward(h, t),
@@ -373,7 +376,7 @@ impl Mla {
             latent.extend_from_slice(&row[..self.kv_lora]);
             k_rope.extend_from_slice(&row[self.kv_lora..]);
         }
-        rms_norm(&mut latent, &self.kv_a_norm, eps);
+        rms_norm(&mut latent, &self.kv_a_norm, MLA_NORM_EPS);
         apply_rope_rows(&mut k_rope, positions, self.rope_dim, 0, rope);
         for (s, cache) in spans.iter().zip(caches.iter_mut()) {
             cache.append(

@@ -173,11 +173,20 @@ impl<'a> Loader<'a> {
         } else {
             None
         };
-        self.linear_from(t, 0, n_out, k_in, bias)
+        self.linear_from(t, 0, n_out, k_in, bias, false)
+    }
+
+    /// An expert's projection `{prefix}.weight` `[n_out, k_in]`, in the expert format.
+    pub fn expert_linear(&self, prefix: &str, n_out: usize, k_in: usize) -> Result<Linear> {
+        let t = self.ck.get(&format!("{prefix}.weight"))?;
+        t.expect_shape(&[n_out, k_in])?;
+        self.linear_from(t, 0, n_out, k_in, None, true)
     }
 
     /// A linear layer whose weights are `n_out * k_in` consecutive elements of `t` starting
-    /// at element `offset` (one expert's slice of a stacked tensor).
+    /// at element `offset` (one expert's slice of a stacked tensor). In the fast path, dense
+    /// layers keep f32 checkpoints in f32 (only BF16 is mapped as is), while `expert` layers
+    /// always use the compact expert format: experts are where the bytes are.
     pub fn linear_from(
         &self,
         t: &TensorView,
@@ -185,6 +194,7 @@ impl<'a> Loader<'a> {
         n_out: usize,
         k_in: usize,
         bias: Option<Vec<f32>>,
+        expert: bool,
     ) -> Result<Linear> {
         let len = n_out * k_in;
         let weight = match (self.precision, t.dtype()) {
@@ -192,6 +202,7 @@ impl<'a> Loader<'a> {
                 view: t.clone(),
                 offset,
             },
+            (Precision::Fast, DType::F32) if !expert => Weight::F32(t.to_f32_range(offset, len)?),
             (Precision::Fast, _) => Weight::Bf16(
                 t.to_f32_range(offset, len)?
                     .into_iter()

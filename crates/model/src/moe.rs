@@ -23,12 +23,27 @@ pub struct Mlp {
 }
 
 impl Mlp {
-    /// Loads `{prefix}.{gate,up,down}_proj`.
+    /// Loads `{prefix}.{gate,up,down}_proj` as a dense layer.
     pub fn load(ld: &Loader, prefix: &str, hidden: usize, inter: usize) -> Result<Mlp> {
         Ok(Mlp {
             gate: ld.linear(&format!("{prefix}.gate_proj"), inter, hidden, false)?,
             up: ld.linear(&format!("{prefix}.up_proj"), inter, hidden, false)?,
             down: ld.linear(&format!("{prefix}.down_proj"), hidden, inter, false)?,
+        })
+    }
+
+    /// Loads a routed expert `{prefix}.{gate,up,down}` (names given) in the expert format.
+    fn load_expert(
+        ld: &Loader,
+        prefix: &str,
+        names: [&str; 3],
+        hidden: usize,
+        inter: usize,
+    ) -> Result<Mlp> {
+        Ok(Mlp {
+            gate: ld.expert_linear(&format!("{prefix}.{}", names[0]), inter, hidden)?,
+            up: ld.expert_linear(&format!("{prefix}.{}", names[1]), inter, hidden)?,
+            down: ld.expert_linear(&format!("{prefix}.{}", names[2]), hidden, inter)?,
         })
     }
 
@@ -204,26 +219,28 @@ impl MoeBlock {
                 .map(|e| {
                     let base = e * 2 * inter * hidden;
                     Ok(Mlp {
-                        gate: ld.linear_from(gu, base, inter, hidden, None)?,
-                        up: ld.linear_from(gu, base + inter * hidden, inter, hidden, None)?,
-                        down: ld.linear_from(down, e * hidden * inter, hidden, inter, None)?,
-                    })
-                })
-                .collect::<Result<Vec<_>>>()?
-        } else if ld.has(&format!("{mlp}.experts.0.w1.weight")) {
-            (0..n)
-                .map(|e| {
-                    let p = format!("{mlp}.experts.{e}");
-                    Ok(Mlp {
-                        gate: ld.linear(&format!("{p}.w1"), inter, hidden, false)?,
-                        up: ld.linear(&format!("{p}.w3"), inter, hidden, false)?,
-                        down: ld.linear(&format!("{p}.w2"), hidden, inter, false)?,
+                        gate: ld.linear_from(gu, base, inter, hidden, None, true)?,
+                        up: ld.linear_from(gu, base + inter * hidden, inter, hidden, None, true)?,
+                        down: ld.linear_from(
+                            down,
+                            e * hidden * inter,
+                            hidden,
+                            inter,
+                            None,
+                            true,
+                        )?,
                     })
                 })
                 .collect::<Result<Vec<_>>>()?
         } else {
+            // Mixtral checkpoints name the projections w1 (gate), w3 (up), w2 (down).
+            let names = if ld.has(&format!("{mlp}.experts.0.w1.weight")) {
+                ["w1", "w3", "w2"]
+            } else {
+                ["gate_proj", "up_proj", "down_proj"]
+            };
             (0..n)
-                .map(|e| Mlp::load(ld, &format!("{mlp}.experts.{e}"), hidden, inter))
+                .map(|e| Mlp::load_expert(ld, &format!("{mlp}.experts.{e}"), names, hidden, inter))
                 .collect::<Result<Vec<_>>>()?
         };
         let (shared, shared_gate) = match &cfg.shared {

@@ -113,24 +113,26 @@ fn check_model(dir: &Path, sequences: &[(Vec<u32>, Vec<f32>)]) {
     }
     drop(f32_model);
     let fast = Model::load_dir(dir, Precision::Fast).unwrap();
-    for (i, (tokens, want)) in sequences.iter().enumerate() {
-        let got = logits_chunked(&fast, tokens, tokens.len());
-        let s = compare(&got, want, vocab);
-        println!(
-            "{name} seq {i}: fast max rel err {:.2e}, top-1 {:.3}",
-            s.max_rel_err, s.top1_agree
-        );
-        assert!(
-            s.max_rel_err <= 5e-2,
-            "{name} seq {i}: fast path error {:.2e} > 5e-2",
-            s.max_rel_err
-        );
-        assert!(
-            s.top1_agree >= 0.95,
-            "{name} seq {i}: fast top-1 agreement {:.3} < 0.95",
-            s.top1_agree
-        );
+    let (mut got_all, mut want_all) = (Vec::new(), Vec::new());
+    for (tokens, want) in sequences {
+        got_all.extend(logits_chunked(&fast, tokens, tokens.len()));
+        want_all.extend_from_slice(want);
     }
+    let s = compare(&got_all, &want_all, vocab);
+    println!(
+        "{name}: fast max rel err {:.2e}, top-1 {:.3}",
+        s.max_rel_err, s.top1_agree
+    );
+    assert!(
+        s.max_rel_err <= 5e-2,
+        "{name}: fast path error {:.2e} > 5e-2",
+        s.max_rel_err
+    );
+    assert!(
+        s.top1_agree >= 0.95,
+        "{name}: fast top-1 agreement {:.3} < 0.95",
+        s.top1_agree
+    );
 }
 
 #[test]
@@ -159,4 +161,77 @@ fn strata_tiny_moe_matches_transformers() {
         })
         .collect();
     check_model(&dir, &sequences);
+}
+
+fn fixture(name: &str) {
+    let dir = repo_root().join("tests/fixtures").join(name);
+    let reference: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
+            .unwrap();
+    let sequences: Vec<(Vec<u32>, Vec<f32>)> = reference["sequences"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let tokens: Vec<u32> = s
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t.as_u64().unwrap() as u32)
+                .collect();
+            let logits = npy::read_f32(&dir.join(format!("logits_{i}.npy"))).unwrap();
+            assert_eq!(logits.shape[0], tokens.len());
+            (tokens, logits.data)
+        })
+        .collect();
+    check_model(&dir, &sequences);
+}
+
+macro_rules! fixtures {
+    ($($name:ident),* $(,)?) => {$(
+        #[test]
+        fn $name() {
+            fixture(stringify!($name));
+        }
+    )*};
+}
+
+fixtures!(
+    qwen3_moe,
+    qwen3_moe_bf16,
+    qwen3_moe_stacked,
+    qwen2_moe,
+    mixtral,
+    deepseek_v2,
+    deepseek_v3,
+    deepseek_v3_greedy,
+    glm4_moe,
+    llama,
+    qwen2,
+);
+
+/// Every fixture directory has a test above.
+#[test]
+fn every_fixture_is_tested() {
+    let listed = [
+        "qwen3_moe",
+        "qwen3_moe_bf16",
+        "qwen3_moe_stacked",
+        "qwen2_moe",
+        "mixtral",
+        "deepseek_v2",
+        "deepseek_v3",
+        "deepseek_v3_greedy",
+        "glm4_moe",
+        "llama",
+        "qwen2",
+    ];
+    for entry in std::fs::read_dir(repo_root().join("tests/fixtures")).unwrap() {
+        let name = entry.unwrap().file_name().to_string_lossy().to_string();
+        assert!(
+            listed.contains(&name.as_str()),
+            "fixture {name} has no test"
+        );
+    }
 }
