@@ -1,0 +1,292 @@
+//! Generation: a loaded model with its tokenizer and chat template, and a loop that runs a
+//! batch of requests together (chunked prefill, then one batched forward per decode step),
+//! sampling, streaming text and stopping on EOS, stop strings, length or context.
+//!
+//! A key design decision made here is that every decode step runs all active sequences in
+//! one forward pass, even for a single request: the same code path then serves the command
+//! line, the server's continuous batching and offline batch jobs.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use strata_model::{KvCache, LogitsWanted, Model, Precision, SeqInput};
+
+use crate::sampling::{Sampler, SamplingError, SamplingParams};
+use crate::text::{ChatMessage, ChatTemplate, StreamDecoder, TextError, Tokenizer};
+
+/// Errors from generation.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// The model failed to load or run.
+    #[error(transparent)]
+    Model(#[from] strata_model::Error),
+    /// Tokenizer or chat template problem.
+    #[error(transparent)]
+    Text(#[from] TextError),
+    /// Invalid sampling settings.
+    #[error(transparent)]
+    Sampling(#[from] SamplingError),
+    /// The request cannot be served as given.
+    #[error("{0}")]
+    Request(String),
+}
+
+/// Result alias for this module.
+pub type Result<T, E = EngineError> = std::result::Result<T, E>;
+
+/// One generation request.
+#[derive(Debug, Clone)]
+pub struct Request {
+    /// Prompt token ids.
+    pub prompt: Vec<u32>,
+    /// Most tokens to generate.
+    pub max_tokens: usize,
+    /// Sampling settings.
+    pub sampling: SamplingParams,
+    /// Strings that end generation (not included in the output).
+    pub stop: Vec<String>,
+}
+
+/// Why generation ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FinishReason {
+    /// The model produced an end-of-sequence token or a stop string appeared.
+    Stop,
+    /// `max_tokens` reached.
+    Length,
+    /// The model's context is full.
+    ContextFull,
+}
+
+/// What one request produced.
+#[derive(Debug, Clone)]
+pub struct Output {
+    /// Generated ids (excluding a final EOS).
+    pub tokens: Vec<u32>,
+    /// Generated text (up to a stop string).
+    pub text: String,
+    /// Why it ended.
+    pub finish: FinishReason,
+}
+
+/// Timing of a generation run.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Stats {
+    /// Prompt tokens processed.
+    pub prompt_tokens: usize,
+    /// Wall time of prefill (until the first tokens were sampled).
+    pub prefill: Duration,
+    /// Tokens generated (after the first).
+    pub decode_tokens: usize,
+    /// Wall time of decoding.
+    pub decode: Duration,
+}
+
+impl Stats {
+    /// Prompt tokens per second.
+    pub fn prefill_tps(&self) -> f64 {
+        self.prompt_tokens as f64 / self.prefill.as_secs_f64().max(1e-9)
+    }
+    /// Generated tokens per second (decode phase).
+    pub fn decode_tps(&self) -> f64 {
+        self.decode_tokens as f64 / self.decode.as_secs_f64().max(1e-9)
+    }
+}
+
+/// A model ready to generate: weights, tokenizer, chat template.
+#[derive(Debug)]
+pub struct Engine {
+    /// The model.
+    pub model: Model,
+    /// Its tokenizer.
+    pub tokenizer: Tokenizer,
+    template: Option<ChatTemplate>,
+    /// Tokens per prefill forward pass.
+    pub prefill_chunk: usize,
+}
+
+impl Engine {
+    /// Loads a Hugging Face model directory.
+    pub fn load_dir(dir: &Path, precision: Precision) -> Result<Engine> {
+        let model = Model::load_dir(dir, precision)?;
+        let tokenizer = Tokenizer::from_dir(dir)?;
+        Engine::new(model, tokenizer)
+    }
+
+    /// Assembles an engine; compiles the tokenizer's chat template if it has one.
+    pub fn new(model: Model, tokenizer: Tokenizer) -> Result<Engine> {
+        let template = match &tokenizer.meta().chat_template {
+            Some(src) => {
+                let tok = |id: Option<u32>| id.and_then(|i| tokenizer.id_to_token(i));
+                let bos = tok(tokenizer.bos_id());
+                let eos = tok(tokenizer.eos_ids().first().copied());
+                Some(ChatTemplate::new(src, bos.as_deref(), eos.as_deref(), "chat template")?)
+            }
+            None => None,
+        };
+        Ok(Engine {
+            model,
+            tokenizer,
+            template,
+            prefill_chunk: 512,
+        })
+    }
+
+    /// Renders one user message with the chat template and tokenizes it.
+    pub fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<Vec<u32>> {
+        let template = self.template.as_ref().ok_or_else(|| {
+            EngineError::Request("the model has no chat template; use a plain prompt".into())
+        })?;
+        let text = template.render(messages, true)?;
+        // Templates write the BOS token themselves where the model wants it.
+        Ok(self.tokenizer.encode(&text, false)?)
+    }
+
+    /// Tokenizes a plain prompt (with BOS if the model adds one).
+    pub fn text_prompt(&self, text: &str) -> Result<Vec<u32>> {
+        Ok(self.tokenizer.encode(text, true)?)
+    }
+
+    /// Generates for every request together. `on_text(i, piece)` receives request `i`'s
+    /// text as it is decoded.
+    pub fn generate_batch(
+        &self,
+        requests: &[Request],
+        mut on_text: impl FnMut(usize, &str),
+    ) -> Result<(Vec<Output>, Stats)> {
+        let max_ctx = self.model.config.max_position_embeddings;
+        for (i, r) in requests.iter().enumerate() {
+            if r.prompt.is_empty() {
+                return Err(EngineError::Request(format!("request {i}: the prompt is empty")));
+            }
+            if r.prompt.len() >= max_ctx {
+                return Err(EngineError::Request(format!(
+                    "request {i}: prompt of {} tokens does not fit the context of {max_ctx}",
+                    r.prompt.len()
+                )));
+            }
+        }
+        let mut samplers = requests
+            .iter()
+            .map(|r| Sampler::new(r.sampling.clone()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut decoders = requests
+            .iter()
+            .map(|r| StreamDecoder::new(&self.tokenizer, &r.stop, true))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut caches: Vec<KvCache> = requests.iter().map(|_| self.model.new_cache()).collect();
+        let mut stats = Stats {
+            prompt_tokens: requests.iter().map(|r| r.prompt.len()).sum(),
+            ..Stats::default()
+        };
+
+        // Prefill in rounds of one chunk per unfinished prompt.
+        let started = Instant::now();
+        let mut last_logits: Vec<Vec<f32>> = vec![Vec::new(); requests.len()];
+        let chunk = self.prefill_chunk.max(1);
+        let rounds = requests.iter().map(|r| r.prompt.len().div_ceil(chunk)).max().unwrap_or(0);
+        for round in 0..rounds {
+            let mut idx = Vec::new();
+            let mut seqs = Vec::new();
+            for (i, (r, cache)) in requests.iter().zip(caches.iter_mut()).enumerate() {
+                let start = round * chunk;
+                if start >= r.prompt.len() {
+                    continue;
+                }
+                let end = (start + chunk).min(r.prompt.len());
+                idx.push(i);
+                seqs.push(SeqInput {
+                    tokens: &r.prompt[start..end],
+                    cache,
+                    logits: if end == r.prompt.len() {
+                        LogitsWanted::Last
+                    } else {
+                        LogitsWanted::None
+                    },
+                });
+            }
+            for (i, logits) in idx.into_iter().zip(self.model.forward(&mut seqs)?) {
+                if !logits.is_empty() {
+                    last_logits[i] = logits;
+                }
+            }
+        }
+        stats.prefill = started.elapsed();
+
+        let started = Instant::now();
+        let mut outputs: Vec<Option<Output>> = vec![None; requests.len()];
+        let mut generated: Vec<Vec<u32>> = vec![Vec::new(); requests.len()];
+        let mut texts: Vec<String> = vec![String::new(); requests.len()];
+        let mut first_step = true;
+        loop {
+            // Sample one token for every active sequence from its last logits.
+            for i in 0..requests.len() {
+                if outputs[i].is_some() {
+                    continue;
+                }
+                let r = &requests[i];
+                let history: Vec<u32> = r.prompt.iter().chain(&generated[i]).copied().collect();
+                let id = samplers[i].sample(&last_logits[i], &history)?;
+                if !first_step {
+                    stats.decode_tokens += 1;
+                }
+                let piece = decoders[i].push(id)?;
+                if !piece.text.is_empty() {
+                    on_text(i, &piece.text);
+                    texts[i].push_str(&piece.text);
+                }
+                let finish = if piece.stop.is_some() {
+                    Some(FinishReason::Stop)
+                } else {
+                    generated[i].push(id);
+                    if generated[i].len() >= r.max_tokens {
+                        Some(FinishReason::Length)
+                    } else if caches[i].len() + 1 >= max_ctx {
+                        Some(FinishReason::ContextFull)
+                    } else {
+                        None
+                    }
+                };
+                if let Some(finish) = finish {
+                    if finish != FinishReason::Stop {
+                        let tail = decoders[i].finish()?;
+                        if !tail.text.is_empty() {
+                            on_text(i, &tail.text);
+                            texts[i].push_str(&tail.text);
+                        }
+                    }
+                    outputs[i] = Some(Output {
+                        tokens: std::mem::take(&mut generated[i]),
+                        text: std::mem::take(&mut texts[i]),
+                        finish,
+                    });
+                }
+            }
+            first_step = false;
+            let active: Vec<usize> = (0..requests.len()).filter(|&i| outputs[i].is_none()).collect();
+            if active.is_empty() {
+                break;
+            }
+            let last: Vec<[u32; 1]> = active.iter().map(|&i| [*generated[i].last().expect("one token")]).collect();
+            let mut seqs = Vec::with_capacity(active.len());
+            let mut act = active.iter().peekable();
+            for (i, cache) in caches.iter_mut().enumerate() {
+                if act.peek() == Some(&&i) {
+                    act.next();
+                    let k = seqs.len();
+                    seqs.push(SeqInput {
+                        tokens: &last[k],
+                        cache,
+                        logits: LogitsWanted::Last,
+                    });
+                }
+            }
+            for (&i, logits) in active.iter().zip(self.model.forward(&mut seqs)?) {
+                last_logits[i] = logits;
+            }
+        }
+        stats.decode = started.elapsed();
+        let outputs = outputs.into_iter().map(|o| o.expect("every request finished")).collect();
+        Ok((outputs, stats))
+    }
+}
