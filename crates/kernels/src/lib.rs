@@ -11,7 +11,16 @@
 //! (the Hugging Face `nn.Linear` layout), so a checkpoint's mapped bytes can be used as they
 //! are, without a transpose at load.
 
+mod buf;
+mod error;
 pub mod gemm;
+pub mod isa;
+mod micro;
+pub mod packed;
 pub mod pool;
 
+pub use buf::AlignedBuf;
+pub use error::KernelError;
+pub use isa::Isa;
+pub use packed::{PackSource, PackedFormat, PackedMatrix};
 pub use pool::{num_threads, parallel_for};

@@ -1,0 +1,111 @@
+//! Memory helpers for kernels: a 64-byte aligned zeroed byte buffer, and a shared output
+//! pointer through which parallel tasks write disjoint parts of one slice.
+//!
+//! A key design decision: packed weights live in one [`AlignedBuf`] per matrix rather than a
+//! `Vec<T>` of a wider element type, because AMX `tileloadd` and AVX-512 aligned loads want
+//! 64-byte alignment and the formats mix element widths (bf16 pairs, int8 quads, int4 nibbles).
+
+use std::alloc::{Layout, alloc_zeroed, dealloc};
+use std::marker::PhantomData;
+use std::ptr::NonNull;
+
+/// Alignment of every packed buffer: one cache line, one AVX-512 register, one tile row.
+pub const ALIGN: usize = 64;
+
+/// A zero-initialised, 64-byte aligned, fixed-size byte buffer.
+pub struct AlignedBuf {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the buffer owns its allocation exclusively, like a `Vec<u8>`.
+unsafe impl Send for AlignedBuf {}
+// SAFETY: shared access only hands out `&[u8]`.
+unsafe impl Sync for AlignedBuf {}
+
+impl AlignedBuf {
+    /// Allocates `len` zero bytes aligned to [`ALIGN`].
+    pub fn zeroed(len: usize) -> Self {
+        if len == 0 {
+            return Self {
+                ptr: NonNull::<[u8; ALIGN]>::dangling().cast(),
+                len: 0,
+            };
+        }
+        let layout = Layout::from_size_align(len, ALIGN).expect("buffer size overflows isize");
+        // SAFETY: `layout` has a non-zero size.
+        let raw = unsafe { alloc_zeroed(layout) };
+        let ptr = NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+        Self { ptr, len }
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when the buffer holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: `ptr` is valid for `len` initialised bytes (zeroed at allocation) or dangling
+        // and aligned with `len == 0`.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// The bytes, mutably.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as in `as_slice`, and `&mut self` guarantees exclusive access.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// Pointer to the first byte (64-byte aligned).
+    pub fn as_ptr(&self) -> *const u8 {
+        self.ptr.as_ptr()
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        if self.len != 0 {
+            let layout = Layout::from_size_align(self.len, ALIGN).expect("checked at allocation");
+            // SAFETY: allocated in `zeroed` with this very layout.
+            unsafe { dealloc(self.ptr.as_ptr(), layout) };
+        }
+    }
+}
+
+/// A mutable slice shared between parallel tasks that each write a disjoint part of it.
+pub(crate) struct SharedMut<'a, T> {
+    ptr: *mut T,
+    len: usize,
+    _life: PhantomData<&'a mut [T]>,
+}
+
+// SAFETY: tasks only write through `part`, whose contract requires disjoint ranges.
+unsafe impl<T: Send> Sync for SharedMut<'_, T> {}
+
+impl<'a, T> SharedMut<'a, T> {
+    pub(crate) fn new(s: &'a mut [T]) -> Self {
+        Self {
+            ptr: s.as_mut_ptr(),
+            len: s.len(),
+            _life: PhantomData,
+        }
+    }
+
+    /// The sub-slice `start..start + len`.
+    ///
+    /// # Safety
+    /// No two live results of `part` on the same `SharedMut` may overlap.
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn part(&self, start: usize, len: usize) -> &mut [T] {
+        assert!(start + len <= self.len, "shared part out of bounds");
+        // SAFETY: in bounds (checked above) of a slice borrowed mutably for 'a; the caller
+        // guarantees no overlapping part is alive.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(start), len) }
+    }
+}

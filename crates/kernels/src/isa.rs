@@ -1,0 +1,177 @@
+//! Which instruction-set path the kernels run: AMX, AVX-512 or portable Rust.
+//!
+//! Features are detected once and cached. AMX needs three things: the CPU bits (CPUID leaf 7,
+//! EDX bits 22 AMX-BF16, 24 AMX-TILE, 25 AMX-INT8), the OS enabling tile state in XCR0 (bits 17
+//! and 18), and, on Linux, the per-process permission `arch_prctl(ARCH_REQ_XCOMP_PERM,
+//! XFEATURE_XTILEDATA)`, requested once here. The Linux documentation (x86/xstate) states that
+//! the permission is per process and valid for all its threads, so the pool's workers need no
+//! request of their own.
+//!
+//! `STRATA_KERNEL=portable|avx512|amx` forces a path (for tests and benchmarks); a forced path
+//! the CPU lacks falls back to the best available one below it, never to a SIGILL.
+
+use std::sync::OnceLock;
+
+/// An instruction-set path, ordered from the most portable to the fastest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Isa {
+    /// Plain Rust, correct on any CPU.
+    Portable,
+    /// AVX-512 F/BW with BF16 (`vdpbf16ps`) and VNNI (`vpdpbusd`).
+    Avx512,
+    /// AMX tiles (`tdpbf16ps`, `tdpbsud`); implies [`Isa::Avx512`].
+    Amx,
+}
+
+impl Isa {
+    /// Name as accepted by `STRATA_KERNEL`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Portable => "portable",
+            Isa::Avx512 => "avx512",
+            Isa::Amx => "amx",
+        }
+    }
+
+    /// Parses a `STRATA_KERNEL` value.
+    pub fn from_name(s: &str) -> Option<Isa> {
+        match s {
+            "portable" => Some(Isa::Portable),
+            "avx512" => Some(Isa::Avx512),
+            "amx" => Some(Isa::Amx),
+            _ => None,
+        }
+    }
+
+    /// True when this machine can run the path.
+    pub fn is_available(self) -> bool {
+        self <= detected()
+    }
+
+    /// Every path this machine can run, most portable first.
+    pub fn available() -> Vec<Isa> {
+        [Isa::Portable, Isa::Avx512, Isa::Amx]
+            .into_iter()
+            .filter(|i| i.is_available())
+            .collect()
+    }
+
+    /// The path kernels use by default: the best detected one, or `STRATA_KERNEL` capped to it.
+    pub fn selected() -> Isa {
+        static SEL: OnceLock<Isa> = OnceLock::new();
+        *SEL.get_or_init(|| {
+            let best = detected();
+            std::env::var("STRATA_KERNEL")
+                .ok()
+                .and_then(|v| Isa::from_name(v.trim()))
+                .map_or(best, |forced| forced.min(best))
+        })
+    }
+}
+
+/// The best path the CPU and OS support (AMX permission already requested).
+pub fn detected() -> Isa {
+    static DET: OnceLock<Isa> = OnceLock::new();
+    *DET.get_or_init(detect)
+}
+
+#[cfg(target_arch = "x86_64")]
+fn detect() -> Isa {
+    let avx512 = std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512bw")
+        && std::arch::is_x86_feature_detected!("avx512bf16")
+        && std::arch::is_x86_feature_detected!("avx512vnni");
+    if !avx512 {
+        return Isa::Portable;
+    }
+    if amx_cpu_and_os() && request_amx_permission() {
+        Isa::Amx
+    } else {
+        Isa::Avx512
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn detect() -> Isa {
+    Isa::Portable
+}
+
+/// CPUID AMX-BF16/TILE/INT8 bits and XCR0 tile-state bits.
+#[cfg(target_arch = "x86_64")]
+fn amx_cpu_and_os() -> bool {
+    use std::arch::x86_64::__cpuid_count;
+    let leaf7 = __cpuid_count(7, 0);
+    let cpu =
+        (leaf7.edx >> 22) & 1 == 1 && (leaf7.edx >> 24) & 1 == 1 && (leaf7.edx >> 25) & 1 == 1;
+    // OSXSAVE (leaf 1 ECX bit 27) makes `xgetbv` legal.
+    let osxsave = (__cpuid_count(1, 0).ecx >> 27) & 1 == 1;
+    if !cpu || !osxsave {
+        return false;
+    }
+    // SAFETY: OSXSAVE is set, so `xgetbv` with ECX = 0 is defined; it only reads XCR0.
+    let xcr0 = unsafe { xgetbv0() };
+    (xcr0 >> 17) & 3 == 3
+}
+
+/// Reads XCR0.
+///
+/// # Safety
+/// The CPU must report OSXSAVE (CPUID leaf 1, ECX bit 27).
+#[cfg(target_arch = "x86_64")]
+unsafe fn xgetbv0() -> u64 {
+    let (lo, hi): (u32, u32);
+    // SAFETY: the caller checked OSXSAVE; `xgetbv` reads XCR0 into edx:eax and touches no memory.
+    unsafe {
+        core::arch::asm!("xgetbv", in("ecx") 0u32, out("eax") lo, out("edx") hi,
+            options(nomem, nostack, preserves_flags));
+    }
+    (u64::from(hi) << 32) | u64::from(lo)
+}
+
+/// Asks Linux for AMX tile-data permission for this process; true when granted.
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+fn request_amx_permission() -> bool {
+    const ARCH_GET_XCOMP_PERM: libc::c_long = 0x1022;
+    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+    const XFEATURE_XTILEDATA: libc::c_long = 18;
+    // SAFETY: arch_prctl with these codes only changes this process's xstate permissions;
+    // the GET variant writes one u64 to the pointer we pass, which points to a live local.
+    unsafe {
+        if libc::syscall(
+            libc::SYS_arch_prctl,
+            ARCH_REQ_XCOMP_PERM,
+            XFEATURE_XTILEDATA,
+        ) != 0
+        {
+            return false;
+        }
+        let mut perm: u64 = 0;
+        libc::syscall(
+            libc::SYS_arch_prctl,
+            ARCH_GET_XCOMP_PERM,
+            &mut perm as *mut u64,
+        ) == 0
+            && (perm >> XFEATURE_XTILEDATA) & 1 == 1
+    }
+}
+
+/// Other x86-64 systems: without a known permission protocol, AMX stays off.
+#[cfg(all(target_arch = "x86_64", not(target_os = "linux")))]
+fn request_amx_permission() -> bool {
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_selection_is_available() {
+        for isa in [Isa::Portable, Isa::Avx512, Isa::Amx] {
+            assert_eq!(Isa::from_name(isa.name()), Some(isa));
+        }
+        assert_eq!(Isa::from_name("sse"), None);
+        assert!(Isa::selected().is_available());
+        assert_eq!(Isa::available()[0], Isa::Portable);
+    }
+}

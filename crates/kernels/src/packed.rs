@@ -1,0 +1,594 @@
+//! Packed weight matrices: BF16, INT8 and INT4 in one tile-friendly layout, and `y = x · Wᵀ`.
+//!
+//! [`PackedMatrix::pack`] takes row-major weights `W: [n, k]` (the Hugging Face `nn.Linear`
+//! layout) once at load and rewrites them into *strips* of 16 output columns. A strip holds all
+//! of `k` as a run of 64-byte lines, each line one VNNI row for 16 columns:
+//!
+//! | format | one 64-byte line holds                      | k per line |
+//! |--------|---------------------------------------------|------------|
+//! | BF16   | 16 columns x 2 consecutive k (bf16 pairs)   | 2          |
+//! | INT8   | 16 columns x 4 consecutive k (u8 quads)     | 4          |
+//! | INT4   | two INT8 lines, low nibble then high nibble | 8          |
+//!
+//! That line is exactly one row of an AMX B tile (`tdpbf16ps`, `tdpbsud`), and exactly one zmm
+//! for AVX-512 `vdpbf16ps`/`vpdpbusd` with the activation pair or quad broadcast, so all paths
+//! read the same bytes. Kernels walk a panel of a few strips over a block of `k` sized to stay
+//! in L2 while every token row streams over it.
+//!
+//! Integers are stored *unsigned with an offset* (INT8 `q + 128`, INT4 `q + 8`) so that both
+//! AVX-512 VNNI (`u8 x s8`) and AMX (`tdpbsud`: `s8 x u8`) multiply them with signed int8
+//! activations directly; the offset times the activation sum is subtracted at each scale
+//! flush. Scales are symmetric: per output row (INT8 without group) or per `group` of `k`.
+//!
+//! Activations are converted per call: to BF16 (round to nearest even), or to int8 with one
+//! scale per token (`amax / 127`). `n` is padded to a multiple of 32 (two strips: an AMX
+//! 32x32 output block) and `k` to the tile depth, with zeros.
+
+use half::bf16;
+
+use crate::buf::{AlignedBuf, SharedMut};
+use crate::error::{KernelError, check_len};
+use crate::isa::Isa;
+use crate::micro;
+use crate::parallel_for;
+
+/// Output columns per strip (one AMX tile / one zmm of f32).
+pub(crate) const STRIP: usize = 16;
+/// Bytes per packed line.
+pub(crate) const LINE: usize = 64;
+/// Activation sums are kept per this many `k`, the smallest group.
+pub(crate) const XSUM_UNIT: usize = 32;
+/// Token rows are padded to this (two AMX A tiles).
+pub(crate) const M_ALIGN: usize = 32;
+
+/// How a [`PackedMatrix`] stores its weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PackedFormat {
+    /// Brain float 16, activations rounded to BF16.
+    Bf16,
+    /// Symmetric int8, one scale per output row (`group: None`) or per `group` of `k`.
+    Int8 {
+        /// Scale group along `k`: 32, 64 or 128, or `None` for one scale per row.
+        group: Option<usize>,
+    },
+    /// Symmetric int4 in `[-8, 7]`, one scale per `group` of `k` (32, 64 or 128).
+    Int4 {
+        /// Scale group along `k`.
+        group: usize,
+    },
+}
+
+impl PackedFormat {
+    /// Short name: `bf16`, `int8`, `int8g64`, `int4g32`...
+    pub fn name(&self) -> String {
+        match self {
+            PackedFormat::Bf16 => "bf16".into(),
+            PackedFormat::Int8 { group: None } => "int8".into(),
+            PackedFormat::Int8 { group: Some(g) } => format!("int8g{g}"),
+            PackedFormat::Int4 { group } => format!("int4g{group}"),
+        }
+    }
+
+    fn validate(&self, op: &'static str) -> Result<(), KernelError> {
+        let g = match self {
+            PackedFormat::Bf16 | PackedFormat::Int8 { group: None } => return Ok(()),
+            PackedFormat::Int8 { group: Some(g) } | PackedFormat::Int4 { group: g } => *g,
+        };
+        if matches!(g, 32 | 64 | 128) {
+            Ok(())
+        } else {
+            Err(KernelError::Group { op, got: g })
+        }
+    }
+}
+
+/// The element kinds a weight matrix can be packed from.
+pub trait PackSource: Copy + Sync {
+    /// The value as f32.
+    fn to_f32(self) -> f32;
+}
+
+impl PackSource for f32 {
+    fn to_f32(self) -> f32 {
+        self
+    }
+}
+
+impl PackSource for bf16 {
+    fn to_f32(self) -> f32 {
+        bf16::to_f32(self)
+    }
+}
+
+/// Storage kind, without the group parameter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Bf16,
+    Int8,
+    Int4,
+}
+
+/// A weight matrix `[n, k]` packed for the kernels; see the module docs for the layout.
+pub struct PackedMatrix {
+    pub(crate) fmt: PackedFormat,
+    pub(crate) kind: Kind,
+    pub(crate) n: usize,
+    pub(crate) k: usize,
+    pub(crate) n_pad: usize,
+    pub(crate) k_pad: usize,
+    /// `k` per scale: the group, or `k_pad` for per-row scales and BF16.
+    pub(crate) group: usize,
+    pub(crate) groups: usize,
+    pub(crate) strip_bytes: usize,
+    pub(crate) data: AlignedBuf,
+    /// `[strip][group][16]`.
+    pub(crate) scales: Vec<f32>,
+}
+
+impl std::fmt::Debug for PackedMatrix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PackedMatrix")
+            .field("format", &self.fmt.name())
+            .field("n", &self.n)
+            .field("k", &self.k)
+            .finish()
+    }
+}
+
+impl PackedMatrix {
+    /// Packs row-major weights `w: [n_out, k_in]` into `fmt`.
+    pub fn pack<T: PackSource>(
+        w: &[T],
+        n_out: usize,
+        k_in: usize,
+        fmt: PackedFormat,
+    ) -> Result<Self, KernelError> {
+        const OP: &str = "pack";
+        fmt.validate(OP)?;
+        check_len(OP, "weights", n_out * k_in, w.len())?;
+        let (kind, k_align, group) = match fmt {
+            PackedFormat::Bf16 => (Kind::Bf16, 32, None),
+            PackedFormat::Int8 { group } => (Kind::Int8, group.unwrap_or(64).max(64), group),
+            PackedFormat::Int4 { group } => (Kind::Int4, group.max(64), Some(group)),
+        };
+        let n_pad = n_out.div_ceil(2 * STRIP) * 2 * STRIP;
+        let k_pad = k_in.div_ceil(k_align).max(1) * k_align;
+        let group = group.unwrap_or(k_pad);
+        let groups = k_pad / group;
+        let strips = n_pad / STRIP;
+        let strip_bytes = match kind {
+            Kind::Bf16 => k_pad * STRIP * 2,
+            Kind::Int8 => k_pad * STRIP,
+            Kind::Int4 => k_pad * STRIP / 2,
+        };
+        let mut data = AlignedBuf::zeroed(strips * strip_bytes);
+        let mut scales = vec![0.0f32; strips * groups * STRIP];
+        {
+            let data_w = SharedMut::new(data.as_mut_slice());
+            let scales_w = SharedMut::new(&mut scales);
+            parallel_for(strips, |s| {
+                // SAFETY: strip `s` owns bytes `s * strip_bytes ..` and scales
+                // `s * groups * 16 ..` exclusively; each task packs one strip.
+                let (bytes, sc) = unsafe {
+                    (
+                        data_w.part(s * strip_bytes, strip_bytes),
+                        scales_w.part(s * groups * STRIP, groups * STRIP),
+                    )
+                };
+                pack_strip(w, n_out, k_in, k_pad, kind, group, s, bytes, sc);
+            });
+        }
+        Ok(Self {
+            fmt,
+            kind,
+            n: n_out,
+            k: k_in,
+            n_pad,
+            k_pad,
+            group,
+            groups,
+            strip_bytes,
+            data,
+            scales,
+        })
+    }
+
+    /// The packed format.
+    pub fn format(&self) -> PackedFormat {
+        self.fmt
+    }
+
+    /// Output features `n`.
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    /// Input features `k`.
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// Bytes a full pass over the weights reads: packed values plus scales.
+    pub fn bytes(&self) -> usize {
+        self.data.len()
+            + if self.kind == Kind::Bf16 {
+                0
+            } else {
+                self.scales.len() * 4
+            }
+    }
+
+    pub(crate) fn strips(&self) -> usize {
+        self.n_pad / STRIP
+    }
+
+    /// The weights as they are used, `[n, k]` row-major f32 (quantization error included).
+    pub fn dequantize(&self) -> Vec<f32> {
+        let mut w = vec![0.0f32; self.n * self.k];
+        for j in 0..self.n {
+            for p in 0..self.k {
+                w[j * self.k + p] = self.weight(j, p);
+            }
+        }
+        w
+    }
+
+    /// The dequantized weight `W[j, p]`.
+    fn weight(&self, j: usize, p: usize) -> f32 {
+        let (s, c) = (j / STRIP, j % STRIP);
+        let strip = &self.data.as_slice()[s * self.strip_bytes..(s + 1) * self.strip_bytes];
+        let scale = || self.scales[(s * self.groups + p / self.group) * STRIP + c];
+        match self.kind {
+            Kind::Bf16 => {
+                let off = (p / 2) * LINE + c * 4 + (p % 2) * 2;
+                bf16_bits_to_f32(u16::from_le_bytes([strip[off], strip[off + 1]]))
+            }
+            Kind::Int8 => {
+                let q = strip[(p / 4) * LINE + c * 4 + p % 4];
+                (i32::from(q) - 128) as f32 * scale()
+            }
+            Kind::Int4 => {
+                let quad = p / 4;
+                let b = strip[(quad / 2) * LINE + c * 4 + p % 4];
+                let q = if quad.is_multiple_of(2) {
+                    b & 0xf
+                } else {
+                    b >> 4
+                };
+                (i32::from(q) - 8) as f32 * scale()
+            }
+        }
+    }
+
+    fn check_args(
+        &self,
+        op: &'static str,
+        x: &[f32],
+        m: usize,
+        out: &[f32],
+    ) -> Result<(), KernelError> {
+        check_len(op, "x", m * self.k, x.len())?;
+        check_len(op, "out", m * self.n, out.len())
+    }
+
+    /// `out[m, n] = x[m, k] · Wᵀ` on the selected instruction-set path ([`Isa::selected`]).
+    pub fn matmul(&self, x: &[f32], m: usize, out: &mut [f32]) -> Result<(), KernelError> {
+        self.matmul_with(Isa::selected(), x, m, out)
+    }
+
+    /// [`PackedMatrix::matmul`] on a given path; a path the CPU lacks falls back to a lower one.
+    pub fn matmul_with(
+        &self,
+        isa: Isa,
+        x: &[f32],
+        m: usize,
+        out: &mut [f32],
+    ) -> Result<(), KernelError> {
+        self.check_args("matmul", x, m, out)?;
+        let isa = isa.min(crate::isa::detected());
+        let a = Activations::quantize(self, m, |r| &x[r * self.k..(r + 1) * self.k]);
+        let n_blocks = self.strips().div_ceil(micro::N_BLOCK_STRIPS);
+        let m_chunks = m.div_ceil(micro::M_CHUNK);
+        let out_w = SharedMut::new(out);
+        parallel_for(m_chunks * n_blocks, |t| {
+            let (mc, nb) = (t / n_blocks, t % n_blocks);
+            let rows = mc * micro::M_CHUNK..((mc + 1) * micro::M_CHUNK).min(m);
+            let s0 = nb * micro::N_BLOCK_STRIPS;
+            let strips = s0..(s0 + micro::N_BLOCK_STRIPS).min(self.strips());
+            let ldo = strips.len() * STRIP;
+            let mut tile = vec![0.0f32; rows.len() * ldo];
+            micro::run_block(isa, self, &a, rows.clone(), strips, &mut tile, ldo);
+            let c0 = s0 * STRIP;
+            let cols = ldo.min(self.n - c0);
+            for (i, r) in rows.enumerate() {
+                // SAFETY: task (mc, nb) writes only rows of chunk mc and columns of block nb,
+                // a region no other task touches.
+                let dst = unsafe { out_w.part(r * self.n + c0, cols) };
+                dst.copy_from_slice(&tile[i * ldo..i * ldo + cols]);
+            }
+        });
+        Ok(())
+    }
+
+    /// Plain reference for [`PackedMatrix::matmul`]: the same activation rounding, then f32
+    /// dot products with the dequantized weights.
+    pub fn matmul_ref(&self, x: &[f32], m: usize, out: &mut [f32]) -> Result<(), KernelError> {
+        self.check_args("matmul_ref", x, m, out)?;
+        let a = Activations::quantize(self, m, |r| &x[r * self.k..(r + 1) * self.k]);
+        let w = self.dequantize();
+        for i in 0..m {
+            let xi: Vec<f32> = (0..self.k).map(|p| a.value(i, p)).collect();
+            for j in 0..self.n {
+                let wj = &w[j * self.k..(j + 1) * self.k];
+                out[i * self.n + j] = xi.iter().zip(wj).map(|(a, b)| a * b).sum();
+            }
+        }
+        Ok(())
+    }
+}
+
+pub(crate) fn bf16_bits_to_f32(b: u16) -> f32 {
+    f32::from_bits(u32::from(b) << 16)
+}
+
+/// Symmetric quantization step for values with absolute maximum `amax` and `qmax` levels.
+fn quant_scale(amax: f32, qmax: f32) -> f32 {
+    if amax > 0.0 { amax / qmax } else { 1.0 }
+}
+
+/// Packs output strip `s` (columns `16 s .. 16 s + 16`) into `bytes` and `sc`.
+#[allow(clippy::too_many_arguments)]
+fn pack_strip<T: PackSource>(
+    w: &[T],
+    n: usize,
+    k: usize,
+    k_pad: usize,
+    kind: Kind,
+    group: usize,
+    s: usize,
+    bytes: &mut [u8],
+    sc: &mut [f32],
+) {
+    let groups = k_pad / group;
+    let mut row = vec![0.0f32; k_pad];
+    let mut q = vec![0i32; k_pad];
+    for c in 0..STRIP {
+        let j = s * STRIP + c;
+        if j >= n {
+            // Padding columns: value zero (the stored offset), scale zero.
+            match kind {
+                Kind::Bf16 => {}
+                Kind::Int8 => (0..k_pad).for_each(|p| bytes[(p / 4) * LINE + c * 4 + p % 4] = 128),
+                Kind::Int4 => (0..k_pad / 8).for_each(|l| {
+                    for t in 0..4 {
+                        bytes[l * LINE + c * 4 + t] = 0x88;
+                    }
+                }),
+            }
+            continue;
+        }
+        for (r, v) in row.iter_mut().zip(&w[j * k..(j + 1) * k]) {
+            *r = v.to_f32();
+        }
+        row[k..].fill(0.0);
+        match kind {
+            Kind::Bf16 => {
+                for (p, v) in row.iter().enumerate() {
+                    let off = (p / 2) * LINE + c * 4 + (p % 2) * 2;
+                    bytes[off..off + 2]
+                        .copy_from_slice(&bf16::from_f32(*v).to_bits().to_le_bytes());
+                }
+            }
+            Kind::Int8 | Kind::Int4 => {
+                let qmax = if kind == Kind::Int8 { 127.0 } else { 7.0 };
+                for g in 0..groups {
+                    let span = g * group..(g + 1) * group;
+                    let amax = row[span.clone()].iter().fold(0.0f32, |a, v| a.max(v.abs()));
+                    let scale = quant_scale(amax, qmax);
+                    sc[g * STRIP + c] = scale;
+                    for p in span {
+                        q[p] = ((row[p] / scale).round() as i32)
+                            .clamp(-(qmax as i32) - 1, qmax as i32);
+                    }
+                }
+                for p in 0..k_pad {
+                    let quad = p / 4;
+                    if kind == Kind::Int8 {
+                        bytes[quad * LINE + c * 4 + p % 4] = (q[p] + 128) as u8;
+                    } else {
+                        let off = (quad / 2) * LINE + c * 4 + p % 4;
+                        let nib = (q[p] + 8) as u8;
+                        bytes[off] |= if quad.is_multiple_of(2) {
+                            nib
+                        } else {
+                            nib << 4
+                        };
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Activations converted for one packed matrix: BF16, or int8 with per-token scales.
+pub(crate) struct Activations {
+    pub(crate) m: usize,
+    pub(crate) k_pad: usize,
+    /// Bytes per row of `data`.
+    pub(crate) lda: usize,
+    /// `[m_pad, k_pad]` bf16 or i8, rows beyond `m` zero; `m_pad` a multiple of [`M_ALIGN`].
+    pub(crate) data: AlignedBuf,
+    /// Per-token dequantization scale (integer formats).
+    pub(crate) scale: Vec<f32>,
+    /// `[m_pad, k_pad / XSUM_UNIT]` sums of the int8 values (integer formats).
+    pub(crate) xsum: Vec<i32>,
+}
+
+impl Activations {
+    /// Converts `m` rows (row `r` given by `row(r)`, `k` values each) for `w`'s format.
+    pub(crate) fn quantize<'x>(
+        w: &PackedMatrix,
+        m: usize,
+        row: impl Fn(usize) -> &'x [f32],
+    ) -> Self {
+        let k_pad = w.k_pad;
+        let m_pad = m.div_ceil(M_ALIGN).max(1) * M_ALIGN;
+        let elem = if w.kind == Kind::Bf16 { 2 } else { 1 };
+        let lda = k_pad * elem;
+        let mut data = AlignedBuf::zeroed(m_pad * lda);
+        let units = k_pad / XSUM_UNIT;
+        let mut scale = vec![0.0f32; m_pad];
+        let mut xsum = vec![0i32; m_pad * units];
+        let bytes = data.as_mut_slice();
+        for r in 0..m {
+            let x = row(r);
+            let dst = &mut bytes[r * lda..(r + 1) * lda];
+            if w.kind == Kind::Bf16 {
+                for (p, v) in x.iter().enumerate() {
+                    dst[2 * p..2 * p + 2]
+                        .copy_from_slice(&bf16::from_f32(*v).to_bits().to_le_bytes());
+                }
+            } else {
+                let amax = x.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+                let s = quant_scale(amax, 127.0);
+                let inv = 1.0 / s;
+                scale[r] = s;
+                for (p, v) in x.iter().enumerate() {
+                    let q = ((v * inv).round() as i32).clamp(-127, 127);
+                    dst[p] = q as i8 as u8;
+                    xsum[r * units + p / XSUM_UNIT] += q;
+                }
+            }
+        }
+        Self {
+            m,
+            k_pad,
+            lda,
+            data,
+            scale,
+            xsum,
+        }
+    }
+
+    /// The value the kernels multiply at `(row, p)`, as f32.
+    fn value(&self, r: usize, p: usize) -> f32 {
+        let b = &self.data.as_slice()[r * self.lda..];
+        if self.lda == self.k_pad * 2 {
+            bf16_bits_to_f32(u16::from_le_bytes([b[2 * p], b[2 * p + 1]]))
+        } else {
+            f32::from(b[p] as i8) * self.scale[r]
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    pub(crate) fn rand_vec(len: usize, seed: &mut u64) -> Vec<f32> {
+        (0..len)
+            .map(|_| {
+                *seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((*seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+            })
+            .collect()
+    }
+
+    pub(crate) const FORMATS: [PackedFormat; 7] = [
+        PackedFormat::Bf16,
+        PackedFormat::Int8 { group: None },
+        PackedFormat::Int8 { group: Some(32) },
+        PackedFormat::Int8 { group: Some(128) },
+        PackedFormat::Int4 { group: 32 },
+        PackedFormat::Int4 { group: 64 },
+        PackedFormat::Int4 { group: 128 },
+    ];
+
+    /// Asserts `got` matches `want` within f32 rounding of a `k`-term dot product.
+    pub(crate) fn assert_close(want: &[f32], got: &[f32], what: &str) {
+        assert_eq!(want.len(), got.len(), "{what}: lengths");
+        let scale = want.iter().fold(1.0f32, |a, v| a.max(v.abs()));
+        for (i, (a, b)) in want.iter().zip(got).enumerate() {
+            assert!(
+                (a - b).abs() <= 2e-5 * scale + 1e-6 * a.abs().max(b.abs()) * 10.0,
+                "{what}: element {i}: want {a}, got {b}"
+            );
+        }
+    }
+
+    #[test]
+    fn every_path_matches_reference_on_ragged_shapes() {
+        let mut seed = 11;
+        let shapes = [
+            (0, 5, 7),
+            (1, 1, 1),
+            (1, 33, 70),
+            (3, 17, 129),
+            (5, 48, 64),
+            (37, 70, 200),
+            (70, 40, 96),
+        ];
+        for fmt in FORMATS {
+            for &(m, n, k) in &shapes {
+                let x = rand_vec(m * k, &mut seed);
+                let w = rand_vec(n * k, &mut seed);
+                let p = PackedMatrix::pack(&w, n, k, fmt).expect("valid format");
+                let mut want = vec![0.0; m * n];
+                p.matmul_ref(&x, m, &mut want).expect("shapes agree");
+                for isa in Isa::available() {
+                    let mut got = vec![f32::NAN; m * n];
+                    p.matmul_with(isa, &x, m, &mut got).expect("shapes agree");
+                    assert_close(&want, &got, &format!("{} {isa:?} {m}x{n}x{k}", fmt.name()));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn bf16_source_packs_like_f32() {
+        let mut seed = 3;
+        let w = rand_vec(40 * 50, &mut seed);
+        let wb: Vec<bf16> = w.iter().map(|&v| bf16::from_f32(v)).collect();
+        let a = PackedMatrix::pack(&w, 40, 50, PackedFormat::Bf16).expect("packs");
+        let b = PackedMatrix::pack(&wb, 40, 50, PackedFormat::Bf16).expect("packs");
+        assert_eq!(a.data.as_slice(), b.data.as_slice());
+    }
+
+    #[test]
+    fn quantization_error_is_within_the_step() {
+        let mut seed = 5;
+        let (n, k) = (20, 300);
+        let w = rand_vec(n * k, &mut seed);
+        for fmt in FORMATS {
+            let p = PackedMatrix::pack(&w, n, k, fmt).expect("packs");
+            let d = p.dequantize();
+            // |w| <= 0.5: BF16 keeps 8 bits, INT8 half a step of 0.5/127, INT4 of 0.5/7.
+            let tol = match p.kind {
+                Kind::Bf16 => 0.5 / 256.0,
+                Kind::Int8 => 0.5 / 127.0 / 2.0 + 1e-6,
+                Kind::Int4 => 0.5 / 7.0 / 2.0 + 1e-6,
+            };
+            for (a, b) in w.iter().zip(&d) {
+                assert!((a - b).abs() <= tol, "{}: {a} vs {b}", fmt.name());
+            }
+        }
+    }
+
+    #[test]
+    fn bad_arguments_are_errors() {
+        let w = vec![0.0f32; 6];
+        assert_eq!(
+            PackedMatrix::pack(&w, 2, 3, PackedFormat::Int4 { group: 48 }).unwrap_err(),
+            KernelError::Group {
+                op: "pack",
+                got: 48
+            }
+        );
+        assert!(PackedMatrix::pack(&w, 2, 4, PackedFormat::Bf16).is_err());
+        let p = PackedMatrix::pack(&w, 2, 3, PackedFormat::Bf16).expect("packs");
+        let mut out = vec![0.0; 3];
+        assert!(p.matmul(&[0.0; 3], 1, &mut out).is_err());
+    }
+}
