@@ -1,2 +1,59 @@
-//! The `strata` command line.
-fn main() {}
+//! The `strata` command line: `info`, `generate`, `logits`, `bench`.
+//!
+//! Arguments are parsed by clap into raw values, then validated into the typed settings the
+//! library crates take. Errors print with their whole cause chain and exit with status 2; a
+//! closed stdout (`strata generate | head`) is not an error.
+
+mod generate;
+mod info;
+mod logits;
+mod model_arg;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Strata runs Mixture-of-Experts language models on machines whose fast memory is too
+/// small for the model.
+#[derive(Debug, Parser)]
+#[command(name = "strata", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Show a model's architecture, parameters, experts, dtypes and memory footprint.
+    Info(info::InfoArgs),
+    /// Generate text from a prompt or a chat message, streaming it to stdout.
+    Generate(generate::GenerateArgs),
+    /// Write the logits at every position of a token sequence to a .npy file.
+    Logits(logits::LogitsArgs),
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Info(a) => info::run(a),
+        Command::Generate(a) => generate::run(a),
+        Command::Logits(a) => logits::run(a),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            let broken_pipe = err.chain().any(|c| {
+                c.downcast_ref::<std::io::Error>()
+                    .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+            });
+            if broken_pipe {
+                return ExitCode::SUCCESS;
+            }
+            eprintln!("error: {err:#}");
+            ExitCode::from(2)
+        }
+    }
+}

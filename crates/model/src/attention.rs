@@ -240,7 +240,7 @@ impl Attention {
             .collect();
         match self {
             Attention::Gqa(a) => a.forward(h, t, &positions, spans, caches, rope, scale, eps),
-            Attention::Mla(a) => a.forward(h, t, &positions, spans, caches, rope, scale, eps),
+            Attention::Mla(a) => a.forward(h, t, &positions, spans, caches, rope, scale),
         }
     }
 }
@@ -356,7 +356,6 @@ impl Mla {
         caches: &mut [&mut LayerCache],
         rope: &Rope,
         scale: f32,
-        eps: f32,
     ) -> Vec<f32> {
         let qk = self.nope + self.rope_dim;
         let mut q = match &self.q_a {

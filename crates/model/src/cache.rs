@@ -51,6 +51,11 @@ impl KvCache {
         }
     }
 
+    /// Widths of one position in each layer's two buffers (f32 values).
+    pub fn widths(&self) -> &[(usize, usize)] {
+        &self.widths
+    }
+
     /// Positions cached.
     pub fn len(&self) -> usize {
         self.len

@@ -1,0 +1,113 @@
+//! `strata generate`: stream a continuation of a prompt or a reply to a chat message.
+
+use std::io::Write;
+
+use anyhow::Context;
+use clap::Args;
+use strata_runtime::engine::{Engine, FinishReason, Request};
+use strata_runtime::sampling::SamplingParams;
+use strata_runtime::text::ChatMessage;
+
+use crate::model_arg::ModelArgs;
+
+/// Arguments of `strata generate`.
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("input").required(true).args(["prompt", "chat"])))]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Plain text to continue (tokenized as is, with BOS if the model uses one).
+    #[arg(long, short = 'p', value_name = "TEXT")]
+    prompt: Option<String>,
+    /// A user message, formatted with the model's chat template.
+    #[arg(long, value_name = "TEXT")]
+    chat: Option<String>,
+    /// A system message placed before `--chat`.
+    #[arg(long, value_name = "TEXT", requires = "chat")]
+    system: Option<String>,
+    /// Most tokens to generate.
+    #[arg(long, short = 'n', default_value_t = 128)]
+    max_tokens: usize,
+    /// Sampling temperature; 0 = greedy.
+    #[arg(long, default_value_t = 0.8)]
+    temperature: f32,
+    /// Nucleus sampling: keep the most likely tokens up to this probability mass.
+    #[arg(long, default_value_t = 0.95)]
+    top_p: f32,
+    /// Keep only the K most likely tokens; 0 = all.
+    #[arg(long, default_value_t = 40)]
+    top_k: usize,
+    /// Drop tokens less likely than this fraction of the most likely one.
+    #[arg(long, default_value_t = 0.05)]
+    min_p: f32,
+    /// Penalise tokens already present (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    repetition_penalty: f32,
+    /// Random seed, for reproducible sampling.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Stop when this string appears (repeatable); it is not printed.
+    #[arg(long, value_name = "TEXT")]
+    stop: Vec<String>,
+}
+
+pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
+    let dir = args.model.dir()?;
+    let engine = Engine::load_dir(&dir, args.model.precision())?;
+    let prompt = match (&args.prompt, &args.chat) {
+        (Some(p), _) => engine.text_prompt(p)?,
+        (None, Some(c)) => {
+            let mut messages = Vec::new();
+            if let Some(s) = &args.system {
+                messages.push(ChatMessage::new("system", s));
+            }
+            messages.push(ChatMessage::new("user", c));
+            engine.chat_prompt(&messages)?
+        }
+        (None, None) => unreachable!("clap requires --prompt or --chat"),
+    };
+    let request = Request {
+        prompt,
+        max_tokens: args.max_tokens,
+        sampling: SamplingParams {
+            temperature: args.temperature,
+            top_k: args.top_k,
+            top_p: args.top_p,
+            min_p: args.min_p,
+            repetition_penalty: args.repetition_penalty,
+            seed: args.seed,
+            ..SamplingParams::default()
+        },
+        stop: args.stop,
+    };
+    let mut stdout = std::io::stdout().lock();
+    let mut write_err = None;
+    let (outputs, stats) = engine.generate_batch(std::slice::from_ref(&request), |_, text| {
+        if write_err.is_none()
+            && let Err(e) = stdout
+                .write_all(text.as_bytes())
+                .and_then(|()| stdout.flush())
+        {
+            write_err = Some(e);
+        }
+    })?;
+    if let Some(e) = write_err {
+        return Err(e).context("writing to stdout");
+    }
+    writeln!(stdout)
+        .and_then(|()| stdout.flush())
+        .context("writing to stdout")?;
+    let finish = match outputs[0].finish {
+        FinishReason::Stop => "stop",
+        FinishReason::Length => "length",
+        FinishReason::ContextFull => "context full",
+    };
+    eprintln!(
+        "[{} prompt tokens at {:.1} tok/s, {} generated at {:.1} tok/s, finish: {finish}]",
+        stats.prompt_tokens,
+        stats.prefill_tps(),
+        outputs[0].tokens.len(),
+        stats.decode_tps(),
+    );
+    Ok(())
+}

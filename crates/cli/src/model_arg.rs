@@ -1,0 +1,76 @@
+//! The `--model` and `--dtype` options shared by the subcommands.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+use clap::{Args, ValueEnum};
+use strata_model::Precision;
+
+/// The model that ships with the repository: `strata-tiny-moe`, a 24M-parameter Qwen3-MoE
+/// trained on ShareGPT text (see its README). Found relative to the source tree.
+pub const DEFAULT_MODEL: &str =
+    concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/strata-tiny-moe");
+
+/// Options naming the model and its numeric mode.
+#[derive(Debug, Args)]
+pub struct ModelArgs {
+    /// Model: a Hugging Face model directory (config.json, *.safetensors, tokenizer.json).
+    /// Defaults to the strata-tiny-moe model shipped in the repository.
+    #[arg(long, short = 'm', value_name = "PATH")]
+    pub model: Option<PathBuf>,
+    /// Numeric mode: `fast` (BF16 weights, f32 activations) or `f32` (everything in f32,
+    /// the reference path).
+    #[arg(long, value_enum, default_value_t = DType::Fast)]
+    pub dtype: DType,
+}
+
+/// Values of `--dtype`.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum DType {
+    /// BF16 weights where the checkpoint allows, f32 activations.
+    Fast,
+    /// Everything in f32.
+    F32,
+}
+
+impl ModelArgs {
+    /// The model directory, checked to exist.
+    pub fn dir(&self) -> anyhow::Result<PathBuf> {
+        let dir = self
+            .model
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_MODEL));
+        if !dir.exists() {
+            if looks_like_hub_id(&dir) {
+                bail!(
+                    "{}: no such local model; downloading from the Hugging Face hub is not built into this version, \
+                     download it with `huggingface-cli download {}` and pass the directory",
+                    dir.display(),
+                    dir.display()
+                );
+            }
+            bail!("{}: no such model directory", dir.display());
+        }
+        if dir.is_dir() && !dir.join("config.json").exists() {
+            bail!(
+                "{}: not a Hugging Face model directory (no config.json)",
+                dir.display()
+            );
+        }
+        dir.canonicalize()
+            .with_context(|| format!("{}: cannot resolve path", dir.display()))
+    }
+
+    /// The weights' numeric mode.
+    pub fn precision(&self) -> Precision {
+        match self.dtype {
+            DType::Fast => Precision::Fast,
+            DType::F32 => Precision::F32,
+        }
+    }
+}
+
+fn looks_like_hub_id(p: &std::path::Path) -> bool {
+    let s = p.to_string_lossy();
+    s.matches('/').count() == 1 && !s.starts_with('.') && !s.starts_with('/')
+}
