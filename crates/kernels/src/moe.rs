@@ -1,0 +1,656 @@
+//! The fused MoE operator: routed tokens in, weighted sum of expert MLP outputs out.
+//!
+//! [`fused_moe`] takes hidden states `[T, H]` and the router's top-k ids and weights `[T, k]`
+//! and computes, for every token, `Σ_j w_j · down_e(SiLU(gate_e(x)) * up_e(x))` over its
+//! experts `e = ids[j]`. Steps: group tokens by expert ([`group_by_expert`]); convert each
+//! expert's rows once for its format; one task set over (expert, row chunk, column block) for
+//! gate and up together with SiLU(gate) * up in the task's epilogue; convert the intermediate
+//! rows; one task set over (expert, row chunk, column block) for down; the weighted combine in
+//! f32, in a fixed expert order per token so results do not depend on thread timing.
+//!
+//! Gate and up are packed as one matrix whose 16-column strips alternate gate and up for the
+//! same intermediate columns, so a task owns matching gate and up outputs and applies the
+//! activation without a second pass. A dense MLP or shared expert is an [`MoeExperts`] of one
+//! expert that every token uses with weight 1 ([`dense_mlp`]).
+//!
+//! A key design decision: the instruction set is chosen per expert from its token count (AMX
+//! for [`MoeOptions::amx_min_tokens`] rows or more, AVX-512 below), but all experts' tasks
+//! share one dynamically claimed task set, so a skewed routing keeps every core busy.
+//!
+//! The AMX/AVX-512 crossover default ([`DEFAULT_AMX_MIN_TOKENS`]) is NOT yet measured: the
+//! machine this was written on (AMD EPYC, AVX-512 BF16/VNNI) has no AMX. Measure it on an AMX
+//! machine with `strata bench moe --crossover` and record the result here.
+
+use std::ops::Range;
+
+use crate::buf::SharedMut;
+use crate::error::{KernelError, check_len};
+use crate::isa::Isa;
+use crate::micro::{self, M_CHUNK, N_BLOCK_STRIPS};
+use crate::packed::{Activations, PackSource, PackedFormat, PackedMatrix, STRIP};
+use crate::parallel_for;
+
+/// Tokens per expert from which AMX is used instead of AVX-512 (KTransformers switches above
+/// about 4 tokens per expert; an AMX block is 32 rows, so fewer rows waste most of it). Not
+/// measured on an AMX machine yet, see the module docs.
+pub const DEFAULT_AMX_MIN_TOKENS: usize = 16;
+
+/// One expert's MLP: fused gate/up `[2 I, H]` (strips interleaved) and down `[H, I]`.
+#[derive(Debug)]
+pub struct Expert {
+    gate_up: PackedMatrix,
+    down: PackedMatrix,
+}
+
+impl Expert {
+    /// Packs row-major `gate: [inter, hidden]`, `up: [inter, hidden]`, `down: [hidden, inter]`.
+    pub fn pack<T: PackSource>(
+        gate: &[T],
+        up: &[T],
+        down: &[T],
+        hidden: usize,
+        inter: usize,
+        fmt: PackedFormat,
+    ) -> Result<Self, KernelError> {
+        const OP: &str = "expert pack";
+        check_len(OP, "gate", inter * hidden, gate.len())?;
+        check_len(OP, "up", inter * hidden, up.len())?;
+        check_len(OP, "down", hidden * inter, down.len())?;
+        let i_pad = inter.div_ceil(STRIP) * STRIP;
+        // Row 32 b + c is gate row 16 b + c, row 32 b + 16 + c is up row 16 b + c.
+        let mut gu = vec![0.0f32; 2 * i_pad * hidden];
+        for i in 0..inter {
+            let (b, c) = (i / STRIP, i % STRIP);
+            for (src, half) in [(gate, 0), (up, STRIP)] {
+                let row = (2 * b * STRIP + half + c) * hidden;
+                for (d, s) in gu[row..row + hidden]
+                    .iter_mut()
+                    .zip(&src[i * hidden..(i + 1) * hidden])
+                {
+                    *d = s.to_f32();
+                }
+            }
+        }
+        Ok(Self {
+            gate_up: PackedMatrix::pack(&gu, 2 * i_pad, hidden, fmt)?,
+            down: PackedMatrix::pack(down, hidden, inter, fmt)?,
+        })
+    }
+
+    /// Bytes of packed weights and scales.
+    pub fn bytes(&self) -> usize {
+        self.gate_up.bytes() + self.down.bytes()
+    }
+}
+
+/// A set of experts of one shape, indexed by expert id.
+#[derive(Debug)]
+pub struct MoeExperts {
+    experts: Vec<Expert>,
+    hidden: usize,
+    inter: usize,
+}
+
+impl MoeExperts {
+    /// Collects experts packed for `hidden` and `inter`.
+    pub fn new(hidden: usize, inter: usize, experts: Vec<Expert>) -> Result<Self, KernelError> {
+        for (e, x) in experts.iter().enumerate() {
+            if x.gate_up.k != hidden || x.down.n != hidden || x.down.k != inter {
+                return Err(KernelError::Mismatch {
+                    op: "moe experts",
+                    what: format!(
+                        "expert {e} is packed for hidden {} inter {}, expected hidden {hidden} inter {inter}",
+                        x.gate_up.k, x.down.k
+                    ),
+                });
+            }
+        }
+        Ok(Self {
+            experts,
+            hidden,
+            inter,
+        })
+    }
+
+    /// Number of experts.
+    pub fn len(&self) -> usize {
+        self.experts.len()
+    }
+
+    /// True when there is no expert.
+    pub fn is_empty(&self) -> bool {
+        self.experts.is_empty()
+    }
+
+    /// Hidden size `H`.
+    pub fn hidden(&self) -> usize {
+        self.hidden
+    }
+
+    /// Intermediate size `I`.
+    pub fn inter(&self) -> usize {
+        self.inter
+    }
+
+    /// The experts.
+    pub fn experts(&self) -> &[Expert] {
+        &self.experts
+    }
+}
+
+/// The tokens routed to one expert, with their combine weights.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExpertBatch {
+    /// Expert id.
+    pub expert: usize,
+    /// Token indices (rows of the hidden states), increasing.
+    pub tokens: Vec<u32>,
+    /// Combine weight of each token.
+    pub weights: Vec<f32>,
+}
+
+/// Knobs of [`fused_moe_with`].
+#[derive(Debug, Clone)]
+pub struct MoeOptions<'a> {
+    /// Only experts with `mask[e] == true` are computed (the others run elsewhere).
+    pub expert_mask: Option<&'a [bool]>,
+    /// Add into `out` instead of overwriting it (partial sums from other devices or nodes).
+    pub accumulate: bool,
+    /// Force one instruction set for every expert (capped to what the CPU has).
+    pub isa: Option<Isa>,
+    /// Experts with at least this many tokens use AMX.
+    pub amx_min_tokens: usize,
+}
+
+impl Default for MoeOptions<'_> {
+    fn default() -> Self {
+        Self {
+            expert_mask: None,
+            accumulate: false,
+            isa: None,
+            amx_min_tokens: DEFAULT_AMX_MIN_TOKENS,
+        }
+    }
+}
+
+/// Groups routing `[T, k]` by expert: one batch per expert with tokens, in expert order.
+pub fn group_by_expert(
+    n_experts: usize,
+    topk_ids: &[u32],
+    topk_weights: &[f32],
+    k: usize,
+) -> Result<Vec<ExpertBatch>, KernelError> {
+    check_len(
+        "group by expert",
+        "topk_weights",
+        topk_ids.len(),
+        topk_weights.len(),
+    )?;
+    let mut by: Vec<ExpertBatch> = (0..n_experts)
+        .map(|expert| ExpertBatch {
+            expert,
+            tokens: Vec::new(),
+            weights: Vec::new(),
+        })
+        .collect();
+    for (j, (&e, &w)) in topk_ids.iter().zip(topk_weights).enumerate() {
+        let b = by
+            .get_mut(e as usize)
+            .ok_or_else(|| KernelError::Mismatch {
+                op: "group by expert",
+                what: format!("expert id {e} at slot {j}, expected below {n_experts}"),
+            })?;
+        b.tokens.push((j / k.max(1)) as u32);
+        b.weights.push(w);
+    }
+    Ok(by.into_iter().filter(|b| !b.tokens.is_empty()).collect())
+}
+
+/// [`fused_moe_with`] with default options.
+pub fn fused_moe(
+    experts: &MoeExperts,
+    hidden: &[f32],
+    topk_ids: &[u32],
+    topk_weights: &[f32],
+    out: &mut [f32],
+) -> Result<(), KernelError> {
+    fused_moe_with(
+        experts,
+        hidden,
+        topk_ids,
+        topk_weights,
+        out,
+        &MoeOptions::default(),
+    )
+}
+
+/// The MoE layer: `out[t] = Σ_j topk_weights[t, j] · expert_{topk_ids[t, j]}(hidden[t])`.
+///
+/// `hidden` and `out` are `[T, H]`; `topk_ids` and `topk_weights` are `[T, k]`.
+pub fn fused_moe_with(
+    experts: &MoeExperts,
+    hidden: &[f32],
+    topk_ids: &[u32],
+    topk_weights: &[f32],
+    out: &mut [f32],
+    opts: &MoeOptions,
+) -> Result<(), KernelError> {
+    let h = experts.hidden;
+    if !hidden.len().is_multiple_of(h.max(1)) {
+        return Err(KernelError::Mismatch {
+            op: "fused moe",
+            what: format!(
+                "hidden has {} elements, not a multiple of H = {h}",
+                hidden.len()
+            ),
+        });
+    }
+    let t = hidden.len() / h.max(1);
+    let k = topk_ids.len().checked_div(t).unwrap_or(0);
+    check_len("fused moe", "topk_ids", t * k, topk_ids.len())?;
+    let batches = group_by_expert(experts.len(), topk_ids, topk_weights, k)?;
+    fused_moe_grouped(experts, hidden, &batches, out, opts)
+}
+
+/// A dense MLP (or shared expert): every token through expert 0 of `mlp` with weight 1.
+pub fn dense_mlp(
+    mlp: &MoeExperts,
+    hidden: &[f32],
+    out: &mut [f32],
+    accumulate: bool,
+) -> Result<(), KernelError> {
+    let t = hidden.len() / mlp.hidden.max(1);
+    let batch = ExpertBatch {
+        expert: 0,
+        tokens: (0..t as u32).collect(),
+        weights: vec![1.0; t],
+    };
+    let opts = MoeOptions {
+        accumulate,
+        ..MoeOptions::default()
+    };
+    fused_moe_grouped(mlp, hidden, &[batch], out, &opts)
+}
+
+/// One parallel task: rows `rows` of batch `b`, strips `strips` of the batch's matrix.
+struct Task {
+    b: usize,
+    rows: Range<usize>,
+    strips: Range<usize>,
+}
+
+fn tasks(batches: &[&ExpertBatch], strips: usize) -> Vec<Task> {
+    let mut v = Vec::new();
+    for (b, batch) in batches.iter().enumerate() {
+        let m = batch.tokens.len();
+        for r0 in (0..m).step_by(M_CHUNK) {
+            for s0 in (0..strips).step_by(N_BLOCK_STRIPS) {
+                v.push(Task {
+                    b,
+                    rows: r0..(r0 + M_CHUNK).min(m),
+                    strips: s0..(s0 + N_BLOCK_STRIPS).min(strips),
+                });
+            }
+        }
+    }
+    v
+}
+
+/// Runs the MoE layer on routing already grouped by expert (see [`group_by_expert`]).
+pub fn fused_moe_grouped(
+    experts: &MoeExperts,
+    hidden: &[f32],
+    batches: &[ExpertBatch],
+    out: &mut [f32],
+    opts: &MoeOptions,
+) -> Result<(), KernelError> {
+    const OP: &str = "fused moe";
+    let (h, inter) = (experts.hidden, experts.inter);
+    let t = hidden.len() / h.max(1);
+    check_len(OP, "hidden", t * h, hidden.len())?;
+    check_len(OP, "out", t * h, out.len())?;
+    let mut active: Vec<&ExpertBatch> = Vec::with_capacity(batches.len());
+    for b in batches {
+        let bad = |what: String| KernelError::Mismatch { op: OP, what };
+        if b.expert >= experts.len() {
+            return Err(bad(format!("expert {} of {}", b.expert, experts.len())));
+        }
+        check_len(OP, "batch weights", b.tokens.len(), b.weights.len())?;
+        if let Some(&tok) = b.tokens.iter().find(|&&x| x as usize >= t) {
+            return Err(bad(format!("token {tok} routed, expected below {t}")));
+        }
+        let selected = opts
+            .expert_mask
+            .is_none_or(|m| m.get(b.expert) == Some(&true));
+        if selected && !b.tokens.is_empty() {
+            active.push(b);
+        }
+    }
+    if !opts.accumulate {
+        out.fill(0.0);
+    }
+    if active.is_empty() {
+        return Ok(());
+    }
+    let isa_of = |m: usize| -> Isa {
+        let best = crate::isa::detected();
+        match opts.isa {
+            Some(forced) => forced.min(best),
+            None if m >= opts.amx_min_tokens => best,
+            None => best.min(Isa::Avx512),
+        }
+    };
+    // Row offset of each batch in the stacked per-batch buffers.
+    let mut row0 = Vec::with_capacity(active.len() + 1);
+    row0.push(0usize);
+    for b in &active {
+        row0.push(row0.last().copied().unwrap_or(0) + b.tokens.len());
+    }
+    let rows_total = row0[active.len()];
+
+    // 1. Convert each batch's token rows for gate/up.
+    let first = &experts.experts[active[0].expert];
+    let x_act: Vec<Activations> = convert_all(&active, |b| {
+        let batch = active[b];
+        let w = &experts.experts[batch.expert].gate_up;
+        Activations::quantize(w, batch.tokens.len(), |r| {
+            let tok = batch.tokens[r] as usize;
+            &hidden[tok * h..(tok + 1) * h]
+        })
+    });
+
+    // 2. Gate and up with SiLU(gate) * up, into `mid: [rows_total, inter]`.
+    let mut mid = vec![0.0f32; rows_total * inter];
+    {
+        let mid_w = SharedMut::new(&mut mid);
+        let list = tasks(&active, first.gate_up.strips());
+        parallel_for(list.len(), |i| {
+            let task = &list[i];
+            let batch = active[task.b];
+            let w = &experts.experts[batch.expert].gate_up;
+            let ldo = task.strips.len() * STRIP;
+            let mut tile = vec![0.0f32; task.rows.len() * ldo];
+            let isa = isa_of(batch.tokens.len());
+            micro::run_block(
+                isa,
+                w,
+                &x_act[task.b],
+                task.rows.clone(),
+                task.strips.clone(),
+                &mut tile,
+                ldo,
+            );
+            // Strip pair (2 p, 2 p + 1) holds gate and up of intermediate columns 16 p ...
+            let c0 = task.strips.start / 2 * STRIP;
+            let cols = (task.strips.len() / 2 * STRIP).min(inter.saturating_sub(c0));
+            for (i, r) in task.rows.clone().enumerate() {
+                // SAFETY: this task alone writes these columns of this batch row.
+                let dst = unsafe { mid_w.part((row0[task.b] + r) * inter + c0, cols) };
+                for (c, d) in dst.iter_mut().enumerate() {
+                    let (p, cc) = (c / STRIP, c % STRIP);
+                    let g = tile[i * ldo + 2 * p * STRIP + cc];
+                    let u = tile[i * ldo + (2 * p + 1) * STRIP + cc];
+                    *d = silu(g) * u;
+                }
+            }
+        });
+    }
+
+    // 3. Convert the intermediate rows for down.
+    let m_act: Vec<Activations> = convert_all(&active, |b| {
+        let w = &experts.experts[active[b].expert].down;
+        let base = row0[b] * inter;
+        Activations::quantize(w, active[b].tokens.len(), |r| {
+            &mid[base + r * inter..base + (r + 1) * inter]
+        })
+    });
+
+    // 4. Down into `y: [rows_total, h]`.
+    let mut y = vec![0.0f32; rows_total * h];
+    {
+        let y_w = SharedMut::new(&mut y);
+        let list = tasks(&active, first.down.strips());
+        parallel_for(list.len(), |i| {
+            let task = &list[i];
+            let batch = active[task.b];
+            let w = &experts.experts[batch.expert].down;
+            let ldo = task.strips.len() * STRIP;
+            let mut tile = vec![0.0f32; task.rows.len() * ldo];
+            let isa = isa_of(batch.tokens.len());
+            micro::run_block(
+                isa,
+                w,
+                &m_act[task.b],
+                task.rows.clone(),
+                task.strips.clone(),
+                &mut tile,
+                ldo,
+            );
+            let c0 = task.strips.start * STRIP;
+            let cols = ldo.min(h - c0);
+            for (i, r) in task.rows.clone().enumerate() {
+                // SAFETY: this task alone writes these columns of this batch row.
+                let dst = unsafe { y_w.part((row0[task.b] + r) * h + c0, cols) };
+                dst.copy_from_slice(&tile[i * ldo..i * ldo + cols]);
+            }
+        });
+    }
+
+    // 5. Weighted combine per token, experts in increasing id order.
+    let mut per_token: Vec<Vec<(usize, f32)>> = vec![Vec::new(); t];
+    for (b, batch) in active.iter().enumerate() {
+        for (r, (&tok, &wt)) in batch.tokens.iter().zip(&batch.weights).enumerate() {
+            per_token[tok as usize].push((row0[b] + r, wt));
+        }
+    }
+    const TOK_CHUNK: usize = 16;
+    let out_w = SharedMut::new(out);
+    parallel_for(t.div_ceil(TOK_CHUNK), |c| {
+        let toks = c * TOK_CHUNK..((c + 1) * TOK_CHUNK).min(t);
+        for (tok, entries) in toks.clone().zip(&per_token[toks]) {
+            // SAFETY: chunk `c` alone writes its tokens' rows.
+            let o = unsafe { out_w.part(tok * h, h) };
+            for &(row, wt) in entries {
+                for (o, v) in o.iter_mut().zip(&y[row * h..(row + 1) * h]) {
+                    *o += wt * v;
+                }
+            }
+        }
+    });
+    Ok(())
+}
+
+/// Runs `convert(b)` for every active batch in parallel and collects the results in order.
+fn convert_all(
+    active: &[&ExpertBatch],
+    convert: impl Fn(usize) -> Activations + Sync,
+) -> Vec<Activations> {
+    let mut slots: Vec<Option<Activations>> = (0..active.len()).map(|_| None).collect();
+    {
+        let w = SharedMut::new(&mut slots);
+        parallel_for(active.len(), |b| {
+            let value = Some(convert(b));
+            // SAFETY: task `b` alone writes slot `b`.
+            let slot = unsafe { w.part(b, 1) };
+            slot[0] = value;
+        });
+    }
+    slots
+        .into_iter()
+        .map(|s| s.expect("every slot converted"))
+        .collect()
+}
+
+fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// Plain reference for [`fused_moe`]: token by token, expert by expert, with
+/// [`PackedMatrix::matmul_ref`] (the same activation rounding as the fast path).
+pub fn fused_moe_ref(
+    experts: &MoeExperts,
+    hidden: &[f32],
+    topk_ids: &[u32],
+    topk_weights: &[f32],
+    out: &mut [f32],
+) -> Result<(), KernelError> {
+    let h = experts.hidden;
+    let inter = experts.inter;
+    let t = hidden.len() / h.max(1);
+    check_len("fused moe ref", "out", t * h, out.len())?;
+    out.fill(0.0);
+    let k = topk_ids.len().checked_div(t).unwrap_or(0);
+    for tok in 0..t {
+        let x = &hidden[tok * h..(tok + 1) * h];
+        for j in 0..k {
+            let e = experts
+                .experts
+                .get(topk_ids[tok * k + j] as usize)
+                .ok_or_else(|| KernelError::Mismatch {
+                    op: "fused moe ref",
+                    what: format!("expert id {} out of range", topk_ids[tok * k + j]),
+                })?;
+            let mut gu = vec![0.0f32; e.gate_up.n];
+            e.gate_up.matmul_ref(x, 1, &mut gu)?;
+            let act: Vec<f32> = (0..inter)
+                .map(|i| {
+                    let (b, c) = (i / STRIP, i % STRIP);
+                    silu(gu[2 * b * STRIP + c]) * gu[2 * b * STRIP + STRIP + c]
+                })
+                .collect();
+            let mut y = vec![0.0f32; h];
+            e.down.matmul_ref(&act, 1, &mut y)?;
+            for (o, v) in out[tok * h..(tok + 1) * h].iter_mut().zip(&y) {
+                *o += topk_weights[tok * k + j] * v;
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::packed::tests::{FORMATS, rand_vec};
+
+    fn make_experts(
+        n: usize,
+        h: usize,
+        inter: usize,
+        fmt: PackedFormat,
+        seed: &mut u64,
+    ) -> MoeExperts {
+        let experts = (0..n)
+            .map(|_| {
+                let g = rand_vec(inter * h, seed);
+                let u = rand_vec(inter * h, seed);
+                let d = rand_vec(h * inter, seed);
+                Expert::pack(&g, &u, &d, h, inter, fmt).expect("packs")
+            })
+            .collect();
+        MoeExperts::new(h, inter, experts).expect("same shape")
+    }
+
+    /// Compares with a tolerance for activation re-rounding between the two f32 orders.
+    fn assert_moe_close(want: &[f32], got: &[f32], what: &str) {
+        let scale = want.iter().fold(1e-3f32, |a, v| a.max(v.abs()));
+        for (i, (a, b)) in want.iter().zip(got).enumerate() {
+            assert!(
+                (a - b).abs() <= 2e-3 * scale,
+                "{what}: element {i}: want {a}, got {b} (scale {scale})"
+            );
+        }
+    }
+
+    #[test]
+    fn fused_moe_matches_naive_moe() {
+        let mut seed = 21;
+        let (n_exp, h, inter, k) = (5, 72, 40, 2);
+        for fmt in [FORMATS[0], FORMATS[1], FORMATS[4]] {
+            let ex = make_experts(n_exp, h, inter, fmt, &mut seed);
+            // (tokens, routing): random, all on one expert, expert 4 never used, T = 1, T = 0.
+            for (t, pattern) in [(9usize, 0u8), (33, 1), (40, 2), (1, 0), (0, 0)] {
+                let x = rand_vec(t * h, &mut seed);
+                let mut ids = Vec::new();
+                for tok in 0..t {
+                    for j in 0..k {
+                        ids.push(match pattern {
+                            0 => ((tok * 7 + j * 3) % n_exp) as u32,
+                            1 => [2, 0][j],
+                            _ => ((tok + j) % 4) as u32,
+                        });
+                    }
+                }
+                let wts: Vec<f32> = (0..t * k).map(|i| 0.25 + (i % 3) as f32 * 0.3).collect();
+                let mut want = vec![0.0; t * h];
+                fused_moe_ref(&ex, &x, &ids, &wts, &mut want).expect("valid");
+                for isa in Isa::available() {
+                    for amx_min_tokens in [1, 1000] {
+                        let mut got = vec![f32::NAN; t * h];
+                        let opts = MoeOptions {
+                            isa: Some(isa),
+                            amx_min_tokens,
+                            ..MoeOptions::default()
+                        };
+                        fused_moe_with(&ex, &x, &ids, &wts, &mut got, &opts).expect("valid");
+                        assert_moe_close(
+                            &want,
+                            &got,
+                            &format!("{} {isa:?} T={t} pattern {pattern}", fmt.name()),
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn expert_mask_and_accumulate_split_the_work() {
+        let mut seed = 8;
+        let (h, inter, t) = (48, 32, 6);
+        let ex = make_experts(4, h, inter, PackedFormat::Bf16, &mut seed);
+        let x = rand_vec(t * h, &mut seed);
+        let ids: Vec<u32> = (0..t * 2).map(|i| (i % 4) as u32).collect();
+        let wts = vec![0.5f32; t * 2];
+        let mut full = vec![0.0; t * h];
+        fused_moe(&ex, &x, &ids, &wts, &mut full).expect("valid");
+        let (even, odd) = ([true, false, true, false], [false, true, false, true]);
+        let mut split = vec![0.0; t * h];
+        let o1 = MoeOptions {
+            expert_mask: Some(&even),
+            ..MoeOptions::default()
+        };
+        fused_moe_with(&ex, &x, &ids, &wts, &mut split, &o1).expect("valid");
+        let o2 = MoeOptions {
+            expert_mask: Some(&odd),
+            accumulate: true,
+            ..MoeOptions::default()
+        };
+        fused_moe_with(&ex, &x, &ids, &wts, &mut split, &o2).expect("valid");
+        assert_moe_close(&full, &split, "masked halves");
+    }
+
+    #[test]
+    fn dense_mlp_is_an_expert_with_weight_one() {
+        let mut seed = 9;
+        let (h, inter, t) = (40, 24, 5);
+        let mlp = make_experts(1, h, inter, PackedFormat::Int8 { group: None }, &mut seed);
+        let x = rand_vec(t * h, &mut seed);
+        let mut want = vec![0.0; t * h];
+        fused_moe_ref(&mlp, &x, &vec![0; t], &vec![1.0; t], &mut want).expect("valid");
+        let mut got = vec![1.0; t * h];
+        dense_mlp(&mlp, &x, &mut got, false).expect("valid");
+        assert_moe_close(&want, &got, "dense mlp");
+    }
+
+    #[test]
+    fn bad_routing_is_an_error() {
+        let mut seed = 1;
+        let ex = make_experts(2, 32, 16, PackedFormat::Bf16, &mut seed);
+        let x = vec![0.0; 32];
+        let mut out = vec![0.0; 32];
+        assert!(fused_moe(&ex, &x, &[5], &[1.0], &mut out).is_err());
+        assert!(fused_moe(&ex, &x[..31], &[0], &[1.0], &mut out).is_err());
+        assert!(fused_moe(&ex, &x, &[0, 1], &[1.0], &mut out).is_err());
+    }
+}
