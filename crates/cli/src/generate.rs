@@ -13,6 +13,7 @@ use crate::model_arg::ModelArgs;
 /// Arguments of `strata generate`.
 #[derive(Debug, Args)]
 #[command(group(clap::ArgGroup::new("input").required(true).args(["prompt", "chat"])))]
+#[command(allow_negative_numbers = true)]
 pub struct GenerateArgs {
     #[command(flatten)]
     model: ModelArgs,

@@ -1,0 +1,145 @@
+//! The command-line contract, run as a user runs it: `strata logits` against the reference
+//! logits at every chunking, `strata info` on every fixture, `strata generate` on the
+//! shipped model, and clear errors for bad arguments.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use strata_formats::npy;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn strata(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn tmp(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("strata-cli-{}-{name}", std::process::id()))
+}
+
+#[test]
+fn logits_match_reference_at_every_chunking() {
+    for name in ["deepseek_v3", "qwen3_moe", "glm4_moe"] {
+        let dir = root().join("tests/fixtures").join(name);
+        let reference: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
+                .unwrap();
+        let tokens: Vec<String> = reference["sequences"][0]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.to_string())
+            .collect();
+        let want = npy::read_f32(&dir.join("logits_0.npy")).unwrap();
+        let max_ref = want.data.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        for chunk in [None, Some("1"), Some("5")] {
+            let out = tmp(&format!("{name}-{}.npy", chunk.unwrap_or("all")));
+            let tokens = tokens.join(",");
+            let mut args = vec![
+                "logits",
+                "--model",
+                dir.to_str().unwrap(),
+                "--tokens",
+                &tokens,
+                "--out",
+                out.to_str().unwrap(),
+                "--dtype",
+                "f32",
+            ];
+            if let Some(c) = chunk {
+                args.extend(["--chunk", c]);
+            }
+            let o = strata(&args);
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            let got = npy::read_f32(&out).unwrap();
+            assert_eq!(got.shape, want.shape);
+            let err = got
+                .data
+                .iter()
+                .zip(&want.data)
+                .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+            assert!(
+                err <= 1e-3 * max_ref,
+                "{name} chunk {chunk:?}: error {err} vs max {max_ref}"
+            );
+            std::fs::remove_file(&out).unwrap();
+        }
+    }
+}
+
+#[test]
+fn info_describes_every_fixture() {
+    for entry in std::fs::read_dir(root().join("tests/fixtures")).unwrap() {
+        let dir = entry.unwrap().path();
+        let o = strata(&["info", "--model", dir.to_str().unwrap(), "--json"]);
+        assert!(
+            o.status.success(),
+            "{}: {}",
+            dir.display(),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let total = doc["parameters"]["total"].as_u64().unwrap();
+        let active = doc["parameters"]["active_per_token"].as_u64().unwrap();
+        assert!(active <= total && active > 0, "{}: {doc}", dir.display());
+    }
+}
+
+#[test]
+fn generate_reproduces_the_reference_continuation() {
+    // Greedy decoding of the shipped model continues its first reference prompt as
+    // transformers does (models/strata-tiny-moe/reference/reference.json).
+    let o = strata(&[
+        "generate",
+        "--chat",
+        "How do I sort a list in Python?",
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "12",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = String::from_utf8(o.stdout).unwrap();
+    assert!(
+        text.starts_with("Sure, here's an example of how you can use"),
+        "{text}"
+    );
+    let stats = String::from_utf8(o.stderr).unwrap();
+    assert!(stats.contains("tok/s"), "{stats}");
+}
+
+#[test]
+fn stop_string_ends_generation() {
+    let o = strata(&[
+        "generate",
+        "--chat",
+        "How do I sort a list in Python?",
+        "--temperature",
+        "0",
+        "--stop",
+        "example",
+    ]);
+    assert!(o.status.success());
+    assert_eq!(
+        String::from_utf8(o.stdout).unwrap().trim_end(),
+        "Sure, here's an"
+    );
+}
+
+#[test]
+fn bad_arguments_are_clear_errors() {
+    let o = strata(&["logits", "--tokens", "1,x", "--out", "/tmp/never.npy"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("item 2"));
+    let o = strata(&["info", "--model", "/nonexistent/model"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("/nonexistent/model"));
+    let o = strata(&["generate", "--chat", "hi", "--temperature", "-1"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("temperature"));
+}

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The whole test suite: formatting, lints, and every test of every crate, including the
+# tests on real weights and tokenizers (fetched once into .cache/assets, about 600 MB).
+#
+#   scripts/test.sh            # everything
+#   scripts/test.sh --offline  # skip the fetch and the real-asset tests
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+if [[ "${1:-}" != "--offline" ]]; then
+    scripts/fetch_assets.sh
+    scripts/fetch_tokenizers.sh
+    export STRATA_REAL_ASSETS=1
+fi
+
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
+cargo test --workspace --locked
