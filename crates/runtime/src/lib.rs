@@ -1,1 +1,4 @@
 //! Strata runtime.
+
+pub mod sampling;
+pub mod text;
