@@ -200,7 +200,9 @@ pub fn tokenizer_json(gguf: &GgufFile) -> Result<Json> {
                 .enumerate()
                 .map(|(i, m)| {
                     // As llama.cpp: split at the first space after the first byte.
-                    match m.get(1..).and_then(|rest| rest.find(' ')) {
+                    // (A space byte is never inside a multi-byte character, so both halves
+                    // are valid strings.)
+                    match m.bytes().skip(1).position(|b| b == b' ') {
                         Some(p) => Ok(json!([&m[..p + 1], &m[p + 2..]])),
                         None => Err(bad(format!(
                             "metadata `tokenizer.ggml.merges`: merge {i} `{m}` has no space"
