@@ -68,6 +68,14 @@ impl AlignedBuf {
     }
 }
 
+impl Clone for AlignedBuf {
+    fn clone(&self) -> Self {
+        let mut c = Self::zeroed(self.len);
+        c.as_mut_slice().copy_from_slice(self.as_slice());
+        c
+    }
+}
+
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
         if self.len != 0 {

@@ -24,6 +24,7 @@ mod micro;
 pub mod moe;
 pub mod numa;
 pub mod packed;
+pub mod peak;
 pub mod pool;
 
 pub use buf::AlignedBuf;

@@ -36,7 +36,7 @@ use crate::parallel_for;
 pub const DEFAULT_AMX_MIN_TOKENS: usize = 16;
 
 /// One expert's MLP: fused gate/up `[2 I, H]` (strips interleaved) and down `[H, I]`.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Expert {
     gate_up: PackedMatrix,
     down: PackedMatrix,

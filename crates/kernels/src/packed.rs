@@ -109,6 +109,7 @@ pub(crate) enum Kind {
 }
 
 /// A weight matrix `[n, k]` packed for the kernels; see the module docs for the layout.
+#[derive(Clone)]
 pub struct PackedMatrix {
     pub(crate) fmt: PackedFormat,
     pub(crate) kind: Kind,

@@ -1,0 +1,229 @@
+//! Machine peaks measured in-process: AMX and AVX-512 dot-product throughput, DRAM read
+//! bandwidth. Benchmarks report each kernel as a fraction of these, measured in the same run.
+//!
+//! Compute peaks keep every operand in registers (tiles or zmm) with enough independent
+//! accumulators to cover the instruction latency, on every pool thread at once. The read
+//! bandwidth sums a buffer much larger than the last-level cache on every pool thread.
+//!
+//! A key design decision: these live in the kernels crate (not the benchmark) because they
+//! need the same `unsafe` instruction access as the kernels, and the same thread pool.
+
+use std::time::Instant;
+
+use crate::isa::{Isa, detected};
+use crate::{num_threads, parallel_for};
+
+/// Runs `body(iters)` on every pool thread at once, doubling `iters` until a run lasts about
+/// `target_s` seconds; returns the per-run work rate as `work_per_iter * iters * threads / s`.
+fn rate(work_per_iter: f64, target_s: f64, body: impl Fn(u64) + Sync) -> f64 {
+    let threads = num_threads();
+    let mut iters = 1u64 << 10;
+    loop {
+        let t0 = Instant::now();
+        parallel_for(threads, |_| body(iters));
+        let s = t0.elapsed().as_secs_f64();
+        if s >= target_s || iters >= 1 << 40 {
+            return work_per_iter * iters as f64 * threads as f64 / s;
+        }
+        iters *= if s < target_s / 8.0 { 4 } else { 2 };
+    }
+}
+
+/// AVX-512 `vdpbf16ps` throughput in TFLOPS (2 FLOP per multiply-add), or `None` without it.
+pub fn avx512_bf16_tflops(target_s: f64) -> Option<f64> {
+    #[cfg(target_arch = "x86_64")]
+    if detected() >= Isa::Avx512 {
+        // SAFETY: AVX-512 BF16 was detected.
+        let f = |n| unsafe { x86::dpbf16_loop(n) };
+        // 16 accumulators x 16 lanes x 2 pairs x 2 FLOP per iteration.
+        return Some(rate(16.0 * 64.0, target_s, f) / 1e12);
+    }
+    let _ = target_s;
+    None
+}
+
+/// AVX-512 VNNI `vpdpbusd` throughput in TOPS (2 ops per multiply-add), or `None` without it.
+pub fn avx512_vnni_tops(target_s: f64) -> Option<f64> {
+    #[cfg(target_arch = "x86_64")]
+    if detected() >= Isa::Avx512 {
+        // SAFETY: AVX-512 VNNI was detected.
+        let f = |n| unsafe { x86::dpbusd_loop(n) };
+        return Some(rate(16.0 * 128.0, target_s, f) / 1e12);
+    }
+    let _ = target_s;
+    None
+}
+
+/// AMX `tdpbf16ps` throughput in TFLOPS, or `None` without AMX.
+pub fn amx_bf16_tflops(target_s: f64) -> Option<f64> {
+    #[cfg(target_arch = "x86_64")]
+    if detected() == Isa::Amx {
+        // SAFETY: AMX was detected (permission granted).
+        let f = |n| unsafe { x86::amx_loop(n, false) };
+        // 4 instructions per iteration, each 16 x 16 x 32 multiply-adds.
+        return Some(rate(4.0 * 16384.0, target_s, f) / 1e12);
+    }
+    let _ = target_s;
+    None
+}
+
+/// AMX `tdpbssd` throughput in TOPS, or `None` without AMX.
+pub fn amx_int8_tops(target_s: f64) -> Option<f64> {
+    #[cfg(target_arch = "x86_64")]
+    if detected() == Isa::Amx {
+        // SAFETY: AMX was detected (permission granted).
+        let f = |n| unsafe { x86::amx_loop(n, true) };
+        return Some(rate(4.0 * 32768.0, target_s, f) / 1e12);
+    }
+    let _ = target_s;
+    None
+}
+
+/// Read bandwidth in GB/s: every pool thread sums its share of a `bytes` buffer, best of
+/// `reps` passes (the buffer is written first, in parallel, so its pages exist).
+pub fn read_gbs(bytes: usize, reps: usize) -> f64 {
+    let words = bytes / 8;
+    let mut buf = vec![0u64; words];
+    let threads = num_threads();
+    let chunk = words.div_ceil(threads).max(1);
+    {
+        let w = crate::buf::SharedMut::new(&mut buf);
+        parallel_for(threads, |i| {
+            let start = (i * chunk).min(words);
+            let len = chunk.min(words - start);
+            // SAFETY: thread `i` alone writes its chunk.
+            let part = unsafe { w.part(start, len) };
+            part.iter_mut().enumerate().for_each(|(j, v)| *v = j as u64);
+        });
+    }
+    let mut best = 0.0f64;
+    for _ in 0..reps.max(1) {
+        let t0 = Instant::now();
+        let sums: Vec<std::sync::atomic::AtomicU64> = (0..threads)
+            .map(|_| std::sync::atomic::AtomicU64::new(0))
+            .collect();
+        parallel_for(threads, |i| {
+            let start = (i * chunk).min(words);
+            let part = &buf[start..start + chunk.min(words - start)];
+            // Eight lanes of independent sums let the compiler use wide loads.
+            let mut acc = [0u64; 8];
+            for c in part.chunks_exact(8) {
+                for l in 0..8 {
+                    acc[l] = acc[l].wrapping_add(c[l]);
+                }
+            }
+            let s = acc.iter().fold(0u64, |a, b| a.wrapping_add(*b));
+            sums[i].store(s, std::sync::atomic::Ordering::Relaxed);
+        });
+        let s = t0.elapsed().as_secs_f64();
+        std::hint::black_box(&sums);
+        best = best.max(words as f64 * 8.0 / s / 1e9);
+    }
+    best
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::asm;
+    use std::arch::x86_64::*;
+
+    /// # Safety
+    /// AVX-512 F and BF16 must be available.
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    pub(super) unsafe fn dpbf16_loop(n: u64) {
+        let a: __m512bh = std::hint::black_box(_mm512_cvtne2ps_pbh(
+            _mm512_set1_ps(1e-3),
+            _mm512_set1_ps(2e-3),
+        ));
+        let mut acc = [_mm512_setzero_ps(); 16];
+        for _ in 0..n {
+            for acc in acc.iter_mut() {
+                *acc = _mm512_dpbf16_ps(*acc, a, a);
+            }
+        }
+        std::hint::black_box(acc);
+    }
+
+    /// # Safety
+    /// AVX-512 F and VNNI must be available.
+    #[target_feature(enable = "avx512f,avx512vnni")]
+    pub(super) unsafe fn dpbusd_loop(n: u64) {
+        let a = std::hint::black_box(_mm512_set1_epi8(3));
+        let mut acc = [_mm512_setzero_si512(); 16];
+        for _ in 0..n {
+            for acc in acc.iter_mut() {
+                *acc = _mm512_dpbusd_epi32(*acc, a, a);
+            }
+        }
+        std::hint::black_box(acc);
+    }
+
+    #[repr(C, align(64))]
+    struct Cfg([u8; 64]);
+
+    /// `n` iterations of 4 independent tile dot products on register-resident tiles.
+    ///
+    /// # Safety
+    /// AMX must be available and permitted for the process.
+    pub(super) unsafe fn amx_loop(n: u64, int8: bool) {
+        let mut cfg = Cfg([0; 64]);
+        cfg.0[0] = 1;
+        for t in 0..8 {
+            cfg.0[16 + 2 * t] = 64;
+            cfg.0[48 + t] = 16;
+        }
+        let n = n.max(1);
+        // SAFETY: AMX is permitted (caller); the configuration is a valid palette 1 with eight
+        // 16 x 64-byte tiles; the loop only uses tile registers and the counter.
+        unsafe {
+            asm!("ldtilecfg [{}]", in(reg) &cfg, options(nostack, readonly));
+            asm!(
+                "tilezero tmm4",
+                "tilezero tmm5",
+                "tilezero tmm6",
+                "tilezero tmm7",
+                options(nostack, nomem)
+            );
+            if int8 {
+                asm!(
+                    "2:",
+                    "tdpbssd tmm0, tmm4, tmm6",
+                    "tdpbssd tmm1, tmm4, tmm7",
+                    "tdpbssd tmm2, tmm5, tmm6",
+                    "tdpbssd tmm3, tmm5, tmm7",
+                    "dec {n}",
+                    "jnz 2b",
+                    n = inout(reg) n => _,
+                    options(nostack, nomem),
+                );
+            } else {
+                asm!(
+                    "2:",
+                    "tdpbf16ps tmm0, tmm4, tmm6",
+                    "tdpbf16ps tmm1, tmm4, tmm7",
+                    "tdpbf16ps tmm2, tmm5, tmm6",
+                    "tdpbf16ps tmm3, tmm5, tmm7",
+                    "dec {n}",
+                    "jnz 2b",
+                    n = inout(reg) n => _,
+                    options(nostack, nomem),
+                );
+            }
+            asm!("tilerelease", options(nostack, nomem));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peaks_are_positive_where_available() {
+        assert!(read_gbs(1 << 22, 1) > 0.0);
+        if let Some(t) = avx512_bf16_tflops(0.001) {
+            assert!(t > 0.0);
+        }
+        assert_eq!(amx_bf16_tflops(0.001).is_some(), detected() == Isa::Amx);
+    }
+}
