@@ -445,3 +445,35 @@ fn type_table_is_consistent() {
     assert_eq!(GgmlType::IQ4_XS.block_bytes(), 136);
     assert_eq!(GgmlType::Q4_K.row_bytes(255), None);
 }
+
+#[test]
+fn parses_files_written_by_gguf_py() {
+    // The fuzzer's seeds, written by gguf-py's GGUFWriter (fuzz/make_seeds.py).
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../fuzz/seeds/gguf_header/");
+    let g = GgufFile::open(Path::new(&format!("{dir}tiny.gguf"))).unwrap();
+    assert_eq!(g.architecture(), Some("llama"));
+    assert_eq!(g.get_u32("llama.block_count"), Some(1));
+    assert_eq!(g.get_f32("llama.rope.freq_base"), Some(10000.0));
+    assert_eq!(g.get_bool("flag"), Some(true));
+    assert_eq!(
+        g.get_str_array("tokenizer.ggml.tokens"),
+        Some(vec!["a", "b", "ab"])
+    );
+    let a = g.tensor("a.weight").unwrap();
+    assert_eq!((a.ggml_type, a.dims.clone()), (GgmlType::F32, vec![4, 2]));
+    let b = g.tensor("b.weight").unwrap();
+    assert_eq!((b.ggml_type, b.dims.clone()), (GgmlType::F16, vec![8, 3]));
+    for (i, ty) in [GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::IQ4_NL]
+        .into_iter()
+        .enumerate()
+    {
+        let g = GgufFile::open(Path::new(&format!("{dir}quant{i}.gguf"))).unwrap();
+        let q = g.tensor("q.weight").unwrap();
+        assert_eq!(q.ggml_type, ty);
+        assert_eq!(q.n_rows(), 2);
+        assert_eq!(
+            g.tensor_to_f32("q.weight").unwrap().len() as u64,
+            q.n_elements()
+        );
+    }
+}
