@@ -10,9 +10,12 @@ tests/reference/<model>.json:
   their logits and the full-vocabulary max |logit|;
 - `tokenize`: llama.cpp's ids for a wider set of texts (multilingual, code, emoji, whitespace
   runs, special tokens), tokenizer only;
-- for SmolLM2, `greedy`: llama.cpp's greedy continuation of "The capital of France is".
+- for SmolLM2, `greedy`: llama.cpp's greedy continuation of "The capital of France is";
+- `spm-tiny`: a 1000-piece SentencePiece BPE vocabulary trained here on the shared notes,
+  written as a vocab-only GGUF (crates/formats/tests/data/gguf/spm-tiny.gguf), with
+  llama.cpp's ids (and sentencepiece's) for a few texts in tests/reference/spm-tiny.json.
 
-Usage (a venv with `pip install llama-cpp-python gguf numpy`):
+Usage (a venv with `pip install llama-cpp-python gguf numpy sentencepiece`):
 
     scripts/fetch_assets.sh
     /work/venv-gguf/bin/python scripts/make_gguf_reference.py [--assets DIR] [--out DIR]
@@ -121,6 +124,73 @@ def greedy(llm, prompt, n_new):
     return {"prompt": prompt, "prompt_tokens": tokens, "new_tokens": new, "text": text}
 
 
+SPM_TEXTS = [
+    "Hello world",
+    "The engine loads the model and runs every expert where it runs best.",
+    "  two leading spaces, trailing space ",
+    "line one\nline two\n\ttabbed",
+    "Unicode beyond the training text: Ωmega, naïve, 日本, 🚀",
+    "digits 1234567 and symbols #$%&*()",
+    "<s>special tokens</s> inside text",
+    "",
+]
+
+
+def make_spm_tiny(out_gguf, out_json):
+    """A tiny SentencePiece BPE vocabulary (byte fallback) trained on the shared notes, written
+    as a vocab-only `llama` GGUF, with llama.cpp's (and sentencepiece's) ids for SPM_TEXTS."""
+    import glob
+    import io
+    import gguf
+    import sentencepiece as spm
+
+    text = []
+    for path in sorted(glob.glob("/work/shared/**/*.md", recursive=True)):
+        with open(path, encoding="utf-8") as f:
+            text.extend(line.strip() for line in f if line.strip())
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(text), model_writer=model, vocab_size=1000, model_type="bpe",
+        byte_fallback=True, character_coverage=0.9995, split_digits=True,
+        bos_id=1, eos_id=2, unk_id=0, pad_id=-1, num_threads=2, minloglevel=2)
+    sp = spm.SentencePieceProcessor(model_proto=model.getvalue())
+    tokens, scores, types = [], [], []
+    for i in range(sp.vocab_size()):
+        tokens.append(sp.id_to_piece(i))
+        scores.append(sp.get_score(i))
+        types.append(2 if sp.is_unknown(i) else 3 if sp.is_control(i) else
+                     5 if sp.is_unused(i) else 6 if sp.is_byte(i) else 1)
+    w = gguf.GGUFWriter(out_gguf, "llama")
+    for k, v in [("context_length", 64), ("embedding_length", 8), ("block_count", 1),
+                 ("feed_forward_length", 16), ("attention.head_count", 1)]:
+        w.add_uint32(f"llama.{k}", v)
+    w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_add_bos_token(True)
+    w.add_add_space_prefix(True)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.close()
+    llm = load(out_gguf, vocab_only=True)
+    doc = {
+        "model": "spm-tiny",
+        "reference": f"llama.cpp via llama-cpp-python {llama_cpp.__version__} (vocab only); "
+                     "sentencepiece ids for comparison",
+        "tokenize": [{"text": t, "tokens": tokenize(llm, t),
+                      "sentencepiece": [1] + sp.encode(t)} for t in SPM_TEXTS],
+    }
+    with open(out_json, "w") as f:
+        json.dump(doc, f, ensure_ascii=False, indent=1)
+        f.write("\n")
+    print(f"wrote {out_gguf} ({os.path.getsize(out_gguf)} bytes) and {out_json}", file=sys.stderr)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--assets", default=os.environ.get("STRATA_ASSETS",
@@ -128,6 +198,8 @@ def main():
     ap.add_argument("--out", default=os.path.join(ROOT, "tests", "reference"))
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
+    make_spm_tiny(os.path.join(ROOT, "crates", "formats", "tests", "data", "gguf", "spm-tiny.gguf"),
+                  os.path.join(args.out, "spm-tiny.json"))
     for name, file in MODELS.items():
         path = os.path.join(args.assets, file)
         if not os.path.exists(path):
