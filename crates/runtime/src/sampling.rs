@@ -207,6 +207,14 @@ impl Sampler {
         if logits.is_empty() {
             return Err(SamplingError::EmptyLogits);
         }
+        if self.params.temperature == 0.0 && !self.params.has_penalties() {
+            // Greedy without penalties needs no copy of the logits.
+            return largest(logits, 1)
+                .first()
+                .filter(|&&(_, l)| l != f32::NEG_INFINITY)
+                .map(|&(id, _)| id)
+                .ok_or(SamplingError::NoCandidates { len: logits.len() });
+        }
         self.candidates.clear();
         self.candidates
             .extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
@@ -269,21 +277,9 @@ impl Sampler {
                 l - lse
             }
         };
-        let mut top: Vec<(u32, f32)> = Vec::new();
-        if top_n > 0 {
-            top = logits
-                .iter()
-                .enumerate()
-                .map(|(i, &l)| (i as u32, if l.is_nan() { f32::NEG_INFINITY } else { l }))
-                .collect();
-            if top_n < top.len() {
-                top.select_nth_unstable_by(top_n - 1, by_value_desc);
-                top.truncate(top_n);
-            }
-            top.sort_unstable_by(by_value_desc);
-            for t in &mut top {
-                t.1 = logprob(t.1);
-            }
+        let mut top = largest(logits, top_n);
+        for t in &mut top {
+            t.1 = logprob(t.1);
         }
         Ok(Sampled {
             id,
@@ -298,10 +294,12 @@ impl Sampler {
     }
 }
 
-/// Larger value first; equal values: lower id first (so every truncation is deterministic
-/// and agrees with greedy's tie rule).
+/// Larger value first; equal values (`-0.0 == 0.0`): lower id first, so every truncation
+/// is deterministic and agrees with greedy's tie rule. Values are never NaN here.
 fn by_value_desc(a: &(u32, f32), b: &(u32, f32)) -> Ordering {
-    b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
+    b.1.partial_cmp(&a.1)
+        .unwrap_or(Ordering::Equal)
+        .then(a.0.cmp(&b.0))
 }
 
 /// The id of the largest value, ties to the lowest id. `candidates` is in id order.
@@ -333,14 +331,19 @@ fn apply_penalties(candidates: &mut [(u32, f32)], history: &[u32], params: &Samp
     }
 }
 
-/// Replaces logits by `exp(l - max)` (probabilities up to a common factor).
+/// Replaces logits by `exp(l - max)` (probabilities up to a common factor). Logits of
+/// plus infinity share all the mass.
 fn softmax_unnormalised(candidates: &mut [(u32, f32)]) {
     let max = candidates
         .iter()
         .map(|c| c.1)
         .fold(f32::NEG_INFINITY, f32::max);
     for c in candidates {
-        c.1 = (c.1 - max).exp();
+        c.1 = if max == f32::INFINITY {
+            f32::from(u8::from(c.1 == f32::INFINITY))
+        } else {
+            (c.1 - max).exp()
+        };
     }
 }
 
@@ -378,9 +381,29 @@ fn log_sum_exp(logits: &[f32]) -> f32 {
     let sum: f64 = logits
         .iter()
         .filter(|l| !l.is_nan())
-        .map(|&l| f64::from(l - max).exp())
+        .map(|&l| f64::from((l - max).exp()))
         .sum();
     max + sum.ln() as f32
+}
+
+/// The `n` largest logits with their ids, largest first (ties: lower id first), NaN
+/// counted as minus infinity. One pass with a small sorted buffer: `n` is a handful.
+fn largest(logits: &[f32], n: usize) -> Vec<(u32, f32)> {
+    let mut top: Vec<(u32, f32)> = Vec::with_capacity(n + 1);
+    if n == 0 {
+        return top;
+    }
+    for (i, &l) in logits.iter().enumerate() {
+        let l = if l.is_nan() { f32::NEG_INFINITY } else { l };
+        // Ids arrive in increasing order, so an equal value never displaces an earlier id.
+        if top.len() == n && l <= top[n - 1].1 {
+            continue;
+        }
+        let at = top.partition_point(|&(_, v)| v >= l);
+        top.insert(at, (i as u32, l));
+        top.truncate(n);
+    }
+    top
 }
 
 #[cfg(test)]
@@ -739,6 +762,41 @@ mod tests {
         );
         assert!(SamplingParams::default().validate().is_ok());
         assert!(SamplingParams::greedy().validate().is_ok());
+    }
+
+    #[test]
+    fn largest_matches_a_full_sort() {
+        for (len, seed) in [(0, 1), (1, 2), (5, 3), (17, 4), (1000, 5)] {
+            // Quantised so that ties occur.
+            let logits: Vec<f32> = random_logits(len, seed).iter().map(|l| l.round()).collect();
+            let mut sorted: Vec<(u32, f32)> = logits
+                .iter()
+                .enumerate()
+                .map(|(i, &l)| (i as u32, l))
+                .collect();
+            sorted.sort_by(by_value_desc);
+            for n in [0, 1, 3, 7, 2000] {
+                let want = &sorted[..n.min(len)];
+                assert_eq!(largest(&logits, n), want, "len {len} n {n}");
+            }
+        }
+    }
+
+    #[test]
+    fn infinite_logits_take_all_the_mass() {
+        let logits = [0.0, f32::INFINITY, 5.0, f32::INFINITY];
+        let got = frequencies(
+            SamplingParams {
+                seed: Some(5),
+                ..SamplingParams::default()
+            },
+            &logits,
+            10_000,
+        );
+        assert_eq!(got[0] + got[2], 0.0);
+        assert!((got[1] - 0.5).abs() < 0.03, "{got:?}");
+        let mut greedy = sampler(SamplingParams::greedy());
+        assert_eq!(greedy.sample(&logits, &[]).unwrap(), 1);
     }
 
     #[test]

@@ -641,3 +641,12 @@ fn chat_template_sources() {
         "<|user|>\nPADDED<|end|>"
     );
 }
+
+#[test]
+fn text_types_can_be_shared_across_threads() {
+    fn shared<T: Send + Sync>() {}
+    shared::<Tokenizer>();
+    shared::<strata_runtime::text::ChatTemplate>();
+    shared::<StreamDecoder<'static>>();
+    shared::<strata_runtime::sampling::Sampler>();
+}
