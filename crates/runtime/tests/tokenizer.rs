@@ -434,8 +434,30 @@ fn empty_stop_string_is_an_error() {
 
 // ---- loading and bad input ----
 
+/// A temporary model directory, removed when dropped.
+struct TempDir(PathBuf);
+
+impl std::ops::Deref for TempDir {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for TempDir {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// A fresh directory holding a copy of the tiny-moe tokenizer.json and the given files.
-fn model_dir(files: &[(&str, &str)]) -> PathBuf {
+fn model_dir(files: &[(&str, &str)]) -> TempDir {
     static COUNTER: AtomicUsize = AtomicUsize::new(0);
     let dir = std::env::temp_dir().join(format!(
         "strata-tokenizer-test-{}-{}",
@@ -452,7 +474,7 @@ fn model_dir(files: &[(&str, &str)]) -> PathBuf {
     for (name, content) in files {
         std::fs::write(dir.join(name), content).unwrap();
     }
-    dir
+    TempDir(dir)
 }
 
 #[test]
