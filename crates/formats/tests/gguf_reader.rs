@@ -333,6 +333,13 @@ fn rejects_bad_tensors() {
             .bytes(),
         "overflows",
     );
+    // Found by fuzzing: a zero-length row made the total 0 while the row count overflowed.
+    check_err(
+        &one()
+            .tensor("t", &[0, 1 << 32, 1 << 32], GgmlType::F32, vec![])
+            .bytes(),
+        "element count overflows",
+    );
     let mut b = one().tensor("a", &[8], GgmlType::F32, vec![0; 32]).tensor(
         "b",
         &[8],

@@ -178,8 +178,8 @@ pub struct TensorInfo {
 impl TensorInfo {
     /// Number of elements.
     pub fn n_elements(&self) -> u64 {
-        // Validated at parse time not to overflow.
-        self.dims.iter().product()
+        // Validated at parse time not to overflow; saturating for hand-made infos.
+        self.dims.iter().fold(1u64, |a, &d| a.saturating_mul(d))
     }
 
     /// Length of one row (`dims[0]`, 1 for a scalar).
@@ -189,7 +189,10 @@ impl TensorInfo {
 
     /// Number of rows (product of the outer dims).
     pub fn n_rows(&self) -> u64 {
-        self.dims.iter().skip(1).product()
+        self.dims
+            .iter()
+            .skip(1)
+            .fold(1u64, |a, &d| a.saturating_mul(d))
     }
 
     /// Bytes in one row.
@@ -723,9 +726,11 @@ fn tensor_bytes(ty: GgmlType, dims: &[u64]) -> Result<u64, String> {
             ty.block_size()
         )
     })?;
-    // ggml counts elements in i64.
-    let n_elements = dims.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d));
-    if n_elements.is_none_or(|n| n > i64::MAX as u64) {
+    // ggml counts elements in i64. Check the rows alone too: with a zero-length row the
+    // total is 0 however large the other dims are.
+    let count = |ds: &[u64]| ds.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d));
+    let fits = |n: Option<u64>| n.is_some_and(|n| n <= i64::MAX as u64);
+    if !fits(count(dims)) || !fits(count(dims.get(1..).unwrap_or(&[]))) {
         return Err("element count overflows".into());
     }
     dims.iter()
