@@ -3,7 +3,6 @@
 use std::collections::BTreeMap;
 
 use clap::Args;
-use strata_formats::safetensors::Checkpoint;
 use strata_model::config::{AttentionConfig, FfnConfig, Scoring};
 use strata_model::{Model, Precision};
 
@@ -43,16 +42,16 @@ fn bytes(n: usize) -> String {
 
 pub fn run(args: InfoArgs) -> anyhow::Result<()> {
     let dir = args.model.dir()?;
-    let ck = Checkpoint::open_dir(&dir)?;
+    let (config, src) = strata_model::model::open(&dir)?;
     let mut dtypes: BTreeMap<String, (usize, usize)> = BTreeMap::new();
     let mut file_bytes = 0usize;
-    for t in ck.tensors() {
-        let e = dtypes.entry(t.dtype().to_string()).or_default();
+    for (dtype, n) in src.stored_tensors() {
+        let e = dtypes.entry(dtype).or_default();
         e.0 += 1;
-        e.1 += t.bytes().len();
-        file_bytes += t.bytes().len();
+        e.1 += n;
+        file_bytes += n;
     }
-    let model = Model::load_dir(&dir, Precision::Fast)?;
+    let model = Model::from_source(config, &src, Precision::Fast)?;
     let cfg = &model.config;
     let counts = model.param_counts();
     let kv_per_token: usize = model

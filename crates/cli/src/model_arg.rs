@@ -14,7 +14,8 @@ pub const DEFAULT_MODEL: &str =
 /// Options naming the model and its numeric mode.
 #[derive(Debug, Args)]
 pub struct ModelArgs {
-    /// Model: a Hugging Face model directory (config.json, *.safetensors, tokenizer.json).
+    /// Model: a Hugging Face model directory (config.json, *.safetensors, tokenizer.json)
+    /// or a .gguf file.
     /// Defaults to the strata-tiny-moe model shipped in the repository.
     #[arg(long, short = 'm', value_name = "PATH")]
     pub model: Option<PathBuf>,

@@ -64,7 +64,7 @@ impl Arch {
             "Glm4MoeForCausalLM" => Some(Arch::Glm4Moe),
             _ => None,
         });
-        by_class.or(match model_type? {
+        by_class.or(match model_type.unwrap_or("") {
             "llama" | "mistral" => Some(Arch::Llama),
             "qwen2" => Some(Arch::Qwen2),
             "qwen2_moe" => Some(Arch::Qwen2Moe),

@@ -15,11 +15,13 @@ pub mod attention;
 pub mod cache;
 pub mod config;
 mod error;
+pub mod gguf;
 pub mod linear;
 pub mod model;
 pub mod moe;
 pub mod ops;
 pub mod rope;
+pub mod source;
 
 pub use cache::KvCache;
 pub use config::{Arch, ModelConfig};

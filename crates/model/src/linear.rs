@@ -6,10 +6,10 @@
 //! mapped as they are and converts other float types to BF16 once.
 
 use half::bf16;
-use strata_formats::safetensors::Checkpoint;
-use strata_formats::{DType, TensorView};
+use strata_formats::TensorView;
 
 use crate::Result;
+use crate::source::{Source, Tensor};
 
 /// Numeric mode of the weights.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -130,21 +130,21 @@ impl Linear {
     }
 }
 
-/// Builds layers from a checkpoint's tensors by Hugging Face name, checking shapes.
+/// Builds layers from a model's tensors by Hugging Face name, checking shapes.
 pub struct Loader<'a> {
-    ck: &'a Checkpoint,
+    src: &'a Source,
     precision: Precision,
 }
 
 impl<'a> Loader<'a> {
-    /// A loader over `ck` producing weights in `precision`.
-    pub fn new(ck: &'a Checkpoint, precision: Precision) -> Self {
-        Loader { ck, precision }
+    /// A loader over `src` producing weights in `precision`.
+    pub fn new(src: &'a Source, precision: Precision) -> Self {
+        Loader { src, precision }
     }
 
-    /// The checkpoint.
-    pub fn checkpoint(&self) -> &Checkpoint {
-        self.ck
+    /// The tensors.
+    pub fn source(&self) -> &'a Source {
+        self.src
     }
 
     /// The precision weights are built in.
@@ -154,62 +154,63 @@ impl<'a> Loader<'a> {
 
     /// Whether tensor `name` exists.
     pub fn has(&self, name: &str) -> bool {
-        self.ck.contains(name)
+        self.src.has(name)
     }
 
     /// A float tensor of exactly `shape`, converted to f32.
     pub fn f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
-        let t = self.ck.get(name)?;
+        let t = self.src.tensor(name)?;
         t.expect_shape(shape)?;
-        Ok(t.to_f32()?)
+        t.to_f32()
     }
 
     /// `{prefix}.weight` `[n_out, k_in]` and, if `bias`, `{prefix}.bias` `[n_out]`.
     pub fn linear(&self, prefix: &str, n_out: usize, k_in: usize, bias: bool) -> Result<Linear> {
-        let t = self.ck.get(&format!("{prefix}.weight"))?;
+        let t = self.src.tensor(&format!("{prefix}.weight"))?;
         t.expect_shape(&[n_out, k_in])?;
         let bias = if bias {
             Some(self.f32(&format!("{prefix}.bias"), &[n_out])?)
         } else {
             None
         };
-        self.linear_from(t, 0, n_out, k_in, bias, false)
+        self.linear_from(&t, 0, n_out, k_in, bias, false)
     }
 
     /// An expert's projection `{prefix}.weight` `[n_out, k_in]`, in the expert format.
     pub fn expert_linear(&self, prefix: &str, n_out: usize, k_in: usize) -> Result<Linear> {
-        let t = self.ck.get(&format!("{prefix}.weight"))?;
+        let t = self.src.tensor(&format!("{prefix}.weight"))?;
         t.expect_shape(&[n_out, k_in])?;
-        self.linear_from(t, 0, n_out, k_in, None, true)
+        self.linear_from(&t, 0, n_out, k_in, None, true)
     }
 
-    /// A linear layer whose weights are `n_out * k_in` consecutive elements of `t` starting
-    /// at element `offset` (one expert's slice of a stacked tensor). In the fast path, dense
-    /// layers keep f32 checkpoints in f32 (only BF16 is mapped as is), while `expert` layers
-    /// always use the compact expert format: experts are where the bytes are.
+    /// A linear layer from rows `row0..row0 + n_out` of `t` (one expert's slice of a
+    /// stacked tensor when `row0 > 0`). In the fast path, dense layers keep f32 tensors in
+    /// f32 and map BF16 ones as they are, while `expert` layers always use the compact
+    /// expert format: experts are where the bytes are.
     pub fn linear_from(
         &self,
-        t: &TensorView,
-        offset: usize,
+        t: &Tensor,
+        row0: usize,
         n_out: usize,
         k_in: usize,
         bias: Option<Vec<f32>>,
         expert: bool,
     ) -> Result<Linear> {
-        let len = n_out * k_in;
-        let weight = match (self.precision, t.dtype()) {
-            (Precision::Fast, DType::BF16) if t.as_bf16().is_some() => Weight::MappedBf16 {
-                view: t.clone(),
-                offset,
+        let weight = match (self.precision, t.mapped_bf16()) {
+            (Precision::Fast, Some((view, offset))) => Weight::MappedBf16 {
+                view: view.clone(),
+                offset: offset + row0 * k_in,
             },
-            (Precision::Fast, DType::F32) if !expert => Weight::F32(t.to_f32_range(offset, len)?),
-            (Precision::Fast, _) => Weight::Bf16(
-                t.to_f32_range(offset, len)?
+            (Precision::Fast, None) if t.is_f32() && !expert => {
+                Weight::F32(t.rows_f32(row0, n_out)?)
+            }
+            (Precision::Fast, None) => Weight::Bf16(
+                t.rows_f32(row0, n_out)?
                     .into_iter()
                     .map(bf16::from_f32)
                     .collect(),
             ),
-            (Precision::F32, _) => Weight::F32(t.to_f32_range(offset, len)?),
+            (Precision::F32, _) => Weight::F32(t.rows_f32(row0, n_out)?),
         };
         Ok(Linear {
             n_out,

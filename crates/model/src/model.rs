@@ -3,6 +3,7 @@
 
 use std::path::Path;
 
+use strata_formats::gguf::GgufFile;
 use strata_formats::safetensors::Checkpoint;
 
 use crate::attention::{Attention, SeqSpan};
@@ -12,6 +13,7 @@ use crate::linear::{Linear, Loader, Precision};
 use crate::moe::{Ffn, Mlp, MoeBlock};
 use crate::ops::{add_assign, rms_norm};
 use crate::rope::Rope;
+use crate::source::Source;
 use crate::{Error, Result};
 
 /// One decoder layer.
@@ -74,23 +76,22 @@ pub struct Model {
 }
 
 impl Model {
-    /// Loads a Hugging Face model directory (`config.json` + safetensors).
-    pub fn load_dir(dir: &Path, precision: Precision) -> Result<Model> {
-        let config = ModelConfig::load(&dir.join("config.json"))?;
-        let ck = Checkpoint::open_dir(dir)?;
-        Model::from_checkpoint(config, &ck, precision)
+    /// Loads a Hugging Face model directory (`config.json` + safetensors) or a `.gguf` file.
+    pub fn load(path: &Path, precision: Precision) -> Result<Model> {
+        let (config, src) = open(path)?;
+        Model::from_source(config, &src, precision)
     }
 
-    /// Builds a model from a parsed config and opened checkpoint.
-    pub fn from_checkpoint(
-        config: ModelConfig,
-        ck: &Checkpoint,
-        precision: Precision,
-    ) -> Result<Model> {
-        let ld = Loader::new(ck, precision);
+    /// Loads a Hugging Face model directory (`config.json` + safetensors).
+    pub fn load_dir(dir: &Path, precision: Precision) -> Result<Model> {
+        Model::load(dir, precision)
+    }
+
+    /// Builds a model from a parsed config and its tensors.
+    pub fn from_source(config: ModelConfig, src: &Source, precision: Precision) -> Result<Model> {
+        let ld = Loader::new(src, precision);
         let h = config.hidden_size;
         let v = config.vocab_size;
-        let eps_dim = h;
         let embed = ld.linear("model.embed_tokens", v, h, false)?;
         let mut layers = Vec::with_capacity(config.n_layers());
         for (i, ffn_cfg) in config.layers.iter().enumerate() {
@@ -112,9 +113,9 @@ impl Model {
                 }
             };
             layers.push(Layer {
-                attn_norm: ld.f32(&format!("{p}.input_layernorm.weight"), &[eps_dim])?,
+                attn_norm: ld.f32(&format!("{p}.input_layernorm.weight"), &[h])?,
                 attn,
-                ffn_norm: ld.f32(&format!("{p}.post_attention_layernorm.weight"), &[eps_dim])?,
+                ffn_norm: ld.f32(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
                 ffn,
             });
         }
@@ -244,6 +245,22 @@ impl Model {
         }
         Ok(out)
     }
+}
+
+/// Opens a model's config and tensors: a `.gguf` file, or a Hugging Face directory.
+pub fn open(path: &Path) -> Result<(ModelConfig, Source)> {
+    if path.is_file()
+        && path
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+    {
+        let g = GgufFile::open(path)?;
+        let config = crate::gguf::config_from_gguf(&g)?;
+        return Ok((config, Source::Gguf(g)));
+    }
+    let config = ModelConfig::load(&path.join("config.json"))?;
+    let ck = Checkpoint::open_dir(path)?;
+    Ok((config, Source::Safetensors(ck)))
 }
 
 /// Softmax scale of attention scores: `1/sqrt(d_qk)`, times YaRN's `mscale²` for MLA

@@ -211,24 +211,24 @@ impl MoeBlock {
         };
         let stacked = format!("{mlp}.experts.gate_up_proj");
         let experts = if ld.has(&stacked) {
-            let gu = ld.checkpoint().get(&stacked)?;
+            let src = ld.source();
+            let gu = src.tensor(&stacked)?;
             gu.expect_shape(&[n, 2 * inter, hidden])?;
-            let down = ld.checkpoint().get(&format!("{mlp}.experts.down_proj"))?;
+            let down = src.tensor(&format!("{mlp}.experts.down_proj"))?;
             down.expect_shape(&[n, hidden, inter])?;
             (0..n)
                 .map(|e| {
-                    let base = e * 2 * inter * hidden;
                     Ok(Mlp {
-                        gate: ld.linear_from(gu, base, inter, hidden, None, true)?,
-                        up: ld.linear_from(gu, base + inter * hidden, inter, hidden, None, true)?,
-                        down: ld.linear_from(
-                            down,
-                            e * hidden * inter,
-                            hidden,
+                        gate: ld.linear_from(&gu, e * 2 * inter, inter, hidden, None, true)?,
+                        up: ld.linear_from(
+                            &gu,
+                            e * 2 * inter + inter,
                             inter,
+                            hidden,
                             None,
                             true,
                         )?,
+                        down: ld.linear_from(&down, e * hidden, hidden, inter, None, true)?,
                     })
                 })
                 .collect::<Result<Vec<_>>>()?

@@ -9,10 +9,12 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use strata_formats::gguf::GgufFile;
+use strata_model::source::Source;
 use strata_model::{KvCache, LogitsWanted, Model, Precision, SeqInput};
 
 use crate::sampling::{Sampler, SamplingError, SamplingParams};
-use crate::text::{ChatMessage, ChatTemplate, StreamDecoder, TextError, Tokenizer};
+use crate::text::{ChatMessage, ChatTemplate, StreamDecoder, TextError, Tokenizer, TokenizerMeta};
 
 /// Errors from generation.
 #[derive(Debug, thiserror::Error)]
@@ -23,6 +25,9 @@ pub enum EngineError {
     /// Tokenizer or chat template problem.
     #[error(transparent)]
     Text(#[from] TextError),
+    /// A model file is malformed.
+    #[error(transparent)]
+    Format(#[from] strata_formats::Error),
     /// Invalid sampling settings.
     #[error(transparent)]
     Sampling(#[from] SamplingError),
@@ -33,6 +38,25 @@ pub enum EngineError {
 
 /// Result alias for this module.
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;
+
+/// The tokenizer and chat template stored in a GGUF file's metadata.
+fn gguf_tokenizer(g: &GgufFile) -> Result<Tokenizer> {
+    use strata_formats::gguf::tokenizer::{chat_template, special_tokens, tokenizer_json};
+    let doc = tokenizer_json(g)?;
+    let special = special_tokens(g);
+    let meta = TokenizerMeta {
+        bos_id: special.bos,
+        eos_ids: special.eos.into_iter().chain(special.eot).collect(),
+        add_bos: special.add_bos,
+        chat_template: chat_template(g).map(str::to_owned),
+    };
+    let bytes = serde_json::to_vec(&doc).map_err(|e| EngineError::Request(e.to_string()))?;
+    Ok(Tokenizer::from_json_bytes(
+        &bytes,
+        meta,
+        g.path().display().to_string(),
+    )?)
+}
 
 /// One generation request.
 #[derive(Debug, Clone)]
@@ -106,10 +130,14 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// Loads a Hugging Face model directory.
-    pub fn load_dir(dir: &Path, precision: Precision) -> Result<Engine> {
-        let model = Model::load_dir(dir, precision)?;
-        let tokenizer = Tokenizer::from_dir(dir)?;
+    /// Loads a Hugging Face model directory or a `.gguf` file, with its tokenizer.
+    pub fn load(path: &Path, precision: Precision) -> Result<Engine> {
+        let (config, src) = strata_model::model::open(path)?;
+        let tokenizer = match &src {
+            Source::Gguf(g) => gguf_tokenizer(g)?,
+            Source::Safetensors(_) => Tokenizer::from_dir(path)?,
+        };
+        let model = Model::from_source(config, &src, precision)?;
         Engine::new(model, tokenizer)
     }
 
@@ -120,7 +148,12 @@ impl Engine {
                 let tok = |id: Option<u32>| id.and_then(|i| tokenizer.id_to_token(i));
                 let bos = tok(tokenizer.bos_id());
                 let eos = tok(tokenizer.eos_ids().first().copied());
-                Some(ChatTemplate::new(src, bos.as_deref(), eos.as_deref(), "chat template")?)
+                Some(ChatTemplate::new(
+                    src,
+                    bos.as_deref(),
+                    eos.as_deref(),
+                    "chat template",
+                )?)
             }
             None => None,
         };
@@ -157,7 +190,9 @@ impl Engine {
         let max_ctx = self.model.config.max_position_embeddings;
         for (i, r) in requests.iter().enumerate() {
             if r.prompt.is_empty() {
-                return Err(EngineError::Request(format!("request {i}: the prompt is empty")));
+                return Err(EngineError::Request(format!(
+                    "request {i}: the prompt is empty"
+                )));
             }
             if r.prompt.len() >= max_ctx {
                 return Err(EngineError::Request(format!(
@@ -184,7 +219,11 @@ impl Engine {
         let started = Instant::now();
         let mut last_logits: Vec<Vec<f32>> = vec![Vec::new(); requests.len()];
         let chunk = self.prefill_chunk.max(1);
-        let rounds = requests.iter().map(|r| r.prompt.len().div_ceil(chunk)).max().unwrap_or(0);
+        let rounds = requests
+            .iter()
+            .map(|r| r.prompt.len().div_ceil(chunk))
+            .max()
+            .unwrap_or(0);
         for round in 0..rounds {
             let mut idx = Vec::new();
             let mut seqs = Vec::new();
@@ -263,11 +302,16 @@ impl Engine {
                 }
             }
             first_step = false;
-            let active: Vec<usize> = (0..requests.len()).filter(|&i| outputs[i].is_none()).collect();
+            let active: Vec<usize> = (0..requests.len())
+                .filter(|&i| outputs[i].is_none())
+                .collect();
             if active.is_empty() {
                 break;
             }
-            let last: Vec<[u32; 1]> = active.iter().map(|&i| [*generated[i].last().expect("one token")]).collect();
+            let last: Vec<[u32; 1]> = active
+                .iter()
+                .map(|&i| [*generated[i].last().expect("one token")])
+                .collect();
             let mut seqs = Vec::with_capacity(active.len());
             let mut act = active.iter().peekable();
             for (i, cache) in caches.iter_mut().enumerate() {
@@ -286,7 +330,10 @@ impl Engine {
             }
         }
         stats.decode = started.elapsed();
-        let outputs = outputs.into_iter().map(|o| o.expect("every request finished")).collect();
+        let outputs = outputs
+            .into_iter()
+            .map(|o| o.expect("every request finished"))
+            .collect();
         Ok((outputs, stats))
     }
 }

@@ -1,4 +1,5 @@
 //! Strata runtime.
 
+pub mod engine;
 pub mod sampling;
 pub mod text;

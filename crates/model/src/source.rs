@@ -1,0 +1,209 @@
+//! Where weights come from: a safetensors checkpoint or a GGUF file, both looked up by
+//! Hugging Face tensor name.
+//!
+//! A key design decision made here is that the model code asks for every tensor by its
+//! Hugging Face name (`model.layers.3.mlp.experts.5.gate_proj.weight`) whatever the file
+//! format: the GGUF side translates names (`blk.3.ffn_gate_exps.weight`, expert 5) and
+//! shapes, so one set of layer constructors serves both formats.
+
+use std::path::Path;
+
+use strata_formats::gguf::{GgmlType, GgufFile, TensorInfo, dequantize_row};
+use strata_formats::safetensors::Checkpoint;
+use strata_formats::{DType, TensorView};
+
+use crate::{Error, Result};
+
+/// The tensors of a model, by Hugging Face name.
+#[derive(Debug)]
+pub enum Source {
+    /// Safetensors files of a Hugging Face directory.
+    Safetensors(Checkpoint),
+    /// A GGUF file (names translated with [`crate::gguf::hf_to_gguf`]).
+    Gguf(GgufFile),
+}
+
+/// One tensor as the model sees it: possibly one expert's slice of a stacked GGUF tensor.
+#[derive(Debug, Clone)]
+pub struct Tensor<'a> {
+    kind: Kind<'a>,
+    name: String,
+    shape: Vec<usize>,
+    /// First row (of `shape[last]`-long rows) of this tensor inside the stored one.
+    row_offset: usize,
+}
+
+#[derive(Debug, Clone)]
+enum Kind<'a> {
+    St(&'a TensorView),
+    Gguf(&'a GgufFile, &'a TensorInfo),
+}
+
+impl Source {
+    /// The file or directory the tensors come from.
+    pub fn path(&self) -> &Path {
+        match self {
+            Source::Safetensors(c) => c.root(),
+            Source::Gguf(g) => g.path(),
+        }
+    }
+
+    /// Looks up a tensor by Hugging Face name.
+    pub fn tensor(&self, name: &str) -> Result<Tensor<'_>> {
+        match self {
+            Source::Safetensors(ck) => {
+                let v = ck.get(name)?;
+                Ok(Tensor {
+                    kind: Kind::St(v),
+                    name: name.to_owned(),
+                    shape: v.shape().to_vec(),
+                    row_offset: 0,
+                })
+            }
+            Source::Gguf(g) => {
+                let missing = || {
+                    Error::Format(strata_formats::Error::MissingTensor {
+                        path: g.path().to_owned(),
+                        name: format!("{name} (no GGUF equivalent found)"),
+                    })
+                };
+                let (gname, expert) = crate::gguf::hf_to_gguf(name, |n| g.tensor_info(n).is_some())
+                    .ok_or_else(missing)?;
+                let info = g.tensor(&gname)?;
+                let full = info.shape();
+                let (shape, row_offset) = match expert {
+                    None => (full, 0),
+                    Some(e) => {
+                        if full.len() != 3 || e >= full[0] {
+                            return Err(Error::Format(strata_formats::Error::BadTensor {
+                                path: g.path().to_owned(),
+                                name: gname,
+                                message: format!(
+                                    "expected [experts, rows, cols] with expert {e}, got {full:?}"
+                                ),
+                            }));
+                        }
+                        (full[1..].to_vec(), e * full[1])
+                    }
+                };
+                Ok(Tensor {
+                    kind: Kind::Gguf(g, info),
+                    name: gname,
+                    shape,
+                    row_offset,
+                })
+            }
+        }
+    }
+
+    /// `(element type, bytes)` of every stored tensor.
+    pub fn stored_tensors(&self) -> Vec<(String, usize)> {
+        match self {
+            Source::Safetensors(ck) => ck
+                .tensors()
+                .map(|t| (t.dtype().to_string(), t.bytes().len()))
+                .collect(),
+            Source::Gguf(g) => g
+                .tensors()
+                .iter()
+                .map(|t| (t.ggml_type.name().to_string(), t.n_bytes as usize))
+                .collect(),
+        }
+    }
+
+    /// Whether a tensor exists.
+    pub fn has(&self, name: &str) -> bool {
+        self.tensor(name).is_ok()
+    }
+}
+
+impl Tensor<'_> {
+    /// Shape, outermost first.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    fn bad(&self, message: String) -> Error {
+        let path = match &self.kind {
+            Kind::St(v) => v.file().path().to_owned(),
+            Kind::Gguf(g, _) => g.path().to_owned(),
+        };
+        Error::Format(strata_formats::Error::BadTensor {
+            path,
+            name: self.name.clone(),
+            message,
+        })
+    }
+
+    /// Fails unless the shape is `want` (a vector may be stored as `[n]` or `[1, n]`).
+    pub fn expect_shape(&self, want: &[usize]) -> Result<()> {
+        if self.shape != want {
+            return Err(self.bad(format!(
+                "shape mismatch, expected {want:?} but got {:?}",
+                self.shape
+            )));
+        }
+        Ok(())
+    }
+
+    fn row_len(&self) -> usize {
+        self.shape.last().copied().unwrap_or(1)
+    }
+
+    /// Rows `row0..row0 + n_rows` of this tensor as f32 (dequantized when quantized).
+    pub fn rows_f32(&self, row0: usize, n_rows: usize) -> Result<Vec<f32>> {
+        let k = self.row_len();
+        let rows_total: usize = self.shape.iter().rev().skip(1).product();
+        if row0 + n_rows > rows_total {
+            return Err(self.bad(format!(
+                "rows {row0}..{} out of {rows_total}",
+                row0 + n_rows
+            )));
+        }
+        match &self.kind {
+            Kind::St(v) => Ok(v.to_f32_range((self.row_offset + row0) * k, n_rows * k)?),
+            Kind::Gguf(g, info) => {
+                let row_bytes = info.row_bytes() as usize;
+                let start = (self.row_offset + row0) * row_bytes;
+                let bytes = &g.data(info)[start..start + n_rows * row_bytes];
+                let mut out = vec![0.0f32; n_rows * k];
+                dequantize_row(info.ggml_type, bytes, &mut out)
+                    .map_err(|e| self.bad(e.to_string()))?;
+                Ok(out)
+            }
+        }
+    }
+
+    /// All values as f32.
+    pub fn to_f32(&self) -> Result<Vec<f32>> {
+        let rows: usize = self.shape.iter().rev().skip(1).product();
+        self.rows_f32(0, rows)
+    }
+
+    /// The safetensors view and element offset, when the data is BF16 that can be used in
+    /// place.
+    pub fn mapped_bf16(&self) -> Option<(&TensorView, usize)> {
+        match &self.kind {
+            Kind::St(v) if v.dtype() == DType::BF16 && v.as_bf16().is_some() => {
+                Some((v, self.row_offset * self.row_len()))
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether the stored values are f32 (kept as f32 for dense layers in the fast path).
+    pub fn is_f32(&self) -> bool {
+        match &self.kind {
+            Kind::St(v) => v.dtype() == DType::F32,
+            Kind::Gguf(_, info) => info.ggml_type == GgmlType::F32,
+        }
+    }
+
+    /// The stored element type's name (`BF16`, `Q4_K`, ...).
+    pub fn dtype_name(&self) -> String {
+        match &self.kind {
+            Kind::St(v) => v.dtype().to_string(),
+            Kind::Gguf(_, info) => info.ggml_type.name().to_string(),
+        }
+    }
+}

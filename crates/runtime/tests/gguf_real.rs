@@ -1,0 +1,166 @@
+//! Real GGUF models (SmolLM2-135M Q4_1, Qwen2.5-Coder-0.5B Q4_K_M) against llama.cpp's
+//! logits (`tests/reference/*.json`, made by `scripts/make_gguf_reference.py`).
+//!
+//! Needs the assets from `scripts/fetch_assets.sh`: runs when `STRATA_REAL_ASSETS=1` (and
+//! fails if they are missing), prints a notice and passes otherwise.
+//!
+//! Criteria (issue #3): the same top-1 token at >= 94% of positions, every disagreement a
+//! near-tie (the reference's logits of the two tokens within 0.5), and logits within
+//! 0.1 x max|ref| at the reference's top-32 ids. llama.cpp quantizes activations to 8 bits
+//! for quantized dot products, so exact agreement is not the goal.
+
+use std::path::{Path, PathBuf};
+
+use strata_model::{LogitsWanted, Precision, SeqInput};
+use strata_runtime::engine::{Engine, Request};
+use strata_runtime::sampling::SamplingParams;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The asset file, or `None` (with a notice) when real-asset tests are off.
+fn asset(file: &str) -> Option<PathBuf> {
+    let dir = std::env::var_os("STRATA_ASSETS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join(".cache/assets"));
+    let path = dir.join(file);
+    if std::env::var("STRATA_REAL_ASSETS").as_deref() != Ok("1") {
+        eprintln!("skipping: STRATA_REAL_ASSETS is not 1 (run scripts/fetch_assets.sh and set it)");
+        return None;
+    }
+    assert!(
+        path.exists(),
+        "{} is missing: run scripts/fetch_assets.sh",
+        path.display()
+    );
+    Some(path)
+}
+
+fn ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+fn check_against_llama_cpp(model_file: &str, reference: &str) {
+    let Some(path) = asset(model_file) else {
+        return;
+    };
+    let reference: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(root().join("tests/reference").join(reference)).unwrap(),
+    )
+    .unwrap();
+    let precision = match std::env::var("STRATA_TEST_DTYPE").as_deref() {
+        Ok("f32") => Precision::F32,
+        _ => Precision::Fast,
+    };
+    let engine = Engine::load(&path, precision).unwrap();
+    let model = &engine.model;
+    let (mut positions, mut agree, mut worst_tie, mut worst_rel) = (0usize, 0usize, 0.0f32, 0.0f32);
+    for prompt in reference["prompts"].as_array().unwrap() {
+        let tokens = ids(&prompt["tokens"]);
+        // Our tokenizer gives llama.cpp's ids for the prompt text.
+        let text = prompt["text"].as_str().unwrap();
+        let add_bos = reference["add_bos"].as_bool().unwrap();
+        assert_eq!(
+            engine.tokenizer.encode(text, add_bos).unwrap(),
+            tokens,
+            "tokens of {text:?}"
+        );
+        let mut cache = model.new_cache();
+        let mut seqs = [SeqInput {
+            tokens: &tokens,
+            cache: &mut cache,
+            logits: LogitsWanted::All,
+        }];
+        let logits = model.forward(&mut seqs).unwrap().remove(0);
+        let vocab = model.config.vocab_size;
+        for (pos, want) in prompt["positions"].as_array().unwrap().iter().enumerate() {
+            let row = &logits[pos * vocab..(pos + 1) * vocab];
+            let top_ids = ids(&want["top_ids"]);
+            let top_logits: Vec<f32> = want["top_logits"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap() as f32)
+                .collect();
+            let max_abs = want["max_abs_logit"].as_f64().unwrap() as f32;
+            let ours = row
+                .iter()
+                .enumerate()
+                .max_by(|a, b| a.1.total_cmp(b.1))
+                .map(|(i, _)| i as u32)
+                .unwrap();
+            positions += 1;
+            if ours == top_ids[0] {
+                agree += 1;
+            } else {
+                let j = top_ids.iter().position(|&t| t == ours).unwrap_or_else(|| {
+                    panic!("{model_file} {}: our top-1 {ours} is not in the reference's top-32 at {pos}", prompt["name"])
+                });
+                worst_tie = worst_tie.max(top_logits[0] - top_logits[j]);
+            }
+            for (&id, &l) in top_ids.iter().zip(&top_logits) {
+                let e = (row[id as usize] - l).abs() / max_abs;
+                if std::env::var_os("STRATA_TEST_VERBOSE").is_some() && e > 0.06 {
+                    eprintln!(
+                        "{} pos {pos} id {id}: ours {} ref {l} (max {max_abs})",
+                        prompt["name"], row[id as usize]
+                    );
+                }
+                worst_rel = worst_rel.max(e);
+            }
+        }
+    }
+    let rate = agree as f32 / positions as f32;
+    println!(
+        "{model_file}: top-1 agreement {rate:.3} over {positions} positions, worst disagreement gap {worst_tie:.3}, max error at top-32 {worst_rel:.3e} x max|ref|"
+    );
+    assert!(
+        rate >= 0.94,
+        "{model_file}: top-1 agreement {rate:.3} < 0.94"
+    );
+    assert!(
+        worst_tie <= 0.5,
+        "{model_file}: a disagreement is not a near-tie ({worst_tie:.3} > 0.5)"
+    );
+    assert!(
+        worst_rel <= 0.1,
+        "{model_file}: logits off by {worst_rel:.3} x max|ref| > 0.1"
+    );
+}
+
+#[test]
+fn smollm2_matches_llama_cpp() {
+    check_against_llama_cpp(
+        "smollm2-135m-instruct-q4_1.gguf",
+        "smollm2-135m-instruct-q4_1.json",
+    );
+}
+
+#[test]
+fn qwen2_5_coder_matches_llama_cpp() {
+    check_against_llama_cpp(
+        "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        "qwen2.5-coder-0.5b-instruct-q4_k_m.json",
+    );
+}
+
+#[test]
+fn smollm2_knows_the_capital_of_france() {
+    let Some(path) = asset("smollm2-135m-instruct-q4_1.gguf") else {
+        return;
+    };
+    let engine = Engine::load(&path, Precision::Fast).unwrap();
+    let request = Request {
+        prompt: engine.text_prompt("The capital of France is").unwrap(),
+        max_tokens: 4,
+        sampling: SamplingParams::greedy(),
+        stop: Vec::new(),
+    };
+    let (out, _) = engine.generate_batch(&[request], |_, _| {}).unwrap();
+    assert!(out[0].text.contains("Paris"), "{:?}", out[0].text);
+}
