@@ -171,6 +171,22 @@ fn check_tokenizer(model: &str) {
     let reference = reference(model);
     let special = tokenizer::special_tokens(&g);
     assert_eq!(special.add_bos, reference["add_bos"].as_bool().unwrap());
+    let eos = special.eos.unwrap();
+    assert!(
+        special.eog.contains(&eos),
+        "{model}: eos {eos} not in {:?}",
+        special.eog
+    );
+    let eog_text: Vec<String> = special
+        .eog
+        .iter()
+        .map(|&i| tok.id_to_token(i).unwrap())
+        .collect();
+    assert!(
+        eog_text.contains(&"<|im_end|>".to_string())
+            && eog_text.contains(&"<|endoftext|>".to_string()),
+        "{model}: {eog_text:?}"
+    );
     assert!(
         tokenizer::chat_template(&g)
             .unwrap()

@@ -21,6 +21,7 @@ fn sentencepiece_vocabulary_matches_llama_cpp() {
         (Some(1), Some(2), Some(0))
     );
     assert!(special.add_bos && !special.add_eos);
+    assert_eq!(special.eog, vec![2]);
     let doc = tokenizer::tokenizer_json(&g).unwrap();
     let tok = tokenizers::Tokenizer::from_bytes(serde_json::to_vec(&doc).unwrap()).unwrap();
     let path = concat!(

@@ -61,6 +61,32 @@ pub fn pre_tokenizer_regexes(pre: &str) -> Option<(Vec<&'static str>, bool)> {
     })
 }
 
+/// Token texts llama.cpp treats as end of generation (llama-vocab.cpp), including Qwen's
+/// fill-in-the-middle pad and separators, which it also stops at.
+const EOG_TEXTS: [&str; 21] = [
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<|return|>",
+    "<|call|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|eom_id|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "[EOS]",
+    "<|end_of_text|>",
+    "<end_of_utterance>",
+    "<eos>",
+    "<｜end▁of▁sentence｜>",
+    "<|fim_pad|>",
+    "<|repo_name|>",
+    "<|file_sep|>",
+    "<fim_pad>",
+    "<fim-pad>",
+];
+
 /// Special token ids and flags from the metadata, with llama.cpp's defaults.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SpecialTokens {
@@ -74,6 +100,9 @@ pub struct SpecialTokens {
     pub unk: Option<u32>,
     /// Padding token.
     pub pad: Option<u32>,
+    /// Tokens that end generation, sorted: EOS, EOT, EOM and the tokens llama.cpp recognises
+    /// as end-of-generation by their text (`<|im_end|>`, `<|endoftext|>`, `<|eot_id|>`...).
+    pub eog: Vec<u32>,
     /// Whether encoding prepends BOS (`tokenizer.ggml.add_bos_token`, else llama.cpp's default
     /// for the vocabulary type).
     pub add_bos: bool,
@@ -94,10 +123,23 @@ pub fn special_tokens(gguf: &GgufFile) -> SpecialTokens {
         _ => false,
     };
     let id = |k: &str| gguf.get_u32(&format!("tokenizer.ggml.{k}_token_id"));
+    let tokens = gguf
+        .get_str_array("tokenizer.ggml.tokens")
+        .unwrap_or_default();
+    let mut eog: Vec<u32> = tokens
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| EOG_TEXTS.contains(t))
+        .map(|(i, _)| i as u32)
+        .chain([id("eos"), id("eot"), id("eom")].into_iter().flatten())
+        .collect();
+    eog.sort_unstable();
+    eog.dedup();
     SpecialTokens {
         bos: id("bos"),
         eos: id("eos"),
         eot: id("eot"),
+        eog,
         unk: id("unknown"),
         pad: id("padding"),
         add_bos: gguf
