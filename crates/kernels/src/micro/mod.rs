@@ -24,8 +24,14 @@ mod portable;
 pub(crate) const N_BLOCK_STRIPS: usize = 4;
 /// Token rows per parallel task; a multiple of the AMX block height (32).
 pub(crate) const M_CHUNK: usize = 256;
-/// Target size of the weight panel kept in L2 (half of the smallest L2 seen, 1 MiB).
-const PANEL_BYTES: usize = 256 * 1024;
+/// Weight panel size for AMX: kept in L2 (a quarter of Sapphire Rapids' 2 MiB), so tile
+/// accumulators are stored only once per long `k` run.
+const PANEL_BYTES_AMX: usize = 512 * 1024;
+/// Weight panel size for AVX-512 and portable code: kept in L1 (48 KiB and up), since every
+/// 4-row register tile rereads the whole panel. Chosen from the cache sizes: an A/B against
+/// 256 KiB on `bench moe --tokens 512` was within the shared host's noise (0.12-0.24 TFLOPS
+/// for both, 2026-11-21).
+const PANEL_BYTES_VEC: usize = 32 * 1024;
 
 /// Weight offset of the unsigned storage (see the `packed` module docs).
 pub(crate) fn offset(kind: Kind) -> i32 {
@@ -71,7 +77,12 @@ pub(crate) fn run_block(
         _ => 64,
     };
     let bytes_per_k = w.strip_bytes * strips.len() / w.k_pad;
-    let kb = (PANEL_BYTES / bytes_per_k.max(1) / unit).max(1) * unit;
+    let panel = if isa == Isa::Amx {
+        PANEL_BYTES_AMX
+    } else {
+        PANEL_BYTES_VEC
+    };
+    let kb = (panel / bytes_per_k.max(1) / unit).max(1) * unit;
     let mut k0 = 0;
     while k0 < w.k_pad {
         let ks = k0..(k0 + kb).min(w.k_pad);

@@ -1,0 +1,406 @@
+//! `strata bench moe`: one MoE layer on the CPU kernels, against the machine's own limits.
+//!
+//! For each (format, token count) it times `fused_moe` with uniform routing (token `t`'s
+//! `j`-th expert is `(t * topk + j + offset) % experts`, so every expert gets `tokens * topk /
+//! experts` tokens), and reports seconds per call, achieved TFLOPS (`6 T k H I` per call) and
+//! expert-weight bytes read per second. In the same run it measures the AMX and AVX-512 compute
+//! peaks and the DRAM read bandwidth and prints each figure as a fraction of its limit.
+//!
+//! Weights stay in DRAM: successive calls rotate the routing offset (decode touches the next
+//! `topk` experts each call) and the layer (`--layers`), and one layer of the default shape
+//! (1.2 GB in BF16) is far larger than any L3. Experts are copies of a few distinct random
+//! experts (`--distinct`): timing does not depend on the values, and packing stays fast.
+//! Accuracy is each format's relative RMS error against f32 math on the unquantized weights.
+
+use std::time::Instant;
+
+use anyhow::{Context, bail, ensure};
+use clap::Args;
+use serde_json::{Value, json};
+use strata_kernels::gemm::matmul_f32;
+use strata_kernels::moe::DEFAULT_AMX_MIN_TOKENS;
+use strata_kernels::{
+    Expert, Isa, MoeExperts, MoeOptions, PackedFormat, fused_moe_with, num_threads, peak,
+};
+
+/// Arguments of `strata bench moe`.
+#[derive(Debug, Clone, Args)]
+pub struct BenchMoeArgs {
+    /// Hidden size H (default: Qwen3-30B-A3B).
+    #[arg(long, default_value_t = 2048)]
+    pub hidden: usize,
+    /// Intermediate size I of one expert.
+    #[arg(long, default_value_t = 768)]
+    pub inter: usize,
+    /// Routed experts per layer.
+    #[arg(long, default_value_t = 128)]
+    pub experts: usize,
+    /// Experts per token.
+    #[arg(long, default_value_t = 8)]
+    pub topk: usize,
+    /// Packed formats: bf16, int8 (per-row scales), int8g32/64/128, int4 (= int4g64),
+    /// int4g32/64/128.
+    #[arg(long, value_delimiter = ',', default_value = "bf16,int8,int4")]
+    pub formats: Vec<String>,
+    /// Token counts per call.
+    #[arg(long, value_delimiter = ',', default_value = "1,8,64,512,4096")]
+    pub tokens: Vec<usize>,
+    /// Print one JSON document instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Layers of experts to rotate through, so weights come from DRAM.
+    #[arg(long, default_value_t = 1)]
+    pub layers: usize,
+    /// Minimum timed seconds per point (at least 3 calls after one warm-up call).
+    #[arg(long, default_value_t = 1.0)]
+    pub min_seconds: f64,
+    /// Distinct random experts; the rest of the layer are copies of them.
+    #[arg(long, default_value_t = 4)]
+    pub distinct: usize,
+    /// Also time AMX against AVX-512 per tokens-per-expert, to find the crossover.
+    #[arg(long)]
+    pub crossover: bool,
+}
+
+fn parse_format(s: &str) -> anyhow::Result<PackedFormat> {
+    let group = |rest: &str| -> anyhow::Result<usize> {
+        rest.parse()
+            .with_context(|| format!("format {s:?}: group {rest:?} is not a number"))
+    };
+    Ok(match s.trim() {
+        "bf16" => PackedFormat::Bf16,
+        "int8" => PackedFormat::Int8 { group: None },
+        "int4" => PackedFormat::Int4 { group: 64 },
+        f if f.starts_with("int8g") => PackedFormat::Int8 {
+            group: Some(group(&f[5..])?),
+        },
+        f if f.starts_with("int4g") => PackedFormat::Int4 {
+            group: group(&f[5..])?,
+        },
+        f => bail!("unknown format {f:?}, expected bf16, int8, int8gN, int4 or int4gN"),
+    })
+}
+
+/// A deterministic stream of values in [-0.5, 0.5).
+struct Lcg(u64);
+
+impl Lcg {
+    fn vec(&mut self, len: usize, scale: f32) -> Vec<f32> {
+        (0..len)
+            .map(|_| {
+                self.0 = self
+                    .0
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                (((self.0 >> 40) as f32 / (1u64 << 24) as f32) - 0.5) * scale
+            })
+            .collect()
+    }
+}
+
+/// Unquantized weights of one expert.
+struct F32Expert {
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    down: Vec<f32>,
+}
+
+/// The machine's limits, measured at the start of the run.
+struct Peaks {
+    amx_bf16: Option<f64>,
+    amx_int8: Option<f64>,
+    avx512_bf16: Option<f64>,
+    avx512_vnni: Option<f64>,
+    read_gbs: f64,
+}
+
+impl Peaks {
+    fn measure() -> Self {
+        Peaks {
+            amx_bf16: peak::amx_bf16_tflops(0.3),
+            amx_int8: peak::amx_int8_tops(0.3),
+            avx512_bf16: peak::avx512_bf16_tflops(0.3),
+            avx512_vnni: peak::avx512_vnni_tops(0.3),
+            read_gbs: peak::read_gbs(1 << 30, 3),
+        }
+    }
+
+    /// The compute peak of the path a call ran on, in T(FL)OPS.
+    fn compute(&self, isa: Isa, fmt: PackedFormat) -> Option<f64> {
+        let bf16 = fmt == PackedFormat::Bf16;
+        match (isa, bf16) {
+            (Isa::Amx, true) => self.amx_bf16,
+            (Isa::Amx, false) => self.amx_int8,
+            (Isa::Avx512, true) => self.avx512_bf16,
+            (Isa::Avx512, false) => self.avx512_vnni,
+            (Isa::Portable, _) => None,
+        }
+    }
+}
+
+/// Median seconds of `f(call)` over at least 3 calls and `min_s` seconds, after a warm-up.
+fn time_calls(
+    min_s: f64,
+    mut f: impl FnMut(usize) -> anyhow::Result<()>,
+) -> anyhow::Result<f64> {
+    f(0)?;
+    let start = Instant::now();
+    let mut times = Vec::new();
+    while times.len() < 3 || (start.elapsed().as_secs_f64() < min_s && times.len() < 2000) {
+        let t0 = Instant::now();
+        f(times.len() + 1)?;
+        times.push(t0.elapsed().as_secs_f64());
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times[times.len() / 2])
+}
+
+/// Uniform routing of `t` tokens over `e` experts, starting at expert `offset`.
+fn routing(t: usize, k: usize, e: usize, offset: usize) -> (Vec<u32>, Vec<f32>) {
+    let ids = (0..t * k).map(|i| ((i + offset) % e) as u32).collect();
+    (ids, vec![1.0 / k as f32; t * k])
+}
+
+fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// f32 MoE on the unquantized weights (expert `e` is distinct expert `e % distinct`).
+fn moe_f32(src: &[F32Expert], h: usize, i: usize, x: &[f32], ids: &[u32], wts: &[f32]) -> Vec<f32> {
+    let t = x.len() / h;
+    let k = ids.len() / t.max(1);
+    let mut out = vec![0.0f32; t * h];
+    let (mut g, mut u, mut y) = (vec![0.0; i], vec![0.0; i], vec![0.0; h]);
+    for tok in 0..t {
+        let xt = &x[tok * h..(tok + 1) * h];
+        for j in 0..k {
+            let e = &src[ids[tok * k + j] as usize % src.len()];
+            matmul_f32(xt, &e.gate, &mut g, 1, i, h);
+            matmul_f32(xt, &e.up, &mut u, 1, i, h);
+            let act: Vec<f32> = g.iter().zip(&u).map(|(g, u)| silu(*g) * u).collect();
+            matmul_f32(&act, &e.down, &mut y, 1, h, i);
+            for (o, v) in out[tok * h..(tok + 1) * h].iter_mut().zip(&y) {
+                *o += wts[tok * k + j] * v;
+            }
+        }
+    }
+    out
+}
+
+fn fmt_opt(v: Option<f64>, digits: usize) -> String {
+    v.map_or_else(|| "n/a".into(), |v| format!("{v:.digits$}"))
+}
+
+/// Runs `strata bench moe`.
+pub fn bench_moe(args: &BenchMoeArgs) -> anyhow::Result<()> {
+    let (h, inter, e, k) = (args.hidden, args.inter, args.experts, args.topk);
+    ensure!(h > 0 && inter > 0, "hidden and inter must be positive");
+    ensure!(k > 0 && k <= e, "topk {k} must be between 1 and the number of experts {e}");
+    ensure!(args.layers > 0 && args.distinct > 0, "layers and distinct must be positive");
+    let formats = args
+        .formats
+        .iter()
+        .map(|s| parse_format(s))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let threads = num_threads();
+    let detected = strata_kernels::isa::detected();
+    let selected = Isa::selected();
+    if !args.json {
+        eprintln!(
+            "measuring peaks on {threads} threads (detected {}, selected {})...",
+            detected.name(),
+            selected.name()
+        );
+    }
+    let peaks = Peaks::measure();
+    let mut results = Vec::new();
+    let mut accuracy = Vec::new();
+    let mut crossover = Vec::new();
+    let mut rng = Lcg(0x5eed);
+    for &fmt in &formats {
+        if !args.json {
+            eprintln!("packing {} x {} experts in {}...", args.layers, e, fmt.name());
+        }
+        // Weight scale about 1 / sqrt(fan-in), as in trained layers.
+        let src: Vec<F32Expert> = (0..args.distinct.min(e))
+            .map(|_| F32Expert {
+                gate: rng.vec(inter * h, 2.0 / (h as f32).sqrt()),
+                up: rng.vec(inter * h, 2.0 / (h as f32).sqrt()),
+                down: rng.vec(h * inter, 2.0 / (inter as f32).sqrt()),
+            })
+            .collect();
+        let packed = src
+            .iter()
+            .map(|s| Expert::pack(&s.gate, &s.up, &s.down, h, inter, fmt))
+            .collect::<Result<Vec<_>, _>>()
+            .with_context(|| format!("packing experts as {}", fmt.name()))?;
+        let expert_bytes = packed[0].bytes();
+        let layers = (0..args.layers)
+            .map(|_| MoeExperts::new(h, inter, (0..e).map(|x| packed[x % packed.len()].clone()).collect()))
+            .collect::<Result<Vec<_>, _>>()?;
+        drop(packed);
+
+        // Accuracy against f32 on the unquantized weights.
+        let t_acc = 32;
+        let x = rng.vec(t_acc * h, 2.0);
+        let (ids, wts) = routing(t_acc, k, e, 0);
+        let want = moe_f32(&src, h, inter, &x, &ids, &wts);
+        let mut got = vec![0.0; t_acc * h];
+        fused_moe_with(&layers[0], &x, &ids, &wts, &mut got, &MoeOptions::default())?;
+        let num: f64 = want.iter().zip(&got).map(|(a, b)| f64::from(a - b).powi(2)).sum();
+        let den: f64 = want.iter().map(|a| f64::from(*a).powi(2)).sum();
+        let rel = (num / den.max(f64::MIN_POSITIVE)).sqrt();
+        accuracy.push(json!({"format": fmt.name(), "tokens": t_acc, "rel_rms_err": rel}));
+
+        for &t in &args.tokens {
+            let x = rng.vec(t * h, 2.0);
+            let mut out = vec![0.0f32; t * h];
+            let per_call = (t * k).min(e);
+            let seconds = time_calls(args.min_seconds, |c| {
+                let (ids, wts) = routing(t, k, e, (c * t * k) % e);
+                let layer = &layers[c % layers.len()];
+                fused_moe_with(layer, &x, &ids, &wts, &mut out, &MoeOptions::default())?;
+                Ok(())
+            })?;
+            let tokens_per_expert = (t * k).div_ceil(e);
+            let isa = if tokens_per_expert >= DEFAULT_AMX_MIN_TOKENS {
+                selected
+            } else {
+                selected.min(Isa::Avx512)
+            };
+            let flops = 6.0 * (t * k) as f64 * (h * inter) as f64;
+            let tflops = flops / seconds / 1e12;
+            let weight_gbs = (per_call * expert_bytes) as f64 / seconds / 1e9;
+            let peak_c = peaks.compute(isa, fmt);
+            results.push(json!({
+                "format": fmt.name(),
+                "tokens": t,
+                "tokens_per_expert": (t * k) as f64 / e as f64,
+                "isa": isa.name(),
+                "seconds": seconds,
+                "tflops": tflops,
+                "weight_gbs": weight_gbs,
+                "frac_compute_peak": peak_c.map(|p| tflops / p),
+                "frac_read_gbs": weight_gbs / peaks.read_gbs,
+            }));
+            if !args.json {
+                eprintln!("  {} T={t}: {:.3} ms", fmt.name(), seconds * 1e3);
+            }
+        }
+
+        if args.crossover {
+            crossover.extend(measure_crossover(&layers[0], fmt, args.min_seconds.min(0.5), &mut rng)?);
+        }
+    }
+    let doc = json!({
+        "shape": {"hidden": h, "inter": inter, "experts": e, "topk": k},
+        "machine": {
+            "threads": threads,
+            "detected_isa": detected.name(),
+            "selected_isa": selected.name(),
+            "amx_min_tokens": DEFAULT_AMX_MIN_TOKENS,
+        },
+        "peaks": {
+            "amx_bf16_tflops": peaks.amx_bf16,
+            "amx_int8_tops": peaks.amx_int8,
+            "avx512_bf16_tflops": peaks.avx512_bf16,
+            "avx512_vnni_tops": peaks.avx512_vnni,
+            "read_gbs": peaks.read_gbs,
+        },
+        "results": results,
+        "accuracy": accuracy,
+        "crossover": crossover,
+    });
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+    } else {
+        print_table(&doc);
+    }
+    Ok(())
+}
+
+/// Times one expert with `m` tokens on AVX-512 and on AMX (when present).
+fn measure_crossover(
+    layer: &MoeExperts,
+    fmt: PackedFormat,
+    min_s: f64,
+    rng: &mut Lcg,
+) -> anyhow::Result<Vec<Value>> {
+    let h = layer.hidden();
+    let mut v = Vec::new();
+    for m in [1usize, 2, 4, 8, 16, 32, 64, 128, 256] {
+        let x = rng.vec(m * h, 2.0);
+        let mut out = vec![0.0f32; m * h];
+        let mut row = json!({"format": fmt.name(), "tokens_per_expert": m});
+        for isa in Isa::available().into_iter().filter(|i| *i >= Isa::Avx512) {
+            let opts = MoeOptions {
+                isa: Some(isa),
+                ..MoeOptions::default()
+            };
+            let s = time_calls(min_s, |c| {
+                // One expert per call, rotating so its weights come from DRAM.
+                let ids = vec![(c % layer.len()) as u32; m];
+                fused_moe_with(layer, &x, &ids, &vec![1.0; m], &mut out, &opts)?;
+                Ok(())
+            })?;
+            row[format!("{}_seconds", isa.name())] = json!(s);
+        }
+        v.push(row);
+    }
+    Ok(v)
+}
+
+fn print_table(doc: &Value) {
+    let p = &doc["peaks"];
+    let f = |v: &Value| v.as_f64();
+    println!(
+        "shape: hidden {} inter {} experts {} topk {}; threads {}, isa {}",
+        doc["shape"]["hidden"],
+        doc["shape"]["inter"],
+        doc["shape"]["experts"],
+        doc["shape"]["topk"],
+        doc["machine"]["threads"],
+        doc["machine"]["selected_isa"].as_str().unwrap_or("?"),
+    );
+    println!(
+        "peaks: AMX BF16 {} TFLOPS, AMX INT8 {} TOPS, AVX-512 BF16 {} TFLOPS, AVX-512 VNNI {} TOPS, read {} GB/s",
+        fmt_opt(f(&p["amx_bf16_tflops"]), 2),
+        fmt_opt(f(&p["amx_int8_tops"]), 2),
+        fmt_opt(f(&p["avx512_bf16_tflops"]), 3),
+        fmt_opt(f(&p["avx512_vnni_tops"]), 3),
+        fmt_opt(f(&p["read_gbs"]), 1),
+    );
+    println!(
+        "{:<8} {:>6} {:>7} {:>12} {:>8} {:>8} {:>11} {:>7}",
+        "format", "tokens", "isa", "seconds", "TFLOPS", "%peak", "weight GB/s", "%read"
+    );
+    for r in doc["results"].as_array().into_iter().flatten() {
+        println!(
+            "{:<8} {:>6} {:>7} {:>12.6} {:>8.3} {:>8} {:>11.1} {:>7.1}",
+            r["format"].as_str().unwrap_or("?"),
+            r["tokens"],
+            r["isa"].as_str().unwrap_or("?"),
+            f(&r["seconds"]).unwrap_or(f64::NAN),
+            f(&r["tflops"]).unwrap_or(f64::NAN),
+            fmt_opt(f(&r["frac_compute_peak"]).map(|v| v * 100.0), 1),
+            f(&r["weight_gbs"]).unwrap_or(f64::NAN),
+            f(&r["frac_read_gbs"]).unwrap_or(f64::NAN) * 100.0,
+        );
+    }
+    for a in doc["accuracy"].as_array().into_iter().flatten() {
+        println!(
+            "accuracy {:<8} relative RMS error vs f32: {:.2e}",
+            a["format"].as_str().unwrap_or("?"),
+            f(&a["rel_rms_err"]).unwrap_or(f64::NAN)
+        );
+    }
+    for c in doc["crossover"].as_array().into_iter().flatten() {
+        println!(
+            "crossover {:<8} m={:>4}: avx512 {} ms, amx {} ms",
+            c["format"].as_str().unwrap_or("?"),
+            c["tokens_per_expert"],
+            fmt_opt(f(&c["avx512_seconds"]).map(|s| s * 1e3), 3),
+            fmt_opt(f(&c["amx_seconds"]).map(|s| s * 1e3), 3),
+        );
+    }
+}
