@@ -547,7 +547,7 @@ fn rope_config(
             _ => 1.0,
         });
     let dim = (head_dim as f64 * partial) as usize;
-    if dim == 0 || dim % 2 != 0 || dim > head_dim {
+    if dim == 0 || !dim.is_multiple_of(2) || dim > head_dim {
         return Err(cx.err(format!(
             "rotary dimension {dim} (head_dim {head_dim} x partial_rotary_factor {partial}) must be even and positive"
         )));
@@ -682,7 +682,7 @@ fn ffn_config(raw: &RawConfig, cx: &Ctx, arch: Arch, layer: usize) -> Result<Ffn
             let n = n_experts.unwrap_or(0);
             let step = raw.decoder_sparse_step.unwrap_or(1).max(1);
             let mlp_only = raw.mlp_only_layers.as_deref().unwrap_or(&[]);
-            if mlp_only.contains(&layer) || n == 0 || (layer + 1) % step != 0 {
+            if mlp_only.contains(&layer) || n == 0 || !(layer + 1).is_multiple_of(step) {
                 return dense();
             }
             let router = softmax_router(n, top_k()?, raw.norm_topk_prob.unwrap_or(false));

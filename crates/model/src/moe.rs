@@ -352,6 +352,7 @@ impl MoeBlock {
 
 /// A layer's feed-forward block.
 #[derive(Debug)]
+#[allow(clippy::large_enum_variant)] // One per layer: the variants' sizes do not matter.
 pub enum Ffn {
     /// Dense MLP.
     Dense(Mlp),
