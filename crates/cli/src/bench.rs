@@ -139,10 +139,7 @@ impl Peaks {
 }
 
 /// Median seconds of `f(call)` over at least 3 calls and `min_s` seconds, after a warm-up.
-fn time_calls(
-    min_s: f64,
-    mut f: impl FnMut(usize) -> anyhow::Result<()>,
-) -> anyhow::Result<f64> {
+fn time_calls(min_s: f64, mut f: impl FnMut(usize) -> anyhow::Result<()>) -> anyhow::Result<f64> {
     f(0)?;
     let start = Instant::now();
     let mut times = Vec::new();
@@ -195,8 +192,14 @@ fn fmt_opt(v: Option<f64>, digits: usize) -> String {
 pub fn bench_moe(args: &BenchMoeArgs) -> anyhow::Result<()> {
     let (h, inter, e, k) = (args.hidden, args.inter, args.experts, args.topk);
     ensure!(h > 0 && inter > 0, "hidden and inter must be positive");
-    ensure!(k > 0 && k <= e, "topk {k} must be between 1 and the number of experts {e}");
-    ensure!(args.layers > 0 && args.distinct > 0, "layers and distinct must be positive");
+    ensure!(
+        k > 0 && k <= e,
+        "topk {k} must be between 1 and the number of experts {e}"
+    );
+    ensure!(
+        args.layers > 0 && args.distinct > 0,
+        "layers and distinct must be positive"
+    );
     let formats = args
         .formats
         .iter()
@@ -219,7 +222,12 @@ pub fn bench_moe(args: &BenchMoeArgs) -> anyhow::Result<()> {
     let mut rng = Lcg(0x5eed);
     for &fmt in &formats {
         if !args.json {
-            eprintln!("packing {} x {} experts in {}...", args.layers, e, fmt.name());
+            eprintln!(
+                "packing {} x {} experts in {}...",
+                args.layers,
+                e,
+                fmt.name()
+            );
         }
         // Weight scale about 1 / sqrt(fan-in), as in trained layers.
         let src: Vec<F32Expert> = (0..args.distinct.min(e))
@@ -236,7 +244,13 @@ pub fn bench_moe(args: &BenchMoeArgs) -> anyhow::Result<()> {
             .with_context(|| format!("packing experts as {}", fmt.name()))?;
         let expert_bytes = packed[0].bytes();
         let layers = (0..args.layers)
-            .map(|_| MoeExperts::new(h, inter, (0..e).map(|x| packed[x % packed.len()].clone()).collect()))
+            .map(|_| {
+                MoeExperts::new(
+                    h,
+                    inter,
+                    (0..e).map(|x| packed[x % packed.len()].clone()).collect(),
+                )
+            })
             .collect::<Result<Vec<_>, _>>()?;
         drop(packed);
 
@@ -247,7 +261,11 @@ pub fn bench_moe(args: &BenchMoeArgs) -> anyhow::Result<()> {
         let want = moe_f32(&src, h, inter, &x, &ids, &wts);
         let mut got = vec![0.0; t_acc * h];
         fused_moe_with(&layers[0], &x, &ids, &wts, &mut got, &MoeOptions::default())?;
-        let num: f64 = want.iter().zip(&got).map(|(a, b)| f64::from(a - b).powi(2)).sum();
+        let num: f64 = want
+            .iter()
+            .zip(&got)
+            .map(|(a, b)| f64::from(a - b).powi(2))
+            .sum();
         let den: f64 = want.iter().map(|a| f64::from(*a).powi(2)).sum();
         let rel = (num / den.max(f64::MIN_POSITIVE)).sqrt();
         accuracy.push(json!({"format": fmt.name(), "tokens": t_acc, "rel_rms_err": rel}));
@@ -289,7 +307,12 @@ pub fn bench_moe(args: &BenchMoeArgs) -> anyhow::Result<()> {
         }
 
         if args.crossover {
-            crossover.extend(measure_crossover(&layers[0], fmt, args.min_seconds.min(0.5), &mut rng)?);
+            crossover.extend(measure_crossover(
+                &layers[0],
+                fmt,
+                args.min_seconds.min(0.5),
+                &mut rng,
+            )?);
         }
     }
     let doc = json!({
