@@ -54,7 +54,7 @@ pub struct GenerateArgs {
 
 pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     let dir = args.model.dir()?;
-    let engine = Engine::load(&dir, args.model.precision())?;
+    let engine = Engine::load(&dir, args.model.load_options())?;
     let prompt = match (&args.prompt, &args.chat) {
         (Some(p), _) => engine.text_prompt(p)?,
         (None, Some(c)) => {

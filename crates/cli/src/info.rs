@@ -3,8 +3,8 @@
 use std::collections::BTreeMap;
 
 use clap::Args;
+use strata_model::Model;
 use strata_model::config::{AttentionConfig, FfnConfig, Scoring};
-use strata_model::{Model, Precision};
 
 use crate::model_arg::ModelArgs;
 
@@ -51,7 +51,7 @@ pub fn run(args: InfoArgs) -> anyhow::Result<()> {
         e.1 += n;
         file_bytes += n;
     }
-    let model = Model::from_source(config, &src, Precision::Fast)?;
+    let model = Model::from_source(config, &src, args.model.load_options())?;
     let cfg = &model.config;
     let counts = model.param_counts();
     let kv_per_token: usize = model

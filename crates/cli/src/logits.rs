@@ -52,7 +52,7 @@ pub fn run(args: LogitsArgs) -> anyhow::Result<()> {
         None => tokens.len(),
     };
     let dir = args.model.dir()?;
-    let model = Model::load(&dir, args.model.precision())?;
+    let model = Model::load(&dir, args.model.load_options())?;
     let vocab = model.config.vocab_size;
     let mut cache = model.new_cache();
     let mut logits = Vec::with_capacity(tokens.len() * vocab);

@@ -1,9 +1,10 @@
-//! The `strata` command line: `info`, `generate`, `logits`, `bench`.
+//! The `strata` command line: `info`, `generate`, `logits`, `bench moe`.
 //!
 //! Arguments are parsed by clap into raw values, then validated into the typed settings the
 //! library crates take. Errors print with their whole cause chain and exit with status 2; a
 //! closed stdout (`strata generate | head`) is not an error.
 
+mod bench;
 mod generate;
 mod info;
 mod logits;
@@ -30,6 +31,15 @@ enum Command {
     Generate(generate::GenerateArgs),
     /// Write the logits at every position of a token sequence to a .npy file.
     Logits(logits::LogitsArgs),
+    /// Benchmarks of Strata's kernels.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum BenchCommand {
+    /// Time one MoE layer on the CPU kernels against the machine's measured peaks.
+    Moe(bench::BenchMoeArgs),
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
@@ -37,6 +47,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Info(a) => info::run(a),
         Command::Generate(a) => generate::run(a),
         Command::Logits(a) => logits::run(a),
+        Command::Bench(BenchCommand::Moe(a)) => bench::bench_moe(&a),
     }
 }
 

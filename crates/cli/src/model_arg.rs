@@ -4,7 +4,8 @@ use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
-use strata_model::Precision;
+use strata_kernels::PackedFormat;
+use strata_model::{LoadOptions, Precision};
 
 /// The model that ships with the repository: `strata-tiny-moe`, a 24M-parameter Qwen3-MoE
 /// trained on ShareGPT text (see its README). Found relative to the source tree.
@@ -23,6 +24,21 @@ pub struct ModelArgs {
     /// the reference path).
     #[arg(long, value_enum, default_value_t = DType::Fast)]
     pub dtype: DType,
+    /// Packed format of the routed experts on the fast path: `bf16`, `int8` (one scale per
+    /// row), or `int4` (one scale per 32 values).
+    #[arg(long, value_enum, default_value_t = Weights::Bf16)]
+    pub weights: Weights,
+}
+
+/// Values of `--weights`.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum Weights {
+    /// BF16 experts.
+    Bf16,
+    /// INT8 experts, per-row scales, activations quantized per token.
+    Int8,
+    /// INT4 experts, per-32 group scales.
+    Int4,
 }
 
 /// Values of `--dtype`.
@@ -62,11 +78,18 @@ impl ModelArgs {
             .with_context(|| format!("{}: cannot resolve path", dir.display()))
     }
 
-    /// The weights' numeric mode.
-    pub fn precision(&self) -> Precision {
-        match self.dtype {
-            DType::Fast => Precision::Fast,
-            DType::F32 => Precision::F32,
+    /// How to load the weights.
+    pub fn load_options(&self) -> LoadOptions {
+        LoadOptions {
+            precision: match self.dtype {
+                DType::Fast => Precision::Fast,
+                DType::F32 => Precision::F32,
+            },
+            experts: match self.weights {
+                Weights::Bf16 => PackedFormat::Bf16,
+                Weights::Int8 => PackedFormat::Int8 { group: None },
+                Weights::Int4 => PackedFormat::Int4 { group: 32 },
+            },
         }
     }
 }

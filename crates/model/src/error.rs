@@ -24,6 +24,9 @@ pub enum Error {
         /// Why, and what is supported.
         message: String,
     },
+    /// A compute kernel rejected its inputs.
+    #[error(transparent)]
+    Kernel(#[from] strata_kernels::KernelError),
     /// A request to the model is invalid (token ids out of range, too long, ...).
     #[error("{0}")]
     Input(String),

@@ -26,5 +26,5 @@ pub mod source;
 pub use cache::KvCache;
 pub use config::{Arch, ModelConfig};
 pub use error::{Error, Result};
-pub use linear::Precision;
+pub use linear::{LoadOptions, Precision};
 pub use model::{LogitsWanted, Model, ParamCounts, SeqInput};

@@ -7,6 +7,7 @@
 
 use half::bf16;
 use strata_formats::TensorView;
+use strata_kernels::PackedFormat;
 
 use crate::Result;
 use crate::source::{Source, Tensor};
@@ -60,7 +61,8 @@ impl Linear {
         }
     }
 
-    fn bf16_slice(&self) -> Option<&[bf16]> {
+    /// The weights as BF16 when they are stored so (mapped or owned).
+    pub fn bf16_slice(&self) -> Option<&[bf16]> {
         match &self.weight {
             Weight::MappedBf16 { view, offset } => view
                 .as_bf16()
@@ -130,16 +132,57 @@ impl Linear {
     }
 }
 
+/// How to load a model's weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// Numeric mode.
+    pub precision: Precision,
+    /// Packed format of routed experts in the fast path (`--weights`).
+    pub experts: PackedFormat,
+}
+
+impl LoadOptions {
+    /// The defaults for `precision`: BF16 experts.
+    pub fn new(precision: Precision) -> LoadOptions {
+        LoadOptions {
+            precision,
+            experts: PackedFormat::Bf16,
+        }
+    }
+}
+
+impl From<Precision> for LoadOptions {
+    fn from(precision: Precision) -> LoadOptions {
+        LoadOptions::new(precision)
+    }
+}
+
 /// Builds layers from a model's tensors by Hugging Face name, checking shapes.
 pub struct Loader<'a> {
     src: &'a Source,
     precision: Precision,
+    experts: PackedFormat,
 }
 
 impl<'a> Loader<'a> {
-    /// A loader over `src` producing weights in `precision`.
-    pub fn new(src: &'a Source, precision: Precision) -> Self {
-        Loader { src, precision }
+    /// A loader over `src` producing weights as `opts` says.
+    pub fn new(src: &'a Source, opts: LoadOptions) -> Self {
+        Loader {
+            src,
+            precision: opts.precision,
+            experts: opts.experts,
+        }
+    }
+
+    /// The packed format of routed experts, or `None` on the f32 reference path (plain
+    /// matmuls, no packing).
+    pub fn expert_format(&self) -> Option<PackedFormat> {
+        (self.precision == Precision::Fast).then_some(self.experts)
+    }
+
+    /// The packed format of dense MLPs and shared experts (`None` on the reference path).
+    pub fn dense_format(&self) -> Option<PackedFormat> {
+        (self.precision == Precision::Fast).then_some(PackedFormat::Bf16)
     }
 
     /// The tensors.

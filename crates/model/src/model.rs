@@ -9,8 +9,8 @@ use strata_formats::safetensors::Checkpoint;
 use crate::attention::{Attention, SeqSpan};
 use crate::cache::KvCache;
 use crate::config::{Arch, AttentionConfig, FfnConfig, ModelConfig, RopeScaling, yarn_mscale};
-use crate::linear::{Linear, Loader, Precision};
-use crate::moe::{Ffn, Mlp, MoeBlock};
+use crate::linear::{Linear, LoadOptions, Loader, Precision};
+use crate::moe::{Ffn, MoeBlock};
 use crate::ops::{add_assign, rms_norm};
 use crate::rope::Rope;
 use crate::source::Source;
@@ -77,19 +77,21 @@ pub struct Model {
 
 impl Model {
     /// Loads a Hugging Face model directory (`config.json` + safetensors) or a `.gguf` file.
-    pub fn load(path: &Path, precision: Precision) -> Result<Model> {
+    /// `opts` is a [`Precision`] or full [`LoadOptions`] (expert weight format).
+    pub fn load(path: &Path, opts: impl Into<LoadOptions>) -> Result<Model> {
         let (config, src) = open(path)?;
-        Model::from_source(config, &src, precision)
+        Model::from_source(config, &src, opts.into())
     }
 
     /// Loads a Hugging Face model directory (`config.json` + safetensors).
-    pub fn load_dir(dir: &Path, precision: Precision) -> Result<Model> {
-        Model::load(dir, precision)
+    pub fn load_dir(dir: &Path, opts: impl Into<LoadOptions>) -> Result<Model> {
+        Model::load(dir, opts)
     }
 
     /// Builds a model from a parsed config and its tensors.
-    pub fn from_source(config: ModelConfig, src: &Source, precision: Precision) -> Result<Model> {
-        let ld = Loader::new(src, precision);
+    pub fn from_source(config: ModelConfig, src: &Source, opts: LoadOptions) -> Result<Model> {
+        let precision = opts.precision;
+        let ld = Loader::new(src, opts);
         let h = config.hidden_size;
         let v = config.vocab_size;
         let embed = ld.linear("model.embed_tokens", v, h, false)?;
@@ -98,9 +100,7 @@ impl Model {
             let p = format!("model.layers.{i}");
             let attn = Attention::load(&ld, &format!("{p}.self_attn"), &config.attention, h)?;
             let ffn = match ffn_cfg {
-                FfnConfig::Dense(inter) => {
-                    Ffn::Dense(Mlp::load(&ld, &format!("{p}.mlp"), h, *inter)?)
-                }
+                FfnConfig::Dense(inter) => Ffn::load_dense(&ld, &format!("{p}.mlp"), h, *inter)?,
                 FfnConfig::Moe(moe) => {
                     let prefix = if config.arch == Arch::Mixtral
                         && ld.has(&format!("{p}.block_sparse_moe.gate.weight"))
@@ -158,15 +158,19 @@ impl Model {
         let mut active = total;
         let mut bytes =
             self.embed.weight_bytes() + self.lm_head.as_ref().map_or(0, Linear::weight_bytes);
-        for l in &self.layers {
+        for (li, l) in self.layers.iter().enumerate() {
             let attn = l.attn.params() + 2 * h;
             total += attn;
             active += attn;
             bytes += l.attn.weight_bytes();
             match &l.ffn {
                 Ffn::Dense(m) => {
-                    total += m.params();
-                    active += m.params();
+                    let p = match &self.config.layers[li] {
+                        FfnConfig::Dense(inter) => 3 * h * inter,
+                        FfnConfig::Moe(_) => 0,
+                    };
+                    total += p;
+                    active += p;
                     bytes += m.weight_bytes();
                 }
                 Ffn::Moe(m) => {
@@ -225,7 +229,7 @@ impl Model {
             add_assign(&mut x, &a);
             let mut hs = x.clone();
             rms_norm(&mut hs, &layer.ffn_norm, eps);
-            let f = layer.ffn.forward(&hs, t);
+            let f = layer.ffn.forward(&hs, t)?;
             add_assign(&mut x, &f);
         }
         for s in seqs.iter_mut() {

@@ -6,6 +6,8 @@
 //! router logits, separate from expert execution ([`MoeBlock::run_experts`]): placement
 //! policies, traces and the simulator consume the same routing the forward pass uses.
 
+use strata_kernels::{Expert, MoeExperts, PackedFormat, dense_mlp, fused_moe};
+
 use crate::Result;
 use crate::config::{GroupScore, MoeConfig, RouterConfig, Scoring};
 use crate::linear::{Linear, Loader};
@@ -66,6 +68,113 @@ impl Mlp {
     /// Bytes of weights.
     pub fn weight_bytes(&self) -> usize {
         self.gate.weight_bytes() + self.up.weight_bytes() + self.down.weight_bytes()
+    }
+}
+
+/// SwiGLU MLPs of one shape (routed experts, or a single dense MLP / shared expert) in
+/// one of the engine's executable forms.
+#[derive(Debug)]
+pub enum ExpertSet {
+    /// Plain matmuls per expert: the f32 reference path.
+    Plain(Vec<Mlp>),
+    /// Packed for the fused CPU MoE kernel (BF16, INT8 or INT4).
+    Packed(MoeExperts),
+}
+
+impl ExpertSet {
+    /// Keeps `mlps` as they are (`fmt` is `None`) or packs them, dropping the originals.
+    pub fn new(
+        mlps: Vec<Mlp>,
+        hidden: usize,
+        inter: usize,
+        fmt: Option<PackedFormat>,
+    ) -> Result<ExpertSet> {
+        let Some(fmt) = fmt else {
+            return Ok(ExpertSet::Plain(mlps));
+        };
+        let packed = mlps
+            .iter()
+            .map(
+                |m| match (m.gate.bf16_slice(), m.up.bf16_slice(), m.down.bf16_slice()) {
+                    (Some(g), Some(u), Some(d)) => Expert::pack(g, u, d, hidden, inter, fmt),
+                    _ => Expert::pack(
+                        &m.gate.weight_f32(),
+                        &m.up.weight_f32(),
+                        &m.down.weight_f32(),
+                        hidden,
+                        inter,
+                        fmt,
+                    ),
+                },
+            )
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(ExpertSet::Packed(MoeExperts::new(hidden, inter, packed)?))
+    }
+
+    /// Number of MLPs.
+    pub fn len(&self) -> usize {
+        match self {
+            ExpertSet::Plain(v) => v.len(),
+            ExpertSet::Packed(p) => p.len(),
+        }
+    }
+
+    /// Whether the set is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes of weights (packed bytes include scales).
+    pub fn weight_bytes(&self) -> usize {
+        match self {
+            ExpertSet::Plain(v) => v.iter().map(Mlp::weight_bytes).sum(),
+            ExpertSet::Packed(p) => p.experts().iter().map(|e| e.bytes()).sum(),
+        }
+    }
+
+    /// Weighted sum of the routed experts' outputs for `x: [T, hidden]`, `[T, hidden]`.
+    pub fn run(&self, x: &[f32], routing: &Routing) -> Result<Vec<f32>> {
+        let t = routing.tokens();
+        let hidden = x.len() / t.max(1);
+        let mut out = vec![0.0f32; x.len()];
+        match self {
+            ExpertSet::Packed(p) => fused_moe(p, x, &routing.ids, &routing.weights, &mut out)?,
+            ExpertSet::Plain(experts) => {
+                let k = routing.top_k;
+                let mut rows_of: Vec<Vec<(usize, f32)>> = vec![Vec::new(); experts.len()];
+                for (i, (&e, &w)) in routing.ids.iter().zip(&routing.weights).enumerate() {
+                    rows_of[e as usize].push((i / k, w));
+                }
+                for (expert, rows) in experts.iter().zip(&rows_of) {
+                    if rows.is_empty() {
+                        continue;
+                    }
+                    let mut xs = Vec::with_capacity(rows.len() * hidden);
+                    for &(r, _) in rows {
+                        xs.extend_from_slice(&x[r * hidden..(r + 1) * hidden]);
+                    }
+                    let y = expert.forward(&xs, rows.len());
+                    for (&(r, w), yr) in rows.iter().zip(y.chunks_exact(hidden)) {
+                        for (o, v) in out[r * hidden..(r + 1) * hidden].iter_mut().zip(yr) {
+                            *o += w * v;
+                        }
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every token of `x: [T, hidden]` through MLP 0 (a dense MLP or shared expert).
+    pub fn dense(&self, x: &[f32], t: usize) -> Result<Vec<f32>> {
+        match self {
+            ExpertSet::Plain(v) => Ok(v[0].forward(x, t)),
+            ExpertSet::Packed(p) => {
+                let mut out = vec![0.0f32; x.len()];
+                dense_mlp(p, x, &mut out, false)?;
+                Ok(out)
+            }
+        }
     }
 }
 
@@ -190,9 +299,11 @@ pub struct MoeBlock {
     router: Linear,
     correction_bias: Option<Vec<f32>>,
     /// Routed experts.
-    pub experts: Vec<Mlp>,
-    shared: Option<Mlp>,
+    pub experts: ExpertSet,
+    shared: Option<ExpertSet>,
     shared_gate: Option<Linear>,
+    /// Parameters of one routed expert.
+    expert_params: usize,
 }
 
 impl MoeBlock {
@@ -243,26 +354,25 @@ impl MoeBlock {
                 .map(|e| Mlp::load_expert(ld, &format!("{mlp}.experts.{e}"), names, hidden, inter))
                 .collect::<Result<Vec<_>>>()?
         };
+        let expert_params = experts.first().map_or(0, Mlp::params);
+        let experts = ExpertSet::new(experts, hidden, inter, ld.expert_format())?;
         let (shared, shared_gate) = match &cfg.shared {
             None => (None, None),
-            Some(s) if s.gated => (
-                Some(Mlp::load(
-                    ld,
-                    &format!("{mlp}.shared_expert"),
-                    hidden,
-                    s.intermediate,
-                )?),
-                Some(ld.linear_f32(&format!("{mlp}.shared_expert_gate"), 1, hidden)?),
-            ),
-            Some(s) => (
-                Some(Mlp::load(
-                    ld,
-                    &format!("{mlp}.shared_experts"),
-                    hidden,
-                    s.intermediate,
-                )?),
-                None,
-            ),
+            Some(s) => {
+                let name = if s.gated {
+                    "shared_expert"
+                } else {
+                    "shared_experts"
+                };
+                let m = Mlp::load(ld, &format!("{mlp}.{name}"), hidden, s.intermediate)?;
+                let set = ExpertSet::new(vec![m], hidden, s.intermediate, ld.dense_format())?;
+                let gate = if s.gated {
+                    Some(ld.linear_f32(&format!("{mlp}.shared_expert_gate"), 1, hidden)?)
+                } else {
+                    None
+                };
+                (Some(set), gate)
+            }
         };
         Ok(MoeBlock {
             cfg: cfg.clone(),
@@ -271,6 +381,7 @@ impl MoeBlock {
             experts,
             shared,
             shared_gate,
+            expert_params,
         })
     }
 
@@ -281,39 +392,16 @@ impl MoeBlock {
     }
 
     /// Weighted sum of the routed experts' outputs, `[T, hidden]`.
-    pub fn run_experts(&self, x: &[f32], routing: &Routing) -> Vec<f32> {
-        let hidden = self.router.k_in;
-        let t = routing.tokens();
-        let k = routing.top_k;
-        let mut out = vec![0.0f32; t * hidden];
-        let mut rows_of: Vec<Vec<(usize, f32)>> = vec![Vec::new(); self.experts.len()];
-        for (i, (&e, &w)) in routing.ids.iter().zip(&routing.weights).enumerate() {
-            rows_of[e as usize].push((i / k, w));
-        }
-        for (expert, rows) in self.experts.iter().zip(&rows_of) {
-            if rows.is_empty() {
-                continue;
-            }
-            let mut xs = Vec::with_capacity(rows.len() * hidden);
-            for &(r, _) in rows {
-                xs.extend_from_slice(&x[r * hidden..(r + 1) * hidden]);
-            }
-            let y = expert.forward(&xs, rows.len());
-            for (&(r, w), yr) in rows.iter().zip(y.chunks_exact(hidden)) {
-                for (o, v) in out[r * hidden..(r + 1) * hidden].iter_mut().zip(yr) {
-                    *o += w * v;
-                }
-            }
-        }
-        out
+    pub fn run_experts(&self, x: &[f32], routing: &Routing) -> Result<Vec<f32>> {
+        self.experts.run(x, routing)
     }
 
     /// The whole block: routed experts plus shared experts, `[T, hidden]`.
-    pub fn forward(&self, x: &[f32], t: usize) -> Vec<f32> {
+    pub fn forward(&self, x: &[f32], t: usize) -> Result<Vec<f32>> {
         let routing = self.route(x, t);
-        let mut out = self.run_experts(x, &routing);
+        let mut out = self.run_experts(x, &routing)?;
         if let Some(shared) = &self.shared {
-            let y = shared.forward(x, t);
+            let y = shared.dense(x, t)?;
             let hidden = self.router.k_in;
             let gates = self.shared_gate.as_ref().map(|g| g.forward(x, t));
             for (r, (o, yr)) in out
@@ -327,14 +415,18 @@ impl MoeBlock {
                 }
             }
         }
-        out
+        Ok(out)
     }
 
     /// (total, active per token) parameters.
     pub fn params(&self) -> (usize, usize) {
-        let per_expert = self.experts.first().map_or(0, Mlp::params);
+        let per_expert = self.expert_params;
         let router = self.router.n_out * self.router.k_in;
-        let shared = self.shared.as_ref().map_or(0, Mlp::params)
+        let shared = self
+            .cfg
+            .shared
+            .as_ref()
+            .map_or(0, |s| 3 * s.intermediate * self.router.k_in)
             + self.shared_gate.as_ref().map_or(0, |g| g.k_in);
         (
             router + shared + per_expert * self.experts.len(),
@@ -344,8 +436,8 @@ impl MoeBlock {
 
     /// Bytes of weights.
     pub fn weight_bytes(&self) -> usize {
-        self.experts.iter().map(Mlp::weight_bytes).sum::<usize>()
-            + self.shared.as_ref().map_or(0, Mlp::weight_bytes)
+        self.experts.weight_bytes()
+            + self.shared.as_ref().map_or(0, ExpertSet::weight_bytes)
             + self.router.weight_bytes()
     }
 }
@@ -354,19 +446,30 @@ impl MoeBlock {
 #[derive(Debug)]
 #[allow(clippy::large_enum_variant)] // One per layer: the variants' sizes do not matter.
 pub enum Ffn {
-    /// Dense MLP.
-    Dense(Mlp),
+    /// Dense MLP (one MLP that every token goes through).
+    Dense(ExpertSet),
     /// Mixture of experts.
     Moe(MoeBlock),
 }
 
 impl Ffn {
     /// `x: [T, hidden]` -> `[T, hidden]`.
-    pub fn forward(&self, x: &[f32], t: usize) -> Vec<f32> {
+    pub fn forward(&self, x: &[f32], t: usize) -> Result<Vec<f32>> {
         match self {
-            Ffn::Dense(m) => m.forward(x, t),
+            Ffn::Dense(m) => m.dense(x, t),
             Ffn::Moe(m) => m.forward(x, t),
         }
+    }
+
+    /// Loads a dense MLP `{prefix}.{gate,up,down}_proj`.
+    pub fn load_dense(ld: &Loader, prefix: &str, hidden: usize, inter: usize) -> Result<Ffn> {
+        let m = Mlp::load(ld, prefix, hidden, inter)?;
+        Ok(Ffn::Dense(ExpertSet::new(
+            vec![m],
+            hidden,
+            inter,
+            ld.dense_format(),
+        )?))
     }
 }
 

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use strata_formats::gguf::GgufFile;
 use strata_model::source::Source;
-use strata_model::{KvCache, LogitsWanted, Model, Precision, SeqInput};
+use strata_model::{KvCache, LoadOptions, LogitsWanted, Model, SeqInput};
 
 use crate::sampling::{Sampler, SamplingError, SamplingParams};
 use crate::text::{ChatMessage, ChatTemplate, StreamDecoder, TextError, Tokenizer, TokenizerMeta};
@@ -131,13 +131,13 @@ pub struct Engine {
 
 impl Engine {
     /// Loads a Hugging Face model directory or a `.gguf` file, with its tokenizer.
-    pub fn load(path: &Path, precision: Precision) -> Result<Engine> {
+    pub fn load(path: &Path, opts: impl Into<LoadOptions>) -> Result<Engine> {
         let (config, src) = strata_model::model::open(path)?;
         let tokenizer = match &src {
             Source::Gguf(g) => gguf_tokenizer(g)?,
             Source::Safetensors(_) => Tokenizer::from_dir(path)?,
         };
-        let model = Model::from_source(config, &src, precision)?;
+        let model = Model::from_source(config, &src, opts.into())?;
         Engine::new(model, tokenizer)
     }
 
