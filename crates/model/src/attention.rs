@@ -87,25 +87,25 @@ impl Attention {
                 qk_norm,
                 sliding_window,
             } => Attention::Gqa(Gqa {
-                q: ld.linear(
+                q: ld.projection(
                     &format!("{prefix}.q_proj"),
                     n_heads * head_dim,
                     hidden,
                     qkv_bias,
                 )?,
-                k: ld.linear(
+                k: ld.projection(
                     &format!("{prefix}.k_proj"),
                     n_kv_heads * head_dim,
                     hidden,
                     qkv_bias,
                 )?,
-                v: ld.linear(
+                v: ld.projection(
                     &format!("{prefix}.v_proj"),
                     n_kv_heads * head_dim,
                     hidden,
                     qkv_bias,
                 )?,
-                o: ld.linear(
+                o: ld.projection(
                     &format!("{prefix}.o_proj"),
                     hidden,
                     n_heads * head_dim,
@@ -139,20 +139,20 @@ impl Attention {
                 let (q_a, q) = match q_lora_rank {
                     Some(r) => (
                         Some((
-                            ld.linear(&format!("{prefix}.q_a_proj"), r, hidden, bias)?,
+                            ld.projection(&format!("{prefix}.q_a_proj"), r, hidden, bias)?,
                             ld.f32(&format!("{prefix}.q_a_layernorm.weight"), &[r])?,
                         )),
-                        ld.linear(&format!("{prefix}.q_b_proj"), n_heads * qk, r, false)?,
+                        ld.projection(&format!("{prefix}.q_b_proj"), n_heads * qk, r, false)?,
                     ),
                     None => (
                         None,
-                        ld.linear(&format!("{prefix}.q_proj"), n_heads * qk, hidden, false)?,
+                        ld.projection(&format!("{prefix}.q_proj"), n_heads * qk, hidden, false)?,
                     ),
                 };
                 Attention::Mla(Mla {
                     q_a,
                     q,
-                    kv_a: ld.linear(
+                    kv_a: ld.projection(
                         &format!("{prefix}.kv_a_proj_with_mqa"),
                         kv_lora_rank + qk_rope_head_dim,
                         hidden,
@@ -164,7 +164,7 @@ impl Attention {
                         &format!("{prefix}.kv_b_proj.weight"),
                         &[n_heads * (qk_nope_head_dim + v_head_dim), kv_lora_rank],
                     )?,
-                    o: ld.linear(
+                    o: ld.projection(
                         &format!("{prefix}.o_proj"),
                         hidden,
                         n_heads * v_head_dim,

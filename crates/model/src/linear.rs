@@ -7,7 +7,7 @@
 
 use half::bf16;
 use strata_formats::TensorView;
-use strata_kernels::PackedFormat;
+use strata_kernels::{PackedFormat, PackedMatrix};
 
 use crate::Result;
 use crate::source::{Source, Tensor};
@@ -36,6 +36,8 @@ pub enum Weight {
     },
     /// Owned BF16 values (converted at load from F32/F16 checkpoints).
     Bf16(Vec<bf16>),
+    /// Packed for the CPU kernels (AMX / AVX-512 / portable).
+    Packed(PackedMatrix),
 }
 
 /// `y = x · Wᵀ (+ b)` with `W: [n_out, k_in]`.
@@ -68,14 +70,27 @@ impl Linear {
                 .as_bf16()
                 .map(|s| &s[*offset..*offset + self.n_out * self.k_in]),
             Weight::Bf16(v) => Some(v),
-            Weight::F32(_) => None,
+            Weight::F32(_) | Weight::Packed(_) => None,
         }
+    }
+
+    /// This layer with its weights packed in `fmt` for the CPU kernels.
+    pub fn packed(self, fmt: PackedFormat) -> Result<Linear> {
+        let packed = match self.bf16_slice() {
+            Some(w) => PackedMatrix::pack(w, self.n_out, self.k_in, fmt)?,
+            None => PackedMatrix::pack(&self.weight_f32(), self.n_out, self.k_in, fmt)?,
+        };
+        Ok(Linear {
+            weight: Weight::Packed(packed),
+            ..self
+        })
     }
 
     /// The weights as f32 (a copy unless already f32).
     pub fn weight_f32(&self) -> Vec<f32> {
         match &self.weight {
             Weight::F32(w) => w.clone(),
+            Weight::Packed(p) => p.dequantize(),
             _ => self
                 .bf16_slice()
                 .expect("bf16 weights")
@@ -90,6 +105,7 @@ impl Linear {
         let k = self.k_in;
         match &self.weight {
             Weight::F32(w) => out.copy_from_slice(&w[i * k..(i + 1) * k]),
+            Weight::Packed(p) => out.copy_from_slice(&p.dequantize()[i * k..(i + 1) * k]),
             _ => {
                 let w = self.bf16_slice().expect("bf16 weights");
                 for (o, v) in out.iter_mut().zip(&w[i * k..(i + 1) * k]) {
@@ -103,6 +119,7 @@ impl Linear {
     pub fn weight_bytes(&self) -> usize {
         match &self.weight {
             Weight::F32(w) => w.len() * 4,
+            Weight::Packed(p) => p.bytes(),
             _ => self.n_out * self.k_in * 2,
         }
     }
@@ -119,6 +136,9 @@ impl Linear {
         use strata_kernels::gemm;
         match &self.weight {
             Weight::F32(w) => gemm::matmul_f32(x, w, out, m, self.n_out, self.k_in),
+            Weight::Packed(p) => p
+                .matmul(x, m, out)
+                .expect("packed matmul shapes are checked at load"),
             _ => {
                 let w = self.bf16_slice().expect("bf16 weights");
                 gemm::matmul_bf16(x, w, out, m, self.n_out, self.k_in)
@@ -180,9 +200,13 @@ impl<'a> Loader<'a> {
         (self.precision == Precision::Fast).then_some(self.experts)
     }
 
-    /// The packed format of dense MLPs and shared experts (`None` on the reference path).
-    pub fn dense_format(&self) -> Option<PackedFormat> {
-        (self.precision == Precision::Fast).then_some(PackedFormat::Bf16)
+    /// The packed format of dense weights (attention, dense MLPs, shared experts, LM head)
+    /// stored in tensor `name`: BF16 on the fast path, except that f32 checkpoints keep
+    /// dense weights in f32 (their routers would otherwise flip on rounding); `None` means
+    /// plain matmuls.
+    pub fn dense_format(&self, name: &str) -> Option<PackedFormat> {
+        let f32_stored = self.src.tensor(name).is_ok_and(|t| t.is_f32());
+        (self.precision == Precision::Fast && !f32_stored).then_some(PackedFormat::Bf16)
     }
 
     /// The tensors.
@@ -217,6 +241,22 @@ impl<'a> Loader<'a> {
             None
         };
         self.linear_from(&t, 0, n_out, k_in, bias, false)
+    }
+
+    /// A projection (attention, LM head) `{prefix}.weight` `[n_out, k_in]` (+ bias), packed
+    /// for the CPU kernels on the fast path.
+    pub fn projection(
+        &self,
+        prefix: &str,
+        n_out: usize,
+        k_in: usize,
+        bias: bool,
+    ) -> Result<Linear> {
+        let l = self.linear(prefix, n_out, k_in, bias)?;
+        match self.dense_format(&format!("{prefix}.weight")) {
+            Some(fmt) => l.packed(fmt),
+            None => Ok(l),
+        }
     }
 
     /// An expert's projection `{prefix}.weight` `[n_out, k_in]`, in the expert format.

@@ -70,6 +70,8 @@ pub struct Model {
     pub layers: Vec<Layer>,
     norm: Vec<f32>,
     lm_head: Option<Linear>,
+    /// The LM head is the embedding matrix (possibly a packed copy of it).
+    tied: bool,
     rope: Rope,
     attn_scale: f32,
     precision: Precision,
@@ -120,10 +122,15 @@ impl Model {
             });
         }
         let norm = ld.f32("model.norm.weight", &[h])?;
-        let lm_head = if config.tie_word_embeddings && !ld.has("lm_head.weight") {
-            None
+        let tied = config.tie_word_embeddings && !ld.has("lm_head.weight");
+        let lm_head = if tied {
+            match ld.dense_format("model.embed_tokens.weight") {
+                // The kernels need their own layout: pack a copy of the embedding.
+                Some(fmt) => Some(embed.clone().packed(fmt)?),
+                None => None,
+            }
         } else {
-            Some(ld.linear("lm_head", v, h, false)?)
+            Some(ld.projection("lm_head", v, h, false)?)
         };
         let rope = Rope::new(&config.rope);
         let attn_scale = attention_scale(&config);
@@ -133,6 +140,7 @@ impl Model {
             layers,
             norm,
             lm_head,
+            tied,
             rope,
             attn_scale,
             precision,
@@ -153,7 +161,10 @@ impl Model {
     pub fn param_counts(&self) -> ParamCounts {
         let h = self.config.hidden_size;
         let embed = self.embed.n_out * self.embed.k_in;
-        let head = self.lm_head.as_ref().map_or(0, |l| l.n_out * l.k_in);
+        let head = match (&self.lm_head, self.tied) {
+            (Some(l), false) => l.n_out * l.k_in,
+            _ => 0,
+        };
         let mut total = embed + head + h;
         let mut active = total;
         let mut bytes =

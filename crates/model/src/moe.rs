@@ -365,7 +365,8 @@ impl MoeBlock {
                     "shared_experts"
                 };
                 let m = Mlp::load(ld, &format!("{mlp}.{name}"), hidden, s.intermediate)?;
-                let set = ExpertSet::new(vec![m], hidden, s.intermediate, ld.dense_format())?;
+                let fmt = ld.dense_format(&format!("{mlp}.{name}.gate_proj.weight"));
+                let set = ExpertSet::new(vec![m], hidden, s.intermediate, fmt)?;
                 let gate = if s.gated {
                     Some(ld.linear_f32(&format!("{mlp}.shared_expert_gate"), 1, hidden)?)
                 } else {
@@ -464,12 +465,8 @@ impl Ffn {
     /// Loads a dense MLP `{prefix}.{gate,up,down}_proj`.
     pub fn load_dense(ld: &Loader, prefix: &str, hidden: usize, inter: usize) -> Result<Ffn> {
         let m = Mlp::load(ld, prefix, hidden, inter)?;
-        Ok(Ffn::Dense(ExpertSet::new(
-            vec![m],
-            hidden,
-            inter,
-            ld.dense_format(),
-        )?))
+        let fmt = ld.dense_format(&format!("{prefix}.gate_proj.weight"));
+        Ok(Ffn::Dense(ExpertSet::new(vec![m], hidden, inter, fmt)?))
     }
 }
 
