@@ -23,8 +23,10 @@ pub mod ops;
 pub mod rope;
 pub mod source;
 
+pub use attention::SeqSpan;
 pub use cache::KvCache;
 pub use config::{Arch, ModelConfig};
 pub use error::{Error, Result};
 pub use linear::{LoadOptions, Precision};
-pub use model::{LogitsWanted, Model, ParamCounts, SeqInput};
+pub use model::{ForwardObserver, LogitsWanted, Model, NoObserver, ParamCounts, SeqInput};
+pub use moe::Routing;

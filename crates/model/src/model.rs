@@ -10,7 +10,7 @@ use crate::attention::{Attention, SeqSpan};
 use crate::cache::KvCache;
 use crate::config::{Arch, AttentionConfig, FfnConfig, ModelConfig, RopeScaling, yarn_mscale};
 use crate::linear::{Linear, LoadOptions, Loader, Precision};
-use crate::moe::{Ffn, MoeBlock};
+use crate::moe::{Ffn, MoeBlock, Routing};
 use crate::ops::{add_assign, rms_norm};
 use crate::rope::Rope;
 use crate::source::Source;
@@ -47,6 +47,21 @@ pub struct SeqInput<'a> {
     pub cache: &'a mut KvCache,
     /// Which logits to return.
     pub logits: LogitsWanted,
+}
+
+/// Sees what the forward pass decides, layer by layer.
+pub trait ForwardObserver {
+    /// Called for every MoE layer `layer` with the batch layout, the routing of every row
+    /// (`[T, k]` ids and weights) and the router's input `hidden: [T, hidden_size]`.
+    fn on_routing(&mut self, layer: usize, spans: &[SeqSpan], routing: &Routing, hidden: &[f32]);
+}
+
+/// An observer that ignores everything.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoObserver;
+
+impl ForwardObserver for NoObserver {
+    fn on_routing(&mut self, _: usize, _: &[SeqSpan], _: &Routing, _: &[f32]) {}
 }
 
 /// Parameter and memory summary.
@@ -203,6 +218,16 @@ impl Model {
     /// each sequence's cache. Returns, per sequence, the logits it asked for, row-major
     /// `[rows, vocab]`.
     pub fn forward(&self, seqs: &mut [SeqInput]) -> Result<Vec<Vec<f32>>> {
+        self.forward_observed(seqs, &mut NoObserver)
+    }
+
+    /// [`Model::forward`], reporting every MoE layer's routing to `observer` (routing
+    /// traces for placement policies, predictors and the simulator).
+    pub fn forward_observed(
+        &self,
+        seqs: &mut [SeqInput],
+        observer: &mut dyn ForwardObserver,
+    ) -> Result<Vec<Vec<f32>>> {
         let h = self.config.hidden_size;
         let v = self.config.vocab_size;
         let mut spans = Vec::with_capacity(seqs.len());
@@ -240,7 +265,14 @@ impl Model {
             add_assign(&mut x, &a);
             let mut hs = x.clone();
             rms_norm(&mut hs, &layer.ffn_norm, eps);
-            let f = layer.ffn.forward(&hs, t)?;
+            let f = match &layer.ffn {
+                Ffn::Moe(moe) => {
+                    let routing = moe.route(&hs, t);
+                    observer.on_routing(li, &spans, &routing, &hs);
+                    moe.forward_routed(&hs, t, &routing)?
+                }
+                dense => dense.forward(&hs, t)?,
+            };
             add_assign(&mut x, &f);
         }
         for s in seqs.iter_mut() {

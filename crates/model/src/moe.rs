@@ -400,7 +400,12 @@ impl MoeBlock {
     /// The whole block: routed experts plus shared experts, `[T, hidden]`.
     pub fn forward(&self, x: &[f32], t: usize) -> Result<Vec<f32>> {
         let routing = self.route(x, t);
-        let mut out = self.run_experts(x, &routing)?;
+        self.forward_routed(x, t, &routing)
+    }
+
+    /// The whole block with the routing already decided (by [`MoeBlock::route`]).
+    pub fn forward_routed(&self, x: &[f32], t: usize, routing: &Routing) -> Result<Vec<f32>> {
+        let mut out = self.run_experts(x, routing)?;
         if let Some(shared) = &self.shared {
             let y = shared.dense(x, t)?;
             let hidden = self.router.k_in;

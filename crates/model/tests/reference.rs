@@ -285,3 +285,41 @@ fn quantized_experts_agree_with_f32() {
         }
     }
 }
+
+/// The observer sees the routing of every MoE layer for every row of the batch.
+#[test]
+fn observer_sees_every_moe_layer() {
+    struct Count(Vec<(usize, usize, usize)>);
+    impl strata_model::ForwardObserver for Count {
+        fn on_routing(
+            &mut self,
+            layer: usize,
+            spans: &[strata_model::SeqSpan],
+            routing: &strata_model::Routing,
+            hidden: &[f32],
+        ) {
+            let rows: usize = spans.iter().map(|s| s.len).sum();
+            assert_eq!(routing.tokens(), rows);
+            self.0.push((layer, rows, hidden.len() / rows));
+        }
+    }
+    let dir = repo_root().join("tests/fixtures/qwen3_moe");
+    let model = Model::load_dir(&dir, Precision::F32).unwrap();
+    let (mut a, mut b) = (model.new_cache(), model.new_cache());
+    let mut seqs = [
+        SeqInput {
+            tokens: &[1, 2, 3],
+            cache: &mut a,
+            logits: LogitsWanted::Last,
+        },
+        SeqInput {
+            tokens: &[4, 5],
+            cache: &mut b,
+            logits: LogitsWanted::Last,
+        },
+    ];
+    let mut seen = Count(Vec::new());
+    model.forward_observed(&mut seqs, &mut seen).unwrap();
+    // qwen3_moe: layers 1 and 5 are MoE (decoder_sparse_step 2, mlp_only_layers [3]).
+    assert_eq!(seen.0, vec![(1, 5, 40), (5, 5, 40)]);
+}
