@@ -350,6 +350,8 @@ pub struct ModelConfig {
     pub eos_token_ids: Vec<u32>,
     /// Beginning-of-sequence token id from the config.
     pub bos_token_id: Option<u32>,
+    /// Block size `[rows, cols]` of FP8 weights' `weight_scale_inv` (DeepSeek-V3 FP8).
+    pub fp8_block: Option<[usize; 2]>,
 }
 
 struct Ctx<'a> {
@@ -423,13 +425,43 @@ impl ModelConfig {
         if raw.mlp_bias == Some(true) {
             return Err(cx.unsupported("mlp_bias", "biases on MLP projections are not implemented"));
         }
-        if let Some(q) = &raw.quantization_config {
-            let method = q.get("quant_method").and_then(Value::as_str).unwrap_or("?");
-            return Err(cx.unsupported(
-                "quantization_config",
-                format!("quant_method `{method}` is not implemented for safetensors checkpoints"),
-            ));
-        }
+        let fp8_block = match &raw.quantization_config {
+            None => None,
+            Some(q) => {
+                let method = q.get("quant_method").and_then(Value::as_str).unwrap_or("?");
+                let fmt = q.get("fmt").and_then(Value::as_str).unwrap_or("e4m3");
+                let block: Option<Vec<usize>> = q
+                    .get("weight_block_size")
+                    .and_then(Value::as_array)
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(Value::as_u64)
+                            .map(|v| v as usize)
+                            .collect()
+                    });
+                match (method, fmt, block.as_deref()) {
+                    ("fp8", "e4m3", Some(&[bn, bk])) if bn > 0 && bk > 0 => Some([bn, bk]),
+                    ("fp8", "e4m3", _) => {
+                        return Err(cx.unsupported(
+                            "quantization_config.weight_block_size",
+                            "FP8 checkpoints need two positive block sizes (e.g. [128, 128])",
+                        ));
+                    }
+                    ("fp8", other, _) => {
+                        return Err(cx.unsupported(
+                            "quantization_config.fmt",
+                            format!("`{other}`; FP8 weights must be e4m3"),
+                        ));
+                    }
+                    (other, _, _) => {
+                        return Err(cx.unsupported(
+                            "quantization_config.quant_method",
+                            format!("`{other}`; supported: fp8 (block-scaled e4m3)"),
+                        ));
+                    }
+                }
+            }
+        };
         let hidden = cx.need(raw.hidden_size, "hidden_size")?;
         let n_layers = cx.need(raw.num_hidden_layers, "num_hidden_layers")?;
         let n_heads = cx.need(raw.num_attention_heads, "num_attention_heads")?;
@@ -510,6 +542,7 @@ impl ModelConfig {
             max_position_embeddings,
             eos_token_ids: token_ids(&raw.eos_token_id),
             bos_token_id: token_ids(&raw.bos_token_id).first().copied(),
+            fp8_block,
         })
     }
 

@@ -182,6 +182,7 @@ pub struct Loader<'a> {
     src: &'a Source,
     precision: Precision,
     experts: PackedFormat,
+    fp8_block: Option<[usize; 2]>,
 }
 
 impl<'a> Loader<'a> {
@@ -191,7 +192,19 @@ impl<'a> Loader<'a> {
             src,
             precision: opts.precision,
             experts: opts.experts,
+            fp8_block: None,
         }
+    }
+
+    /// Reads FP8 weights with `weight_scale_inv` blocks of this size.
+    pub fn with_fp8_block(mut self, block: Option<[usize; 2]>) -> Self {
+        self.fp8_block = block;
+        self
+    }
+
+    /// A tensor by Hugging Face name (FP8 ones with their block scales).
+    pub fn tensor(&self, name: &str) -> Result<Tensor<'a>> {
+        self.src.tensor_fp8(name, self.fp8_block)
     }
 
     /// The packed format of routed experts, or `None` on the f32 reference path (plain
@@ -205,7 +218,7 @@ impl<'a> Loader<'a> {
     /// dense weights in f32 (their routers would otherwise flip on rounding); `None` means
     /// plain matmuls.
     pub fn dense_format(&self, name: &str) -> Option<PackedFormat> {
-        let f32_stored = self.src.tensor(name).is_ok_and(|t| t.is_f32());
+        let f32_stored = self.tensor(name).is_ok_and(|t| t.is_f32());
         (self.precision == Precision::Fast && !f32_stored).then_some(PackedFormat::Bf16)
     }
 
@@ -221,19 +234,19 @@ impl<'a> Loader<'a> {
 
     /// Whether tensor `name` exists.
     pub fn has(&self, name: &str) -> bool {
-        self.src.has(name)
+        self.tensor(name).is_ok()
     }
 
     /// A float tensor of exactly `shape`, converted to f32.
     pub fn f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
-        let t = self.src.tensor(name)?;
+        let t = self.tensor(name)?;
         t.expect_shape(shape)?;
         t.to_f32()
     }
 
     /// `{prefix}.weight` `[n_out, k_in]` and, if `bias`, `{prefix}.bias` `[n_out]`.
     pub fn linear(&self, prefix: &str, n_out: usize, k_in: usize, bias: bool) -> Result<Linear> {
-        let t = self.src.tensor(&format!("{prefix}.weight"))?;
+        let t = self.tensor(&format!("{prefix}.weight"))?;
         t.expect_shape(&[n_out, k_in])?;
         let bias = if bias {
             Some(self.f32(&format!("{prefix}.bias"), &[n_out])?)
@@ -261,7 +274,7 @@ impl<'a> Loader<'a> {
 
     /// An expert's projection `{prefix}.weight` `[n_out, k_in]`, in the expert format.
     pub fn expert_linear(&self, prefix: &str, n_out: usize, k_in: usize) -> Result<Linear> {
-        let t = self.src.tensor(&format!("{prefix}.weight"))?;
+        let t = self.tensor(&format!("{prefix}.weight"))?;
         t.expect_shape(&[n_out, k_in])?;
         self.linear_from(&t, 0, n_out, k_in, None, true)
     }

@@ -108,7 +108,7 @@ impl Model {
     /// Builds a model from a parsed config and its tensors.
     pub fn from_source(config: ModelConfig, src: &Source, opts: LoadOptions) -> Result<Model> {
         let precision = opts.precision;
-        let ld = Loader::new(src, opts);
+        let ld = Loader::new(src, opts).with_fp8_block(config.fp8_block);
         let h = config.hidden_size;
         let v = config.vocab_size;
         let embed = ld.linear("model.embed_tokens", v, h, false)?;

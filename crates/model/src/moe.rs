@@ -322,10 +322,9 @@ impl MoeBlock {
         };
         let stacked = format!("{mlp}.experts.gate_up_proj");
         let experts = if ld.has(&stacked) {
-            let src = ld.source();
-            let gu = src.tensor(&stacked)?;
+            let gu = ld.tensor(&stacked)?;
             gu.expect_shape(&[n, 2 * inter, hidden])?;
-            let down = src.tensor(&format!("{mlp}.experts.down_proj"))?;
+            let down = ld.tensor(&format!("{mlp}.experts.down_proj"))?;
             down.expect_shape(&[n, hidden, inter])?;
             (0..n)
                 .map(|e| {

@@ -31,6 +31,8 @@ pub struct Tensor<'a> {
     shape: Vec<usize>,
     /// First row (of `shape[last]`-long rows) of this tensor inside the stored one.
     row_offset: usize,
+    /// FP8 block scales: values `[ceil(n/bn), ceil(k/bk)]`, their row length, block size.
+    fp8_scale: Option<(Vec<f32>, usize, [usize; 2])>,
 }
 
 #[derive(Debug, Clone)]
@@ -50,15 +52,38 @@ impl Source {
 
     /// Looks up a tensor by Hugging Face name.
     pub fn tensor(&self, name: &str) -> Result<Tensor<'_>> {
+        self.tensor_fp8(name, None)
+    }
+
+    /// Looks up a tensor; FP8 tensors are paired with their `weight_scale_inv` tensor of
+    /// `block = [rows, cols]` blocks (from `quantization_config.weight_block_size`).
+    pub fn tensor_fp8(&self, name: &str, block: Option<[usize; 2]>) -> Result<Tensor<'_>> {
         match self {
             Source::Safetensors(ck) => {
                 let v = ck.get(name)?;
-                Ok(Tensor {
+                let mut t = Tensor {
                     kind: Kind::St(v),
                     name: name.to_owned(),
                     shape: v.shape().to_vec(),
                     row_offset: 0,
-                })
+                    fp8_scale: None,
+                };
+                if v.dtype() == DType::F8E4M3 {
+                    let scale_name = format!("{}_scale_inv", name);
+                    let (Some(block), true) = (block, v.shape().len() == 2) else {
+                        return Err(t.bad(
+                            "FP8 weights need a 2-D shape and quantization_config.weight_block_size".into(),
+                        ));
+                    };
+                    let s = ck.get(&scale_name)?;
+                    let want = [
+                        v.shape()[0].div_ceil(block[0]),
+                        v.shape()[1].div_ceil(block[1]),
+                    ];
+                    s.expect_shape(&want)?;
+                    t.fp8_scale = Some((s.to_f32()?, want[1], block));
+                }
+                Ok(t)
             }
             Source::Gguf(g) => {
                 let missing = || {
@@ -91,6 +116,7 @@ impl Source {
                     name: gname,
                     shape,
                     row_offset,
+                    fp8_scale: None,
                 })
             }
         }
@@ -161,7 +187,18 @@ impl Tensor<'_> {
             )));
         }
         match &self.kind {
-            Kind::St(v) => Ok(v.to_f32_range((self.row_offset + row0) * k, n_rows * k)?),
+            Kind::St(v) => {
+                let mut out = v.to_f32_range((self.row_offset + row0) * k, n_rows * k)?;
+                if let Some((scale, cols, [bn, bk])) = &self.fp8_scale {
+                    for (r, row) in out.chunks_exact_mut(k).enumerate() {
+                        let srow = &scale[(self.row_offset + row0 + r) / bn * cols..][..*cols];
+                        for (c, x) in row.iter_mut().enumerate() {
+                            *x *= srow[c / bk];
+                        }
+                    }
+                }
+                Ok(out)
+            }
             Kind::Gguf(g, info) => {
                 let row_bytes = info.row_bytes() as usize;
                 let start = (self.row_offset + row0) * row_bytes;
