@@ -2,4 +2,5 @@
 
 pub mod engine;
 pub mod sampling;
+pub mod scheduler;
 pub mod text;

@@ -1,0 +1,818 @@
+//! Continuous batching: one thread runs the model for every request in flight.
+//!
+//! A [`Scheduler`] owns a thread that loops over steps. Between steps, new requests join the
+//! running batch (first come, first served, up to `max_batch` sequences) and finished or
+//! cancelled ones leave it, their KV caches dropped at once. Each step runs one batched
+//! forward pass: one token for every decoding sequence, then prompt chunks of the prefilling
+//! ones, in admission order, within a token budget (`step_tokens`), so a long prompt never
+//! stalls the decodes already running. Every generated token goes back to its requester as
+//! an [`Event`] through its [`EventSink`]; the last event is [`Event::Done`] (or
+//! [`Event::Failed`]).
+//!
+//! A key design decision made here is that requesters talk to the scheduler through a sink
+//! trait rather than a particular channel type: the server plugs in an async channel, the
+//! offline batch mode a plain closure, and this crate stays free of any async runtime. A
+//! sink that reports its receiver gone (a disconnected client) cancels its sequence before
+//! the next step.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::thread::JoinHandle;
+
+use strata_model::{KvCache, LogitsWanted, SeqInput};
+
+use crate::engine::{Engine, FinishReason};
+use crate::sampling::{Sampler, SamplingError, SamplingParams};
+use crate::text::{StopReason, StreamDecoder};
+
+/// Identifies a submitted sequence (for [`Scheduler::cancel`]).
+pub type SeqId = u64;
+
+/// Smallest prompt chunk a step gives the prefilling sequences, so that prompts advance
+/// even when the decodes use up the whole token budget.
+const MIN_PREFILL_CHUNK: usize = 16;
+
+/// Limits of a [`Scheduler`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SchedulerConfig {
+    /// Most sequences in the running batch.
+    pub max_batch: usize,
+    /// Most requests waiting for a place in the batch; more are refused.
+    pub max_queue: usize,
+    /// Token budget of one step (decode tokens plus prompt chunk tokens).
+    pub step_tokens: usize,
+    /// Context length: prompt plus generated tokens of one sequence.
+    pub ctx_size: usize,
+}
+
+impl SchedulerConfig {
+    /// Defaults for `engine`: a batch of 16, a queue of 256, 512 tokens per step and the
+    /// model's full context.
+    pub fn for_engine(engine: &Engine) -> SchedulerConfig {
+        SchedulerConfig {
+            max_batch: 16,
+            max_queue: 256,
+            step_tokens: 512,
+            ctx_size: engine.model.config.max_position_embeddings,
+        }
+    }
+}
+
+/// One generation request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenRequest {
+    /// Prompt token ids.
+    pub prompt: Vec<u32>,
+    /// Most tokens to generate, at least 1.
+    pub max_tokens: usize,
+    /// Sampling settings.
+    pub sampling: SamplingParams,
+    /// Strings that end generation (not included in the output).
+    pub stop: Vec<String>,
+    /// `Some(n)`: report each token's log-probability and the `n` most likely alternatives.
+    pub top_logprobs: Option<usize>,
+}
+
+/// Log-probabilities of one generated token.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprobs {
+    /// The chosen token's log-probability.
+    pub logprob: f32,
+    /// The most likely tokens with theirs, most likely first.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// What a sequence reports back.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// A generated token and the text it completes (possibly empty: text is held back
+    /// while it may be the start of a stop string or an incomplete character).
+    Token {
+        /// Token id.
+        id: u32,
+        /// Text completed by this token.
+        text: String,
+        /// Log-probabilities, when the request asked for them.
+        logprobs: Option<TokenLogprobs>,
+    },
+    /// The sequence ended; the last event.
+    Done {
+        /// Why.
+        finish: FinishReason,
+        /// Text still held back at the end (append it to the output).
+        text: String,
+        /// Prompt tokens.
+        prompt_tokens: usize,
+        /// Generated tokens (the `Token` events).
+        completion_tokens: usize,
+    },
+    /// The sequence could not go on; the last event. The message is for logs.
+    Failed(String),
+}
+
+/// Where a sequence's events go.
+pub trait EventSink: Send {
+    /// Delivers one event; returns `false` when the receiver is gone, which cancels the
+    /// sequence.
+    fn send(&mut self, event: Event) -> bool;
+    /// Whether the receiver is gone; checked before every step so that an abandoned
+    /// sequence costs no further compute. Defaults to `false`.
+    fn is_closed(&self) -> bool {
+        false
+    }
+}
+
+impl<F: FnMut(Event) -> bool + Send> EventSink for F {
+    fn send(&mut self, event: Event) -> bool {
+        self(event)
+    }
+}
+
+/// Why a request was refused.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SchedulerError {
+    /// The waiting queue is full (the server answers 429).
+    #[error("the queue is full ({max} requests waiting); retry later")]
+    QueueFull {
+        /// The queue's capacity.
+        max: usize,
+    },
+    /// The prompt has no tokens.
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    /// The prompt leaves no room for a generated token.
+    #[error(
+        "the prompt has {tokens} tokens but the context holds {ctx_size}: at most {} prompt tokens fit",
+        ctx_size.saturating_sub(1)
+    )]
+    PromptTooLong {
+        /// Prompt tokens.
+        tokens: usize,
+        /// Context length.
+        ctx_size: usize,
+    },
+    /// `max_tokens` is 0.
+    #[error("max_tokens must be at least 1, got 0")]
+    ZeroMaxTokens,
+    /// A stop string is empty.
+    #[error("stop string {index} is empty")]
+    EmptyStop {
+        /// Its index.
+        index: usize,
+    },
+    /// Invalid sampling settings.
+    #[error(transparent)]
+    Sampling(#[from] SamplingError),
+    /// The scheduler is shutting down.
+    #[error("the scheduler is shutting down")]
+    ShuttingDown,
+}
+
+/// Counters shared between the handle and the thread.
+#[derive(Debug, Default)]
+struct Shared {
+    queued: AtomicUsize,
+    active: AtomicUsize,
+    next_id: AtomicU64,
+    closed: AtomicBool,
+}
+
+enum Command {
+    Submit(Box<Pending>),
+    Cancel(SeqId),
+    Shutdown,
+}
+
+struct Pending {
+    id: SeqId,
+    req: GenRequest,
+    sampler: Sampler,
+    sink: Box<dyn EventSink>,
+}
+
+/// Handle to the scheduling thread; dropping it finishes the work in flight and joins the
+/// thread.
+pub struct Scheduler {
+    commands: Mutex<mpsc::Sender<Command>>,
+    shared: Arc<Shared>,
+    config: SchedulerConfig,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for Scheduler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scheduler")
+            .field("config", &self.config)
+            .field("shared", &self.shared)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Scheduler {
+    /// Starts the scheduling thread for `engine`. `ctx_size` is capped at the model's
+    /// context; zero limits are raised to 1.
+    pub fn start(engine: Arc<Engine>, config: SchedulerConfig) -> Scheduler {
+        let config = SchedulerConfig {
+            max_batch: config.max_batch.max(1),
+            max_queue: config.max_queue.max(1),
+            step_tokens: config.step_tokens.max(1),
+            ctx_size: config
+                .ctx_size
+                .clamp(2, engine.model.config.max_position_embeddings.max(2)),
+        };
+        let (tx, rx) = mpsc::channel();
+        let shared = Arc::new(Shared::default());
+        let thread_shared = Arc::clone(&shared);
+        let thread = std::thread::Builder::new()
+            .name("strata-scheduler".into())
+            .spawn(move || run(&engine, config, &rx, &thread_shared))
+            .expect("spawning the scheduler thread");
+        Scheduler {
+            commands: Mutex::new(tx),
+            shared,
+            config,
+            thread: Mutex::new(Some(thread)),
+        }
+    }
+
+    /// The limits in force.
+    pub fn config(&self) -> SchedulerConfig {
+        self.config
+    }
+
+    /// Queues a request. Its events go to `sink`; the request is checked here so that
+    /// every refusal comes back before anything runs.
+    pub fn submit(
+        &self,
+        req: GenRequest,
+        sink: Box<dyn EventSink>,
+    ) -> Result<SeqId, SchedulerError> {
+        if self.shared.closed.load(Ordering::Acquire) {
+            return Err(SchedulerError::ShuttingDown);
+        }
+        if req.prompt.is_empty() {
+            return Err(SchedulerError::EmptyPrompt);
+        }
+        if req.prompt.len() >= self.config.ctx_size {
+            return Err(SchedulerError::PromptTooLong {
+                tokens: req.prompt.len(),
+                ctx_size: self.config.ctx_size,
+            });
+        }
+        if req.max_tokens == 0 {
+            return Err(SchedulerError::ZeroMaxTokens);
+        }
+        if let Some(index) = req.stop.iter().position(String::is_empty) {
+            return Err(SchedulerError::EmptyStop { index });
+        }
+        let sampler = Sampler::new(req.sampling.clone())?;
+        let max = self.config.max_queue;
+        self.shared
+            .queued
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {
+                (q < max).then_some(q + 1)
+            })
+            .map_err(|_| SchedulerError::QueueFull { max })?;
+        let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
+        let pending = Box::new(Pending {
+            id,
+            req,
+            sampler,
+            sink,
+        });
+        let sent = self
+            .commands
+            .lock()
+            .map_err(|_| SchedulerError::ShuttingDown)?
+            .send(Command::Submit(pending));
+        if sent.is_err() {
+            self.shared.queued.fetch_sub(1, Ordering::AcqRel);
+            return Err(SchedulerError::ShuttingDown);
+        }
+        Ok(id)
+    }
+
+    /// Cancels a sequence: it leaves the queue or the batch before the next step and its
+    /// cache is freed. Unknown or finished ids are ignored.
+    pub fn cancel(&self, id: SeqId) {
+        if let Ok(tx) = self.commands.lock() {
+            // A closed channel means the thread is gone and nothing is left to cancel.
+            let _ = tx.send(Command::Cancel(id));
+        }
+    }
+
+    /// Requests waiting for a place in the batch.
+    pub fn queued(&self) -> usize {
+        self.shared.queued.load(Ordering::Acquire)
+    }
+
+    /// Sequences in the running batch.
+    pub fn active(&self) -> usize {
+        self.shared.active.load(Ordering::Acquire)
+    }
+
+    /// Refuses new requests, finishes those in flight and joins the thread.
+    pub fn shutdown(&self) {
+        self.shared.closed.store(true, Ordering::Release);
+        if let Ok(tx) = self.commands.lock() {
+            let _ = tx.send(Command::Shutdown);
+        }
+        let thread = self.thread.lock().ok().and_then(|mut t| t.take());
+        if let Some(thread) = thread {
+            // A panic on the scheduling thread has already been reported by the runtime.
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for Scheduler {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// A sequence in the running batch.
+struct Seq<'e> {
+    id: SeqId,
+    req: GenRequest,
+    sampler: Sampler,
+    sink: Box<dyn EventSink>,
+    decoder: StreamDecoder<'e>,
+    cache: KvCache,
+    /// Prompt tokens already in the cache.
+    prefilled: usize,
+    /// Prompt then generated ids: what the penalties look at.
+    history: Vec<u32>,
+    generated: usize,
+    /// The last sampled id, fed in the next step (decode phase).
+    feed: [u32; 1],
+    decoding: bool,
+    done: bool,
+}
+
+/// Work of one sequence in one step.
+#[derive(Clone, Copy)]
+enum Work {
+    Idle,
+    Decode,
+    Prefill(usize),
+}
+
+fn run(engine: &Engine, cfg: SchedulerConfig, rx: &mpsc::Receiver<Command>, shared: &Shared) {
+    let mut waiting: VecDeque<Pending> = VecDeque::new();
+    let mut running: Vec<Seq<'_>> = Vec::new();
+    let mut shutting_down = false;
+    loop {
+        if running.is_empty() && waiting.is_empty() {
+            if shutting_down {
+                break;
+            }
+            match rx.recv() {
+                Ok(cmd) => shutting_down |= handle(cmd, &mut waiting, &mut running, shared),
+                Err(_) => break,
+            }
+        }
+        while let Ok(cmd) = rx.try_recv() {
+            shutting_down |= handle(cmd, &mut waiting, &mut running, shared);
+        }
+        // Abandoned requests leave before they cost another forward pass.
+        let before = waiting.len();
+        waiting.retain(|p| !p.sink.is_closed());
+        shared
+            .queued
+            .fetch_sub(before - waiting.len(), Ordering::AcqRel);
+        running.retain(|s| !s.sink.is_closed());
+        while running.len() < cfg.max_batch {
+            let Some(p) = waiting.pop_front() else { break };
+            shared.queued.fetch_sub(1, Ordering::AcqRel);
+            if let Some(seq) = admit(engine, p) {
+                running.push(seq);
+            }
+        }
+        shared.active.store(running.len(), Ordering::Release);
+        if running.is_empty() {
+            continue;
+        }
+        step(engine, cfg, &mut running);
+        running.retain(|s| !s.done);
+        shared.active.store(running.len(), Ordering::Release);
+    }
+    shared.active.store(0, Ordering::Release);
+}
+
+/// Applies one command; returns whether it asks for shutdown.
+fn handle(
+    cmd: Command,
+    waiting: &mut VecDeque<Pending>,
+    running: &mut Vec<Seq<'_>>,
+    shared: &Shared,
+) -> bool {
+    match cmd {
+        Command::Submit(p) => waiting.push_back(*p),
+        Command::Cancel(id) => {
+            if let Some(i) = waiting.iter().position(|p| p.id == id) {
+                waiting.remove(i);
+                shared.queued.fetch_sub(1, Ordering::AcqRel);
+            }
+            running.retain(|s| s.id != id);
+        }
+        Command::Shutdown => return true,
+    }
+    false
+}
+
+/// Turns a queued request into a running sequence (or reports why it cannot run).
+fn admit(engine: &Engine, mut p: Pending) -> Option<Seq<'_>> {
+    let decoder = match StreamDecoder::new(&engine.tokenizer, &p.req.stop, true) {
+        Ok(d) => d,
+        Err(e) => {
+            p.sink.send(Event::Failed(e.to_string()));
+            return None;
+        }
+    };
+    let mut history = Vec::with_capacity(p.req.prompt.len() + p.req.max_tokens.min(4096));
+    history.extend_from_slice(&p.req.prompt);
+    Some(Seq {
+        id: p.id,
+        req: p.req,
+        sampler: p.sampler,
+        sink: p.sink,
+        decoder,
+        cache: engine.model.new_cache(),
+        prefilled: 0,
+        history,
+        generated: 0,
+        feed: [0],
+        decoding: false,
+        done: false,
+    })
+}
+
+/// One batched forward pass over the running sequences, then sampling.
+fn step(engine: &Engine, cfg: SchedulerConfig, running: &mut [Seq<'_>]) {
+    let decodes = running.iter().filter(|s| s.decoding).count();
+    let mut budget = cfg
+        .step_tokens
+        .saturating_sub(decodes)
+        .max(MIN_PREFILL_CHUNK);
+    let plan: Vec<Work> = running
+        .iter()
+        .map(|s| {
+            if s.decoding {
+                Work::Decode
+            } else if budget > 0 {
+                let n = (s.req.prompt.len() - s.prefilled).min(budget);
+                budget -= n;
+                Work::Prefill(n)
+            } else {
+                Work::Idle
+            }
+        })
+        .collect();
+    let mut inputs = Vec::with_capacity(running.len());
+    let mut who = Vec::with_capacity(running.len());
+    for (i, (seq, work)) in running.iter_mut().zip(&plan).enumerate() {
+        let Seq {
+            req,
+            cache,
+            feed,
+            prefilled,
+            ..
+        } = seq;
+        let (tokens, logits) = match *work {
+            Work::Idle => continue,
+            Work::Decode => (&feed[..], LogitsWanted::Last),
+            Work::Prefill(n) => {
+                let end = *prefilled + n;
+                let wanted = if end == req.prompt.len() {
+                    LogitsWanted::Last
+                } else {
+                    LogitsWanted::None
+                };
+                (&req.prompt[*prefilled..end], wanted)
+            }
+        };
+        inputs.push(SeqInput {
+            tokens,
+            cache,
+            logits,
+        });
+        who.push(i);
+    }
+    let result = engine.model.forward(&mut inputs);
+    drop(inputs);
+    let all_logits = match result {
+        Ok(l) => l,
+        Err(e) => {
+            let msg = format!("forward pass failed: {e}");
+            for &i in &who {
+                running[i].sink.send(Event::Failed(msg.clone()));
+                running[i].done = true;
+            }
+            return;
+        }
+    };
+    for (&i, logits) in who.iter().zip(all_logits) {
+        let seq = &mut running[i];
+        if let Work::Prefill(n) = plan[i] {
+            seq.prefilled += n;
+        }
+        if !logits.is_empty() {
+            seq.decoding = true;
+            sample_next(seq, &logits, cfg.ctx_size);
+        }
+    }
+}
+
+/// Samples a sequence's next token from its logits, reports it, and decides whether the
+/// sequence ends.
+fn sample_next(seq: &mut Seq<'_>, logits: &[f32], ctx_size: usize) {
+    let sampled = match seq.req.top_logprobs {
+        Some(n) => seq
+            .sampler
+            .sample_with_logprobs(logits, &seq.history, n)
+            .map(|s| {
+                (
+                    s.id,
+                    Some(TokenLogprobs {
+                        logprob: s.logprob,
+                        top: s.top,
+                    }),
+                )
+            }),
+        None => seq
+            .sampler
+            .sample(logits, &seq.history)
+            .map(|id| (id, None)),
+    };
+    let (id, logprobs) = match sampled {
+        Ok(s) => s,
+        Err(e) => return fail(seq, format!("sampling failed: {e}")),
+    };
+    let piece = match seq.decoder.push(id) {
+        Ok(p) => p,
+        Err(e) => return fail(seq, format!("detokenizing failed: {e}")),
+    };
+    let eos = matches!(piece.stop, Some(StopReason::Eos(_)));
+    let mut tail = String::new();
+    if eos {
+        tail = piece.text;
+    } else {
+        seq.generated += 1;
+        seq.history.push(id);
+        let event = Event::Token {
+            id,
+            text: piece.text,
+            logprobs,
+        };
+        if !seq.sink.send(event) {
+            seq.done = true;
+            return;
+        }
+    }
+    let finish = if piece.stop.is_some() {
+        Some(FinishReason::Stop)
+    } else if seq.generated >= seq.req.max_tokens {
+        Some(FinishReason::Length)
+    } else if seq.cache.len() + 1 >= ctx_size {
+        Some(FinishReason::ContextFull)
+    } else {
+        None
+    };
+    match finish {
+        None => seq.feed = [id],
+        Some(finish) => {
+            if finish != FinishReason::Stop {
+                match seq.decoder.finish() {
+                    Ok(p) => tail = p.text,
+                    Err(e) => return fail(seq, format!("detokenizing failed: {e}")),
+                }
+            }
+            seq.sink.send(Event::Done {
+                finish,
+                text: tail,
+                prompt_tokens: seq.req.prompt.len(),
+                completion_tokens: seq.generated,
+            });
+            seq.done = true;
+        }
+    }
+}
+
+fn fail(seq: &mut Seq<'_>, msg: String) {
+    seq.sink.send(Event::Failed(msg));
+    seq.done = true;
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::sync::OnceLock;
+    use std::time::{Duration, Instant};
+
+    use strata_model::Precision;
+
+    use super::*;
+
+    fn engine() -> Arc<Engine> {
+        static ENGINE: OnceLock<Arc<Engine>> = OnceLock::new();
+        ENGINE
+            .get_or_init(|| {
+                let dir =
+                    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/strata-tiny-moe");
+                Arc::new(Engine::load(&dir, Precision::Fast).unwrap())
+            })
+            .clone()
+    }
+
+    fn greedy(prompt: Vec<u32>, max_tokens: usize) -> GenRequest {
+        GenRequest {
+            prompt,
+            max_tokens,
+            sampling: SamplingParams::greedy(),
+            stop: Vec::new(),
+            top_logprobs: None,
+        }
+    }
+
+    /// Submits every request, then collects each one's tokens and final event.
+    fn run_all(s: &Scheduler, reqs: &[GenRequest]) -> Vec<(Vec<u32>, Event)> {
+        let rxs: Vec<_> = reqs
+            .iter()
+            .map(|r| {
+                let (tx, rx) = mpsc::channel();
+                s.submit(r.clone(), Box::new(move |e| tx.send(e).is_ok()))
+                    .unwrap();
+                rx
+            })
+            .collect();
+        rxs.into_iter()
+            .map(|rx| {
+                let mut tokens = Vec::new();
+                loop {
+                    match rx.recv_timeout(Duration::from_secs(60)).unwrap() {
+                        Event::Token { id, .. } => tokens.push(id),
+                        last => return (tokens, last),
+                    }
+                }
+            })
+            .collect()
+    }
+
+    fn wait_idle(s: &Scheduler) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while (s.active() > 0 || s.queued() > 0) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        assert_eq!((s.active(), s.queued()), (0, 0), "(active, queued)");
+    }
+
+    fn prompts(engine: &Engine) -> Vec<Vec<u32>> {
+        let long = "the quick brown fox jumps over the lazy dog. ".repeat(12);
+        [
+            "Hello, how are you?",
+            "Tell me a story about a dragon.",
+            long.as_str(),
+            "What is",
+            "1 2 3 4 5",
+            "Write a poem about the sea and the wind and the stars at night.",
+        ]
+        .iter()
+        .map(|t| engine.text_prompt(t).unwrap())
+        .collect()
+    }
+
+    #[test]
+    fn greedy_tokens_are_the_same_alone_and_in_a_full_batch() {
+        let engine = engine();
+        let reqs: Vec<_> = prompts(&engine)
+            .into_iter()
+            .enumerate()
+            .map(|(i, p)| greedy(p, 8 + 3 * i))
+            .collect();
+        let alone_cfg = SchedulerConfig {
+            max_batch: 1,
+            max_queue: 16,
+            step_tokens: 4096,
+            ctx_size: 1024,
+        };
+        let alone = Scheduler::start(engine.clone(), alone_cfg);
+        let expected: Vec<_> = reqs
+            .iter()
+            .map(|r| run_all(&alone, std::slice::from_ref(r)).remove(0))
+            .collect();
+        // A small step budget forces chunked prefill interleaved with running decodes.
+        let batched = Scheduler::start(
+            engine.clone(),
+            SchedulerConfig {
+                max_batch: reqs.len(),
+                step_tokens: 24,
+                ..alone_cfg
+            },
+        );
+        let got = run_all(&batched, &reqs);
+        for (i, (g, e)) in got.iter().zip(&expected).enumerate() {
+            assert!(!e.0.is_empty(), "request {i} generated nothing");
+            assert_eq!(g, e, "request {i}");
+        }
+        // The counters are updated after the last event is sent.
+        wait_idle(&batched);
+    }
+
+    #[test]
+    fn limits_and_refusals() {
+        let engine = engine();
+        let s = Scheduler::start(
+            engine.clone(),
+            SchedulerConfig {
+                max_batch: 1,
+                max_queue: 1,
+                step_tokens: 64,
+                ctx_size: 32,
+            },
+        );
+        let sink = || Box::new(|_| true) as Box<dyn EventSink>;
+        let p = engine.text_prompt("Hello there").unwrap();
+        assert_eq!(
+            s.submit(greedy(Vec::new(), 4), sink()),
+            Err(SchedulerError::EmptyPrompt)
+        );
+        assert_eq!(
+            s.submit(greedy(vec![1; 32], 4), sink()),
+            Err(SchedulerError::PromptTooLong {
+                tokens: 32,
+                ctx_size: 32
+            })
+        );
+        assert_eq!(
+            s.submit(greedy(p.clone(), 0), sink()),
+            Err(SchedulerError::ZeroMaxTokens)
+        );
+        let mut bad = greedy(p.clone(), 4);
+        bad.sampling.temperature = -1.0;
+        assert!(matches!(
+            s.submit(bad, sink()),
+            Err(SchedulerError::Sampling(_))
+        ));
+        // The context limit ends a long generation.
+        let (tokens, last) = run_all(&s, &[greedy(p.clone(), 1000)]).remove(0);
+        match last {
+            Event::Done {
+                finish,
+                completion_tokens,
+                prompt_tokens,
+                ..
+            } => {
+                assert_eq!(completion_tokens, tokens.len());
+                assert_eq!(prompt_tokens, p.len());
+                if finish == FinishReason::ContextFull {
+                    assert_eq!(p.len() + tokens.len(), 32);
+                } else {
+                    assert_eq!(finish, FinishReason::Stop);
+                }
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn queue_full_and_cancellation_free_the_batch() {
+        let engine = engine();
+        let s = Scheduler::start(
+            engine.clone(),
+            SchedulerConfig {
+                max_batch: 1,
+                max_queue: 2,
+                step_tokens: 64,
+                ctx_size: 1024,
+            },
+        );
+        let p = engine.text_prompt("Once upon a time").unwrap();
+        let mut req = greedy(p, 100_000);
+        // Never stop on EOS: the first sequence runs until cancelled.
+        req.sampling.temperature = 1.0;
+        req.sampling.seed = Some(1);
+        let (tx, rx) = mpsc::channel();
+        let first = s
+            .submit(req.clone(), Box::new(move |e| tx.send(e).is_ok()))
+            .unwrap();
+        let _ = rx.recv_timeout(Duration::from_secs(30)).unwrap();
+        assert_eq!(s.active(), 1);
+        // The batch is full: two more wait, a fourth is refused.
+        let waiting: Vec<_> = (0..2)
+            .map(|_| s.submit(req.clone(), Box::new(|_| true)).unwrap())
+            .collect();
+        assert_eq!(
+            s.submit(req.clone(), Box::new(|_| true)),
+            Err(SchedulerError::QueueFull { max: 2 })
+        );
+        assert_eq!(s.queued(), 2);
+        s.cancel(waiting[1]);
+        // Dropping the receiver cancels the running sequence.
+        drop(rx);
+        s.cancel(waiting[0]);
+        wait_idle(&s);
+        s.cancel(first);
+    }
+}
