@@ -1,0 +1,484 @@
+//! The cost model: hardware and model presets, and the time of every operation the
+//! policies and the simulator reason about.
+//!
+//! Key types: [`Hardware`] (GPU, CPU, PCIe and optional NDP numbers), [`ModelShape`] (the
+//! shapes that matter for cost), [`CostModel`] (both, plus the expert weight precision).
+//! Times are a roofline per operation: `overhead + max(flops / peak, bytes / bandwidth)`.
+//!
+//! A key design decision: every number lives in `presets/*.json`, each hardware number
+//! beside its source, and nothing else in the crate holds a hardware constant. The
+//! presets are compiled in with `include_str!` so the binary is self-contained, and any
+//! other file of the same shape (or a Hugging Face `config.json`) can be loaded at run time.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::Deserialize;
+
+use crate::{Device, Error, Result};
+
+const HARDWARE_PRESETS: &str = include_str!("../presets/hardware.json");
+const MODEL_PRESETS: &str = include_str!("../presets/models.json");
+
+/// A GPU's numbers.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+pub struct GpuSpec {
+    /// Marketing name.
+    pub name: String,
+    /// Dense tensor-core FLOP/s at the weights' compute precision.
+    pub flops: f64,
+    /// Device memory bandwidth, bytes/s.
+    pub mem_bw: f64,
+    /// Device memory, bytes.
+    pub mem_bytes: f64,
+    /// Memory kept for KV cache, activations and context, bytes.
+    pub reserve_bytes: f64,
+    /// Fixed GPU time per transformer layer (kernel launches), seconds.
+    pub layer_overhead_s: f64,
+}
+
+/// A CPU's numbers (all sockets together).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+pub struct CpuSpec {
+    /// Name.
+    pub name: String,
+    /// FLOP/s of the matrix path (AMX) for experts with many tokens.
+    pub matmul_flops: f64,
+    /// FLOP/s of the vector path (AVX-512) for experts with few tokens.
+    pub vector_flops: f64,
+    /// Tokens per expert from which the matrix path is used.
+    pub amx_min_tokens: u32,
+    /// Achieved memory bandwidth, bytes/s.
+    pub mem_bw: f64,
+    /// Fixed time per expert task, seconds.
+    pub task_overhead_s: f64,
+}
+
+/// The host-to-device link.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+pub struct PcieSpec {
+    /// Achieved host-to-device bandwidth, bytes/s.
+    pub bw: f64,
+    /// Fixed time per copy, seconds.
+    pub latency_s: f64,
+}
+
+/// Near-data-processing DIMMs (issue #6; unused by the latency policies).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+pub struct NdpSpec {
+    /// Number of NDP units.
+    pub units: u32,
+    /// FLOP/s per unit.
+    pub flops: f64,
+    /// Internal bandwidth per unit, bytes/s.
+    pub mem_bw: f64,
+    /// Inter-DIMM link bandwidth, bytes/s.
+    pub link_bw: f64,
+}
+
+/// One machine.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+pub struct Hardware {
+    /// What the machine is and where it is described.
+    pub description: String,
+    /// The accelerator.
+    pub gpu: GpuSpec,
+    /// The host CPU.
+    pub cpu: CpuSpec,
+    /// The host-to-device link.
+    pub pcie: PcieSpec,
+    /// Near-data processors, if any.
+    #[serde(default)]
+    pub ndp: Option<NdpSpec>,
+    /// CPU-GPU synchronisation and activation copy per MoE layer, seconds.
+    pub sync_s: f64,
+    /// Where each number comes from, keyed `gpu.flops`, `cpu.mem_bw`, ...
+    pub sources: BTreeMap<String, String>,
+}
+
+/// The shape of a MoE model, as far as cost goes.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+pub struct ModelShape {
+    /// Hidden size.
+    pub hidden: usize,
+    /// Intermediate size of one routed expert.
+    pub moe_intermediate: usize,
+    /// Routed experts per MoE layer.
+    pub n_experts: usize,
+    /// Experts per token.
+    pub top_k: usize,
+    /// Shared experts per MoE layer (each `moe_intermediate` wide).
+    pub n_shared: usize,
+    /// Transformer layers.
+    pub n_layers: usize,
+    /// Leading layers with a dense MLP instead of a MoE block.
+    pub dense_layers: usize,
+    /// Intermediate size of the dense MLP layers.
+    pub dense_intermediate: usize,
+    /// Attention parameters per layer.
+    pub attn_params: u64,
+    /// Attention heads.
+    pub n_heads: usize,
+    /// Query/key head dimension.
+    pub head_dim: usize,
+    /// Vocabulary size.
+    pub vocab: usize,
+    /// Where the shape comes from.
+    #[serde(default)]
+    pub source: String,
+}
+
+fn parse_presets<T: for<'de> Deserialize<'de>>(
+    text: &str,
+    what: &str,
+) -> Result<BTreeMap<String, T>> {
+    let raw: BTreeMap<String, serde_json::Value> = serde_json::from_str(text)
+        .map_err(|e| Error::Preset(format!("{what} presets are not valid JSON: {e}")))?;
+    raw.into_iter()
+        .filter(|(k, _)| !k.starts_with('_'))
+        .map(|(k, v)| {
+            let parsed = serde_json::from_value(v)
+                .map_err(|e| Error::Preset(format!("{what} preset {k:?}: {e}")))?;
+            Ok((k, parsed))
+        })
+        .collect()
+}
+
+impl Hardware {
+    /// The built-in hardware presets by name.
+    pub fn presets() -> Result<BTreeMap<String, Hardware>> {
+        parse_presets(HARDWARE_PRESETS, "hardware")
+    }
+
+    /// A preset by name, or a JSON file of one preset's shape.
+    pub fn load(name_or_path: &str) -> Result<Hardware> {
+        let presets = Self::presets()?;
+        if let Some(h) = presets.get(name_or_path) {
+            return Ok(h.clone());
+        }
+        let path = Path::new(name_or_path);
+        if path.is_file() {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| Error::Preset(format!("reading {}: {e}", path.display())))?;
+            return serde_json::from_str(&text)
+                .map_err(|e| Error::Preset(format!("hardware file {}: {e}", path.display())));
+        }
+        Err(Error::Preset(format!(
+            "unknown hardware {name_or_path:?}, expected a file or one of {:?}",
+            presets.keys().collect::<Vec<_>>()
+        )))
+    }
+
+    /// Names of numeric fields that have no entry in `sources`.
+    pub fn unsourced(&self) -> Vec<&'static str> {
+        let mut keys = vec![
+            "gpu.flops",
+            "gpu.mem_bw",
+            "gpu.mem_bytes",
+            "gpu.reserve_bytes",
+            "gpu.layer_overhead_s",
+            "cpu.matmul_flops",
+            "cpu.vector_flops",
+            "cpu.amx_min_tokens",
+            "cpu.mem_bw",
+            "cpu.task_overhead_s",
+            "pcie.bw",
+            "pcie.latency_s",
+            "sync_s",
+        ];
+        if self.ndp.is_some() {
+            keys.extend(["ndp.units", "ndp.flops", "ndp.mem_bw", "ndp.link_bw"]);
+        }
+        keys.into_iter()
+            .filter(|k| !self.sources.contains_key(*k))
+            .collect()
+    }
+}
+
+/// The fields of a Hugging Face `config.json` the shape needs.
+#[derive(Debug, Deserialize)]
+struct HfConfig {
+    hidden_size: usize,
+    #[serde(default)]
+    moe_intermediate_size: Option<usize>,
+    #[serde(default)]
+    intermediate_size: usize,
+    #[serde(default, alias = "num_experts", alias = "num_local_experts")]
+    n_routed_experts: Option<usize>,
+    num_experts_per_tok: usize,
+    #[serde(default)]
+    n_shared_experts: Option<usize>,
+    num_hidden_layers: usize,
+    #[serde(default)]
+    first_k_dense_replace: Option<usize>,
+    num_attention_heads: usize,
+    #[serde(default)]
+    num_key_value_heads: Option<usize>,
+    #[serde(default)]
+    head_dim: Option<usize>,
+    #[serde(default)]
+    q_lora_rank: Option<usize>,
+    #[serde(default)]
+    kv_lora_rank: Option<usize>,
+    #[serde(default)]
+    qk_nope_head_dim: Option<usize>,
+    #[serde(default)]
+    qk_rope_head_dim: Option<usize>,
+    #[serde(default)]
+    v_head_dim: Option<usize>,
+    vocab_size: usize,
+}
+
+impl ModelShape {
+    /// The built-in model presets by name.
+    pub fn presets() -> Result<BTreeMap<String, ModelShape>> {
+        parse_presets(MODEL_PRESETS, "model")
+    }
+
+    /// A preset by name, a Hugging Face `config.json`, or a directory holding one.
+    pub fn load(name_or_path: &str) -> Result<ModelShape> {
+        let presets = Self::presets()?;
+        if let Some(m) = presets.get(name_or_path) {
+            return Ok(m.clone());
+        }
+        let mut path = Path::new(name_or_path).to_path_buf();
+        if path.is_dir() {
+            path = path.join("config.json");
+        }
+        if path.is_file() {
+            let text = std::fs::read_to_string(&path)
+                .map_err(|e| Error::Preset(format!("reading {}: {e}", path.display())))?;
+            return Self::from_hf_config(&text)
+                .map_err(|e| Error::Preset(format!("{}: {e}", path.display())));
+        }
+        Err(Error::Preset(format!(
+            "unknown model {name_or_path:?}, expected a config.json, a model directory or one of {:?}",
+            presets.keys().collect::<Vec<_>>()
+        )))
+    }
+
+    /// The shape of a MoE model from its Hugging Face `config.json` text.
+    pub fn from_hf_config(text: &str) -> Result<ModelShape> {
+        let c: HfConfig =
+            serde_json::from_str(text).map_err(|e| Error::Preset(format!("config.json: {e}")))?;
+        let n_experts = c.n_routed_experts.ok_or_else(|| {
+            Error::Preset("config.json has no n_routed_experts/num_experts: not a MoE".into())
+        })?;
+        let h = c.hidden_size as u64;
+        let heads = c.num_attention_heads as u64;
+        let (attn_params, head_dim) = match (c.kv_lora_rank, c.qk_nope_head_dim) {
+            (Some(kv), Some(nope)) => {
+                let rope = c.qk_rope_head_dim.unwrap_or(0) as u64;
+                let v = c.v_head_dim.unwrap_or(nope) as u64;
+                let qk = nope as u64 + rope;
+                let q = match c.q_lora_rank {
+                    Some(r) => h * r as u64 + r as u64 * heads * qk,
+                    None => h * heads * qk,
+                };
+                let kv = kv as u64;
+                let p = q + h * (kv + rope) + kv * heads * (nope as u64 + v) + heads * v * h;
+                (p, qk as usize)
+            }
+            _ => {
+                let d = c
+                    .head_dim
+                    .unwrap_or(c.hidden_size / c.num_attention_heads.max(1))
+                    as u64;
+                let kvh = c.num_key_value_heads.unwrap_or(c.num_attention_heads) as u64;
+                (2 * h * heads * d + 2 * h * kvh * d, d as usize)
+            }
+        };
+        let moe_intermediate = c.moe_intermediate_size.unwrap_or(c.intermediate_size);
+        let dense_layers = c.first_k_dense_replace.unwrap_or(0);
+        Ok(ModelShape {
+            hidden: c.hidden_size,
+            moe_intermediate,
+            n_experts,
+            top_k: c.num_experts_per_tok,
+            n_shared: c.n_shared_experts.unwrap_or(0),
+            n_layers: c.num_hidden_layers,
+            dense_layers,
+            dense_intermediate: if dense_layers > 0 {
+                c.intermediate_size
+            } else {
+                0
+            },
+            attn_params,
+            n_heads: c.num_attention_heads,
+            head_dim,
+            vocab: c.vocab_size,
+            source: "config.json".into(),
+        })
+    }
+
+    /// MoE layers.
+    pub fn moe_layers(&self) -> usize {
+        self.n_layers.saturating_sub(self.dense_layers)
+    }
+
+    /// Parameters of one routed expert (gate, up, down).
+    pub fn expert_params(&self) -> u64 {
+        3 * self.hidden as u64 * self.moe_intermediate as u64
+    }
+
+    /// Parameters that stay on the GPU: attention, shared experts, routers, dense MLPs,
+    /// embedding and head.
+    pub fn gpu_params(&self) -> u64 {
+        let l = self.n_layers as u64;
+        let moe = self.moe_layers() as u64;
+        let h = self.hidden as u64;
+        l * self.attn_params
+            + moe * (self.n_shared as u64 * self.expert_params() + h * self.n_experts as u64)
+            + self.dense_layers as u64 * 3 * h * self.dense_intermediate as u64
+            + 2 * h * self.vocab as u64
+    }
+}
+
+/// Hardware, model and weight precision together: what every operation costs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CostModel {
+    /// The machine.
+    pub hw: Hardware,
+    /// The model.
+    pub model: ModelShape,
+    /// Bits per routed-expert weight (16 for BF16, ~4.25 for IQ4_XS/Q4_K).
+    pub expert_bits: f64,
+    /// Bits per weight of everything on the GPU.
+    pub gpu_bits: f64,
+}
+
+impl CostModel {
+    /// A cost model; `expert_bits` and `gpu_bits` are the weights' precisions.
+    pub fn new(hw: Hardware, model: ModelShape, expert_bits: f64, gpu_bits: f64) -> Result<Self> {
+        if !(expert_bits > 0.0 && gpu_bits > 0.0) {
+            return Err(Error::Preset(format!(
+                "weight bits must be positive, got experts {expert_bits} and gpu {gpu_bits}"
+            )));
+        }
+        if model.top_k == 0 || model.top_k > model.n_experts {
+            return Err(Error::Preset(format!(
+                "top_k must be in 1..={}, got {}",
+                model.n_experts, model.top_k
+            )));
+        }
+        Ok(Self {
+            hw,
+            model,
+            expert_bits,
+            gpu_bits,
+        })
+    }
+
+    /// Bytes of one routed expert's weights.
+    pub fn expert_bytes(&self) -> u64 {
+        (self.model.expert_params() as f64 * self.expert_bits / 8.0).ceil() as u64
+    }
+
+    /// Bytes of the GPU-resident non-expert weights.
+    pub fn gpu_weight_bytes(&self) -> u64 {
+        (self.model.gpu_params() as f64 * self.gpu_bits / 8.0).ceil() as u64
+    }
+
+    /// GPU bytes left for routed experts after weights and the reserve (0 if none).
+    pub fn gpu_expert_budget(&self) -> u64 {
+        let left =
+            self.hw.gpu.mem_bytes - self.hw.gpu.reserve_bytes - self.gpu_weight_bytes() as f64;
+        left.max(0.0) as u64
+    }
+
+    /// Routed experts per MoE layer that fit in the budget, split evenly over layers.
+    pub fn cache_slots_per_layer(&self) -> usize {
+        let per_layer = self.model.moe_layers() as u64 * self.expert_bytes();
+        if per_layer == 0 {
+            return 0;
+        }
+        ((self.gpu_expert_budget() / per_layer) as usize).min(self.model.n_experts)
+    }
+
+    /// Time for one routed expert to process `tokens` tokens on `device`.
+    pub fn expert_time(&self, device: Device, tokens: u32) -> f64 {
+        if tokens == 0 {
+            return 0.0;
+        }
+        let flops = 2.0 * self.model.expert_params() as f64 * tokens as f64;
+        let bytes = self.expert_bytes() as f64;
+        match device {
+            Device::Gpu => (flops / self.hw.gpu.flops).max(bytes / self.hw.gpu.mem_bw),
+            Device::Cpu => {
+                let c = &self.hw.cpu;
+                let peak = if tokens >= c.amx_min_tokens {
+                    c.matmul_flops
+                } else {
+                    c.vector_flops
+                };
+                c.task_overhead_s + (flops / peak).max(bytes / c.mem_bw)
+            }
+            Device::Ndp(_) => match &self.hw.ndp {
+                Some(n) => (flops / n.flops).max(bytes / n.mem_bw),
+                None => f64::INFINITY,
+            },
+        }
+    }
+
+    /// Time to copy `bytes` host to device.
+    pub fn transfer_time(&self, bytes: u64) -> f64 {
+        self.hw.pcie.latency_s + bytes as f64 / self.hw.pcie.bw
+    }
+
+    /// Time to copy one routed expert to the GPU.
+    pub fn expert_transfer_time(&self) -> f64 {
+        self.transfer_time(self.expert_bytes())
+    }
+
+    fn gpu_matmul(&self, params: u64, tokens: usize) -> f64 {
+        let flops = 2.0 * params as f64 * tokens as f64;
+        let bytes = params as f64 * self.gpu_bits / 8.0;
+        (flops / self.hw.gpu.flops).max(bytes / self.hw.gpu.mem_bw)
+    }
+
+    /// GPU time of one layer's attention (with router) for `tokens` new tokens attending
+    /// to `context` positions on average, including the per-layer launch overhead.
+    pub fn attention_time(&self, tokens: usize, context: usize) -> f64 {
+        let m = &self.model;
+        let router = if self.model.n_experts > 0 {
+            m.hidden as u64 * m.n_experts as u64
+        } else {
+            0
+        };
+        let proj = self.gpu_matmul(m.attn_params + router, tokens);
+        let score_flops = 4.0 * tokens as f64 * context as f64 * (m.n_heads * m.head_dim) as f64;
+        self.hw.gpu.layer_overhead_s + proj + score_flops / self.hw.gpu.flops
+    }
+
+    /// GPU time of a layer's shared experts.
+    pub fn shared_time(&self, tokens: usize) -> f64 {
+        if self.model.n_shared == 0 {
+            return 0.0;
+        }
+        self.gpu_matmul(
+            self.model.n_shared as u64 * self.model.expert_params(),
+            tokens,
+        )
+    }
+
+    /// GPU time of a dense MLP layer.
+    pub fn dense_mlp_time(&self, tokens: usize) -> f64 {
+        self.gpu_matmul(
+            3 * self.model.hidden as u64 * self.model.dense_intermediate as u64,
+            tokens,
+        )
+    }
+
+    /// GPU time of the LM head for `tokens` rows.
+    pub fn head_time(&self, tokens: usize) -> f64 {
+        self.gpu_matmul(self.model.hidden as u64 * self.model.vocab as u64, tokens)
+    }
+
+    /// GPU time of a linear expert predictor (`hidden -> n_experts`) for `tokens` rows.
+    pub fn predictor_time(&self, tokens: usize) -> f64 {
+        self.gpu_matmul(
+            self.model.hidden as u64 * self.model.n_experts as u64,
+            tokens,
+        )
+    }
+}

@@ -1,0 +1,214 @@
+//! Placement, caching, prefetching and deferral policies for MoE inference on CPU + GPU.
+//!
+//! A [`Policy`] sees one MoE layer of one step at a time through a [`LayerView`]: the
+//! routing of every token (expert ids and weights), the router input hidden states, the
+//! experts resident on the GPU and the devices' queued work. It answers with a
+//! [`Decision`]: which device computes each expert (and for which tokens, immediately or
+//! deferred to the next layer), which weight copies to start and with what priority, and
+//! which resident experts to evict. The [`CostModel`] prices every operation from cited
+//! hardware and model presets.
+//!
+//! A key design decision: policies never touch memory or time. They are deterministic
+//! functions of what they are shown (plus their own bookkeeping, such as LRU order or LFU
+//! counts), so the runtime's executor and the simulator (`strata-sim`) get the same
+//! decisions from the same inputs, and a policy can be tested on hand-made views.
+
+#![deny(missing_docs)]
+
+pub mod cost;
+pub mod policies;
+pub mod predictor;
+
+pub use cost::{CostModel, CpuSpec, GpuSpec, Hardware, ModelShape, NdpSpec, PcieSpec};
+
+/// Errors of the policy crate.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A preset or configuration file is missing or malformed.
+    #[error("{0}")]
+    Preset(String),
+    /// A policy was configured with values it cannot work with.
+    #[error("policy {policy}: {msg}")]
+    Config {
+        /// The policy.
+        policy: &'static str,
+        /// What was wrong.
+        msg: String,
+    },
+}
+
+/// Result with the crate's [`Error`].
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// A compute device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Device {
+    /// The accelerator.
+    Gpu,
+    /// The host CPU.
+    Cpu,
+    /// A near-data-processing unit (issue #6).
+    Ndp(u16),
+}
+
+/// The phase of a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// The prompt, all tokens at once.
+    Prefill,
+    /// One new token per sequence.
+    Decode,
+}
+
+/// What the GPU holds for the layer being decided.
+#[derive(Debug, Clone, Copy)]
+pub struct GpuView<'a> {
+    /// `resident[e]`: expert `e` of this layer is on the GPU or on its way (a copy in flight).
+    pub resident: &'a [bool],
+    /// Bytes of the expert budget not in use.
+    pub free_bytes: u64,
+    /// Seconds of GPU work queued ahead of this layer.
+    pub busy_s: f64,
+}
+
+/// One MoE layer of one step, as a policy sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct LayerView<'a> {
+    /// MoE layer index, `0..n_moe_layers`.
+    pub layer: usize,
+    /// Number of MoE layers.
+    pub n_moe_layers: usize,
+    /// Prefill or decode.
+    pub phase: Phase,
+    /// Step number within the run.
+    pub step: usize,
+    /// Experts per token.
+    pub top_k: usize,
+    /// Chosen experts, `[tokens * top_k]`, each token's in descending weight order.
+    pub ids: &'a [u32],
+    /// Their combine weights, `[tokens * top_k]`.
+    pub weights: &'a [f32],
+    /// Router input hidden states `[tokens * hidden_dim]`, when recorded.
+    pub hidden: Option<&'a [f32]>,
+    /// The GPU's state.
+    pub gpu: GpuView<'a>,
+    /// Seconds of CPU work queued ahead of this layer.
+    pub cpu_busy_s: f64,
+    /// Seconds of copies queued on PCIe.
+    pub pcie_busy_s: f64,
+}
+
+impl LayerView<'_> {
+    /// Tokens in the step.
+    pub fn tokens(&self) -> usize {
+        self.ids.len() / self.top_k.max(1)
+    }
+
+    /// Rows routed to each expert, `[n_experts]` of token indices.
+    pub fn rows_per_expert(&self, n_experts: usize) -> Vec<Vec<u32>> {
+        let mut rows = vec![Vec::new(); n_experts];
+        for (i, &e) in self.ids.iter().enumerate() {
+            if let Some(r) = rows.get_mut(e as usize) {
+                r.push((i / self.top_k.max(1)) as u32);
+            }
+        }
+        rows
+    }
+
+    /// Whether expert `e` is on the GPU (or arriving).
+    pub fn is_resident(&self, e: u32) -> bool {
+        self.gpu.resident.get(e as usize).copied().unwrap_or(false)
+    }
+}
+
+/// Work for one expert on one device.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Task {
+    /// Expert id within the layer.
+    pub expert: u32,
+    /// Where it runs.
+    pub device: Device,
+    /// Token rows it processes.
+    pub rows: Vec<u32>,
+    /// Its output is added one layer later (KTransformers' expert deferral).
+    pub deferred: bool,
+}
+
+/// How a copied expert is used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransferKind {
+    /// Needed by this layer now; stays resident afterwards.
+    OnDemand,
+    /// Needed by this layer now, streamed through one of two ping-pong buffers and dropped.
+    Staged,
+    /// For a later step or layer; resident when it lands.
+    Prefetch,
+}
+
+/// A weight copy to the GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transfer {
+    /// MoE layer of the expert.
+    pub layer: usize,
+    /// Expert id.
+    pub expert: u32,
+    /// How it is used.
+    pub kind: TransferKind,
+    /// Lower runs first on the link.
+    pub priority: u32,
+}
+
+/// A resident expert to drop before the decision's copies start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Eviction {
+    /// MoE layer.
+    pub layer: usize,
+    /// Expert id.
+    pub expert: u32,
+}
+
+/// A policy's answer for one layer of one step.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Decision {
+    /// Every routed (expert, token) pair of the layer, exactly once.
+    pub tasks: Vec<Task>,
+    /// Copies to start, in priority order.
+    pub transfers: Vec<Transfer>,
+    /// Residents to drop first.
+    pub evictions: Vec<Eviction>,
+    /// Experts predicted for this layer at the next step, when the policy predicts.
+    pub predicted: Option<Vec<u32>>,
+}
+
+/// A placement policy.
+pub trait Policy {
+    /// Short name (`ktransformers`, `smoe`, ...).
+    fn name(&self) -> String;
+
+    /// Experts to place on the GPU before the first step, `(moe_layer, expert)`.
+    fn initial_residency(&mut self, _cost: &CostModel) -> Vec<(usize, u32)> {
+        Vec::new()
+    }
+
+    /// Decides one MoE layer of one step.
+    fn decide(&mut self, view: &LayerView, cost: &CostModel) -> Decision;
+}
+
+/// Groups a layer's routing into one task per expert on the device `place` picks.
+pub fn tasks_by_expert(
+    view: &LayerView,
+    n_experts: usize,
+    mut place: impl FnMut(u32, usize) -> Device,
+) -> Vec<Task> {
+    view.rows_per_expert(n_experts)
+        .into_iter()
+        .enumerate()
+        .filter(|(_, r)| !r.is_empty())
+        .map(|(e, rows)| Task {
+            expert: e as u32,
+            device: place(e as u32, rows.len()),
+            rows,
+            deferred: false,
+        })
+        .collect()
+}

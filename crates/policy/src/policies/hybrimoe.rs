@@ -1,0 +1,204 @@
+//! HybriMoE (DAC'25), as read from its released code (research/offload-systems.md).
+//!
+//! - Score cache: per (layer, expert) a score `S`; each step the experts the router picked
+//!   get `S <- 0.5 s + 0.5 S` (`s` their mean routing weight over the step's tokens), the
+//!   others `S <- 0.5 S`; a full layer evicts its lowest `S`.
+//! - Scheduler: cached experts first, then uncached, each by descending token count; the
+//!   GPU takes from the front, the CPU from the back, each expert going to whichever
+//!   device would finish earlier (an uncached expert's GPU cost includes its copy).
+//! - Prefetch: while layer `l` runs, the `prefetch` best-scored uncached experts of layer
+//!   `l + 1` are copied (layer-wise prefetch).
+//!
+//! A key design decision: the released code scores the router's top `2k` from the full
+//! softmax; traces carry only the top `k` with their weights, so the update uses those.
+//! The policy mirrors the residency of layers other than the current one from its own
+//! decisions (the executor applies every decision), so it can prefetch into them.
+
+use crate::{
+    CostModel, Decision, Device, Eviction, LayerView, Phase, Policy, Task, Transfer, TransferKind,
+};
+
+/// HybriMoE's score cache, earliest-finish scheduler and next-layer prefetch.
+#[derive(Debug, Clone)]
+pub struct HybriMoE {
+    slots: usize,
+    prefetch: usize,
+    scores: Vec<Vec<f32>>,
+    cached: Vec<Vec<bool>>,
+}
+
+impl HybriMoE {
+    /// `slots` cached experts per layer, `prefetch` next-layer copies per step.
+    pub fn new(slots: usize, prefetch: usize) -> Self {
+        Self {
+            slots,
+            prefetch,
+            scores: Vec::new(),
+            cached: Vec::new(),
+        }
+    }
+
+    /// The current score of `(layer, expert)`.
+    pub fn score(&self, layer: usize, expert: u32) -> f32 {
+        self.scores
+            .get(layer)
+            .and_then(|s| s.get(expert as usize))
+            .copied()
+            .unwrap_or(0.0)
+    }
+
+    fn lowest_scored(&self, layer: usize, keep: impl Fn(u32) -> bool) -> Option<u32> {
+        let s = &self.scores[layer];
+        (0..s.len() as u32)
+            .filter(|&e| self.cached[layer][e as usize] && !keep(e))
+            .min_by(|&a, &b| s[a as usize].total_cmp(&s[b as usize]).then(a.cmp(&b)))
+    }
+}
+
+impl Policy for HybriMoE {
+    fn name(&self) -> String {
+        "hybrimoe".into()
+    }
+
+    fn decide(&mut self, view: &LayerView, cost: &CostModel) -> Decision {
+        let n = cost.model.n_experts;
+        let l = view.layer;
+        if self.scores.len() < view.n_moe_layers {
+            self.scores = vec![vec![0.0; n]; view.n_moe_layers];
+            self.cached = vec![vec![false; n]; view.n_moe_layers];
+        }
+        for e in 0..n {
+            self.cached[l][e] = view.is_resident(e as u32);
+        }
+        let rows = view.rows_per_expert(n);
+        // Score update.
+        let mut wsum = vec![0.0f32; n];
+        for (&e, &w) in view.ids.iter().zip(view.weights) {
+            if let Some(s) = wsum.get_mut(e as usize) {
+                *s += w;
+            }
+        }
+        for e in 0..n {
+            let s = &mut self.scores[l][e];
+            *s = if rows[e].is_empty() {
+                0.5 * *s
+            } else {
+                0.5 * (wsum[e] / rows[e].len() as f32) + 0.5 * *s
+            };
+        }
+        // Earliest-finish two-ended assignment.
+        let mut order: Vec<u32> = (0..n as u32)
+            .filter(|&e| !rows[e as usize].is_empty())
+            .collect();
+        order.sort_by_key(|&e| {
+            (
+                !self.cached[l][e as usize],
+                std::cmp::Reverse(rows[e as usize].len()),
+                e,
+            )
+        });
+        let (mut gpu_t, mut cpu_t) = (0.0, 0.0);
+        let (mut i, mut j) = (0usize, order.len());
+        let mut on_gpu = Vec::new();
+        while i < j {
+            let front = order[i];
+            let back = order[j - 1];
+            let mut g = cost.expert_time(Device::Gpu, rows[front as usize].len() as u32);
+            if !self.cached[l][front as usize] {
+                g += cost.expert_transfer_time();
+            }
+            let c = cost.expert_time(Device::Cpu, rows[back as usize].len() as u32);
+            if gpu_t + g <= cpu_t + c {
+                gpu_t += g;
+                on_gpu.push(front);
+                i += 1;
+            } else {
+                cpu_t += c;
+                j -= 1;
+            }
+        }
+        let mut d = Decision::default();
+        let needed = |e: u32| !rows[e as usize].is_empty();
+        for &e in &on_gpu {
+            if self.cached[l][e as usize] {
+                continue;
+            }
+            let count = self.cached[l].iter().filter(|&&c| c).count();
+            let kind = if count < self.slots {
+                TransferKind::OnDemand
+            } else if let Some(v) = self.lowest_scored(l, needed) {
+                self.cached[l][v as usize] = false;
+                d.evictions.push(Eviction {
+                    layer: l,
+                    expert: v,
+                });
+                TransferKind::OnDemand
+            } else {
+                TransferKind::Staged
+            };
+            if kind == TransferKind::OnDemand {
+                self.cached[l][e as usize] = true;
+            }
+            d.transfers.push(Transfer {
+                layer: l,
+                expert: e,
+                kind,
+                priority: d.transfers.len() as u32,
+            });
+        }
+        // Next-layer prefetch by score.
+        if view.phase == Phase::Decode && l + 1 < view.n_moe_layers && self.slots > 0 {
+            let nl = l + 1;
+            let mut cand: Vec<u32> = (0..n as u32)
+                .filter(|&e| !self.cached[nl][e as usize] && self.scores[nl][e as usize] > 0.0)
+                .collect();
+            cand.sort_by(|&a, &b| {
+                self.scores[nl][b as usize]
+                    .total_cmp(&self.scores[nl][a as usize])
+                    .then(a.cmp(&b))
+            });
+            for e in cand.into_iter().take(self.prefetch) {
+                let count = self.cached[nl].iter().filter(|&&c| c).count();
+                if count >= self.slots {
+                    let Some(v) = self.lowest_scored(nl, |_| false) else {
+                        break;
+                    };
+                    if self.scores[nl][v as usize] >= self.scores[nl][e as usize] {
+                        break;
+                    }
+                    self.cached[nl][v as usize] = false;
+                    d.evictions.push(Eviction {
+                        layer: nl,
+                        expert: v,
+                    });
+                }
+                self.cached[nl][e as usize] = true;
+                d.transfers.push(Transfer {
+                    layer: nl,
+                    expert: e,
+                    kind: TransferKind::Prefetch,
+                    priority: d.transfers.len() as u32,
+                });
+            }
+        }
+        let gpu_rank = |e: u32| on_gpu.iter().position(|&g| g == e);
+        let mut tasks: Vec<Task> = rows
+            .into_iter()
+            .enumerate()
+            .filter(|(_, r)| !r.is_empty())
+            .map(|(e, r)| Task {
+                expert: e as u32,
+                device: if gpu_rank(e as u32).is_some() {
+                    Device::Gpu
+                } else {
+                    Device::Cpu
+                },
+                rows: r,
+                deferred: false,
+            })
+            .collect();
+        tasks.sort_by_key(|t| gpu_rank(t.expert).unwrap_or(usize::MAX));
+        d.tasks = tasks;
+        d
+    }
+}

@@ -1,0 +1,24 @@
+//! The policies of the seed systems and their baselines.
+//!
+//! - [`GpuLru`]: every expert on the GPU, loaded on demand into a per-layer LRU cache.
+//! - [`Fiddler`]: popular experts pinned on the GPU from a profile, the rest on the CPU
+//!   or copied when that is cheaper.
+//! - [`KTransformers`]: routed experts on the CPU, with expert deferral.
+//! - [`HybriMoE`]: score cache, earliest-finish CPU/GPU assignment, next-layer prefetch.
+//! - [`Smoe`]: Algorithm 1 on-demand loading in prefill; token-wise predicted prefetch
+//!   into an LFU cache in decode; per-layer enabling (SMoE-Flex).
+//!
+//! A key design decision: each policy's bookkeeping is per MoE layer and indexed by the
+//! `layer` of the view, so one policy value serves a whole model and stays deterministic.
+
+mod fiddler;
+mod gpu_lru;
+mod hybrimoe;
+mod ktransformers;
+mod smoe;
+
+pub use fiddler::Fiddler;
+pub use gpu_lru::GpuLru;
+pub use hybrimoe::HybriMoE;
+pub use ktransformers::KTransformers;
+pub use smoe::{Eviction as SmoeEviction, Smoe};
