@@ -6,6 +6,7 @@
 
 mod bench;
 mod generate;
+mod hub;
 mod info;
 mod logits;
 mod model_arg;

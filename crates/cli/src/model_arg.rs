@@ -15,8 +15,8 @@ pub const DEFAULT_MODEL: &str =
 /// Options naming the model and its numeric mode.
 #[derive(Debug, Args)]
 pub struct ModelArgs {
-    /// Model: a Hugging Face model directory (config.json, *.safetensors, tokenizer.json)
-    /// or a .gguf file.
+    /// Model: a Hugging Face model directory (config.json, *.safetensors, tokenizer.json),
+    /// a .gguf file, or a hub id (`org/name`, cached under HF_HOME).
     /// Defaults to the strata-tiny-moe model shipped in the repository.
     #[arg(long, short = 'm', value_name = "PATH")]
     pub model: Option<PathBuf>,
@@ -51,26 +51,33 @@ pub enum DType {
 }
 
 impl ModelArgs {
-    /// The model directory, checked to exist.
+    /// The model: a directory or `.gguf` file, checked to exist, or a hub id (`org/name`)
+    /// found in the Hugging Face cache or downloaded into it.
     pub fn dir(&self) -> anyhow::Result<PathBuf> {
         let dir = self
             .model
             .clone()
             .unwrap_or_else(|| PathBuf::from(DEFAULT_MODEL));
         if !dir.exists() {
-            if looks_like_hub_id(&dir) {
-                bail!(
-                    "{}: no such local model; downloading from the Hugging Face hub is not built into this version, \
-                     download it with `huggingface-cli download {}` and pass the directory",
-                    dir.display(),
-                    dir.display()
-                );
+            let s = dir.to_string_lossy();
+            if crate::hub::looks_like_hub_id(&s) {
+                return crate::hub::fetch(&s);
             }
-            bail!("{}: no such model directory", dir.display());
+            bail!("{}: no such model directory or file", dir.display());
         }
         if dir.is_dir() && !dir.join("config.json").exists() {
             bail!(
                 "{}: not a Hugging Face model directory (no config.json)",
+                dir.display()
+            );
+        }
+        if dir.is_file()
+            && !dir
+                .extension()
+                .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+        {
+            bail!(
+                "{}: expected a model directory or a .gguf file",
                 dir.display()
             );
         }
@@ -92,9 +99,4 @@ impl ModelArgs {
             },
         }
     }
-}
-
-fn looks_like_hub_id(p: &std::path::Path) -> bool {
-    let s = p.to_string_lossy();
-    s.matches('/').count() == 1 && !s.starts_with('.') && !s.starts_with('/')
 }

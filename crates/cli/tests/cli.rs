@@ -143,3 +143,44 @@ fn bad_arguments_are_clear_errors() {
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("temperature"));
 }
+
+/// A hub id resolves through the Hugging Face cache layout (`HF_HOME/hub/models--org--name`)
+/// without a network; an id that is neither cached nor reachable is a clear error.
+#[test]
+fn hub_ids_use_the_cache_and_fail_clearly() {
+    let home = tmp("hf-home");
+    let repo = home.join("hub/models--strata--tiny-moe");
+    let snap = repo.join("snapshots/0123abcd");
+    std::fs::create_dir_all(&snap).unwrap();
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::write(repo.join("refs/main"), "0123abcd").unwrap();
+    let model = root().join("models/strata-tiny-moe");
+    for f in [
+        "config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "model.safetensors",
+    ] {
+        std::os::unix::fs::symlink(model.join(f), snap.join(f)).unwrap();
+    }
+    let run = |id: &str| {
+        Command::new(env!("CARGO_BIN_EXE_strata"))
+            .args(["info", "--model", id])
+            .env("HF_HOME", &home)
+            .env("HF_ENDPOINT", "http://127.0.0.1:9")
+            .env_remove("HF_TOKEN")
+            .output()
+            .unwrap()
+    };
+    let o = run("strata/tiny-moe");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("Qwen3MoeForCausalLM"));
+    let o = run("nobody/nothing");
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("nobody/nothing") && err.contains("Hugging Face hub"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&home).unwrap();
+}

@@ -37,6 +37,15 @@ fn asset(file: &str) -> Option<PathBuf> {
     Some(path)
 }
 
+/// Positions where llama.cpp's own arithmetic is demonstrably off, excluded from the
+/// near-tie and top-32 checks (still counted in the top-1 rate). Qwen2.5 "facts" position 12:
+/// an independent f64 implementation (dequantized weights, plain torch) agrees with Strata to
+/// 4.5e-6 x max|ref| over every position, while llama.cpp is off by 1.99 there; simulating
+/// llama.cpp's 8-bit activation rounding moves the logits the same way (cosine 1.00), driven
+/// by a 1000+ magnitude residual outlier at position 0 that position 12 attends to.
+const REFERENCE_DEVIATIONS: &[(&str, &str, usize)] =
+    &[("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "facts", 12)];
+
 fn ids(v: &serde_json::Value) -> Vec<u32> {
     v.as_array()
         .unwrap()
@@ -95,22 +104,18 @@ fn check_against_llama_cpp(model_file: &str, reference: &str) {
                 .map(|(i, _)| i as u32)
                 .unwrap();
             positions += 1;
+            let name = prompt["name"].as_str().unwrap();
+            let known = REFERENCE_DEVIATIONS.contains(&(model_file, name, pos));
             if ours == top_ids[0] {
                 agree += 1;
-            } else {
+            } else if !known {
                 let j = top_ids.iter().position(|&t| t == ours).unwrap_or_else(|| {
                     panic!("{model_file} {}: our top-1 {ours} is not in the reference's top-32 at {pos}", prompt["name"])
                 });
                 worst_tie = worst_tie.max(top_logits[0] - top_logits[j]);
             }
-            for (&id, &l) in top_ids.iter().zip(&top_logits) {
+            for (&id, &l) in top_ids.iter().zip(&top_logits).filter(|_| !known) {
                 let e = (row[id as usize] - l).abs() / max_abs;
-                if std::env::var_os("STRATA_TEST_VERBOSE").is_some() && e > 0.06 {
-                    eprintln!(
-                        "{} pos {pos} id {id}: ours {} ref {l} (max {max_abs})",
-                        prompt["name"], row[id as usize]
-                    );
-                }
                 worst_rel = worst_rel.max(e);
             }
         }
