@@ -1,0 +1,604 @@
+//! The accelerator interface, drawn like ggml's backend: a [`Device`] says what it is
+//! ([`DeviceInfo`]: limits and features) and which operations it runs ([`Device::supports_op`]);
+//! it hands out [`Buffer`]s from a pool under a memory budget, moves bytes to and from them
+//! asynchronously with [`Event`]s to wait on, and records kernel launches ([`Op`]) that run in
+//! submission order. [`ExpertSlots`] are fixed-size regions of one buffer refilled in place:
+//! the expert cache of the hybrid runtime.
+//!
+//! A key design decision made here is that operations are plain data ([`Op`]) handed to one
+//! `enqueue` method rather than one trait method per kernel: a backend (wgpu now, CUDA later)
+//! implements one dispatcher, `supports_op` answers from the same enum, and a model written
+//! against `dyn Device` ([`crate::GpuModel`]) runs on any of them.
+
+use std::any::Any;
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use crate::Result;
+
+/// How weights are stored on the device: f32, or two 16-bit values per 32-bit word.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WeightType {
+    /// One f32 per word.
+    F32,
+    /// Two bfloat16 per word, element 0 in the low half.
+    Bf16,
+    /// Two IEEE half floats per word, element 0 in the low half.
+    F16,
+}
+
+impl WeightType {
+    /// Bytes of `n` elements, rounded up to whole 32-bit words.
+    pub fn bytes(self, n: usize) -> u64 {
+        match self {
+            WeightType::F32 => 4 * n as u64,
+            WeightType::Bf16 | WeightType::F16 => 4 * n.div_ceil(2) as u64,
+        }
+    }
+
+    /// Bytes of one element.
+    pub fn elem_bytes(self) -> u64 {
+        match self {
+            WeightType::F32 => 4,
+            WeightType::Bf16 | WeightType::F16 => 2,
+        }
+    }
+
+    /// The split granule of a row-major matrix with rows of `k` elements: whole rows that
+    /// are also whole 32-bit words (pass it to [`Device::alloc`]).
+    pub fn row_granule(self, k: usize) -> u64 {
+        let row = self.elem_bytes() * k.max(1) as u64;
+        match row % 4 {
+            0 => row,
+            2 => 2 * row,
+            _ => 4 * row,
+        }
+    }
+
+    /// Encodes f32 values in this type (round to nearest even).
+    pub fn encode(self, v: &[f32]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.bytes(v.len()) as usize);
+        match self {
+            WeightType::F32 => v.iter().for_each(|x| out.extend(x.to_le_bytes())),
+            WeightType::Bf16 => v
+                .iter()
+                .for_each(|x| out.extend(half::bf16::from_f32(*x).to_le_bytes())),
+            WeightType::F16 => v
+                .iter()
+                .for_each(|x| out.extend(half::f16::from_f32(*x).to_le_bytes())),
+        }
+        out.resize(self.bytes(v.len()) as usize, 0);
+        out
+    }
+
+    /// Name as printed by `strata devices`.
+    pub fn name(self) -> &'static str {
+        match self {
+            WeightType::F32 => "f32",
+            WeightType::Bf16 => "bf16",
+            WeightType::F16 => "f16",
+        }
+    }
+}
+
+/// Kinds of operation a device may support ([`Device::supports_op`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OpKind {
+    /// Embedding row gather.
+    Embed(WeightType),
+    /// Dense `y = x·Wᵀ (+ b)`.
+    Matmul(WeightType),
+    /// RMSNorm of rows.
+    RmsNorm,
+    /// Rotary embedding, NEOX or interleaved, partial, any frequency scaling (host table).
+    Rope,
+    /// Causal grouped-query attention over a device KV cache (prefill and decode).
+    Attention,
+    /// `x = silu(x) * y`.
+    SiluMul,
+    /// `x += y`, optionally scaled by a per-row sigmoid gate.
+    Add,
+    /// Router scores and top-k choice (softmax/sigmoid, bias, groups).
+    TopK,
+    /// Routed experts held in slots over their tokens, grouped by expert.
+    ExpertFfn(WeightType),
+    /// Weighted sum of the experts' outputs per token.
+    MoeCombine,
+}
+
+impl fmt::Display for OpKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            OpKind::Embed(t) => write!(f, "embed.{}", t.name()),
+            OpKind::Matmul(t) => write!(f, "matmul.{}", t.name()),
+            OpKind::ExpertFfn(t) => write!(f, "expert_ffn.{}", t.name()),
+            OpKind::RmsNorm => f.write_str("rms_norm"),
+            OpKind::Rope => f.write_str("rope"),
+            OpKind::Attention => f.write_str("attention"),
+            OpKind::SiluMul => f.write_str("silu_mul"),
+            OpKind::Add => f.write_str("add"),
+            OpKind::TopK => f.write_str("topk"),
+            OpKind::MoeCombine => f.write_str("moe_combine"),
+        }
+    }
+}
+
+/// What a device is and what it can do.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceInfo {
+    /// Index among the enumerated devices (`--device gpu:N`).
+    pub index: usize,
+    /// Adapter name (`llvmpipe (LLVM 15.0.6, 256 bits)`).
+    pub name: String,
+    /// Backend and graphics API (`wgpu/Vulkan`).
+    pub backend: String,
+    /// Discrete, integrated, virtual or CPU.
+    pub device_type: String,
+    /// Driver name and version.
+    pub driver: String,
+    /// Device memory in bytes, when the API reports it.
+    pub memory: Option<u64>,
+    /// Largest buffer range one kernel binding may cover; bigger tensors are split.
+    pub max_binding: u64,
+    /// Largest single buffer.
+    pub max_buffer: u64,
+    /// Native f16 arithmetic in shaders.
+    pub shader_f16: bool,
+    /// Subgroup (warp/wave) operations.
+    pub subgroups: bool,
+    /// Operations this device runs.
+    pub ops: Vec<OpKind>,
+}
+
+/// How to open a device.
+#[derive(Debug, Clone, Default)]
+pub struct DeviceOptions {
+    /// Which enumerated device (0 = first).
+    pub index: usize,
+    /// Memory budget in bytes for all buffers (`--vram-budget`); `None`: no budget.
+    pub vram_budget: Option<u64>,
+    /// Split splittable buffers (weights, tables, expert slots: those allocated with a
+    /// granule) at this many bytes, below the device's binding limit; tests use it to
+    /// exercise split tensors on small shapes.
+    pub max_binding: Option<u64>,
+}
+
+/// Memory in use under the budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryUse {
+    /// Bytes in live buffers.
+    pub live: u64,
+    /// Bytes of freed buffers the pool keeps for reuse.
+    pub pooled: u64,
+    /// The budget (`u64::MAX` when none was set).
+    pub budget: u64,
+}
+
+/// A backend's buffer behind a [`Buffer`] handle.
+pub trait RawBuffer: Any + Send + Sync + fmt::Debug {
+    /// For the backend to recover its own type.
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// Device memory. Dropping it returns the memory to the device's pool.
+#[derive(Debug)]
+pub struct Buffer {
+    bytes: u64,
+    raw: Box<dyn RawBuffer>,
+}
+
+impl Buffer {
+    /// Wraps a backend buffer of `bytes` bytes.
+    pub fn new(bytes: u64, raw: Box<dyn RawBuffer>) -> Buffer {
+        Buffer { bytes, raw }
+    }
+
+    /// Size in bytes.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// The backend's buffer.
+    pub fn raw(&self) -> &dyn RawBuffer {
+        &*self.raw
+    }
+}
+
+/// Completion of submitted work (an upload, a download or a batch of kernels).
+#[derive(Debug, Clone)]
+pub struct Event {
+    done: Arc<AtomicBool>,
+}
+
+impl Event {
+    /// A pending event and the flag its backend sets on completion.
+    pub fn new() -> (Event, Arc<AtomicBool>) {
+        let done = Arc::new(AtomicBool::new(false));
+        (Event { done: done.clone() }, done)
+    }
+
+    /// Whether the work has completed (as last observed; [`Device::poll`] updates it).
+    pub fn is_done(&self) -> bool {
+        self.done.load(Ordering::Acquire)
+    }
+}
+
+/// RoPE pairing (see `strata_model::config::RopeStyle`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeKind {
+    /// `i` with `i + d/2`.
+    Neox,
+    /// `2i` with `2i + 1`.
+    Interleaved,
+}
+
+/// Router settings of [`Op::TopK`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TopKParams {
+    /// Experts.
+    pub n_experts: u32,
+    /// Chosen per token.
+    pub k: u32,
+    /// Sigmoid scores (else softmax).
+    pub sigmoid: bool,
+    /// `(n_group, topk_group, top2_sum)` group-limited selection.
+    pub groups: Option<(u32, u32, bool)>,
+    /// Renormalise the chosen weights.
+    pub norm: bool,
+    /// Final factor on the weights.
+    pub scaling: f32,
+}
+
+/// One kernel launch. Buffers hold f32 activations unless a [`WeightType`] says otherwise;
+/// shapes are in elements.
+#[derive(Debug)]
+pub enum Op<'a> {
+    /// `out[t, :] = table[ids[t], :]`, `table: [n_rows, dim]`.
+    Embed {
+        /// Embedding table (may be split across bindings at row boundaries).
+        table: &'a Buffer,
+        /// Its storage type.
+        wtype: WeightType,
+        /// Token ids, u32 `[rows]`.
+        ids: &'a Buffer,
+        /// Output `[rows, dim]`.
+        out: &'a Buffer,
+        /// Tokens.
+        rows: u32,
+        /// Row width.
+        dim: u32,
+    },
+    /// `out[m, n] = x[m, k] · w[n, k]ᵀ (+ bias[n])`.
+    Matmul {
+        /// Input `[m, k]`.
+        x: &'a Buffer,
+        /// Weight `[n, k]` (may be split across bindings at row boundaries).
+        w: &'a Buffer,
+        /// Its storage type.
+        wtype: WeightType,
+        /// Bias `[n]`.
+        bias: Option<&'a Buffer>,
+        /// Output `[m, n]`.
+        out: &'a Buffer,
+        /// Rows of x.
+        m: u32,
+        /// Output features.
+        n: u32,
+        /// Input features.
+        k: u32,
+    },
+    /// `out = rms_norm(x) * w` over rows of `dim`.
+    RmsNorm {
+        /// Input `[rows, dim]`.
+        x: &'a Buffer,
+        /// Gain `[dim]`.
+        w: &'a Buffer,
+        /// Output (a different buffer).
+        out: &'a Buffer,
+        /// Rows.
+        rows: u32,
+        /// Row width.
+        dim: u32,
+        /// Epsilon.
+        eps: f32,
+    },
+    /// Rotates `x: [rows, n_heads * head_stride]` in place: in every head, the `2 * half`
+    /// values from `offset` on, by the row's position.
+    Rope {
+        /// Data, rotated in place.
+        x: &'a Buffer,
+        /// Position of each row, u32 `[rows]`.
+        positions: &'a Buffer,
+        /// `[max_pos, 2 * half]`: cos then sin per position.
+        table: &'a Buffer,
+        /// Rows.
+        rows: u32,
+        /// Heads per row.
+        n_heads: u32,
+        /// Width of a head.
+        head_stride: u32,
+        /// First rotated value in a head.
+        offset: u32,
+        /// Rotated pairs per head.
+        half: u32,
+        /// Pairing.
+        kind: RopeKind,
+    },
+    /// Causal attention of `q: [n_tokens, n_heads * hd]` (positions `start_pos..`) over
+    /// the caches `k, v: [ctx, n_kv_heads * hd]` that already hold these tokens.
+    Attention {
+        /// Queries.
+        q: &'a Buffer,
+        /// Key cache.
+        k: &'a Buffer,
+        /// Value cache.
+        v: &'a Buffer,
+        /// Output `[n_tokens, n_heads * hd]`.
+        out: &'a Buffer,
+        /// New tokens.
+        n_tokens: u32,
+        /// Position of the first.
+        start_pos: u32,
+        /// Query heads.
+        n_heads: u32,
+        /// Key/value heads.
+        n_kv_heads: u32,
+        /// Head dimension (at most 256).
+        head_dim: u32,
+        /// Sliding window (0: none).
+        window: u32,
+        /// Score scale.
+        scale: f32,
+    },
+    /// `x = silu(x) * y` over `n` values.
+    SiluMul {
+        /// Gate, overwritten.
+        x: &'a Buffer,
+        /// Up.
+        y: &'a Buffer,
+        /// Values.
+        n: u32,
+    },
+    /// `x += y`, or `x += sigmoid(gate[row]) * y` with rows of `dim`.
+    Add {
+        /// Accumulator.
+        x: &'a Buffer,
+        /// Addend.
+        y: &'a Buffer,
+        /// Per-row gate logits.
+        gate: Option<&'a Buffer>,
+        /// Values.
+        n: u32,
+        /// Row width (for the gate).
+        dim: u32,
+    },
+    /// Router: `logits: [tokens, n_experts]` to `ids, weights: [tokens, k]`.
+    TopK {
+        /// Router logits.
+        logits: &'a Buffer,
+        /// Selection bias `[n_experts]`.
+        bias: Option<&'a Buffer>,
+        /// Chosen experts, u32.
+        ids: &'a Buffer,
+        /// Their weights.
+        weights: &'a Buffer,
+        /// Tokens.
+        tokens: u32,
+        /// Settings.
+        params: TopKParams,
+    },
+    /// Routed experts held in `slots` over their rows: `stage 0` writes
+    /// `act[p] = silu(x[row_p]·gate) * (x[row_p]·up)`, `stage 1` writes `y[p] = act[p]·downᵀ`.
+    ExpertFfn {
+        /// Stage input: activations `[T, hidden]` (stage 0) or `act: [P, inter]` (stage 1).
+        x: &'a Buffer,
+        /// The expert slots.
+        slots: &'a ExpertSlots,
+        /// `(row, slot)` u32 pairs `[P, 2]`, sorted by slot.
+        pairs: &'a Buffer,
+        /// Output `[P, inter]` or `[P, hidden]`.
+        out: &'a Buffer,
+        /// Pairs.
+        n_pairs: u32,
+        /// 0: gate and up, 1: down.
+        stage: u32,
+    },
+    /// `out[t] += Σ_j weights[t, j] · y[pair_of[t, j]]`.
+    MoeCombine {
+        /// Accumulator `[tokens, hidden]`.
+        out: &'a Buffer,
+        /// Experts' outputs `[P, hidden]`.
+        y: &'a Buffer,
+        /// Weights `[tokens, k]`.
+        weights: &'a Buffer,
+        /// Pair index of each (token, choice), u32 `[tokens, k]`.
+        pair_of: &'a Buffer,
+        /// Tokens.
+        tokens: u32,
+        /// Row width.
+        hidden: u32,
+        /// Choices per token.
+        k: u32,
+    },
+}
+
+impl Op<'_> {
+    /// The kind of this operation.
+    pub fn kind(&self) -> OpKind {
+        match self {
+            Op::Embed { wtype, .. } => OpKind::Embed(*wtype),
+            Op::Matmul { wtype, .. } => OpKind::Matmul(*wtype),
+            Op::RmsNorm { .. } => OpKind::RmsNorm,
+            Op::Rope { .. } => OpKind::Rope,
+            Op::Attention { .. } => OpKind::Attention,
+            Op::SiluMul { .. } => OpKind::SiluMul,
+            Op::Add { .. } => OpKind::Add,
+            Op::TopK { .. } => OpKind::TopK,
+            Op::ExpertFfn { slots, .. } => OpKind::ExpertFfn(slots.wtype),
+            Op::MoeCombine { .. } => OpKind::MoeCombine,
+        }
+    }
+}
+
+/// An accelerator: memory, transfers, kernels and synchronisation.
+///
+/// Work is ordered: uploads, recorded kernels and downloads take effect in the order they
+/// are issued, so a kernel recorded after an upload reads the uploaded bytes and an upload
+/// issued after a kernel does not change what that kernel reads.
+pub trait Device: Send + Sync + fmt::Debug {
+    /// What this device is.
+    fn info(&self) -> &DeviceInfo;
+
+    /// Whether `op` runs on this device. Default: listed in [`DeviceInfo::ops`].
+    fn supports_op(&self, op: OpKind) -> bool {
+        self.info().ops.contains(&op)
+    }
+
+    /// Memory held under the budget.
+    fn memory(&self) -> MemoryUse;
+
+    /// A buffer of `bytes` bytes from the pool. With `granule > 0` it is split into bindings
+    /// at multiples of `granule` bytes (rows or slots) when larger than the binding limit;
+    /// with 0 it must fit one binding (activations, caches). Fails with
+    /// [`crate::Error::OutOfBudget`] past the budget.
+    fn alloc(&self, bytes: u64, granule: u64, label: &str) -> Result<Buffer>;
+
+    /// Copies `data` into `buf` at `offset` without waiting for it to land: the returned
+    /// event completes when it has. Kernels issued later see the data.
+    fn upload(&self, buf: &Buffer, offset: u64, data: &[u8]) -> Result<Event>;
+
+    /// Reads `len` bytes of `buf` from `offset`, after all work issued before.
+    fn download(&self, buf: &Buffer, offset: u64, len: u64) -> Result<Vec<u8>>;
+
+    /// Copies bytes between buffers on the device, in order with kernels.
+    fn copy(
+        &self,
+        src: &Buffer,
+        src_offset: u64,
+        dst: &Buffer,
+        dst_offset: u64,
+        len: u64,
+    ) -> Result<()>;
+
+    /// Records a kernel launch; it runs at the next [`Device::submit`].
+    fn enqueue(&self, op: &Op<'_>) -> Result<()>;
+
+    /// Sends recorded work to the device; the event completes when it has run.
+    fn submit(&self) -> Result<Event>;
+
+    /// Blocks until `event` completes.
+    fn wait(&self, event: &Event) -> Result<()>;
+
+    /// Updates events without blocking.
+    fn poll(&self) -> Result<()>;
+
+    /// Submits everything recorded and waits for it. Default: [`Device::submit`] then
+    /// [`Device::wait`].
+    fn synchronize(&self) -> Result<()> {
+        let e = self.submit()?;
+        self.wait(&e)
+    }
+}
+
+/// `n` fixed-size regions of one buffer, each holding one expert's gate `[inter, hidden]`,
+/// up `[inter, hidden]` and down `[hidden, inter]` weights, refilled in place.
+#[derive(Debug)]
+pub struct ExpertSlots {
+    /// The storage (split across bindings at slot boundaries).
+    pub buffer: Buffer,
+    /// Storage type of the weights.
+    pub wtype: WeightType,
+    /// Residual stream width.
+    pub hidden: u32,
+    /// Expert intermediate size.
+    pub inter: u32,
+    /// Number of slots.
+    pub n_slots: u32,
+}
+
+impl ExpertSlots {
+    /// Allocates `n_slots` slots.
+    pub fn new(
+        dev: &dyn Device,
+        n_slots: u32,
+        hidden: u32,
+        inter: u32,
+        wtype: WeightType,
+    ) -> Result<ExpertSlots> {
+        let slot = Self::slot_bytes_for(hidden, inter, wtype);
+        let buffer = dev.alloc(slot * n_slots as u64, slot, "expert slots")?;
+        Ok(ExpertSlots {
+            buffer,
+            wtype,
+            hidden,
+            inter,
+            n_slots,
+        })
+    }
+
+    fn slot_bytes_for(hidden: u32, inter: u32, wtype: WeightType) -> u64 {
+        // Whole words per slot, an even element count, so 16-bit slots never share a word.
+        let elems = 3 * hidden as usize * inter as usize;
+        wtype.bytes(elems + elems % 2)
+    }
+
+    /// Bytes per slot.
+    pub fn slot_bytes(&self) -> u64 {
+        Self::slot_bytes_for(self.hidden, self.inter, self.wtype)
+    }
+
+    /// Elements per slot (the stride kernels use).
+    pub fn slot_elems(&self) -> u64 {
+        let elems = 3 * self.hidden as u64 * self.inter as u64;
+        elems + elems % 2
+    }
+
+    /// Starts refilling `slot` with an expert's weights (`gate`, `up`: `[inter, hidden]`,
+    /// `down`: `[hidden, inter]`, f32, encoded to the slot type). Kernels issued after this
+    /// call read the new expert; kernels issued before read the old one.
+    pub fn refill(
+        &self,
+        dev: &dyn Device,
+        slot: u32,
+        gate: &[f32],
+        up: &[f32],
+        down: &[f32],
+    ) -> Result<Event> {
+        let hi = self.hidden as usize * self.inter as usize;
+        if slot >= self.n_slots || gate.len() != hi || up.len() != hi || down.len() != hi {
+            return Err(crate::Error::Shape {
+                op: "expert slot refill",
+                message: format!(
+                    "slot {slot} of {}, expected 3 x {hi} values but got {}, {}, {}",
+                    self.n_slots,
+                    gate.len(),
+                    up.len(),
+                    down.len()
+                ),
+            });
+        }
+        let mut all = Vec::with_capacity(3 * hi + 1);
+        all.extend_from_slice(gate);
+        all.extend_from_slice(up);
+        all.extend_from_slice(down);
+        all.resize(self.slot_elems() as usize, 0.0);
+        self.refill_bytes(dev, slot, &self.wtype.encode(&all))
+    }
+
+    /// [`ExpertSlots::refill`] from bytes already in the slot type (`slot_bytes` long).
+    pub fn refill_bytes(&self, dev: &dyn Device, slot: u32, bytes: &[u8]) -> Result<Event> {
+        if slot >= self.n_slots || bytes.len() as u64 != self.slot_bytes() {
+            return Err(crate::Error::Shape {
+                op: "expert slot refill",
+                message: format!(
+                    "slot {slot} of {}, expected {} bytes but got {}",
+                    self.n_slots,
+                    self.slot_bytes(),
+                    bytes.len()
+                ),
+            });
+        }
+        dev.upload(&self.buffer, slot as u64 * self.slot_bytes(), bytes)
+    }
+}

@@ -1,0 +1,87 @@
+//! Accelerators for Strata: one device/buffer/queue interface ([`Device`]) and a wgpu
+//! backend (Vulkan; Metal and DX12 through features) with WGSL kernels for every part of a
+//! decoder layer, plus [`GpuModel`], a whole model on one device.
+//!
+//! Entry points: [`devices`] lists what this build can use, [`open`] opens one as a
+//! `dyn Device`, [`GpuModel::load`] puts a checkpoint on it.
+//!
+//! A key design decision made in this crate is that a backend that is not compiled in, or
+//! that finds no adapter, is an error value naming what is missing ([`Error::NotCompiledWith`],
+//! [`Error::NoAdapter`]), never a `cfg` the callers must repeat nor a panic: `strata` builds
+//! and runs the same with or without a GPU.
+#![deny(missing_docs)]
+
+pub mod device;
+mod error;
+pub mod model;
+
+#[cfg(feature = "wgpu")]
+mod backend {
+    pub mod wgpu;
+}
+
+use std::sync::Arc;
+
+pub use device::{
+    Buffer, Device, DeviceInfo, DeviceOptions, Event, ExpertSlots, MemoryUse, Op, OpKind, RopeKind,
+    TopKParams, WeightType,
+};
+pub use error::{Error, Result};
+
+/// Every accelerator this build can use.
+pub fn devices() -> Result<Vec<DeviceInfo>> {
+    #[cfg(feature = "wgpu")]
+    {
+        backend::wgpu::enumerate()
+    }
+    #[cfg(not(feature = "wgpu"))]
+    {
+        Err(Error::NotCompiledWith {
+            backend: "wgpu",
+            feature: "wgpu",
+        })
+    }
+}
+
+/// Opens the accelerator `opts.index`.
+pub fn open(opts: &DeviceOptions) -> Result<Arc<dyn Device>> {
+    #[cfg(feature = "wgpu")]
+    {
+        Ok(Arc::new(backend::wgpu::WgpuDevice::open(opts)?))
+    }
+    #[cfg(not(feature = "wgpu"))]
+    {
+        let _ = opts;
+        Err(Error::NotCompiledWith {
+            backend: "wgpu",
+            feature: "wgpu",
+        })
+    }
+}
+
+/// Parses a byte size: `512M`, `8G`, `1.5GiB`, `1000000` (bytes).
+pub fn parse_bytes(s: &str) -> Result<u64> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        _ => {
+            return Err(Error::Shape {
+                op: "byte size",
+                message: format!("`{s}`: unknown unit, expected B, K, M, G or T"),
+            });
+        }
+    };
+    let v: f64 = num.parse().map_err(|_| Error::Shape {
+        op: "byte size",
+        message: format!("`{s}` is not a number with an optional unit (e.g. 8G)"),
+    })?;
+    Ok((v * mult as f64) as u64)
+}

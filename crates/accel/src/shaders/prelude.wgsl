@@ -1,0 +1,31 @@
+// Shared by every kernel: weight loads by type and the 2D -> linear invocation index.
+
+// Element `i` of a weight stored as 32-bit words: f32 (one per word), bf16 or f16 (two per
+// word, element 0 in the low half). `WTYPE` is replaced per pipeline: 0 f32, 1 bf16, 2 f16.
+const WTYPE: u32 = __WTYPE__u;
+
+fn load_word(w: u32, i: u32) -> f32 {
+    if (WTYPE == 0u) {
+        return bitcast<f32>(w);
+    } else if (WTYPE == 1u) {
+        if ((i & 1u) == 0u) {
+            return bitcast<f32>(w << 16u);
+        }
+        return bitcast<f32>(w & 0xffff0000u);
+    }
+    return unpack2x16float(w)[i & 1u];
+}
+
+fn word_index(i: u32) -> u32 {
+    if (WTYPE == 0u) {
+        return i;
+    }
+    return i >> 1u;
+}
+
+// Dispatches of more than 65535 workgroups are folded into y.
+fn linear_id(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
+    return gid.y * nwg.x * 64u + gid.x;
+}
+
+const NEG_BIG: f32 = -3.0e38;

@@ -1,0 +1,35 @@
+struct P { rows: u32, dim: u32, eps: f32, _a: u32 }
+@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read> w: array<f32>;
+@group(0) @binding(3) var<storage, read_write> out: array<f32>;
+
+var<workgroup> red: array<f32, 64>;
+
+// One workgroup per row: out = x * w / sqrt(mean(x^2) + eps).
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_id) l: vec3<u32>) {
+    let row = wg.y * nwg.x + wg.x;
+    if (row >= p.rows) {
+        return;
+    }
+    let base = row * p.dim;
+    var s = 0.0;
+    for (var i = l.x; i < p.dim; i += 64u) {
+        let v = x[base + i];
+        s += v * v;
+    }
+    red[l.x] = s;
+    workgroupBarrier();
+    for (var off = 32u; off > 0u; off >>= 1u) {
+        if (l.x < off) {
+            red[l.x] += red[l.x + off];
+        }
+        workgroupBarrier();
+    }
+    let inv = 1.0 / sqrt(red[0] / f32(p.dim) + p.eps);
+    for (var i = l.x; i < p.dim; i += 64u) {
+        out[base + i] = x[base + i] * inv * w[i];
+    }
+}

@@ -1,0 +1,503 @@
+//! Every GPU kernel against the CPU reference on random shapes, including 0, 1, odd sizes
+//! and tensors split across bindings (a device opened with a tiny binding limit).
+
+mod common;
+
+use common::{Rng, down, down_u32, gpu, max_err, up, up_u32};
+use strata_accel::{Device, DeviceOptions, ExpertSlots, Op, RopeKind, TopKParams, WeightType};
+use strata_model::config::{RopeConfig, RopeScaling, RopeStyle};
+use strata_model::rope::Rope;
+
+/// A device whose bindings hold at most 400 bytes, so weights split into many chunks.
+fn split_gpu() -> Option<std::sync::Arc<dyn Device>> {
+    gpu(DeviceOptions {
+        max_binding: Some(400),
+        ..DeviceOptions::default()
+    })
+}
+
+/// Values as the device stores them in `t` (rounded through bf16 or f16).
+fn rounded(t: WeightType, v: &[f32]) -> Vec<f32> {
+    match t {
+        WeightType::F32 => v.to_vec(),
+        WeightType::Bf16 => v
+            .iter()
+            .map(|x| half::bf16::from_f32(*x).to_f32())
+            .collect(),
+        WeightType::F16 => v.iter().map(|x| half::f16::from_f32(*x).to_f32()).collect(),
+    }
+}
+
+fn upload_weights(dev: &dyn Device, t: WeightType, v: &[f32], row: usize) -> strata_accel::Buffer {
+    let bytes = t.encode(v);
+    let b = dev
+        .alloc(bytes.len() as u64, t.row_granule(row), "weights")
+        .unwrap();
+    dev.upload(&b, 0, &bytes).unwrap();
+    b
+}
+
+#[test]
+fn matmul_matches_reference() {
+    let Some(dev) = split_gpu() else { return };
+    let mut rng = Rng::new(1);
+    for &(m, n, k) in &[
+        (1, 1, 1),
+        (3, 5, 7),
+        (17, 33, 19),
+        (5, 40, 64),
+        (0, 3, 4),
+        (2, 9, 1),
+    ] {
+        for t in [WeightType::F32, WeightType::Bf16, WeightType::F16] {
+            let x = rng.vec(m * k);
+            let w = rng.vec(n * k);
+            let bias = rng.vec(n);
+            let wq = rounded(t, &w);
+            let mut want = vec![0.0; m * n];
+            strata_kernels::gemm::matmul_f32_ref(&x, &wq, &mut want, m, n, k);
+            for (i, v) in want.iter_mut().enumerate() {
+                *v += bias[i % n.max(1)];
+            }
+            let (xb, wb, bb) = (
+                up(&*dev, &x),
+                upload_weights(&*dev, t, &w, k),
+                up(&*dev, &bias),
+            );
+            let out = dev.alloc((m * n * 4) as u64, 0, "out").unwrap();
+            dev.enqueue(&Op::Matmul {
+                x: &xb,
+                w: &wb,
+                wtype: t,
+                bias: Some(&bb),
+                out: &out,
+                m: m as u32,
+                n: n as u32,
+                k: k as u32,
+            })
+            .unwrap();
+            let got = down(&*dev, &out, m * n);
+            let e = max_err(&got, &want);
+            assert!(
+                e < 1e-5 * k as f32 + 1e-6,
+                "matmul {m}x{n}x{k} {t:?}: error {e}"
+            );
+        }
+    }
+}
+
+#[test]
+fn embed_gathers_rows_across_chunks() {
+    let Some(dev) = split_gpu() else { return };
+    let mut rng = Rng::new(2);
+    for t in [WeightType::F32, WeightType::Bf16] {
+        let (rows, dim) = (23, 7);
+        let table = rng.vec(rows * dim);
+        let ids = [0u32, 22, 5, 5, 13, 1];
+        let tb = upload_weights(&*dev, t, &table, dim);
+        let ib = up_u32(&*dev, &ids);
+        let out = dev.alloc((ids.len() * dim * 4) as u64, 0, "out").unwrap();
+        dev.enqueue(&Op::Embed {
+            table: &tb,
+            wtype: t,
+            ids: &ib,
+            out: &out,
+            rows: ids.len() as u32,
+            dim: dim as u32,
+        })
+        .unwrap();
+        let tq = rounded(t, &table);
+        let want: Vec<f32> = ids
+            .iter()
+            .flat_map(|&i| tq[i as usize * dim..(i as usize + 1) * dim].to_vec())
+            .collect();
+        assert_eq!(down(&*dev, &out, want.len()), want, "{t:?}");
+    }
+}
+
+#[test]
+fn rms_norm_silu_add_match_reference() {
+    let Some(dev) = gpu(DeviceOptions::default()) else {
+        return;
+    };
+    let mut rng = Rng::new(3);
+    for &(rows, dim) in &[(1, 1), (3, 40), (7, 129), (2, 300)] {
+        let x = rng.vec(rows * dim);
+        let w = rng.vec(dim);
+        let mut want = x.clone();
+        strata_model::ops::rms_norm(&mut want, &w, 1e-6);
+        let (xb, wb) = (up(&*dev, &x), up(&*dev, &w));
+        let out = dev.alloc((rows * dim * 4) as u64, 0, "out").unwrap();
+        dev.enqueue(&Op::RmsNorm {
+            x: &xb,
+            w: &wb,
+            out: &out,
+            rows: rows as u32,
+            dim: dim as u32,
+            eps: 1e-6,
+        })
+        .unwrap();
+        let e = max_err(&down(&*dev, &out, rows * dim), &want);
+        assert!(e < 1e-5, "rms_norm {rows}x{dim}: {e}");
+    }
+    for n in [1usize, 63, 1000] {
+        let (g, u) = (rng.vec(n), rng.vec(n));
+        let mut want = g.clone();
+        strata_model::ops::silu_mul(&mut want, &u);
+        let (gb, ub) = (up(&*dev, &g), up(&*dev, &u));
+        dev.enqueue(&Op::SiluMul {
+            x: &gb,
+            y: &ub,
+            n: n as u32,
+        })
+        .unwrap();
+        assert!(max_err(&down(&*dev, &gb, n), &want) < 1e-6);
+        // x += sigmoid(gate[row]) * y, rows of 3 (the last row partial when n % 3 != 0).
+        let dim = 3;
+        let gate = rng.vec(n.div_ceil(dim));
+        let gtb = up(&*dev, &gate);
+        let before = down(&*dev, &gb, n);
+        dev.enqueue(&Op::Add {
+            x: &gb,
+            y: &ub,
+            gate: Some(&gtb),
+            n: n as u32,
+            dim: dim as u32,
+        })
+        .unwrap();
+        let want: Vec<f32> = (0..n)
+            .map(|i| before[i] + strata_model::ops::sigmoid(gate[i / dim]) * u[i])
+            .collect();
+        assert!(max_err(&down(&*dev, &gb, n), &want) < 1e-6);
+    }
+}
+
+#[test]
+fn rope_variants_match_reference() {
+    let Some(dev) = gpu(DeviceOptions::default()) else {
+        return;
+    };
+    let mut rng = Rng::new(4);
+    let yarn = RopeScaling::Yarn {
+        factor: 4.0,
+        original_max_position_embeddings: 32.0,
+        beta_fast: 32.0,
+        beta_slow: 1.0,
+        attention_factor: 1.2,
+        truncate: true,
+        mscale_all_dim: 0.0,
+    };
+    // (style, head width, rotated dims, offset of the rotated part, scaling)
+    let cases = [
+        (RopeStyle::Neox, 12, 12, 0, RopeScaling::None),
+        (RopeStyle::Neox, 12, 6, 0, RopeScaling::None),
+        (RopeStyle::Interleaved, 10, 4, 6, yarn.clone()),
+        (RopeStyle::Neox, 16, 16, 0, yarn),
+    ];
+    for (style, stride, dim, offset, scaling) in cases {
+        let rope = Rope::new(&RopeConfig {
+            theta: 10000.0,
+            dim,
+            style,
+            scaling,
+        });
+        let (rows, heads, max_pos) = (5usize, 3usize, 40usize);
+        let half = dim / 2;
+        let mut table = Vec::new();
+        let (mut c, mut s) = (vec![0.0; half], vec![0.0; half]);
+        for p in 0..max_pos {
+            rope.cos_sin(p, &mut c, &mut s);
+            table.extend_from_slice(&c);
+            table.extend_from_slice(&s);
+        }
+        let positions = [0u32, 1, 7, 39, 20];
+        let x = rng.vec(rows * heads * stride);
+        let mut want = x.clone();
+        for (r, row) in want.chunks_exact_mut(heads * stride).enumerate() {
+            rope.cos_sin(positions[r] as usize, &mut c, &mut s);
+            for h in row.chunks_exact_mut(stride) {
+                rope.apply(&mut h[offset..], &c, &s);
+            }
+        }
+        let (xb, pb, tb) = (up(&*dev, &x), up_u32(&*dev, &positions), up(&*dev, &table));
+        dev.enqueue(&Op::Rope {
+            x: &xb,
+            positions: &pb,
+            table: &tb,
+            rows: rows as u32,
+            n_heads: heads as u32,
+            head_stride: stride as u32,
+            offset: offset as u32,
+            half: half as u32,
+            kind: match style {
+                RopeStyle::Neox => RopeKind::Neox,
+                RopeStyle::Interleaved => RopeKind::Interleaved,
+            },
+        })
+        .unwrap();
+        let e = max_err(&down(&*dev, &xb, x.len()), &want);
+        assert!(e < 1e-6, "rope {style:?} dim {dim}: {e}");
+    }
+}
+
+/// Plain causal GQA attention of `t` new rows at `start..` over `k, v: [ctx, kvh * hd]`.
+#[allow(clippy::too_many_arguments)]
+fn attention_ref(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    t: usize,
+    start: usize,
+    heads: usize,
+    kvh: usize,
+    hd: usize,
+    window: usize,
+    scale: f32,
+) -> Vec<f32> {
+    let mut out = vec![0.0; t * heads * hd];
+    let kv_w = kvh * hd;
+    for r in 0..t {
+        let pos = start + r;
+        let lo = if window > 0 {
+            (pos + 1).saturating_sub(window)
+        } else {
+            0
+        };
+        for h in 0..heads {
+            let g = h / (heads / kvh);
+            let qr = &q[r * heads * hd + h * hd..][..hd];
+            let mut sc: Vec<f32> = (lo..=pos)
+                .map(|j| {
+                    qr.iter()
+                        .zip(&k[j * kv_w + g * hd..][..hd])
+                        .map(|(a, b)| a * b)
+                        .sum::<f32>()
+                        * scale
+                })
+                .collect();
+            strata_model::ops::softmax(&mut sc);
+            for (j, p) in (lo..=pos).zip(&sc) {
+                for d in 0..hd {
+                    out[r * heads * hd + h * hd + d] += p * v[j * kv_w + g * hd + d];
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn attention_prefill_and_decode_match_reference() {
+    let Some(dev) = gpu(DeviceOptions::default()) else {
+        return;
+    };
+    let mut rng = Rng::new(5);
+    // (new rows, start position, heads, kv heads, head dim, window)
+    for &(t, start, heads, kvh, hd, window) in &[
+        (1, 0, 1, 1, 1, 0),
+        (7, 0, 6, 2, 12, 0),
+        (1, 150, 4, 2, 12, 0),
+        (70, 3, 4, 1, 70, 0),
+        (5, 90, 2, 2, 16, 40),
+        (3, 10, 2, 1, 256, 0),
+    ] {
+        let ctx = start + t;
+        let (q, k, v) = (
+            rng.vec(t * heads * hd),
+            rng.vec(ctx * kvh * hd),
+            rng.vec(ctx * kvh * hd),
+        );
+        let scale = 1.0 / (hd as f32).sqrt();
+        let want = attention_ref(&q, &k, &v, t, start, heads, kvh, hd, window, scale);
+        let (qb, kb, vb) = (up(&*dev, &q), up(&*dev, &k), up(&*dev, &v));
+        let out = dev.alloc((want.len() * 4) as u64, 0, "out").unwrap();
+        dev.enqueue(&Op::Attention {
+            q: &qb,
+            k: &kb,
+            v: &vb,
+            out: &out,
+            n_tokens: t as u32,
+            start_pos: start as u32,
+            n_heads: heads as u32,
+            n_kv_heads: kvh as u32,
+            head_dim: hd as u32,
+            window: window as u32,
+            scale,
+        })
+        .unwrap();
+        let e = max_err(&down(&*dev, &out, want.len()), &want);
+        assert!(e < 1e-5, "attention t={t} start={start} hd={hd}: {e}");
+    }
+}
+
+#[test]
+fn topk_matches_cpu_router() {
+    use strata_model::config::{GroupLimit, GroupScore, RouterConfig, Scoring};
+    let Some(dev) = gpu(DeviceOptions::default()) else {
+        return;
+    };
+    let mut rng = Rng::new(6);
+    let base = RouterConfig {
+        n_experts: 8,
+        top_k: 3,
+        scoring: Scoring::Softmax,
+        correction_bias: false,
+        groups: None,
+        norm_topk_prob: false,
+        scaling_factor: 1.0,
+    };
+    let mut cases = vec![base.clone()];
+    cases.push(RouterConfig {
+        norm_topk_prob: true,
+        n_experts: 1,
+        top_k: 1,
+        ..base.clone()
+    });
+    cases.push(RouterConfig {
+        scoring: Scoring::Sigmoid,
+        correction_bias: true,
+        groups: Some(GroupLimit {
+            n_group: 2,
+            topk_group: 1,
+            group_score: GroupScore::Top2Sum,
+        }),
+        norm_topk_prob: true,
+        scaling_factor: 1.8,
+        ..base.clone()
+    });
+    cases.push(RouterConfig {
+        n_experts: 60,
+        top_k: 4,
+        groups: Some(GroupLimit {
+            n_group: 4,
+            topk_group: 2,
+            group_score: GroupScore::Max,
+        }),
+        ..base
+    });
+    for cfg in cases {
+        let (t, n, k) = (13usize, cfg.n_experts, cfg.top_k);
+        let logits: Vec<f32> = rng.vec(t * n).iter().map(|v| v * 4.0).collect();
+        let bias = rng.vec(n);
+        let want = strata_model::moe::route(&cfg, &logits, Some(&bias));
+        let (lb, bb) = (up(&*dev, &logits), up(&*dev, &bias));
+        let ids = dev.alloc((t * k * 4) as u64, 0, "ids").unwrap();
+        let w = dev.alloc((t * k * 4) as u64, 0, "weights").unwrap();
+        dev.enqueue(&Op::TopK {
+            logits: &lb,
+            bias: cfg.correction_bias.then_some(&bb),
+            ids: &ids,
+            weights: &w,
+            tokens: t as u32,
+            params: TopKParams {
+                n_experts: n as u32,
+                k: k as u32,
+                sigmoid: cfg.scoring == Scoring::Sigmoid,
+                groups: cfg.groups.map(|g| {
+                    (
+                        g.n_group as u32,
+                        g.topk_group as u32,
+                        g.group_score == GroupScore::Top2Sum,
+                    )
+                }),
+                norm: cfg.norm_topk_prob,
+                scaling: cfg.scaling_factor,
+            },
+        })
+        .unwrap();
+        assert_eq!(down_u32(&*dev, &ids, t * k), want.ids, "{cfg:?}");
+        assert!(
+            max_err(&down(&*dev, &w, t * k), &want.weights) < 1e-5,
+            "{cfg:?}"
+        );
+    }
+}
+
+/// `down(silu(gate x) * up x)` of one expert on the CPU.
+pub fn expert_ref(x: &[f32], g: &[f32], u: &[f32], d: &[f32], h: usize, i: usize) -> Vec<f32> {
+    let mut gx = vec![0.0; i];
+    let mut ux = vec![0.0; i];
+    strata_kernels::gemm::matmul_f32_ref(x, g, &mut gx, 1, i, h);
+    strata_kernels::gemm::matmul_f32_ref(x, u, &mut ux, 1, i, h);
+    strata_model::ops::silu_mul(&mut gx, &ux);
+    let mut y = vec![0.0; h];
+    strata_kernels::gemm::matmul_f32_ref(&gx, d, &mut y, 1, h, i);
+    y
+}
+
+#[test]
+fn grouped_experts_match_reference() {
+    let Some(dev) = split_gpu() else { return };
+    let mut rng = Rng::new(7);
+    let (h, inter, n_exp, t, k) = (6usize, 5usize, 4usize, 9usize, 2usize);
+    for wt in [WeightType::F32, WeightType::Bf16] {
+        let slots = ExpertSlots::new(&*dev, n_exp as u32, h as u32, inter as u32, wt).unwrap();
+        let experts: Vec<[Vec<f32>; 3]> = (0..n_exp)
+            .map(|_| [rng.vec(inter * h), rng.vec(inter * h), rng.vec(h * inter)])
+            .collect();
+        for (s, e) in experts.iter().enumerate() {
+            slots.refill(&*dev, s as u32, &e[0], &e[1], &e[2]).unwrap();
+        }
+        let x = rng.vec(t * h);
+        // Routing: token r chooses experts (r % n, (r + 1 + r / 3) % n) with random weights.
+        let ids: Vec<usize> = (0..t)
+            .flat_map(|r| [r % n_exp, (r + 1 + r / 3) % n_exp])
+            .collect();
+        let weights = rng.vec(t * k);
+        let mut order: Vec<usize> = (0..t * k).collect();
+        order.sort_by_key(|&p| ids[p]);
+        let pairs: Vec<u32> = order
+            .iter()
+            .flat_map(|&p| [(p / k) as u32, ids[p] as u32])
+            .collect();
+        let mut pair_of = vec![0u32; t * k];
+        for (pi, &p) in order.iter().enumerate() {
+            pair_of[p] = pi as u32;
+        }
+        let init = rng.vec(t * h);
+        let mut want = init.clone();
+        for r in 0..t {
+            for j in 0..k {
+                let e = &experts[ids[r * k + j]];
+                let (g, u, d) = (rounded(wt, &e[0]), rounded(wt, &e[1]), rounded(wt, &e[2]));
+                let y = expert_ref(&x[r * h..(r + 1) * h], &g, &u, &d, h, inter);
+                for c in 0..h {
+                    want[r * h + c] += weights[r * k + j] * y[c];
+                }
+            }
+        }
+        let (xb, pb, pob, wb, ob) = (
+            up(&*dev, &x),
+            up_u32(&*dev, &pairs),
+            up_u32(&*dev, &pair_of),
+            up(&*dev, &weights),
+            up(&*dev, &init),
+        );
+        let np = t * k;
+        let act = dev.alloc((np * inter * 4) as u64, 0, "act").unwrap();
+        let y = dev.alloc((np * h * 4) as u64, 0, "y").unwrap();
+        for (stage, input, out) in [(0, &xb, &act), (1, &act, &y)] {
+            dev.enqueue(&Op::ExpertFfn {
+                x: input,
+                slots: &slots,
+                pairs: &pb,
+                out,
+                n_pairs: np as u32,
+                stage,
+            })
+            .unwrap();
+        }
+        dev.enqueue(&Op::MoeCombine {
+            out: &ob,
+            y: &y,
+            weights: &wb,
+            pair_of: &pob,
+            tokens: t as u32,
+            hidden: h as u32,
+            k: k as u32,
+        })
+        .unwrap();
+        let e = max_err(&down(&*dev, &ob, t * h), &want);
+        assert!(e < 1e-5, "grouped experts {wt:?}: {e}");
+    }
+}

@@ -1,0 +1,194 @@
+//! Memory budget, pooled reuse, expert slot refills and upload/compute ordering.
+
+mod common;
+
+use common::{Rng, default_gpu, down, gpu, max_err, up, up_u32};
+use strata_accel::{Device, DeviceOptions, Error, ExpertSlots, Op, WeightType};
+
+#[test]
+fn allocation_past_budget_fails_clearly_and_frees_return() {
+    let Some(dev) = gpu(DeviceOptions {
+        vram_budget: Some(1 << 20),
+        ..DeviceOptions::default()
+    }) else {
+        return;
+    };
+    let a = dev.alloc(512 << 10, 0, "first").unwrap();
+    let err = dev.alloc(600 << 10, 0, "second").unwrap_err();
+    assert!(matches!(err, Error::OutOfBudget { .. }), "{err:?}");
+    let msg = err.to_string();
+    assert!(msg.contains("second") && msg.contains("budget"), "{msg}");
+    assert_eq!(
+        dev.memory().live,
+        512 << 10,
+        "a failed allocation holds nothing"
+    );
+    drop(a);
+    // The freed buffer is pooled; a different size evicts it to fit.
+    let b = dev.alloc(600 << 10, 0, "second").unwrap();
+    assert_eq!(dev.memory().live, 600 << 10);
+    assert!(dev.memory().live + dev.memory().pooled <= 1 << 20);
+    drop(b);
+    // Same-size allocations reuse the pooled buffer: nothing grows over many rounds.
+    for _ in 0..1000 {
+        let c = dev.alloc(600 << 10, 0, "again").unwrap();
+        drop(c);
+    }
+    let m = dev.memory();
+    assert_eq!((m.live, m.pooled), (0, 600 << 10));
+}
+
+#[test]
+fn slots_refill_in_place_thousands_of_times() {
+    let Some(dev) = default_gpu() else { return };
+    let (h, inter) = (8u32, 6u32);
+    let slots = ExpertSlots::new(&*dev, 4, h, inter, WeightType::Bf16).unwrap();
+    let held = dev.memory();
+    let n = (h * inter) as usize;
+    let mut last = Vec::new();
+    for i in 0..3000u32 {
+        let v: Vec<f32> = (0..3 * n).map(|j| (i * 7 + j as u32) as f32).collect();
+        let ev = slots
+            .refill(&*dev, i % 4, &v[..n], &v[n..2 * n], &v[2 * n..])
+            .unwrap();
+        if i % 500 == 0 {
+            dev.wait(&ev).unwrap();
+        }
+        last = v;
+    }
+    dev.synchronize().unwrap();
+    assert_eq!(dev.memory(), held, "refills allocate nothing");
+    // Slot 3 holds the last refill, rounded to bf16.
+    let bytes = dev
+        .download(&slots.buffer, 3 * slots.slot_bytes(), slots.slot_bytes())
+        .unwrap();
+    assert_eq!(bytes, WeightType::Bf16.encode(&last));
+    // Out-of-range slot or wrong size: an error, not a panic.
+    assert!(
+        slots
+            .refill(&*dev, 4, &last[..n], &last[..n], &last[..n])
+            .is_err()
+    );
+    assert!(
+        slots
+            .refill(&*dev, 0, &last[..1], &last[..n], &last[..n])
+            .is_err()
+    );
+}
+
+/// Runs one token through slot 0 and returns the expert's output `[h]`.
+fn run_slot(
+    dev: &dyn Device,
+    slots: &ExpertSlots,
+    x: &strata_accel::Buffer,
+) -> strata_accel::Buffer {
+    let pairs = up_u32(dev, &[0, 0]);
+    let act = dev.alloc(slots.inter as u64 * 4, 0, "act").unwrap();
+    let y = dev.alloc(slots.hidden as u64 * 4, 0, "y").unwrap();
+    for (stage, input, out) in [(0, x, &act), (1, &act, &y)] {
+        dev.enqueue(&Op::ExpertFfn {
+            x: input,
+            slots,
+            pairs: &pairs,
+            out,
+            n_pairs: 1,
+            stage,
+        })
+        .unwrap();
+    }
+    y
+}
+
+#[test]
+fn upload_during_compute_is_ordered_with_kernels() {
+    let Some(dev) = default_gpu() else { return };
+    let mut rng = Rng::new(11);
+    let (h, inter) = (128usize, 256usize);
+    let slots = ExpertSlots::new(&*dev, 1, h as u32, inter as u32, WeightType::F32).unwrap();
+    let a: Vec<Vec<f32>> = (0..3).map(|_| rng.vec(h * inter)).collect();
+    let b: Vec<Vec<f32>> = (0..3).map(|_| rng.vec(h * inter)).collect();
+    dev.wait(&slots.refill(&*dev, 0, &a[0], &a[1], &a[2]).unwrap())
+        .unwrap();
+    let x = rng.vec(h);
+    let xb = up(&*dev, &x);
+
+    // A long kernel in flight: attention of 64 rows over 1024 cached positions.
+    let (t, ctx, hd) = (64usize, 1024usize, 64usize);
+    let q = up(&*dev, &rng.vec(t * 4 * hd));
+    let kv = up(&*dev, &rng.vec(ctx * hd));
+    let out = dev.alloc((t * 4 * hd * 4) as u64, 0, "out").unwrap();
+    dev.enqueue(&Op::Attention {
+        q: &q,
+        k: &kv,
+        v: &kv,
+        out: &out,
+        n_tokens: t as u32,
+        start_pos: (ctx - t) as u32,
+        n_heads: 4,
+        n_kv_heads: 1,
+        head_dim: hd as u32,
+        window: 0,
+        scale: 0.125,
+    })
+    .unwrap();
+    let running = dev.submit().unwrap();
+    // Issued before the refill: must read expert A.
+    let ya = run_slot(&*dev, &slots, &xb);
+    // The refill is issued while the attention kernel may still run.
+    let refill = slots.refill(&*dev, 0, &b[0], &b[1], &b[2]).unwrap();
+    // Issued after: must wait for the refill and read expert B, never a mix.
+    let yb = run_slot(&*dev, &slots, &xb);
+    dev.wait(&refill).unwrap();
+    assert!(
+        refill.is_done() && running.is_done(),
+        "events complete in order"
+    );
+    let want_a = expert(&x, &a, h, inter);
+    let want_b = expert(&x, &b, h, inter);
+    assert!(
+        max_err(&down(&*dev, &ya, h), &want_a) < 1e-4,
+        "kernel before the refill saw the new expert"
+    );
+    assert!(
+        max_err(&down(&*dev, &yb, h), &want_b) < 1e-4,
+        "kernel after the refill did not see it"
+    );
+}
+
+fn expert(x: &[f32], w: &[Vec<f32>], h: usize, inter: usize) -> Vec<f32> {
+    let mut g = vec![0.0; inter];
+    let mut u = vec![0.0; inter];
+    strata_kernels::gemm::matmul_f32_ref(x, &w[0], &mut g, 1, inter, h);
+    strata_kernels::gemm::matmul_f32_ref(x, &w[1], &mut u, 1, inter, h);
+    strata_model::ops::silu_mul(&mut g, &u);
+    let mut y = vec![0.0; h];
+    strata_kernels::gemm::matmul_f32_ref(&g, &w[2], &mut y, 1, h, inter);
+    y
+}
+
+#[test]
+fn errors_not_panics() {
+    let Some(dev) = default_gpu() else { return };
+    let b = dev.alloc(64, 0, "small").unwrap();
+    assert!(dev.download(&b, 32, 64).is_err());
+    assert!(dev.upload(&b, 2, &[0; 4]).is_err());
+    let err = dev
+        .enqueue(&Op::Attention {
+            q: &b,
+            k: &b,
+            v: &b,
+            out: &b,
+            n_tokens: 1,
+            start_pos: 0,
+            n_heads: 1,
+            n_kv_heads: 1,
+            head_dim: 300,
+            window: 0,
+            scale: 1.0,
+        })
+        .unwrap_err();
+    assert!(err.to_string().contains("256"), "{err}");
+    assert!(strata_accel::parse_bytes("8G").unwrap() == 8 << 30);
+    assert!(strata_accel::parse_bytes("1.5M").unwrap() == 3 << 19);
+    assert!(strata_accel::parse_bytes("12 parsecs").is_err());
+}
