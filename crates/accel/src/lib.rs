@@ -27,6 +27,7 @@ pub use device::{
     TopKParams, WeightType,
 };
 pub use error::{Error, Result};
+pub use model::{GpuCache, GpuModel};
 
 /// Every accelerator this build can use.
 pub fn devices() -> Result<Vec<DeviceInfo>> {

@@ -1,5 +1,8 @@
 //! Shared by the GPU tests: opening a device (or skipping), transfers, a seeded RNG.
 
+// Each test binary uses a different subset of these helpers.
+#![allow(dead_code)]
+
 use std::sync::Arc;
 
 use strata_accel::{Buffer, Device, DeviceOptions};
@@ -20,7 +23,6 @@ pub fn gpu(opts: DeviceOptions) -> Option<Arc<dyn Device>> {
 }
 
 /// A device with default options.
-#[allow(dead_code)]
 pub fn default_gpu() -> Option<Arc<dyn Device>> {
     gpu(DeviceOptions::default())
 }
@@ -34,7 +36,6 @@ pub fn up(dev: &dyn Device, v: &[f32]) -> Buffer {
 }
 
 /// Uploads u32 values to a new buffer.
-#[allow(dead_code)]
 pub fn up_u32(dev: &dyn Device, v: &[u32]) -> Buffer {
     let b = dev.alloc(v.len() as u64 * 4, 0, "test").unwrap();
     let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
@@ -52,7 +53,6 @@ pub fn down(dev: &dyn Device, b: &Buffer, n: usize) -> Vec<f32> {
 }
 
 /// Reads `n` u32 values.
-#[allow(dead_code)]
 pub fn down_u32(dev: &dyn Device, b: &Buffer, n: usize) -> Vec<u32> {
     dev.download(b, 0, n as u64 * 4)
         .unwrap()

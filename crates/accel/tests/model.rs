@@ -1,0 +1,114 @@
+//! The whole model on the accelerator against the CPU f32 path on every GQA test fixture:
+//! all at once and token by token through the device KV cache, within 1e-3 x max|ref|.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::default_gpu;
+use strata_accel::{Error, GpuModel};
+use strata_model::{LogitsWanted, Model, Precision, SeqInput};
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures")
+        .join(name)
+}
+
+fn tokens(dir: &Path) -> Vec<Vec<u32>> {
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
+            .unwrap();
+    r["sequences"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            s.as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t.as_u64().unwrap() as u32)
+                .collect()
+        })
+        .collect()
+}
+
+fn cpu_logits(model: &Model, tokens: &[u32]) -> Vec<f32> {
+    let mut cache = model.new_cache();
+    let mut seqs = [SeqInput {
+        tokens,
+        cache: &mut cache,
+        logits: LogitsWanted::All,
+    }];
+    model.forward(&mut seqs).unwrap().remove(0)
+}
+
+fn rel_err(got: &[f32], want: &[f32]) -> f32 {
+    assert_eq!(got.len(), want.len());
+    let max_ref = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    got.iter()
+        .zip(want)
+        .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()))
+        / max_ref
+}
+
+fn check(name: &str) {
+    let Some(dev) = default_gpu() else { return };
+    let dir = fixture(name);
+    let cpu = Model::load(&dir, Precision::F32).unwrap();
+    let gpu = GpuModel::load(dev, &dir).unwrap_or_else(|e| panic!("{name}: {e}"));
+    for (i, toks) in tokens(&dir).iter().enumerate() {
+        let want = cpu_logits(&cpu, toks);
+        for chunk in [toks.len(), 1] {
+            let mut cache = gpu.new_cache(toks.len()).unwrap();
+            let mut got = Vec::new();
+            for part in toks.chunks(chunk) {
+                got.extend(gpu.forward(part, &mut cache).unwrap());
+            }
+            let e = rel_err(&got, &want);
+            println!("{name} seq {i} chunk {chunk}: max rel err {e:.2e}");
+            assert!(
+                e <= 1e-3,
+                "{name} seq {i} chunk {chunk}: error {e:.2e} > 1e-3"
+            );
+        }
+    }
+}
+
+macro_rules! fixtures {
+    ($($name:ident),* $(,)?) => {$(
+        #[test]
+        fn $name() {
+            check(stringify!($name));
+        }
+    )*};
+}
+
+fixtures!(
+    llama,
+    qwen2,
+    qwen2_moe,
+    qwen3_moe,
+    qwen3_moe_bf16,
+    qwen3_moe_stacked,
+    mixtral,
+    glm4_moe
+);
+
+#[test]
+fn mla_is_refused_with_a_clear_error() {
+    let Some(dev) = default_gpu() else { return };
+    let err = GpuModel::load(dev, &fixture("deepseek_v3")).unwrap_err();
+    assert!(matches!(err, Error::Unsupported(_)), "{err}");
+    assert!(err.to_string().contains("latent attention"), "{err}");
+}
+
+#[test]
+fn cache_overflow_and_bad_tokens_are_errors() {
+    let Some(dev) = default_gpu() else { return };
+    let gpu = GpuModel::load(dev, &fixture("llama")).unwrap();
+    let mut cache = gpu.new_cache(2).unwrap();
+    assert!(gpu.forward(&[1, 2, 3], &mut cache).is_err());
+    assert!(gpu.forward(&[100_000], &mut cache).is_err());
+    assert_eq!(cache.len(), 0);
+}
