@@ -1,6 +1,6 @@
 //! The forward pass against Hugging Face transformers' logits: every fixture in
 //! `tests/fixtures/` (tiny random checkpoints of every architecture, made by
-//! `scripts/make_fixtures.py`) and the trained `strata-tiny-moe` in `../shared/models`.
+//! `scripts/make_fixtures.py`) and the trained `strata-tiny-moe` shipped in `models/`.
 //!
 //! For each: the f32 path within 1e-3 x max|ref| at every position; the fast path's top-1
 //! agrees at >= 95% of positions and stays within 5e-2 x max|ref|; whole-sequence,
@@ -137,7 +137,7 @@ fn check_model(dir: &Path, sequences: &[(Vec<u32>, Vec<f32>)]) {
 
 #[test]
 fn strata_tiny_moe_matches_transformers() {
-    let dir = repo_root().join("../shared/models/strata-tiny-moe");
+    let dir = repo_root().join("models/strata-tiny-moe");
     let reference: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(dir.join("reference/reference.json")).unwrap(),
     )
