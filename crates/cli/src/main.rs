@@ -5,6 +5,7 @@
 //! closed stdout (`strata generate | head`) is not an error.
 
 mod bench;
+mod devices;
 mod generate;
 mod hub;
 mod info;
@@ -35,6 +36,8 @@ enum Command {
     /// Benchmarks of Strata's kernels.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// List the accelerators this build can use, with their limits and supported operations.
+    Devices(devices::DevicesArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -49,6 +52,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Generate(a) => generate::run(a),
         Command::Logits(a) => logits::run(a),
         Command::Bench(BenchCommand::Moe(a)) => bench::bench_moe(&a),
+        Command::Devices(a) => devices::run(a),
     }
 }
 

@@ -136,18 +136,30 @@ impl Smoe {
         let mut best: Vec<u32> = (0..n as u32).filter(|&e| f[e as usize] > 0).collect();
         best.sort_by_key(|&e| (std::cmp::Reverse(f[e as usize]), e));
         best.truncate(self.slots);
+        // Victims: cached experts outside the best set that this layer does not run on the
+        // GPU right now (evictions happen before the layer's GPU work).
+        let on_gpu: Vec<u32> = d
+            .tasks
+            .iter()
+            .filter(|t| t.device == Device::Gpu)
+            .map(|t| t.expert)
+            .collect();
         let mut resident: Vec<bool> = (0..n as u32).map(|e| view.is_resident(e)).collect();
-        for e in 0..n as u32 {
-            if resident[e as usize] && !best.contains(&e) {
-                resident[e as usize] = false;
-                d.evictions.push(Evict {
-                    layer: l,
-                    expert: e,
-                });
-            }
-        }
+        let mut victims: Vec<u32> = (0..n as u32)
+            .filter(|e| resident[*e as usize] && !best.contains(e) && !on_gpu.contains(e))
+            .collect();
+        victims.reverse();
         for e in best {
             if !resident[e as usize] {
+                if resident.iter().filter(|&&r| r).count() >= self.slots {
+                    let Some(v) = victims.pop() else { break };
+                    resident[v as usize] = false;
+                    d.evictions.push(Evict {
+                        layer: l,
+                        expert: v,
+                    });
+                }
+                resident[e as usize] = true;
                 d.transfers.push(Transfer {
                     layer: l,
                     expert: e,
@@ -203,8 +215,10 @@ impl Smoe {
             .filter(|&e| !resident[e as usize])
             .take(self.prefetch)
             .collect();
-        let protect = &ranking[..view.top_k.max(self.prefetch).min(n)];
-        let mut victims = self.lfu_victims(l, &resident, protect).into_iter();
+        // Never evict what this step runs on the GPU, nor the best predictions.
+        let mut protect: Vec<u32> = ranking[..view.top_k.max(self.prefetch).min(n)].to_vec();
+        protect.extend(view.ids.iter().copied());
+        let mut victims = self.lfu_victims(l, &resident, &protect).into_iter();
         for e in incoming {
             let count = resident.iter().filter(|&&r| r).count();
             if count >= self.slots {
