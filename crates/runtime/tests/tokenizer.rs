@@ -2,7 +2,7 @@
 //! `transformers`' `apply_chat_template` (tests/data, written by
 //! scripts/make_tokenizer_reference.py), streaming detokenization and stop strings.
 //!
-//! The strata-tiny-moe tokenizer is committed under tests/data and always tested. The Qwen3
+//! The strata-tiny-moe tokenizer (models/strata-tiny-moe) is always tested. The Qwen3
 //! and DeepSeek-V3 tokenizers are too large to commit: scripts/fetch_tokenizers.sh puts them
 //! under `$STRATA_ASSETS/tokenizers` (default `.cache/assets`). Their tests run when the files
 //! are there, print a notice and pass when they are not and `STRATA_REAL_ASSETS` is unset,
@@ -17,6 +17,11 @@ use strata_runtime::text::{
     ChatMessage, StopReason, StreamDecoder, TextError, Tokenizer, TokenizerMeta,
 };
 
+/// The model shipped in the repository (models/strata-tiny-moe).
+fn tiny_moe_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/strata-tiny-moe")
+}
+
 fn data_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests")
@@ -30,7 +35,7 @@ fn read_json(path: &Path) -> Value {
 
 fn tiny_moe() -> &'static Tokenizer {
     static TOK: OnceLock<Tokenizer> = OnceLock::new();
-    TOK.get_or_init(|| Tokenizer::from_dir(data_dir().join("strata-tiny-moe")).unwrap())
+    TOK.get_or_init(|| Tokenizer::from_dir(tiny_moe_dir()).unwrap())
 }
 
 fn assets_dir() -> PathBuf {
@@ -218,7 +223,7 @@ fn tiny_moe_metadata() {
 fn tiny_moe_prompts_match_reference() {
     let tok = tiny_moe();
     let template = tok.chat_template().unwrap();
-    let reference = read_json(&data_dir().join("strata-tiny-moe/reference_prompts.json"));
+    let reference = read_json(&tiny_moe_dir().join("reference/reference.json"));
     let prompts = reference["prompts"].as_array().unwrap();
     assert_eq!(prompts.len(), 3);
     for p in prompts {
@@ -467,7 +472,7 @@ fn model_dir(files: &[(&str, &str)]) -> TempDir {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::copy(
-        data_dir().join("strata-tiny-moe/tokenizer.json"),
+        tiny_moe_dir().join("tokenizer.json"),
         dir.join("tokenizer.json"),
     )
     .unwrap();
@@ -586,7 +591,7 @@ fn bos_is_prepended_once() {
         1
     );
     // A post-processor that adds BOS itself: not added twice.
-    let mut doc: Value = read_json(&data_dir().join("strata-tiny-moe/tokenizer.json"));
+    let mut doc: Value = read_json(&tiny_moe_dir().join("tokenizer.json"));
     doc["post_processor"] = serde_json::json!({
         "type": "TemplateProcessing",
         "single": [{"SpecialToken": {"id": "<|user|>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
@@ -608,7 +613,7 @@ fn bos_is_prepended_once() {
 
 #[test]
 fn from_json_bytes_validates_ids_and_names_the_origin() {
-    let bytes = std::fs::read(data_dir().join("strata-tiny-moe/tokenizer.json")).unwrap();
+    let bytes = std::fs::read(tiny_moe_dir().join("tokenizer.json")).unwrap();
     let meta = TokenizerMeta {
         bos_id: Some(8192),
         ..TokenizerMeta::default()
