@@ -7,9 +7,16 @@
 //! same forward pass as safetensors ones. One difference is kept explicit: llama.cpp's
 //! converter permutes the Q and K rows of `llama` models for its interleaved rotary, so
 //! those models rotate interleaved pairs here too.
+//!
+//! The metadata is read as llama.cpp's graphs read it, not as the original config.json
+//! meant it, so a GGUF computes what llama.cpp computes: `qwen3moe` always renormalizes the
+//! top-k weights (llama.cpp ignores `norm_topk_prob`), `deepseek2` without
+//! `expert_gating_func` uses softmax and without `expert_weights_norm` does not renormalize.
+//! Checked against files written by llama.cpp's converter (llama-cpp-python 0.3.36) in
+//! `crates/model/tests/gguf_fixtures.rs`.
 
 use serde_json::json;
-use strata_formats::gguf::GgufFile;
+use strata_formats::gguf::{GgufFile, dequantize_row};
 
 use crate::config::{Arch, ModelConfig, RawConfig, RopeStyle};
 use crate::{Error, Result};
@@ -50,7 +57,15 @@ pub fn hf_to_gguf(name: &str, exists: impl Fn(&str) -> bool) -> Option<(String, 
     }
     let gguf = match (module, suffix) {
         ("input_layernorm", _) => "attn_norm",
-        ("post_attention_layernorm", _) => "ffn_norm",
+        // `glm4moe` files name the pre-FFN norm `post_attention_norm` (llama.cpp's
+        // ATTN_POST_NORM), the other architectures `ffn_norm`.
+        ("post_attention_layernorm", _) => {
+            let post = format!("blk.{layer}.post_attention_norm.{suffix}");
+            if exists(&post) {
+                return Some((post, None));
+            }
+            "ffn_norm"
+        }
         ("self_attn.q_proj", _) => "attn_q",
         ("self_attn.k_proj", _) => "attn_k",
         ("self_attn.v_proj", _) => "attn_v",
@@ -152,12 +167,17 @@ pub fn config_from_gguf(g: &GgufFile) -> Result<ModelConfig> {
         Arch::Qwen3Moe => raw.norm_topk_prob = Some(true),
         Arch::Qwen2Moe => raw.norm_topk_prob = Some(false),
         Arch::DeepseekV3 | Arch::Glm4Moe => {
-            raw.norm_topk_prob = g.get_bool(&key("expert_weights_norm"));
+            // llama.cpp renormalizes only when the key is present and true.
+            raw.norm_topk_prob = Some(g.get_bool(&key("expert_weights_norm")).unwrap_or(false));
             raw.scoring_func = Some(
                 match u("expert_gating_func") {
                     Some(2) => "sigmoid",
                     Some(1) => "softmax",
                     None if hf_arch == Arch::Glm4Moe => "sigmoid",
+                    // llama.cpp's default for `deepseek2` files without the key (the early
+                    // DeepSeek-V2 conversions). A DeepSeek-V3 checkpoint whose config.json
+                    // lacks `scoring_func` converts to such a file and runs with softmax in
+                    // llama.cpp too.
                     None => "softmax",
                     Some(other) => {
                         return Err(unsupported(&key("expert_gating_func"), format!("{other}")));
@@ -183,21 +203,21 @@ pub fn config_from_gguf(g: &GgufFile) -> Result<ModelConfig> {
                 raw.topk_group = Some(1);
             }
             if hf_arch == Arch::DeepseekV3 {
-                // key_length is nope + rope for MLA.
-                raw.qk_nope_head_dim = match (u("attention.key_length"), raw.qk_rope_head_dim) {
+                // Current converters store MLA as MQA over the latent: key_length is
+                // kv_lora_rank + rope and value_length is kv_lora_rank; the per-head sizes
+                // are in the `_mla` keys. Older files (with attn_kv_b) have only key_length
+                // = nope + rope and value_length = v_head_dim.
+                let k = u("attention.key_length_mla").or(u("attention.key_length"));
+                let v = u("attention.value_length_mla").or(u("attention.value_length"));
+                raw.qk_nope_head_dim = match (k, raw.qk_rope_head_dim) {
                     (Some(k), Some(r)) if k > r => Some(k - r),
                     _ => None,
                 };
+                raw.v_head_dim = v;
+                raw.head_dim = raw.qk_rope_head_dim;
+                // head_count_kv is 1 in the MQA form; the decompressed attention has one
+                // key/value head per query head.
                 raw.num_key_value_heads = n_heads;
-                if g.tensor_info("blk.0.attn_kv_b.weight").is_none()
-                    && g.tensor_info("blk.0.attn_k_b.weight").is_some()
-                {
-                    return Err(unsupported(
-                        "blk.N.attn_k_b",
-                        "MLA GGUFs with split attn_k_b/attn_v_b tensors are not supported yet"
-                            .into(),
-                    ));
-                }
             } else {
                 raw.partial_rotary_factor = match (u("rope.dimension_count"), raw.head_dim) {
                     (Some(r), Some(h)) if h > 0 => Some(r as f64 / h as f64),
@@ -227,6 +247,23 @@ pub fn config_from_gguf(g: &GgufFile) -> Result<ModelConfig> {
             raw.rope_scaling = Some(s);
         }
     }
+    if let Some(info) = g.tensor_info("rope_freqs.weight") {
+        // The converter stores Llama 3 rope scaling as per-pair frequency divisors
+        // (`rope_freqs`) instead of its parameters.
+        let mut factors = vec![0.0f32; info.shape().iter().product()];
+        dequantize_row(info.ggml_type, g.data(info), &mut factors)
+            .map_err(|e| unsupported("rope_freqs.weight", e.to_string()))?;
+        let theta = raw.rope_theta.unwrap_or(10000.0);
+        let dim = u("rope.dimension_count")
+            .or(raw.head_dim)
+            .unwrap_or(hidden.unwrap_or(0) / n_heads.unwrap_or(1).max(1));
+        raw.rope_scaling = Some(llama3_from_factors(&factors, theta, dim).ok_or_else(|| {
+            unsupported(
+                "rope_freqs.weight",
+                format!("frequency factors {factors:?} are not a Llama 3 rope scaling"),
+            )
+        })?);
+    }
     let mut cfg = ModelConfig::from_raw(&raw, path)?;
     if arch == "llama" {
         cfg.rope.style = RopeStyle::Interleaved;
@@ -237,9 +274,133 @@ pub fn config_from_gguf(g: &GgufFile) -> Result<ModelConfig> {
     Ok(cfg)
 }
 
+/// Rebuilds DeepSeek's `kv_b_proj` (`[heads * (nope + v), lora]`, per head the `nope`
+/// key rows then the `v` value rows) from llama.cpp's split form: `attn_k_b` is
+/// `[heads, lora, nope]` (each head's key block transposed, for the absorbed-MLA matmul) and
+/// `attn_v_b` is `[heads, v, lora]`. Returns the values and the number of rows.
+pub(crate) fn kv_b_from_split(
+    k_b: &[f32],
+    k_shape: &[usize],
+    v_b: &[f32],
+    v_shape: &[usize],
+) -> Option<(Vec<f32>, usize)> {
+    let (&[heads, lora, nope], &[vh, v, vl]) = (k_shape, v_shape) else {
+        return None;
+    };
+    if vh != heads || vl != lora || k_b.len() != heads * lora * nope || v_b.len() != vh * v * vl {
+        return None;
+    }
+    let mut out = Vec::with_capacity(heads * (nope + v) * lora);
+    for h in 0..heads {
+        let kh = &k_b[h * lora * nope..][..lora * nope];
+        for r in 0..nope {
+            out.extend((0..lora).map(|c| kh[c * nope + r]));
+        }
+        out.extend_from_slice(&v_b[h * v * lora..][..v * lora]);
+    }
+    Some((out, heads * (nope + v)))
+}
+
+/// Llama 3 rope parameters that reproduce llama.cpp's per-pair frequency divisors
+/// `factors` (`rope_freqs.weight`, `theta^(-2i/dim)` divided by `factors[i]`), or `None`
+/// when no parameters do.
+///
+/// Only the divisors at the model's own frequencies matter, so any parameters that give
+/// them are equivalent: with `original_max_position_embeddings = 1` the band edges are
+/// `1/wavelength` values, read off the pairs that are not scaled (divisor 1), fully
+/// scaled (divisor `factor`) or in between (a line through the in-between pairs). The
+/// result is checked by recomputing every divisor as `rope.rs` does.
+fn llama3_from_factors(factors: &[f32], theta: f64, dim: usize) -> Option<serde_json::Value> {
+    if factors.len() != dim / 2 || factors.is_empty() {
+        return None;
+    }
+    let inv_wavelen: Vec<f64> = (0..factors.len())
+        .map(|i| {
+            let f = 1.0 / (theta.powf((2 * i) as f64 / dim as f64) as f32);
+            f64::from(f) / (2.0 * std::f64::consts::PI)
+        })
+        .collect();
+    let d: Vec<f64> = factors.iter().map(|&v| f64::from(v)).collect();
+    let factor = d.iter().copied().fold(1.0f64, f64::max);
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-5 * b.abs().max(1.0);
+    // Smoothing weight of each in-between pair: 1/d = (1 - s)/factor + s.
+    let mid: Vec<(f64, f64)> = d
+        .iter()
+        .zip(&inv_wavelen)
+        .filter(|(v, _)| !close(**v, 1.0) && !close(**v, factor))
+        .map(|(v, x)| (*x, (1.0 / v - 1.0 / factor) / (1.0 - 1.0 / factor)))
+        .collect();
+    // Fully scaled pairs need x < low, unscaled ones x > high.
+    let x_scaled = d
+        .iter()
+        .zip(&inv_wavelen)
+        .filter(|(v, _)| close(**v, factor) && factor > 1.0)
+        .map(|(_, x)| *x)
+        .fold(0.0f64, f64::max);
+    let x_plain = d
+        .iter()
+        .zip(&inv_wavelen)
+        .filter(|(v, _)| close(**v, 1.0))
+        .map(|(_, x)| *x)
+        .fold(f64::INFINITY, f64::min);
+    let (low, high) = match mid.as_slice() {
+        [] if factor <= 1.0 => return None,
+        [] => {
+            let low = if x_plain.is_finite() {
+                (x_scaled + x_plain) / 2.0
+            } else {
+                x_scaled * 2.0
+            };
+            (low, low * (1.0 + 1e-6))
+        }
+        [(x, s)] => {
+            // Put the upper edge halfway to the first unscaled pair; the line through it
+            // and (x, s) gives the lower edge.
+            let high = if x_plain.is_finite() {
+                (x + x_plain) / 2.0
+            } else {
+                2.0 * x
+            };
+            ((x - s * high) / (1.0 - s), high)
+        }
+        [(x0, s0), (x1, s1), ..] => {
+            let slope = (s1 - s0) / (x1 - x0);
+            let low = x0 - s0 / slope;
+            (low, low + 1.0 / slope)
+        }
+    };
+    if !(low > x_scaled && high > low && high < x_plain) {
+        return None;
+    }
+    // Recompute as rope.rs does (f32, wavelengths 2π/f, original context 1).
+    let (fac, lo, hi) = (factor as f32, low as f32, high as f32);
+    let ok = (0..factors.len()).all(|i| {
+        let f = 1.0 / (theta.powf((2 * i) as f64 / dim as f64) as f32);
+        let wavelen = 2.0 * std::f32::consts::PI / f;
+        let scaled = if wavelen > 1.0 / lo {
+            f / fac
+        } else if wavelen < 1.0 / hi {
+            f
+        } else {
+            let smooth = (1.0 / wavelen - lo) / (hi - lo);
+            (1.0 - smooth) * f / fac + smooth * f
+        };
+        ((f / scaled) - factors[i]).abs() <= 1e-4 * factors[i].abs()
+    });
+    ok.then(|| {
+        json!({
+            "rope_type": "llama3",
+            "factor": factor,
+            "low_freq_factor": low,
+            "high_freq_factor": high,
+            "original_max_position_embeddings": 1.0,
+        })
+    })
+}
+
 #[cfg(test)]
 mod tests {
-    use super::hf_to_gguf;
+    use super::{hf_to_gguf, llama3_from_factors};
 
     fn check(hf: &str, want: Option<(&str, Option<usize>)>) {
         let got = hf_to_gguf(hf, |n| n.contains("_exps"));
@@ -273,6 +434,53 @@ mod tests {
             Some(("blk.1.ffn_gate_inp_shexp.weight", None)),
         );
         check("model.layers.x.mlp.gate.weight", None);
+        // glm4moe's pre-FFN norm.
+        let got = hf_to_gguf("model.layers.2.post_attention_layernorm.weight", |n| {
+            n == "blk.2.post_attention_norm.weight"
+        });
+        assert_eq!(got, Some(("blk.2.post_attention_norm.weight".into(), None)));
+        check(
+            "model.layers.2.post_attention_layernorm.weight",
+            Some(("blk.2.ffn_norm.weight", None)),
+        );
         check("something.else", None);
+    }
+
+    #[test]
+    fn kv_b_round_trip() {
+        // Split a known kv_b the way llama.cpp's converter does and rebuild it.
+        let (heads, nope, v, lora) = (3, 2, 4, 5);
+        let kv_b: Vec<f32> = (0..heads * (nope + v) * lora).map(|i| i as f32).collect();
+        let mut k_b = vec![0.0; heads * lora * nope];
+        let mut v_b = vec![0.0; heads * v * lora];
+        for h in 0..heads {
+            for r in 0..nope + v {
+                for c in 0..lora {
+                    let x = kv_b[(h * (nope + v) + r) * lora + c];
+                    if r < nope {
+                        k_b[(h * lora + c) * nope + r] = x;
+                    } else {
+                        v_b[(h * v + r - nope) * lora + c] = x;
+                    }
+                }
+            }
+        }
+        let (got, rows) =
+            super::kv_b_from_split(&k_b, &[heads, lora, nope], &v_b, &[heads, v, lora]).unwrap();
+        assert_eq!(rows, heads * (nope + v));
+        assert_eq!(got, kv_b);
+        assert!(super::kv_b_from_split(&k_b, &[heads, lora, nope], &v_b, &[2, v, lora]).is_none());
+    }
+
+    #[test]
+    fn llama3_factors() {
+        // The llama fixture's rope_freqs (factor 8, low 1, high 4, original context 40).
+        let f = [1.0, 7.835_917_5, 8.0, 8.0, 8.0];
+        let s = llama3_from_factors(&f, 10000.0, 10).unwrap();
+        assert_eq!(s["factor"], 8.0);
+        // Plain frequencies or values no Llama 3 scaling gives.
+        assert!(llama3_from_factors(&[1.0; 5], 10000.0, 10).is_none());
+        assert!(llama3_from_factors(&[8.0, 1.0, 8.0, 1.0, 8.0], 10000.0, 10).is_none());
+        assert!(llama3_from_factors(&f, 10000.0, 12).is_none());
     }
 }

@@ -4,9 +4,12 @@
 //! A key design decision made here is that the model code asks for every tensor by its
 //! Hugging Face name (`model.layers.3.mlp.experts.5.gate_proj.weight`) whatever the file
 //! format: the GGUF side translates names (`blk.3.ffn_gate_exps.weight`, expert 5) and
-//! shapes, so one set of layer constructors serves both formats.
+//! shapes, so one set of layer constructors serves both formats. A tensor that a GGUF stores
+//! in another form (DeepSeek's `kv_b_proj`, split by llama.cpp's converter) is rebuilt once
+//! at load.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use strata_formats::gguf::{GgmlType, GgufFile, TensorInfo, dequantize_row};
 use strata_formats::safetensors::Checkpoint;
@@ -39,6 +42,9 @@ pub struct Tensor<'a> {
 enum Kind<'a> {
     St(&'a TensorView),
     Gguf(&'a GgufFile, &'a TensorInfo),
+    /// Values computed at load from other GGUF tensors (DeepSeek's `kv_b_proj` rebuilt from
+    /// llama.cpp's `attn_k_b`/`attn_v_b`).
+    Built(&'a GgufFile, Arc<[f32]>),
 }
 
 impl Source {
@@ -94,6 +100,9 @@ impl Source {
                 };
                 let (gname, expert) = crate::gguf::hf_to_gguf(name, |n| g.tensor_info(n).is_some())
                     .ok_or_else(missing)?;
+                if gname.ends_with(".attn_kv_b.weight") && g.tensor_info(&gname).is_none() {
+                    return kv_b_from_split(g, &gname);
+                }
                 let info = g.tensor(&gname)?;
                 let full = info.shape();
                 let (shape, row_offset) = match expert {
@@ -143,6 +152,43 @@ impl Source {
     }
 }
 
+/// DeepSeek's `kv_b_proj` rebuilt from llama.cpp's split `attn_k_b` / `attn_v_b` (what its
+/// converter writes since it absorbs MLA's up-projections), for a missing `attn_kv_b`
+/// named `gname`. Done once at load; the model then sees a plain f32 tensor.
+fn kv_b_from_split<'a>(g: &'a GgufFile, gname: &str) -> Result<Tensor<'a>> {
+    let part = |which: &str| -> Result<(Vec<f32>, Vec<usize>, String)> {
+        let name = gname.replace("attn_kv_b", which);
+        let info = g.tensor(&name)?;
+        let t = Tensor {
+            kind: Kind::Gguf(g, info),
+            name: name.clone(),
+            shape: info.shape(),
+            row_offset: 0,
+            fp8_scale: None,
+        };
+        Ok((t.to_f32()?, t.shape, name))
+    };
+    let (k, k_shape, k_name) = part("attn_k_b")?;
+    let (v, v_shape, v_name) = part("attn_v_b")?;
+    let name = format!("{k_name} + {v_name}");
+    let Some((values, rows)) = crate::gguf::kv_b_from_split(&k, &k_shape, &v, &v_shape) else {
+        return Err(Error::Format(strata_formats::Error::BadTensor {
+            path: g.path().to_owned(),
+            name,
+            message: format!(
+                "expected [heads, kv_lora_rank, nope] and [heads, v_head_dim, kv_lora_rank], got {k_shape:?} and {v_shape:?}"
+            ),
+        }));
+    };
+    Ok(Tensor {
+        kind: Kind::Built(g, values.into()),
+        name,
+        shape: vec![rows, k_shape[1]],
+        row_offset: 0,
+        fp8_scale: None,
+    })
+}
+
 impl Tensor<'_> {
     /// Shape, outermost first.
     pub fn shape(&self) -> &[usize] {
@@ -152,7 +198,7 @@ impl Tensor<'_> {
     fn bad(&self, message: String) -> Error {
         let path = match &self.kind {
             Kind::St(v) => v.file().path().to_owned(),
-            Kind::Gguf(g, _) => g.path().to_owned(),
+            Kind::Gguf(g, _) | Kind::Built(g, _) => g.path().to_owned(),
         };
         Error::Format(strata_formats::Error::BadTensor {
             path,
@@ -208,6 +254,9 @@ impl Tensor<'_> {
                     .map_err(|e| self.bad(e.to_string()))?;
                 Ok(out)
             }
+            Kind::Built(_, values) => {
+                Ok(values[(self.row_offset + row0) * k..][..n_rows * k].to_vec())
+            }
         }
     }
 
@@ -233,6 +282,7 @@ impl Tensor<'_> {
         match &self.kind {
             Kind::St(v) => v.dtype() == DType::F32,
             Kind::Gguf(_, info) => info.ggml_type == GgmlType::F32,
+            Kind::Built(..) => true,
         }
     }
 
@@ -241,6 +291,7 @@ impl Tensor<'_> {
         match &self.kind {
             Kind::St(v) => v.dtype().to_string(),
             Kind::Gguf(_, info) => info.ggml_type.name().to_string(),
+            Kind::Built(..) => "F32".to_owned(),
         }
     }
 }

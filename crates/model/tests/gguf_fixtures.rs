@@ -1,0 +1,142 @@
+//! GGUF files written by llama.cpp's own converter against Hugging Face transformers'
+//! logits: every file in `tests/fixtures-gguf/` (made by `scripts/make_gguf_fixtures.py`
+//! from the tiny checkpoints in `tests/fixtures/`) loads through [`Model::load`] and
+//! reproduces the checkpoint's transformers logits.
+//!
+//! F32 GGUFs hold the checkpoint's exact weights, so the f32 path must match within
+//! 1e-3 x max|ref| at every position, like the safetensors checkpoint does. Q8_0 GGUFs must
+//! keep the top-1 token at >= 90% of positions and stay within 3e-2 x max|ref|. Where
+//! llama.cpp could load the file, its logits (`<name>.llama_cpp_{0,1}.npy`) are compared
+//! too and printed, not asserted: they are a second opinion, not the reference.
+
+use std::path::{Path, PathBuf};
+
+use strata_formats::npy;
+use strata_model::{LogitsWanted, Model, Precision, SeqInput};
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn logits(model: &Model, tokens: &[u32]) -> Vec<f32> {
+    let mut cache = model.new_cache();
+    let mut seqs = [SeqInput {
+        tokens,
+        cache: &mut cache,
+        logits: LogitsWanted::All,
+    }];
+    model.forward(&mut seqs).unwrap().remove(0)
+}
+
+/// `(max |got - want| / max |want|, share of rows with the same argmax)`.
+fn compare(got: &[f32], want: &[f32], vocab: usize) -> (f32, f32) {
+    assert_eq!(got.len(), want.len());
+    let max_ref = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let max_err = got
+        .iter()
+        .zip(want)
+        .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+    let argmax = |r: &[f32]| {
+        r.iter()
+            .enumerate()
+            .max_by(|a, b| a.1.total_cmp(b.1))
+            .map(|(i, _)| i)
+            .unwrap()
+    };
+    let rows = want.len() / vocab;
+    let agree = got
+        .chunks_exact(vocab)
+        .zip(want.chunks_exact(vocab))
+        .filter(|(g, w)| argmax(g) == argmax(w))
+        .count();
+    (max_err / max_ref, agree as f32 / rows as f32)
+}
+
+/// The source checkpoint of a derived fixture (see `VARIANTS` in the script); derived
+/// fixtures keep their recomputed transformers logits next to the GGUF.
+fn source_of(fixture: &str) -> (&str, bool) {
+    match fixture {
+        "qwen3_moe_normed" => ("qwen3_moe_bf16", true),
+        "deepseek_v3" => ("deepseek_v3", true),
+        other => (other, false),
+    }
+}
+
+/// Checks `tests/fixtures-gguf/<stem>.gguf`.
+fn check(stem: &str) {
+    let dir = repo_root().join("tests/fixtures-gguf");
+    let fixture = stem.split('.').next().unwrap();
+    let quantized = stem.contains('.');
+    let (source, derived) = source_of(fixture);
+    let src_dir = repo_root().join("tests/fixtures").join(source);
+    let reference: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src_dir.join("reference.json")).unwrap())
+            .unwrap();
+    let model = Model::load(&dir.join(format!("{stem}.gguf")), Precision::F32)
+        .unwrap_or_else(|e| panic!("{stem}: {e}"));
+    let vocab = model.config.vocab_size;
+    for (i, seq) in reference["sequences"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+    {
+        let tokens: Vec<u32> = seq
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_u64().unwrap() as u32)
+            .collect();
+        let hf = if derived {
+            dir.join(format!("{fixture}.hf_{i}.npy"))
+        } else {
+            src_dir.join(format!("logits_{i}.npy"))
+        };
+        let want = npy::read_f32(&hf).unwrap();
+        assert_eq!(want.shape[0], tokens.len());
+        let got = logits(&model, &tokens);
+        let (err, top1) = compare(&got, &want.data, vocab);
+        let lcpp = dir.join(format!("{stem}.llama_cpp_{i}.npy"));
+        let vs_lcpp = if lcpp.exists() {
+            let l = npy::read_f32(&lcpp).unwrap();
+            let (e, t) = compare(&got, &l.data, vocab);
+            let (le, lt) = compare(&l.data, &want.data, vocab);
+            format!(
+                "vs llama.cpp: err {e:.2e}, top-1 {t:.3} (llama.cpp vs transformers: err {le:.2e}, top-1 {lt:.3})"
+            )
+        } else {
+            "no llama.cpp logits".to_owned()
+        };
+        println!("{stem} seq {i}: vs transformers err {err:.2e}, top-1 {top1:.3}; {vs_lcpp}");
+        if quantized {
+            assert!(
+                err <= 3e-2 && top1 >= 0.9,
+                "{stem} seq {i}: err {err:.2e} > 3e-2 or top-1 {top1:.3} < 0.9"
+            );
+        } else {
+            assert!(err <= 1e-3, "{stem} seq {i}: err {err:.2e} > 1e-3");
+        }
+    }
+}
+
+macro_rules! gguf_fixtures {
+    ($($test:ident => $stem:literal),* $(,)?) => {$(
+        #[test]
+        fn $test() {
+            check($stem);
+        }
+    )*};
+}
+
+gguf_fixtures!(
+    llama => "llama",
+    qwen2 => "qwen2",
+    mixtral => "mixtral",
+    mixtral_q8_0 => "mixtral.q8_0",
+    qwen3_moe_normed => "qwen3_moe_normed",
+    qwen3_moe_normed_q8_0 => "qwen3_moe_normed.q8_0",
+    deepseek_v2 => "deepseek_v2",
+    deepseek_v3 => "deepseek_v3",
+    deepseek_v3_q8_0 => "deepseek_v3.q8_0",
+    glm4_moe => "glm4_moe",
+);
