@@ -86,3 +86,22 @@ pub fn parse_bytes(s: &str) -> Result<u64> {
     })?;
     Ok((v * mult as f64) as u64)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_backend_or_adapter_is_an_error_naming_it() {
+        match open(&DeviceOptions::default()) {
+            Ok(dev) => assert!(!dev.info().ops.is_empty()),
+            Err(e @ (Error::NotCompiledWith { .. } | Error::NoAdapter { .. })) => {
+                let msg = e.to_string();
+                assert!(msg.contains("wgpu") || msg.contains("Vulkan"), "{msg}");
+            }
+            Err(e) => panic!("unexpected error: {e}"),
+        }
+        #[cfg(not(feature = "wgpu"))]
+        assert!(matches!(devices(), Err(Error::NotCompiledWith { .. })));
+    }
+}
