@@ -14,5 +14,5 @@ if [[ "${1:-}" != "--offline" ]]; then
 fi
 
 cargo fmt --all -- --check
-cargo clippy --workspace --all-targets --locked -- -D warnings
-cargo test --workspace --locked
+cargo clippy --workspace --all-targets -- -D warnings
+cargo test --workspace
