@@ -95,6 +95,8 @@ pub enum OpKind {
     Rope,
     /// Causal grouped-query attention over a device KV cache (prefill and decode).
     Attention,
+    /// Multi-head latent attention with absorbed `kv_b_proj` over a latent cache.
+    MlaAttention,
     /// `x = silu(x) * y`.
     SiluMul,
     /// `x += y`, optionally scaled by a per-row sigmoid gate.
@@ -116,6 +118,7 @@ impl fmt::Display for OpKind {
             OpKind::RmsNorm => f.write_str("rms_norm"),
             OpKind::Rope => f.write_str("rope"),
             OpKind::Attention => f.write_str("attention"),
+            OpKind::MlaAttention => f.write_str("mla_attention"),
             OpKind::SiluMul => f.write_str("silu_mul"),
             OpKind::Add => f.write_str("add"),
             OpKind::TopK => f.write_str("topk"),
@@ -351,6 +354,38 @@ pub enum Op<'a> {
         /// Score scale.
         scale: f32,
     },
+    /// Causal multi-head latent attention of `q: [n_tokens, n_heads * (nope + rope)]`
+    /// (rotary part already rotated) over the latent cache `latent: [ctx, l]` and rotary
+    /// keys `k_rope: [ctx, rope]` that already hold these tokens, absorbing
+    /// `kv_b: [n_heads * (nope + v), l]` (f32) into the query and the output.
+    MlaAttention {
+        /// Queries.
+        q: &'a Buffer,
+        /// Normalised latents.
+        latent: &'a Buffer,
+        /// Rotated shared keys.
+        k_rope: &'a Buffer,
+        /// `kv_b_proj` weight, f32.
+        kv_b: &'a Buffer,
+        /// Output `[n_tokens, n_heads * v]`.
+        out: &'a Buffer,
+        /// New tokens.
+        n_tokens: u32,
+        /// Position of the first.
+        start_pos: u32,
+        /// Heads.
+        n_heads: u32,
+        /// Latent rank (at most 512).
+        kv_lora: u32,
+        /// Non-rotary query/key dims per head.
+        nope: u32,
+        /// Rotary dims (at most 64).
+        rope: u32,
+        /// Value dims per head.
+        v_dim: u32,
+        /// Score scale.
+        scale: f32,
+    },
     /// `x = silu(x) * y` over `n` values.
     SiluMul {
         /// Gate, overwritten.
@@ -432,6 +467,7 @@ impl Op<'_> {
             Op::RmsNorm { .. } => OpKind::RmsNorm,
             Op::Rope { .. } => OpKind::Rope,
             Op::Attention { .. } => OpKind::Attention,
+            Op::MlaAttention { .. } => OpKind::MlaAttention,
             Op::SiluMul { .. } => OpKind::SiluMul,
             Op::Add { .. } => OpKind::Add,
             Op::TopK { .. } => OpKind::TopK,

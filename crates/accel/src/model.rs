@@ -3,9 +3,10 @@
 //! as `strata_model::Model`, kernel by kernel, with the KV cache on the device
 //! ([`GpuCache`]).
 //!
-//! Supported: grouped-query attention architectures (Llama, Qwen2, Qwen2-MoE, Qwen3-MoE,
-//! Mixtral, GLM-4.5) with every router variant. MLA (DeepSeek-V2/V3) is refused with an
-//! error naming it.
+//! Supported: every architecture of `strata_model` (Llama, Qwen2, Qwen2-MoE, Qwen3-MoE,
+//! Mixtral, GLM-4.5 with grouped-query attention; DeepSeek-V2/V3 with multi-head latent
+//! attention, latent cache and absorbed `kv_b_proj`) and every router variant; one
+//! sequence per cache.
 //!
 //! A key design decision made here is that weights keep the precision they are stored in
 //! (BF16 and F16 two per word, everything else f32) so the device computes what the CPU's
@@ -18,7 +19,8 @@ use std::sync::Arc;
 
 use strata_model::Arch;
 use strata_model::config::{
-    AttentionConfig, FfnConfig, GroupScore, ModelConfig, RopeStyle, Scoring,
+    AttentionConfig, FfnConfig, GroupScore, ModelConfig, RopeScaling, RopeStyle, Scoring,
+    yarn_mscale,
 };
 use strata_model::model::open;
 use strata_model::rope::Rope;
@@ -61,14 +63,66 @@ enum Ffn {
 }
 
 #[derive(Debug)]
+enum Attn {
+    Gqa {
+        q: Matrix,
+        k: Matrix,
+        v: Matrix,
+        o: Matrix,
+        q_norm: Option<Buffer>,
+        k_norm: Option<Buffer>,
+    },
+    Mla {
+        /// `q_a_proj` and `q_a_layernorm` when queries are compressed.
+        q_a: Option<(Matrix, Buffer)>,
+        q: Matrix,
+        kv_a: Matrix,
+        kv_a_norm: Buffer,
+        /// `kv_b_proj` in f32, absorbed by the kernel.
+        kv_b: Buffer,
+        o: Matrix,
+    },
+}
+
+/// Attention shapes shared by all layers.
+#[derive(Debug, Clone, Copy)]
+enum Shape {
+    Gqa {
+        n_heads: usize,
+        n_kv_heads: usize,
+        head_dim: usize,
+        window: usize,
+    },
+    Mla {
+        n_heads: usize,
+        kv_lora: usize,
+        nope: usize,
+        rope: usize,
+        v_dim: usize,
+    },
+}
+
+impl Shape {
+    /// Widths of the two cache buffers per position.
+    fn cache_widths(self) -> (usize, usize) {
+        match self {
+            Shape::Gqa {
+                n_kv_heads,
+                head_dim,
+                ..
+            } => (n_kv_heads * head_dim, n_kv_heads * head_dim),
+            Shape::Mla { kv_lora, rope, .. } => (kv_lora, rope),
+        }
+    }
+}
+
+/// DeepSeek's `q_a_layernorm` and `kv_a_layernorm` use a fixed epsilon.
+const MLA_NORM_EPS: f32 = 1e-6;
+
+#[derive(Debug)]
 struct Layer {
     attn_norm: Buffer,
-    q: Matrix,
-    k: Matrix,
-    v: Matrix,
-    o: Matrix,
-    q_norm: Option<Buffer>,
-    k_norm: Option<Buffer>,
+    attn: Attn,
     ffn_norm: Buffer,
     ffn: Ffn,
 }
@@ -111,10 +165,8 @@ pub struct GpuModel {
     norm: Buffer,
     lm_head: Option<Matrix>,
     rope: Rope,
-    n_heads: usize,
-    n_kv_heads: usize,
-    head_dim: usize,
-    window: usize,
+    shape: Shape,
+    scale: f32,
     eps: f32,
 }
 
@@ -187,6 +239,77 @@ impl Loader<'_> {
             n,
             k,
             bias,
+        })
+    }
+
+    fn attention(&self, a: &str, cfg: &AttentionConfig, h: usize) -> Result<Attn> {
+        Ok(match *cfg {
+            AttentionConfig::Gqa {
+                n_heads,
+                n_kv_heads,
+                head_dim,
+                qkv_bias,
+                o_bias,
+                qk_norm,
+                ..
+            } => {
+                let (q_w, kv_w) = (n_heads * head_dim, n_kv_heads * head_dim);
+                let norm = |name: &str| -> Result<Option<Buffer>> {
+                    if qk_norm {
+                        Ok(Some(self.vector(&format!("{a}.{name}.weight"), head_dim)?))
+                    } else {
+                        Ok(None)
+                    }
+                };
+                Attn::Gqa {
+                    q: self.matrix(&format!("{a}.q_proj"), q_w, h, qkv_bias, false)?,
+                    k: self.matrix(&format!("{a}.k_proj"), kv_w, h, qkv_bias, false)?,
+                    v: self.matrix(&format!("{a}.v_proj"), kv_w, h, qkv_bias, false)?,
+                    o: self.matrix(&format!("{a}.o_proj"), h, q_w, o_bias, false)?,
+                    q_norm: norm("q_norm")?,
+                    k_norm: norm("k_norm")?,
+                }
+            }
+            AttentionConfig::Mla {
+                n_heads,
+                q_lora_rank,
+                kv_lora_rank,
+                qk_nope_head_dim,
+                qk_rope_head_dim,
+                v_head_dim,
+                bias,
+            } => {
+                let qk = qk_nope_head_dim + qk_rope_head_dim;
+                let (q_a, q) = match q_lora_rank {
+                    Some(r) => (
+                        Some((
+                            self.matrix(&format!("{a}.q_a_proj"), r, h, bias, false)?,
+                            self.vector(&format!("{a}.q_a_layernorm.weight"), r)?,
+                        )),
+                        self.matrix(&format!("{a}.q_b_proj"), n_heads * qk, r, false, false)?,
+                    ),
+                    None => (
+                        None,
+                        self.matrix(&format!("{a}.q_proj"), n_heads * qk, h, false, false)?,
+                    ),
+                };
+                let kv_b = self.src.tensor(&format!("{a}.kv_b_proj.weight"))?;
+                kv_b.expect_shape(&[n_heads * (qk_nope_head_dim + v_head_dim), kv_lora_rank])?;
+                Attn::Mla {
+                    q_a,
+                    q,
+                    kv_a: self.matrix(
+                        &format!("{a}.kv_a_proj_with_mqa"),
+                        kv_lora_rank + qk_rope_head_dim,
+                        h,
+                        bias,
+                        false,
+                    )?,
+                    kv_a_norm: self.vector(&format!("{a}.kv_a_layernorm.weight"), kv_lora_rank)?,
+                    kv_b: self.f32_buffer(&kv_b.to_f32()?, "kv_b_proj")?,
+                    o: self.matrix(&format!("{a}.o_proj"), h, n_heads * v_head_dim, bias, false)?,
+                }
+            }
         })
     }
 
@@ -279,20 +402,51 @@ impl GpuModel {
         config: ModelConfig,
         src: &Source,
     ) -> Result<GpuModel> {
-        let AttentionConfig::Gqa {
-            n_heads,
-            n_kv_heads,
-            head_dim,
-            qkv_bias,
-            o_bias,
-            qk_norm,
-            sliding_window,
-        } = config.attention
-        else {
-            return Err(Error::Unsupported(format!(
-                "multi-head latent attention ({}) on the accelerator yet",
-                config.arch.hf_name()
-            )));
+        let (shape, scale) = match config.attention {
+            AttentionConfig::Gqa {
+                n_heads,
+                n_kv_heads,
+                head_dim,
+                sliding_window,
+                ..
+            } => (
+                Shape::Gqa {
+                    n_heads,
+                    n_kv_heads,
+                    head_dim,
+                    window: sliding_window.unwrap_or(0),
+                },
+                1.0 / (head_dim as f32).sqrt(),
+            ),
+            AttentionConfig::Mla {
+                n_heads,
+                kv_lora_rank,
+                qk_nope_head_dim,
+                qk_rope_head_dim,
+                v_head_dim,
+                ..
+            } => {
+                // 1/sqrt(d_qk), times YaRN's mscale² (DeepSeek's `mscale_all_dim`).
+                let base = 1.0 / ((qk_nope_head_dim + qk_rope_head_dim) as f64).sqrt();
+                let m = match config.rope.scaling {
+                    RopeScaling::Yarn {
+                        factor,
+                        mscale_all_dim,
+                        ..
+                    } if mscale_all_dim != 0.0 => yarn_mscale(factor, mscale_all_dim),
+                    _ => 1.0,
+                };
+                (
+                    Shape::Mla {
+                        n_heads,
+                        kv_lora: kv_lora_rank,
+                        nope: qk_nope_head_dim,
+                        rope: qk_rope_head_dim,
+                        v_dim: v_head_dim,
+                    },
+                    (base * m * m) as f32,
+                )
+            }
         };
         let ld = Loader { dev: &*dev, src };
         let h = config.hidden_size;
@@ -366,38 +520,7 @@ impl GpuModel {
             };
             layers.push(Layer {
                 attn_norm: ld.vector(&format!("{p}.input_layernorm.weight"), h)?,
-                q: ld.matrix(
-                    &format!("{a}.q_proj"),
-                    n_heads * head_dim,
-                    h,
-                    qkv_bias,
-                    false,
-                )?,
-                k: ld.matrix(
-                    &format!("{a}.k_proj"),
-                    n_kv_heads * head_dim,
-                    h,
-                    qkv_bias,
-                    false,
-                )?,
-                v: ld.matrix(
-                    &format!("{a}.v_proj"),
-                    n_kv_heads * head_dim,
-                    h,
-                    qkv_bias,
-                    false,
-                )?,
-                o: ld.matrix(&format!("{a}.o_proj"), h, n_heads * head_dim, o_bias, false)?,
-                q_norm: if qk_norm {
-                    Some(ld.vector(&format!("{a}.q_norm.weight"), head_dim)?)
-                } else {
-                    None
-                },
-                k_norm: if qk_norm {
-                    Some(ld.vector(&format!("{a}.k_norm.weight"), head_dim)?)
-                } else {
-                    None
-                },
+                attn: ld.attention(&a, &config.attention, h)?,
                 ffn_norm: ld.vector(&format!("{p}.post_attention_layernorm.weight"), h)?,
                 ffn,
             });
@@ -412,10 +535,8 @@ impl GpuModel {
         Ok(GpuModel {
             rope: Rope::new(&config.rope),
             eps: config.rms_norm_eps,
-            window: sliding_window.unwrap_or(0),
-            n_heads,
-            n_kv_heads,
-            head_dim,
+            shape,
+            scale,
             config,
             embed,
             layers,
@@ -432,13 +553,18 @@ impl GpuModel {
 
     /// An empty cache for up to `capacity` positions.
     pub fn new_cache(&self, capacity: usize) -> Result<GpuCache> {
-        let kv_w = self.n_kv_heads * self.head_dim;
-        let bytes = (capacity.max(1) * kv_w * 4) as u64;
+        let (wa, wb) = self.shape.cache_widths();
         let mut k = Vec::with_capacity(self.layers.len());
         let mut v = Vec::with_capacity(self.layers.len());
         for _ in &self.layers {
-            k.push(self.dev.alloc(bytes, 0, "key cache")?);
-            v.push(self.dev.alloc(bytes, 0, "value cache")?);
+            k.push(
+                self.dev
+                    .alloc((capacity.max(1) * wa * 4) as u64, 0, "key cache")?,
+            );
+            v.push(
+                self.dev
+                    .alloc((capacity.max(1) * wb * 4) as u64, 0, "value cache")?,
+            );
         }
         let half = self.rope.dim() / 2;
         let (mut c, mut s) = (vec![0.0; half], vec![0.0; half]);
@@ -557,56 +683,9 @@ impl GpuModel {
             rows: t as u32,
             dim: h as u32,
         })?;
-        let (nh, nkv, hd) = (self.n_heads, self.n_kv_heads, self.head_dim);
-        let kv_w = nkv * hd;
-        let half = self.rope.dim() / 2;
-        let kind = match self.config.rope.style {
-            RopeStyle::Neox => RopeKind::Neox,
-            RopeStyle::Interleaved => RopeKind::Interleaved,
-        };
         for (li, layer) in self.layers.iter().enumerate() {
             let hs = self.rms_norm(&x, &layer.attn_norm, t, h, self.eps)?;
-            let mut q = self.matmul(&hs, &layer.q, t)?;
-            let mut k = self.matmul(&hs, &layer.k, t)?;
-            let vv = self.matmul(&hs, &layer.v, t)?;
-            if let Some(w) = &layer.q_norm {
-                q = self.rms_norm(&q, w, t * nh, hd, self.eps)?;
-            }
-            if let Some(w) = &layer.k_norm {
-                k = self.rms_norm(&k, w, t * nkv, hd, self.eps)?;
-            }
-            for (buf, heads) in [(&q, nh), (&k, nkv)] {
-                dev.enqueue(&Op::Rope {
-                    x: buf,
-                    positions: &pos,
-                    table: &cache.rope_table,
-                    rows: t as u32,
-                    n_heads: heads as u32,
-                    head_stride: hd as u32,
-                    offset: 0,
-                    half: half as u32,
-                    kind,
-                })?;
-            }
-            let at = (cache.len * kv_w * 4) as u64;
-            let len = (t * kv_w * 4) as u64;
-            dev.copy(&k, 0, &cache.k[li], at, len)?;
-            dev.copy(&vv, 0, &cache.v[li], at, len)?;
-            let attn = self.scratch(t * nh * hd, "attention output")?;
-            dev.enqueue(&Op::Attention {
-                q: &q,
-                k: &cache.k[li],
-                v: &cache.v[li],
-                out: &attn,
-                n_tokens: t as u32,
-                start_pos: cache.len as u32,
-                n_heads: nh as u32,
-                n_kv_heads: nkv as u32,
-                head_dim: hd as u32,
-                window: self.window as u32,
-                scale: 1.0 / (hd as f32).sqrt(),
-            })?;
-            let o = self.matmul(&attn, &layer.o, t)?;
+            let o = self.attention(&layer.attn, li, &hs, &pos, cache, t)?;
             dev.enqueue(&Op::Add {
                 x: &x,
                 y: &o,
@@ -637,6 +716,171 @@ impl GpuModel {
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect())
+    }
+
+    /// Rotates `heads` heads of `stride` values per row of `x`, from `offset` on.
+    #[allow(clippy::too_many_arguments)]
+    fn rope(
+        &self,
+        x: &Buffer,
+        pos: &Buffer,
+        cache: &GpuCache,
+        t: usize,
+        heads: usize,
+        stride: usize,
+        offset: usize,
+    ) -> Result<()> {
+        self.dev.enqueue(&Op::Rope {
+            x,
+            positions: pos,
+            table: &cache.rope_table,
+            rows: t as u32,
+            n_heads: heads as u32,
+            head_stride: stride as u32,
+            offset: offset as u32,
+            half: (self.rope.dim() / 2) as u32,
+            kind: match self.config.rope.style {
+                RopeStyle::Neox => RopeKind::Neox,
+                RopeStyle::Interleaved => RopeKind::Interleaved,
+            },
+        })
+    }
+
+    /// Self-attention of layer `li` for `hs: [t, hidden]`, appending to the cache;
+    /// returns the output projection `[t, hidden]`.
+    fn attention(
+        &self,
+        attn: &Attn,
+        li: usize,
+        hs: &Buffer,
+        pos: &Buffer,
+        cache: &GpuCache,
+        t: usize,
+    ) -> Result<Buffer> {
+        let dev = &*self.dev;
+        let (wa, wb) = self.shape.cache_widths();
+        let (at_a, at_b) = ((cache.len * wa * 4) as u64, (cache.len * wb * 4) as u64);
+        match (attn, self.shape) {
+            (
+                Attn::Gqa {
+                    q,
+                    k,
+                    v,
+                    o,
+                    q_norm,
+                    k_norm,
+                },
+                Shape::Gqa {
+                    n_heads,
+                    n_kv_heads,
+                    head_dim,
+                    window,
+                },
+            ) => {
+                let mut qb = self.matmul(hs, q, t)?;
+                let mut kb = self.matmul(hs, k, t)?;
+                let vb = self.matmul(hs, v, t)?;
+                if let Some(w) = q_norm {
+                    qb = self.rms_norm(&qb, w, t * n_heads, head_dim, self.eps)?;
+                }
+                if let Some(w) = k_norm {
+                    kb = self.rms_norm(&kb, w, t * n_kv_heads, head_dim, self.eps)?;
+                }
+                self.rope(&qb, pos, cache, t, n_heads, head_dim, 0)?;
+                self.rope(&kb, pos, cache, t, n_kv_heads, head_dim, 0)?;
+                dev.copy(&kb, 0, &cache.k[li], at_a, (t * wa * 4) as u64)?;
+                dev.copy(&vb, 0, &cache.v[li], at_b, (t * wb * 4) as u64)?;
+                let out = self.scratch(t * n_heads * head_dim, "attention output")?;
+                dev.enqueue(&Op::Attention {
+                    q: &qb,
+                    k: &cache.k[li],
+                    v: &cache.v[li],
+                    out: &out,
+                    n_tokens: t as u32,
+                    start_pos: cache.len as u32,
+                    n_heads: n_heads as u32,
+                    n_kv_heads: n_kv_heads as u32,
+                    head_dim: head_dim as u32,
+                    window: window as u32,
+                    scale: self.scale,
+                })?;
+                self.matmul(&out, o, t)
+            }
+            (
+                Attn::Mla {
+                    q_a,
+                    q,
+                    kv_a,
+                    kv_a_norm,
+                    kv_b,
+                    o,
+                },
+                Shape::Mla {
+                    n_heads,
+                    kv_lora,
+                    nope,
+                    rope,
+                    v_dim,
+                },
+            ) => {
+                let qb = match q_a {
+                    Some((q_a, norm)) => {
+                        let c = self.matmul(hs, q_a, t)?;
+                        let c = self.rms_norm(&c, norm, t, q_a.n, MLA_NORM_EPS)?;
+                        self.matmul(&c, q, t)?
+                    }
+                    None => self.matmul(hs, q, t)?,
+                };
+                self.rope(&qb, pos, cache, t, n_heads, nope + rope, nope)?;
+                // Split each row of kv_a's output into the latent and the rotary key.
+                let kv = self.matmul(hs, kv_a, t)?;
+                let latent = self.scratch(t * kv_lora, "latent")?;
+                let k_rope = self.scratch(t * rope, "rotary key")?;
+                let row = kv_lora + rope;
+                for r in 0..t {
+                    let src = (r * row * 4) as u64;
+                    dev.copy(
+                        &kv,
+                        src,
+                        &latent,
+                        (r * kv_lora * 4) as u64,
+                        (kv_lora * 4) as u64,
+                    )?;
+                    dev.copy(
+                        &kv,
+                        src + (kv_lora * 4) as u64,
+                        &k_rope,
+                        (r * rope * 4) as u64,
+                        (rope * 4) as u64,
+                    )?;
+                }
+                let latent = self.rms_norm(&latent, kv_a_norm, t, kv_lora, MLA_NORM_EPS)?;
+                self.rope(&k_rope, pos, cache, t, 1, rope, 0)?;
+                dev.copy(&latent, 0, &cache.k[li], at_a, (t * wa * 4) as u64)?;
+                dev.copy(&k_rope, 0, &cache.v[li], at_b, (t * wb * 4) as u64)?;
+                let out = self.scratch(t * n_heads * v_dim, "attention output")?;
+                dev.enqueue(&Op::MlaAttention {
+                    q: &qb,
+                    latent: &cache.k[li],
+                    k_rope: &cache.v[li],
+                    kv_b,
+                    out: &out,
+                    n_tokens: t as u32,
+                    start_pos: cache.len as u32,
+                    n_heads: n_heads as u32,
+                    kv_lora: kv_lora as u32,
+                    nope: nope as u32,
+                    rope: rope as u32,
+                    v_dim: v_dim as u32,
+                    scale: self.scale,
+                })?;
+                self.matmul(&out, o, t)
+            }
+            _ => Err(Error::Shape {
+                op: "attention",
+                message: "layer weights do not match the model's attention kind".into(),
+            }),
+        }
     }
 
     /// `x += routed experts (+ shared experts)` of `hs`.

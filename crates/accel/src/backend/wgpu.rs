@@ -31,6 +31,10 @@ const KERNELS: &[(&str, &str)] = &[
     ("rms_norm", include_str!("../shaders/rms_norm.wgsl")),
     ("rope", include_str!("../shaders/rope.wgsl")),
     ("attention", include_str!("../shaders/attention.wgsl")),
+    (
+        "mla_attention",
+        include_str!("../shaders/mla_attention.wgsl"),
+    ),
     ("elementwise", include_str!("../shaders/elementwise.wgsl")),
     ("topk", include_str!("../shaders/topk.wgsl")),
     ("expert_ffn", include_str!("../shaders/expert_ffn.wgsl")),
@@ -90,6 +94,7 @@ fn info_of(index: usize, adapter: &wgpu::Adapter) -> DeviceInfo {
         OpKind::RmsNorm,
         OpKind::Rope,
         OpKind::Attention,
+        OpKind::MlaAttention,
         OpKind::SiluMul,
         OpKind::Add,
         OpKind::TopK,
@@ -799,6 +804,52 @@ impl Device for WgpuDevice {
                         self.single(q, "queries")?,
                         self.single(k, "key cache")?,
                         self.single(v, "value cache")?,
+                        self.single(out, "attention output")?,
+                    ],
+                    (n_heads, n_tokens),
+                )?
+            }
+            Op::MlaAttention {
+                q,
+                latent,
+                k_rope,
+                kv_b,
+                out,
+                n_tokens,
+                start_pos,
+                n_heads,
+                kv_lora,
+                nope,
+                rope,
+                v_dim,
+                scale,
+            } => {
+                if kv_lora > 512 || rope > 64 {
+                    return Err(Error::Shape {
+                        op: "mla attention",
+                        message: format!(
+                            "latent rank {kv_lora} (at most 512), rotary dims {rope} (at most 64)"
+                        ),
+                    });
+                }
+                self.dispatch(
+                    "mla_attention",
+                    WeightType::F32,
+                    &[
+                        n_tokens,
+                        start_pos,
+                        n_heads,
+                        kv_lora,
+                        nope,
+                        rope,
+                        v_dim,
+                        f(scale),
+                    ],
+                    &[
+                        self.single(q, "queries")?,
+                        self.single(latent, "latent cache")?,
+                        self.single(k_rope, "rotary key cache")?,
+                        self.single(kv_b, "kv_b_proj")?,
                         self.single(out, "attention output")?,
                     ],
                     (n_heads, n_tokens),

@@ -1,0 +1,112 @@
+struct P { n_tokens: u32, start_pos: u32, n_heads: u32, l: u32, nope: u32, rd: u32, vd: u32, scale: f32 }
+@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(1) var<storage, read> q: array<f32>;
+@group(0) @binding(2) var<storage, read> lat: array<f32>;
+@group(0) @binding(3) var<storage, read> kr: array<f32>;
+// kv_b_proj [n_heads * (nope + vd), l]: per head W_UK [nope, l] then W_UV [vd, l].
+@group(0) @binding(4) var<storage, read> wkvb: array<f32>;
+@group(0) @binding(5) var<storage, read_write> out: array<f32>;
+
+var<workgroup> ql: array<f32, 512>;
+var<workgroup> qr: array<f32, 64>;
+var<workgroup> sc: array<f32, 64>;
+var<workgroup> red: array<f32, 64>;
+
+fn reduce(v: f32, tid: u32, is_max: bool) -> f32 {
+    red[tid] = v;
+    workgroupBarrier();
+    for (var off = 32u; off > 0u; off >>= 1u) {
+        if (tid < off) {
+            if (is_max) {
+                red[tid] = max(red[tid], red[tid + off]);
+            } else {
+                red[tid] += red[tid + off];
+            }
+        }
+        workgroupBarrier();
+    }
+    let r = red[0];
+    workgroupBarrier();
+    return r;
+}
+
+// Multi-head latent attention of one query row and head in latent space (DeepSeek's
+// weight absorption): q_lat = W_UKᵀ q_nope, scores q_lat . c_j + q_rope . k_rope_j over the
+// cached latents c_j, online softmax, out = W_UV (Σ p_j c_j).
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) li: vec3<u32>) {
+    let head = wg.x;
+    let t = wg.y;
+    let tid = li.x;
+    let l = p.l;
+    let qk = p.nope + p.rd;
+    let qbase = t * p.n_heads * qk + head * qk;
+    let wbase = head * (p.nope + p.vd) * l;
+    for (var c = tid; c < l; c += 64u) {
+        var s = 0.0;
+        for (var d = 0u; d < p.nope; d++) {
+            s += q[qbase + d] * wkvb[wbase + d * l + c];
+        }
+        ql[c] = s;
+    }
+    for (var d = tid; d < p.rd; d += 64u) {
+        qr[d] = q[qbase + p.nope + d];
+    }
+    workgroupBarrier();
+    let pos = p.start_pos + t;
+    var m = NEG_BIG;
+    var den = 0.0;
+    var acc = array<f32, 8>(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
+    for (var j0 = 0u; j0 <= pos; j0 += 64u) {
+        let j = j0 + tid;
+        var s = NEG_BIG;
+        if (j <= pos) {
+            var dot = 0.0;
+            for (var c = 0u; c < l; c++) {
+                dot += ql[c] * lat[j * l + c];
+            }
+            for (var d = 0u; d < p.rd; d++) {
+                dot += qr[d] * kr[j * p.rd + d];
+            }
+            s = dot * p.scale;
+        }
+        let new_m = max(m, reduce(s, tid, true));
+        let alpha = exp(m - new_m);
+        var pr = 0.0;
+        if (j <= pos) {
+            pr = exp(s - new_m);
+        }
+        sc[tid] = pr;
+        den = den * alpha + reduce(pr, tid, false);
+        let cnt = min(64u, pos + 1u - j0);
+        for (var r = 0u; r < 8u; r++) {
+            let c = tid + r * 64u;
+            if (c < l) {
+                var a = acc[r] * alpha;
+                for (var jj = 0u; jj < cnt; jj++) {
+                    a += sc[jj] * lat[(j0 + jj) * l + c];
+                }
+                acc[r] = a;
+            }
+        }
+        m = new_m;
+        workgroupBarrier();
+    }
+    // The latent output replaces q_lat in workgroup memory.
+    for (var r = 0u; r < 8u; r++) {
+        let c = tid + r * 64u;
+        if (c < l) {
+            ql[c] = acc[r] / den;
+        }
+    }
+    workgroupBarrier();
+    let obase = t * p.n_heads * p.vd + head * p.vd;
+    for (var vi = tid; vi < p.vd; vi += 64u) {
+        var s = 0.0;
+        let wrow = wbase + (p.nope + vi) * l;
+        for (var c = 0u; c < l; c++) {
+            s += wkvb[wrow + c] * ql[c];
+        }
+        out[obase + vi] = s;
+    }
+}
