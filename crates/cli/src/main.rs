@@ -4,6 +4,7 @@
 //! library crates take. Errors print with their whole cause chain and exit with status 2; a
 //! closed stdout (`strata generate | head`) is not an error.
 
+mod batch;
 mod bench;
 mod devices;
 mod generate;
@@ -11,6 +12,7 @@ mod hub;
 mod info;
 mod logits;
 mod model_arg;
+mod serve;
 
 use std::process::ExitCode;
 
@@ -36,6 +38,10 @@ enum Command {
     /// Benchmarks of Strata's kernels.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Serve the model over an OpenAI-compatible HTTP API with continuous batching.
+    Serve(serve::ServeArgs),
+    /// Run an OpenAI Batch API file (JSONL) through the continuous-batching scheduler.
+    Batch(batch::BatchArgs),
     /// List the accelerators this build can use, with their limits and supported operations.
     Devices(devices::DevicesArgs),
 }
@@ -49,6 +55,8 @@ enum BenchCommand {
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Info(a) => info::run(a),
+        Command::Serve(a) => serve::run(a),
+        Command::Batch(a) => batch::run(a),
         Command::Generate(a) => generate::run(a),
         Command::Logits(a) => logits::run(a),
         Command::Bench(BenchCommand::Moe(a)) => bench::bench_moe(&a),

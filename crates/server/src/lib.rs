@@ -17,6 +17,7 @@ pub mod api;
 pub mod error;
 mod generate;
 pub mod metrics;
+pub mod offline;
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -1,0 +1,110 @@
+//! `strata serve`: the OpenAI-compatible HTTP server.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use clap::Args;
+use strata_runtime::engine::Engine;
+use strata_runtime::scheduler::SchedulerConfig;
+use strata_server::AppState;
+
+use crate::model_arg::ModelArgs;
+
+/// Arguments of `strata serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    #[command(flatten)]
+    sched: SchedArgs,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: IpAddr,
+    /// Port to listen on (0 picks a free one, printed in the log).
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// Model id clients must name (default: the model's file or directory name).
+    #[arg(long, value_name = "NAME")]
+    served_model_name: Option<String>,
+}
+
+/// Scheduler limits shared by `serve` and `batch`.
+#[derive(Debug, Args)]
+pub struct SchedArgs {
+    /// Most sequences decoded together.
+    #[arg(long, default_value_t = 16)]
+    max_batch: usize,
+    /// Most requests waiting for a place in the batch; more are answered 429.
+    #[arg(long, default_value_t = 256)]
+    max_queue: usize,
+    /// Context length per sequence (default and maximum: the model's).
+    #[arg(long, value_name = "N")]
+    ctx_size: Option<usize>,
+    /// Tokens per forward step: decodes plus prompt chunks; bounds how long a long prompt
+    /// delays the running decodes.
+    #[arg(long, default_value_t = 512)]
+    step_tokens: usize,
+}
+
+impl SchedArgs {
+    /// The checked scheduler limits for `engine`.
+    pub fn config(&self, engine: &Engine) -> anyhow::Result<SchedulerConfig> {
+        let max_ctx = engine.model.config.max_position_embeddings;
+        let ctx_size = self.ctx_size.unwrap_or(max_ctx);
+        if !(2..=max_ctx).contains(&ctx_size) {
+            bail!(
+                "--ctx-size must be between 2 and the model's context of {max_ctx}, got {ctx_size}"
+            );
+        }
+        for (name, v) in [
+            ("--max-batch", self.max_batch),
+            ("--max-queue", self.max_queue),
+            ("--step-tokens", self.step_tokens),
+        ] {
+            if v == 0 {
+                bail!("{name} must be at least 1");
+            }
+        }
+        Ok(SchedulerConfig {
+            max_batch: self.max_batch,
+            max_queue: self.max_queue,
+            step_tokens: self.step_tokens,
+            ctx_size,
+        })
+    }
+}
+
+/// The model id: the file name without `.gguf`, or the directory name.
+pub fn model_id(path: &Path) -> String {
+    let name = if path.is_file() {
+        path.file_stem()
+    } else {
+        path.file_name()
+    };
+    name.map_or_else(|| "model".into(), |n| n.to_string_lossy().into_owned())
+}
+
+/// Logs to stderr at info level (once per process).
+pub fn init_logging() {
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(tracing::Level::INFO)
+        .try_init();
+}
+
+pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    init_logging();
+    let path = args.model.dir()?;
+    let engine = Arc::new(
+        Engine::load(&path, args.model.load_options())
+            .with_context(|| format!("loading {}", path.display()))?,
+    );
+    let config = args.sched.config(&engine)?;
+    let id = args.served_model_name.unwrap_or_else(|| model_id(&path));
+    let state = Arc::new(AppState::new(engine, config, id));
+    let addr = SocketAddr::new(args.host, args.port);
+    strata_server::run(addr, state, strata_server::shutdown_signal())?;
+    Ok(())
+}
