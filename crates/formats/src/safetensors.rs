@@ -42,12 +42,11 @@ fn parse_dtype(s: &str) -> DType {
     }
 }
 
+/// One tensor's header entry: name, dtype, shape and the absolute byte range of its data.
+pub type HeaderEntry = (String, DType, Vec<usize>, std::ops::Range<usize>);
+
 /// Parses and validates a safetensors header held in `bytes` (the whole file).
-/// Returns `(name, dtype, shape, absolute byte range)` for each tensor.
-pub fn parse_header(
-    path: &Path,
-    bytes: &[u8],
-) -> Result<Vec<(String, DType, Vec<usize>, std::ops::Range<usize>)>> {
+pub fn parse_header(path: &Path, bytes: &[u8]) -> Result<Vec<HeaderEntry>> {
     let bad = |m: String| Error::malformed(path, m);
     if bytes.len() < 8 {
         return Err(bad(format!(
