@@ -501,3 +501,119 @@ fn grouped_experts_match_reference() {
         assert!(e < 1e-5, "grouped experts {wt:?}: {e}");
     }
 }
+
+/// MLA written out without absorption: per head, keys `W_UK c_j` (+ the shared rotary key)
+/// and values `W_UV c_j` are materialised, then plain causal softmax attention.
+#[allow(clippy::too_many_arguments)]
+fn mla_ref(
+    q: &[f32],
+    lat: &[f32],
+    kr: &[f32],
+    wkvb: &[f32],
+    t: usize,
+    start: usize,
+    heads: usize,
+    (l, nope, rd, vd): (usize, usize, usize, usize),
+    scale: f32,
+) -> Vec<f32> {
+    let qk = nope + rd;
+    let mut out = vec![0.0; t * heads * vd];
+    for h in 0..heads {
+        let w = &wkvb[h * (nope + vd) * l..(h + 1) * (nope + vd) * l];
+        let proj = |rows: std::ops::Range<usize>, c: &[f32]| -> Vec<f32> {
+            rows.map(|r| (0..l).map(|i| w[r * l + i] * c[i]).sum())
+                .collect()
+        };
+        let ctx = start + t;
+        let keys: Vec<Vec<f32>> = (0..ctx)
+            .map(|j| proj(0..nope, &lat[j * l..(j + 1) * l]))
+            .collect();
+        let vals: Vec<Vec<f32>> = (0..ctx)
+            .map(|j| proj(nope..nope + vd, &lat[j * l..(j + 1) * l]))
+            .collect();
+        for r in 0..t {
+            let pos = start + r;
+            let qr = &q[r * heads * qk + h * qk..][..qk];
+            let mut sc: Vec<f32> = (0..=pos)
+                .map(|j| {
+                    let a: f32 = qr[..nope].iter().zip(&keys[j]).map(|(x, y)| x * y).sum();
+                    let b: f32 = qr[nope..]
+                        .iter()
+                        .zip(&kr[j * rd..(j + 1) * rd])
+                        .map(|(x, y)| x * y)
+                        .sum();
+                    (a + b) * scale
+                })
+                .collect();
+            strata_model::ops::softmax(&mut sc);
+            for (j, p) in sc.iter().enumerate() {
+                for d in 0..vd {
+                    out[r * heads * vd + h * vd + d] += p * vals[j][d];
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn mla_attention_matches_unabsorbed_reference() {
+    let Some(dev) = gpu(DeviceOptions::default()) else {
+        return;
+    };
+    let mut rng = Rng::new(8);
+    // (new rows, start, heads, latent, nope, rope, v)
+    for &(t, start, heads, l, nope, rd, vd) in &[
+        (1, 0, 1, 1, 1, 2, 1),
+        (9, 0, 4, 22, 12, 10, 14),
+        (1, 100, 3, 70, 5, 6, 9),
+        (3, 4, 2, 512, 16, 64, 8),
+    ] {
+        let ctx = start + t;
+        let q = rng.vec(t * heads * (nope + rd));
+        let lat = rng.vec(ctx * l);
+        let kr = rng.vec(ctx * rd);
+        let wkvb: Vec<f32> = rng
+            .vec(heads * (nope + vd) * l)
+            .iter()
+            .map(|v| v * 0.3)
+            .collect();
+        let scale = 1.0 / ((nope + rd) as f32).sqrt();
+        let want = mla_ref(
+            &q,
+            &lat,
+            &kr,
+            &wkvb,
+            t,
+            start,
+            heads,
+            (l, nope, rd, vd),
+            scale,
+        );
+        let (qb, lb, kb, wb) = (
+            up(&*dev, &q),
+            up(&*dev, &lat),
+            up(&*dev, &kr),
+            up(&*dev, &wkvb),
+        );
+        let out = dev.alloc((want.len() * 4) as u64, 0, "out").unwrap();
+        dev.enqueue(&Op::MlaAttention {
+            q: &qb,
+            latent: &lb,
+            k_rope: &kb,
+            kv_b: &wb,
+            out: &out,
+            n_tokens: t as u32,
+            start_pos: start as u32,
+            n_heads: heads as u32,
+            kv_lora: l as u32,
+            nope: nope as u32,
+            rope: rd as u32,
+            v_dim: vd as u32,
+            scale,
+        })
+        .unwrap();
+        let e = max_err(&down(&*dev, &out, want.len()), &want);
+        assert!(e < 1e-4, "mla t={t} start={start} l={l}: {e}");
+    }
+}
