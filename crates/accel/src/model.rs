@@ -639,6 +639,16 @@ impl GpuModel {
     /// Runs `tokens` through the model after the cached positions, appending to `cache`;
     /// returns the logits of every new position, `[tokens, vocab]`.
     pub fn forward(&self, tokens: &[u32], cache: &mut GpuCache) -> Result<Vec<f32>> {
+        self.forward_rows(tokens, cache, false)
+    }
+
+    /// [`GpuModel::forward`] returning only the last position's logits `[vocab]`
+    /// (generation: the LM head runs on one row).
+    pub fn forward_last(&self, tokens: &[u32], cache: &mut GpuCache) -> Result<Vec<f32>> {
+        self.forward_rows(tokens, cache, true)
+    }
+
+    fn forward_rows(&self, tokens: &[u32], cache: &mut GpuCache, last: bool) -> Result<Vec<f32>> {
         let t = tokens.len();
         let (h, v) = (self.config.hidden_size, self.config.vocab_size);
         if let Some(&bad) = tokens.iter().find(|&&id| id as usize >= v) {
@@ -709,9 +719,16 @@ impl GpuModel {
             }
         }
         cache.len += t;
-        let xs = self.rms_norm(&x, &self.norm, t, h, self.eps)?;
-        let logits = self.matmul(&xs, self.lm_head.as_ref().unwrap_or(&self.embed), t)?;
-        let bytes = dev.download(&logits, 0, (t * v * 4) as u64)?;
+        let (x, rows) = if last && t > 1 {
+            let row = self.scratch(h, "last row")?;
+            dev.copy(&x, ((t - 1) * h * 4) as u64, &row, 0, (h * 4) as u64)?;
+            (row, 1)
+        } else {
+            (x, t)
+        };
+        let xs = self.rms_norm(&x, &self.norm, rows, h, self.eps)?;
+        let logits = self.matmul(&xs, self.lm_head.as_ref().unwrap_or(&self.embed), rows)?;
+        let bytes = dev.download(&logits, 0, (rows * v * 4) as u64)?;
         Ok(bytes
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
