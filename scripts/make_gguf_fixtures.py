@@ -51,6 +51,20 @@ VARIANTS = {
         "original_max_position_embeddings": 32, "rope_theta": 1000.0, "rope_type": "yarn"}}),
 }
 
+# Generated fixtures: (name, model_type, config, fixture whose sequences are used). Q8_0
+# needs every quantized matrix's row length to be a multiple of 32, and every fixture in
+# tests/fixtures has hidden size 40, so this one has 64 / 16 / 32 to get real Q8_0 blocks.
+GENERATED = {
+    "qwen3_moe_q32": ("qwen3_moe", dict(
+        vocab_size=211, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, intermediate_size=64, moe_intermediate_size=32,
+        num_experts=6, num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1,
+        mlp_only_layers=[], max_position_embeddings=128, rms_norm_eps=1e-6,
+        initializer_range=0.1, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        architectures=["Qwen3MoeForCausalLM"]), "qwen3_moe_bf16"),
+}
+
 # Config keys added to the temporary copy that do not change transformers' model (its
 # DeepSeek-V3 class always uses sigmoid scoring with noaux_tc), but that real DeepSeek-V3
 # config.json files carry and the converter reads: without scoring_func it writes no
@@ -74,6 +88,7 @@ JOBS = [
     ("glm4_moe", "f32"),
     ("mixtral", "q8_0"),
     ("qwen3_moe_normed", "q8_0"),
+    ("qwen3_moe_q32", "q8_0"),
     ("deepseek_v3", "q8_0"),
 ]
 
@@ -154,12 +169,16 @@ def convert(args: argparse.Namespace) -> None:
             # reads config.json and the safetensors files.
             model_dir = Path(tmp) / fixture
             source, overrides = VARIANTS.get(fixture, (fixture, {}))
-            shutil.copytree(FIXTURES / source, model_dir)
+            if fixture in GENERATED:
+                source = generate(model_dir, fixture)
+                overrides = {}
+            else:
+                shutil.copytree(FIXTURES / source, model_dir)
             config = json.loads((model_dir / "config.json").read_text())
             config.update(overrides)
             config.update(EXTRA_KEYS.get(fixture, {}))
             (model_dir / "config.json").write_text(json.dumps(config))
-            if overrides and outtype == "f32":
+            if overrides or fixture in GENERATED:
                 hf_logits(model_dir, source, fixture)
             if not config.get("architectures"):
                 # The stacked-experts fixture's config names no class; transformers maps its
@@ -171,11 +190,32 @@ def convert(args: argparse.Namespace) -> None:
             try:
                 convert_hf_to_gguf.main()
                 results[name] = "ok"
+                if fixture in GENERATED and outtype != "f32":
+                    dequant_logits(model_dir, source, OUT / name)
             except (Exception, SystemExit) as e:  # record what the converter refused
                 results[name] = f"refused: {type(e).__name__}: {e}"
                 (OUT / name).unlink(missing_ok=True)
         print(f"{name}: {results[name]}", flush=True)
     print(json.dumps(results, indent=2))
+
+
+def generate(model_dir: Path, name: str) -> str:
+    """Writes a random checkpoint for GENERATED[name]; returns the fixture whose token
+    sequences it is run on."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    model_type, kw, seqs_from = GENERATED[name]
+    torch.manual_seed(2)
+    config = AutoConfig.for_model(model_type, **kw)
+    model = AutoModelForCausalLM.from_config(config).float().eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            # Decisive routing: with the default init the router's scores are near-ties
+            # that 8-bit weights flip, which says nothing about the reader.
+            layer.mlp.gate.weight.mul_(8.0)
+    model.save_pretrained(model_dir)
+    return seqs_from
 
 
 def hf_logits(model_dir: Path, source: str, name: str) -> None:
@@ -195,14 +235,61 @@ def hf_logits(model_dir: Path, source: str, name: str) -> None:
         print(f"{name} seq {i}: transformers logits recomputed", flush=True)
 
 
+def dequant_logits(model_dir: Path, source: str, path: Path) -> None:
+    """transformers' logits with the weights of the quantized GGUF at `path`, dequantized by
+    gguf-py (`<stem>.dequant_{0,1}.npy`): what an exact reader of that file must compute.
+    Only for qwen3moe files (the generated fixture)."""
+    import gguf
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        model_dir, attn_implementation="eager", experts_implementation="eager").float().eval()
+    r = gguf.GGUFReader(path)
+    w = {t.name: torch.from_numpy(np.array(gguf.quants.dequantize(t.data, t.tensor_type),
+                                           dtype=np.float32)) for t in r.tensors}
+    names = {"input_layernorm.weight": "attn_norm", "post_attention_layernorm.weight": "ffn_norm",
+             "self_attn.q_proj.weight": "attn_q", "self_attn.k_proj.weight": "attn_k",
+             "self_attn.v_proj.weight": "attn_v", "self_attn.o_proj.weight": "attn_output",
+             "self_attn.q_norm.weight": "attn_q_norm", "self_attn.k_norm.weight": "attn_k_norm",
+             "mlp.gate.weight": "ffn_gate_inp", "mlp.experts.down_proj": "ffn_down_exps"}
+    state = {}
+    for k, v in model.state_dict().items():
+        if k == "model.embed_tokens.weight":
+            new = w["token_embd.weight"]
+        elif k == "lm_head.weight":
+            new = w["output.weight"]
+        elif k == "model.norm.weight":
+            new = w["output_norm.weight"]
+        else:
+            layer, rest = k.removeprefix("model.layers.").split(".", 1)
+            if rest == "mlp.experts.gate_up_proj":
+                new = torch.cat([w[f"blk.{layer}.ffn_gate_exps.weight"],
+                                 w[f"blk.{layer}.ffn_up_exps.weight"]], dim=1)
+            else:
+                new = w[f"blk.{layer}.{names[rest]}.weight"]
+        state[k] = new.reshape(v.shape)
+    model.load_state_dict(state)
+    ref = json.loads((FIXTURES / source / "reference.json").read_text())
+    stem = path.name[: -len(".gguf")]
+    for i, seq in enumerate(ref["sequences"]):
+        with torch.no_grad():
+            out = model(torch.tensor([seq]), use_cache=False).logits[0].float().numpy()
+        np.save(OUT / f"{stem}.dequant_{i}.npy", out.astype(np.float32))
+        print(f"{stem} seq {i}: transformers logits on the dequantized weights", flush=True)
+
+
 def reference(stem: str, i: int):
     """The transformers logits a GGUF fixture is compared with, and its token sequence."""
     import numpy as np
 
     fixture = stem.split(".")[0]
     source = VARIANTS.get(fixture, (fixture, {}))[0]
+    if fixture in GENERATED:
+        source = GENERATED[fixture][2]
     seq = json.loads((FIXTURES / source / "reference.json").read_text())["sequences"][i]
-    if fixture in VARIANTS:  # recomputed by hf_logits
+    if fixture in VARIANTS or fixture in GENERATED:  # recomputed by hf_logits
         return seq, np.load(OUT / f"{fixture}.hf_{i}.npy")
     return seq, np.load(FIXTURES / source / f"logits_{i}.npy")
 

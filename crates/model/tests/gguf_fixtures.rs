@@ -4,10 +4,14 @@
 //! reproduces the checkpoint's transformers logits.
 //!
 //! F32 GGUFs hold the checkpoint's exact weights, so the f32 path must match within
-//! 1e-3 x max|ref| at every position, like the safetensors checkpoint does. Q8_0 GGUFs must
-//! keep the top-1 token at >= 90% of positions and stay within 3e-2 x max|ref|. Where
-//! llama.cpp could load the file, its logits (`<name>.llama_cpp_{0,1}.npy`) are compared
-//! too and printed, not asserted: they are a second opinion, not the reference.
+//! 1e-3 x max|ref| at every position, like the safetensors checkpoint does. Quantized GGUFs
+//! with `<stem>.dequant_{0,1}.npy` (transformers run on the file's dequantized weights) must
+//! match those within 1e-3 in the f32 path, and keep the top-1 token at >= 90% of positions
+//! within 5e-2 in the fast path; their distance to the unquantized model is printed (8-bit
+//! weights can flip a near-tie expert choice). The nominal `.q8_0` files (no row length is a
+//! multiple of 32, so the converter stored F16) must stay within 3e-2 with >= 90% top-1.
+//! Where llama.cpp could load the file, its logits (`<name>.llama_cpp_{0,1}.npy`) are
+//! compared too and printed, not asserted: they are a second opinion, not the reference.
 
 use std::path::{Path, PathBuf};
 
@@ -58,6 +62,8 @@ fn source_of(fixture: &str) -> (&str, bool) {
     match fixture {
         "qwen3_moe_normed" => ("qwen3_moe_bf16", true),
         "deepseek_v3" => ("deepseek_v3", true),
+        // A random checkpoint with Q8_0-friendly sizes, run on this fixture's sequences.
+        "qwen3_moe_q32" => ("qwen3_moe_bf16", true),
         other => (other, false),
     }
 }
@@ -72,8 +78,12 @@ fn check(stem: &str) {
     let reference: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(src_dir.join("reference.json")).unwrap())
             .unwrap();
-    let model = Model::load(&dir.join(format!("{stem}.gguf")), Precision::F32)
-        .unwrap_or_else(|e| panic!("{stem}: {e}"));
+    let path = dir.join(format!("{stem}.gguf"));
+    let model = Model::load(&path, Precision::F32).unwrap_or_else(|e| panic!("{stem}: {e}"));
+    let fast = dir
+        .join(format!("{stem}.dequant_0.npy"))
+        .exists()
+        .then(|| Model::load(&path, Precision::Fast).unwrap_or_else(|e| panic!("{stem}: {e}")));
     let vocab = model.config.vocab_size;
     for (i, seq) in reference["sequences"]
         .as_array()
@@ -108,7 +118,22 @@ fn check(stem: &str) {
             "no llama.cpp logits".to_owned()
         };
         println!("{stem} seq {i}: vs transformers err {err:.2e}, top-1 {top1:.3}; {vs_lcpp}");
-        if quantized {
+        if let Some(fast) = &fast {
+            let deq = npy::read_f32(&dir.join(format!("{stem}.dequant_{i}.npy"))).unwrap();
+            let (e, t) = compare(&got, &deq.data, vocab);
+            let (fe, ft) = compare(&logits(fast, &tokens), &deq.data, vocab);
+            println!(
+                "{stem} seq {i}: vs transformers on the dequantized weights: f32 err {e:.2e}, top-1 {t:.3}; fast err {fe:.2e}, top-1 {ft:.3}"
+            );
+            assert!(
+                e <= 1e-3,
+                "{stem} seq {i}: f32 vs dequantized reference {e:.2e} > 1e-3"
+            );
+            assert!(
+                fe <= 5e-2 && ft >= 0.9,
+                "{stem} seq {i}: fast path err {fe:.2e} > 5e-2 or top-1 {ft:.3} < 0.9"
+            );
+        } else if quantized {
             assert!(
                 err <= 3e-2 && top1 >= 0.9,
                 "{stem} seq {i}: err {err:.2e} > 3e-2 or top-1 {top1:.3} < 0.9"
@@ -135,6 +160,7 @@ gguf_fixtures!(
     mixtral_q8_0 => "mixtral.q8_0",
     qwen3_moe_normed => "qwen3_moe_normed",
     qwen3_moe_normed_q8_0 => "qwen3_moe_normed.q8_0",
+    qwen3_moe_q32_q8_0 => "qwen3_moe_q32.q8_0",
     deepseek_v2 => "deepseek_v2",
     deepseek_v3 => "deepseek_v3",
     deepseek_v3_q8_0 => "deepseek_v3.q8_0",
