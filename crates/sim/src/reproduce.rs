@@ -15,7 +15,9 @@
 //! figures quoted in seed 003's text.
 
 use serde::Serialize;
-use strata_policy::policies::{Fiddler, GpuLru, HybriMoE, KTransformers, Smoe, SmoeEviction};
+use strata_policy::policies::{
+    Fiddler, GpuLru, HybriCosts, HybriMoE, KTransformers, Smoe, SmoeEviction,
+};
 use strata_policy::predictor::LinearPredictor;
 use strata_policy::{CostModel, Hardware, ModelShape, Policy};
 
@@ -220,7 +222,11 @@ pub fn smoe() -> Result<Reproduction> {
         let (preds, acc) = train_predictors(&train, k)?;
         let mut policies: Vec<(Box<dyn Policy>, Option<f64>)> = vec![
             (Box::new(KTransformers::new(0)), Some(paper[0])),
-            (Box::new(HybriMoE::new(slots, 1)), Some(paper[1])),
+            (
+                Box::new(HybriMoE::with_costs(HybriCosts::Released, slots, 1)),
+                Some(paper[1]),
+            ),
+            (Box::new(HybriMoE::new(slots, 1)), None),
             (
                 Box::new(Smoe::new(
                     slots,
@@ -274,6 +280,10 @@ pub fn smoe() -> Result<Reproduction> {
             let mut base = None;
             let mut prefill_policies: Vec<(Box<dyn Policy>, Option<f64>)> = vec![
                 (Box::new(KTransformers::new(0)), None),
+                (
+                    Box::new(HybriMoE::with_costs(HybriCosts::Released, slots, 1)),
+                    None,
+                ),
                 (Box::new(HybriMoE::new(slots, 1)), None),
                 (
                     Box::new(Smoe::new(

@@ -8,6 +8,11 @@
 //!   device would finish earlier (an uncached expert's GPU cost includes its copy).
 //! - Prefetch: while layer `l` runs, the `prefetch` best-scored uncached experts of layer
 //!   `l + 1` are copied (layer-wise prefetch).
+//! - Prefill: the released scheduler computes on the CPU in decode only; in prefill every
+//!   expert runs on the GPU, copied when not cached (research/offload-systems.md).
+//! - Costs: either Strata's cost model, or the constants of the released code (GPU 0.5
+//!   per expert, copy 0.418, CPU 0.79 + 1.0 per token, in its own units), which were set
+//!   for small models and make copies look cheap next to a CPU expert.
 //!
 //! A key design decision: the released code scores the router's top `2k` from the full
 //! softmax; traces carry only the top `k` with their weights, so the update uses those.
@@ -18,9 +23,19 @@ use crate::{
     CostModel, Decision, Device, Eviction, LayerView, Phase, Policy, Task, Transfer, TransferKind,
 };
 
+/// Which costs the scheduler compares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HybriCosts {
+    /// Strata's cost model for this hardware and model.
+    Model,
+    /// The constants of HybriMoE's released code.
+    Released,
+}
+
 /// HybriMoE's score cache, earliest-finish scheduler and next-layer prefetch.
 #[derive(Debug, Clone)]
 pub struct HybriMoE {
+    costs: HybriCosts,
     slots: usize,
     prefetch: usize,
     scores: Vec<Vec<f32>>,
@@ -30,7 +45,13 @@ pub struct HybriMoE {
 impl HybriMoE {
     /// `slots` cached experts per layer, `prefetch` next-layer copies per step.
     pub fn new(slots: usize, prefetch: usize) -> Self {
+        Self::with_costs(HybriCosts::Model, slots, prefetch)
+    }
+
+    /// As [`HybriMoE::new`], comparing the given costs.
+    pub fn with_costs(costs: HybriCosts, slots: usize, prefetch: usize) -> Self {
         Self {
+            costs,
             slots,
             prefetch,
             scores: Vec::new(),
@@ -47,6 +68,27 @@ impl HybriMoE {
             .unwrap_or(0.0)
     }
 
+    fn gpu_cost(&self, cost: &CostModel, tokens: usize, cached: bool) -> f64 {
+        match self.costs {
+            HybriCosts::Model => {
+                cost.expert_time(Device::Gpu, tokens as u32)
+                    + if cached {
+                        0.0
+                    } else {
+                        cost.expert_transfer_time()
+                    }
+            }
+            HybriCosts::Released => 0.5 + if cached { 0.0 } else { 0.418 },
+        }
+    }
+
+    fn cpu_cost(&self, cost: &CostModel, tokens: usize) -> f64 {
+        match self.costs {
+            HybriCosts::Model => cost.expert_time(Device::Cpu, tokens as u32),
+            HybriCosts::Released => 0.79 + tokens as f64,
+        }
+    }
+
     fn lowest_scored(&self, layer: usize, keep: impl Fn(u32) -> bool) -> Option<u32> {
         let s = &self.scores[layer];
         (0..s.len() as u32)
@@ -57,7 +99,10 @@ impl HybriMoE {
 
 impl Policy for HybriMoE {
     fn name(&self) -> String {
-        "hybrimoe".into()
+        match self.costs {
+            HybriCosts::Model => "hybrimoe".into(),
+            HybriCosts::Released => "hybrimoe-released".into(),
+        }
     }
 
     fn decide(&mut self, view: &LayerView, cost: &CostModel) -> Decision {
@@ -100,14 +145,20 @@ impl Policy for HybriMoE {
         let (mut gpu_t, mut cpu_t) = (0.0, 0.0);
         let (mut i, mut j) = (0usize, order.len());
         let mut on_gpu = Vec::new();
+        // Prefill: no CPU experts in the released code; everything on the GPU.
+        if view.phase == Phase::Prefill {
+            on_gpu.extend_from_slice(&order);
+            i = j;
+        }
         while i < j {
             let front = order[i];
             let back = order[j - 1];
-            let mut g = cost.expert_time(Device::Gpu, rows[front as usize].len() as u32);
-            if !self.cached[l][front as usize] {
-                g += cost.expert_transfer_time();
-            }
-            let c = cost.expert_time(Device::Cpu, rows[back as usize].len() as u32);
+            let g = self.gpu_cost(
+                cost,
+                rows[front as usize].len(),
+                self.cached[l][front as usize],
+            );
+            let c = self.cpu_cost(cost, rows[back as usize].len());
             if gpu_t + g <= cpu_t + c {
                 gpu_t += g;
                 on_gpu.push(front);
@@ -147,7 +198,7 @@ impl Policy for HybriMoE {
             });
         }
         // Next-layer prefetch by score.
-        if view.phase == Phase::Decode && l + 1 < view.n_moe_layers && self.slots > 0 {
+        if l + 1 < view.n_moe_layers && self.slots > 0 {
             let nl = l + 1;
             let mut cand: Vec<u32> = (0..n as u32)
                 .filter(|&e| !self.cached[nl][e as usize] && self.scores[nl][e as usize] > 0.0)

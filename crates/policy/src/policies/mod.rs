@@ -19,6 +19,6 @@ mod smoe;
 
 pub use fiddler::Fiddler;
 pub use gpu_lru::GpuLru;
-pub use hybrimoe::HybriMoE;
+pub use hybrimoe::{HybriCosts, HybriMoE};
 pub use ktransformers::KTransformers;
 pub use smoe::{Eviction as SmoeEviction, Smoe};
