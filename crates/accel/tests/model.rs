@@ -107,3 +107,29 @@ fn cache_overflow_and_bad_tokens_are_errors() {
     assert!(gpu.forward(&[100_000], &mut cache).is_err());
     assert_eq!(cache.len(), 0);
 }
+
+/// The trained `strata-tiny-moe` (BF16, 8192-token vocabulary): a real checkpoint with
+/// bigger shapes than the fixtures (head_dim 64, 256-wide rows, many expert rows per pair).
+#[test]
+fn strata_tiny_moe_matches_cpu() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/models/strata-tiny-moe");
+    if !dir.join("config.json").exists() {
+        eprintln!("skipping: {} not found", dir.display());
+        return;
+    }
+    let Some(dev) = default_gpu() else { return };
+    let cpu = Model::load(&dir, Precision::F32).unwrap();
+    let gpu = GpuModel::load(dev, &dir).unwrap();
+    let toks: Vec<u32> = (0..48u32)
+        .map(|i| i.wrapping_mul(2_654_435_761) % 8192)
+        .collect();
+    let want = cpu_logits(&cpu, &toks);
+    let mut cache = gpu.new_cache(toks.len()).unwrap();
+    let mut got = gpu.forward(&toks[..40], &mut cache).unwrap();
+    for tok in &toks[40..] {
+        got.extend(gpu.forward(std::slice::from_ref(tok), &mut cache).unwrap());
+    }
+    let e = rel_err(&got, &want);
+    println!("strata-tiny-moe: max rel err {e:.2e}");
+    assert!(e <= 1e-3, "strata-tiny-moe: error {e:.2e} > 1e-3");
+}
