@@ -72,6 +72,8 @@ pub struct GenRequest {
     pub stop: Vec<String>,
     /// `Some(n)`: report each token's log-probability and the `n` most likely alternatives.
     pub top_logprobs: Option<usize>,
+    /// Keep generating past end-of-sequence tokens (benchmarks with fixed output lengths).
+    pub ignore_eos: bool,
 }
 
 /// Log-probabilities of one generated token.
@@ -174,6 +176,7 @@ pub enum SchedulerError {
 struct Shared {
     queued: AtomicUsize,
     active: AtomicUsize,
+    generated: AtomicU64,
     next_id: AtomicU64,
     closed: AtomicBool,
 }
@@ -312,6 +315,11 @@ impl Scheduler {
         self.shared.active.load(Ordering::Acquire)
     }
 
+    /// Tokens generated since the start, by every sequence (cancelled ones included).
+    pub fn generated_tokens(&self) -> u64 {
+        self.shared.generated.load(Ordering::Relaxed)
+    }
+
     /// Refuses new requests, finishes those in flight and joins the thread.
     pub fn shutdown(&self) {
         self.shared.closed.store(true, Ordering::Release);
@@ -394,7 +402,8 @@ fn run(engine: &Engine, cfg: SchedulerConfig, rx: &mpsc::Receiver<Command>, shar
         if running.is_empty() {
             continue;
         }
-        step(engine, cfg, &mut running);
+        let generated = step(engine, cfg, &mut running);
+        shared.generated.fetch_add(generated, Ordering::Relaxed);
         running.retain(|s| !s.done);
         shared.active.store(running.len(), Ordering::Release);
     }
@@ -425,7 +434,12 @@ fn handle(
 /// Turns a queued request into a running sequence (or reports why it cannot run).
 fn admit(engine: &Engine, mut p: Pending) -> Option<Seq<'_>> {
     let decoder = match StreamDecoder::new(&engine.tokenizer, &p.req.stop, true) {
-        Ok(d) => d,
+        Ok(mut d) => {
+            if p.req.ignore_eos {
+                d.set_stop_ids(&[]);
+            }
+            d
+        }
         Err(e) => {
             p.sink.send(Event::Failed(e.to_string()));
             return None;
@@ -449,8 +463,9 @@ fn admit(engine: &Engine, mut p: Pending) -> Option<Seq<'_>> {
     })
 }
 
-/// One batched forward pass over the running sequences, then sampling.
-fn step(engine: &Engine, cfg: SchedulerConfig, running: &mut [Seq<'_>]) {
+/// One batched forward pass over the running sequences, then sampling; returns the
+/// number of tokens sampled.
+fn step(engine: &Engine, cfg: SchedulerConfig, running: &mut [Seq<'_>]) -> u64 {
     let decodes = running.iter().filter(|s| s.decoding).count();
     let mut budget = cfg
         .step_tokens
@@ -510,9 +525,10 @@ fn step(engine: &Engine, cfg: SchedulerConfig, running: &mut [Seq<'_>]) {
                 running[i].sink.send(Event::Failed(msg.clone()));
                 running[i].done = true;
             }
-            return;
+            return 0;
         }
     };
+    let mut sampled = 0;
     for (&i, logits) in who.iter().zip(all_logits) {
         let seq = &mut running[i];
         if let Work::Prefill(n) = plan[i] {
@@ -520,9 +536,11 @@ fn step(engine: &Engine, cfg: SchedulerConfig, running: &mut [Seq<'_>]) {
         }
         if !logits.is_empty() {
             seq.decoding = true;
+            sampled += 1;
             sample_next(seq, &logits, cfg.ctx_size);
         }
     }
+    sampled
 }
 
 /// Samples a sequence's next token from its logits, reports it, and decides whether the
@@ -633,6 +651,7 @@ mod tests {
             sampling: SamplingParams::greedy(),
             stop: Vec::new(),
             top_logprobs: None,
+            ignore_eos: false,
         }
     }
 

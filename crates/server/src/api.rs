@@ -22,6 +22,7 @@ const COMMON_FIELDS: &[&str] = &[
     "presence_penalty",
     "frequency_penalty",
     "repetition_penalty",
+    "ignore_eos",
     "n",
     "stream",
     "stream_options",
@@ -82,6 +83,8 @@ pub struct Common {
     pub frequency_penalty: Option<f32>,
     /// Repetition penalty (vLLM's extension).
     pub repetition_penalty: Option<f32>,
+    /// Generate past end-of-sequence tokens (vLLM's extension, for benchmarks).
+    pub ignore_eos: Option<bool>,
     /// Choices per prompt.
     pub n: Option<u32>,
     /// Stream with server-sent events.

@@ -48,6 +48,7 @@ struct Job {
     sampling: SamplingParams,
     stop: Vec<String>,
     top_logprobs: Option<usize>,
+    ignore_eos: bool,
     stream: bool,
     include_usage: bool,
 }
@@ -246,6 +247,7 @@ async fn chat_job(st: &Arc<AppState>, body: &[u8]) -> Result<Job, ApiError> {
         n,
         sampling,
         include_usage: include_usage(&common_fields),
+        ignore_eos: common_fields.ignore_eos.unwrap_or(false),
         stream: common_fields.stream.unwrap_or(false),
         stop: api::stop_strings(common_fields.stop)?,
         top_logprobs,
@@ -333,6 +335,7 @@ async fn completion_job(st: &Arc<AppState>, body: &[u8]) -> Result<Job, ApiError
         n,
         sampling,
         include_usage: include_usage(&common_fields),
+        ignore_eos: common_fields.ignore_eos.unwrap_or(false),
         stream: common_fields.stream.unwrap_or(false),
         stop: api::stop_strings(common_fields.stop)?,
         top_logprobs,
@@ -405,6 +408,7 @@ fn submit(st: &AppState, job: &Job) -> Result<Running, ApiError> {
                 sampling,
                 stop: job.stop.clone(),
                 top_logprobs: job.top_logprobs,
+                ignore_eos: job.ignore_eos,
             };
             let sink = ChannelSink {
                 index: p * job.n + j,

@@ -294,11 +294,18 @@ async fn errors_have_the_openai_shape() {
 #[tokio::test]
 async fn disconnected_clients_are_cancelled() {
     let st = state();
-    // Streaming: read the first event, then drop the body as a closed socket would.
-    let body = json!({
+    // The request run to the end generates `full` tokens...
+    let mut body = json!({
         "model": MODEL, "prompt": "Once upon a time", "max_tokens": 200,
-        "temperature": 1.0, "seed": 1, "stream": true,
+        "temperature": 1.0, "seed": 1, "ignore_eos": true,
     });
+    let (s, v) = call_json(&st, post("/v1/completions", body.to_string())).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let full = v["usage"]["completion_tokens"].as_u64().unwrap();
+    assert_eq!(full, 200);
+    // ...streamed: read the first event, then drop the body as a closed socket would.
+    body["stream"] = json!(true);
+    let before = st.scheduler.generated_tokens();
     let resp = app(st.clone())
         .oneshot(post("/v1/completions", body.to_string()))
         .await
@@ -310,17 +317,24 @@ async fn disconnected_clients_are_cancelled() {
     assert!(st.scheduler.active() + st.scheduler.queued() <= 1);
     drop(frames);
     wait_idle(&st).await;
+    let cancelled = st.scheduler.generated_tokens() - before;
+    assert!(
+        cancelled < full / 2,
+        "{cancelled} of {full} tokens generated after disconnect"
+    );
 
     // Not streaming: the handler's future is dropped mid-generation.
-    let body = json!({
-        "model": MODEL, "prompt": "Once upon a time", "max_tokens": 200,
-        "temperature": 1.0, "seed": 1,
-    });
+    body["stream"] = json!(false);
+    let before = st.scheduler.generated_tokens();
     let fut = app(st.clone()).oneshot(post("/v1/completions", body.to_string()));
     let timed = tokio::time::timeout(Duration::from_millis(30), fut).await;
-    if timed.is_err() {
-        wait_idle(&st).await;
-    }
+    assert!(timed.is_err(), "the request finished in 30 ms");
+    wait_idle(&st).await;
+    let cancelled = st.scheduler.generated_tokens() - before;
+    assert!(
+        cancelled < full / 2,
+        "{cancelled} of {full} tokens generated after disconnect"
+    );
 }
 
 #[tokio::test]
