@@ -63,6 +63,15 @@ GENERATED = {
         initializer_range=0.1, tie_word_embeddings=False,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         architectures=["Qwen3MoeForCausalLM"]), "qwen3_moe_bf16"),
+    # The qwen2_moe fixture has a dense layer, which the converter refuses.
+    "qwen2_moe_sparse": ("qwen2_moe", dict(
+        vocab_size=211, hidden_size=40, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, intermediate_size=52, moe_intermediate_size=18,
+        shared_expert_intermediate_size=44, num_experts=6, num_experts_per_tok=2,
+        norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[],
+        max_position_embeddings=128, rms_norm_eps=1e-6, initializer_range=0.1,
+        tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        architectures=["Qwen2MoeForCausalLM"]), "qwen2_moe"),
 }
 
 # Config keys added to the temporary copy that do not change transformers' model (its
@@ -80,6 +89,7 @@ JOBS = [
     ("qwen2", "f32"),
     ("mixtral", "f32"),
     ("qwen2_moe", "f32"),
+    ("qwen2_moe_sparse", "f32"),
     ("qwen3_moe", "f32"),
     ("qwen3_moe_normed", "f32"),
     ("qwen3_moe_stacked", "f32"),
@@ -210,6 +220,10 @@ def generate(model_dir: Path, name: str) -> str:
     config = AutoConfig.for_model(model_type, **kw)
     model = AutoModelForCausalLM.from_config(config).float().eval()
     with torch.no_grad():
+        # Non-trivial biases (the default init leaves 0).
+        for pname, p in model.named_parameters():
+            if pname.endswith("bias"):
+                p.normal_(0.0, 0.5)
         for layer in model.model.layers:
             # Decisive routing: with the default init the router's scores are near-ties
             # that 8-bit weights flip, which says nothing about the reader.

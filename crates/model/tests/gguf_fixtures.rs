@@ -62,8 +62,10 @@ fn source_of(fixture: &str) -> (&str, bool) {
     match fixture {
         "qwen3_moe_normed" => ("qwen3_moe_bf16", true),
         "deepseek_v3" => ("deepseek_v3", true),
-        // A random checkpoint with Q8_0-friendly sizes, run on this fixture's sequences.
+        // Random checkpoints made by the script (Q8_0-friendly sizes; Qwen2-MoE without the
+        // dense layer the converter refuses), run on these fixtures' sequences.
         "qwen3_moe_q32" => ("qwen3_moe_bf16", true),
+        "qwen2_moe_sparse" => ("qwen2_moe", true),
         other => (other, false),
     }
 }
@@ -158,6 +160,7 @@ gguf_fixtures!(
     qwen2 => "qwen2",
     mixtral => "mixtral",
     mixtral_q8_0 => "mixtral.q8_0",
+    qwen2_moe_sparse => "qwen2_moe_sparse",
     qwen3_moe_normed => "qwen3_moe_normed",
     qwen3_moe_normed_q8_0 => "qwen3_moe_normed.q8_0",
     qwen3_moe_q32_q8_0 => "qwen3_moe_q32.q8_0",
