@@ -76,7 +76,15 @@ fn adapters() -> Result<Vec<wgpu::Adapter>> {
     let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
     desc.backends = backends();
     let instance = wgpu::Instance::new(desc);
-    let found = pollster::block_on(instance.enumerate_adapters(backends()));
+    let mut found = pollster::block_on(instance.enumerate_adapters(backends()));
+    // Real GPUs first: device 0 is the best one even when lavapipe is installed too.
+    found.sort_by_key(|a| match a.get_info().device_type {
+        wgpu::DeviceType::DiscreteGpu => 0,
+        wgpu::DeviceType::IntegratedGpu => 1,
+        wgpu::DeviceType::VirtualGpu => 2,
+        wgpu::DeviceType::Other => 3,
+        wgpu::DeviceType::Cpu => 4,
+    });
     if found.is_empty() {
         return Err(Error::NoAdapter {
             apis: api_names(),
