@@ -11,7 +11,7 @@ Two steps, each run with the Python environment that has what it needs:
 
 `--llama-cpp DIR` points at an extracted `vendor/llama.cpp` of the llama-cpp-python 0.3.36
 sdist (it must hold convert_hf_to_gguf.py, conversion/ and gguf-py/). Without it the sdist is
-fetched with `pip download llama-cpp-python==0.3.36 --no-deps --no-binary :all:` into
+fetched with `pip download llama-cpp-python==0.3.36 --no-deps --no-binary llama-cpp-python` into
 ~/.cache/strata-gguf-fixtures and extracted there.
 
 The fixtures have no tokenizer, and the converter needs one: every model class's
@@ -115,7 +115,7 @@ def fetch_llama_cpp() -> Path:
     cache.mkdir(parents=True, exist_ok=True)
     subprocess.run(
         [sys.executable, "-m", "pip", "download", f"llama-cpp-python=={VERSION}",
-         "--no-deps", "--no-binary", ":all:", "-d", str(cache)],
+         "--no-deps", "--no-binary", "llama-cpp-python", "-d", str(cache)],
         check=True,
     )
     with tarfile.open(cache / f"llama_cpp_python-{VERSION}.tar.gz") as tar:
