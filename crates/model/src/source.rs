@@ -43,8 +43,9 @@ enum Kind<'a> {
     St(&'a TensorView),
     Gguf(&'a GgufFile, &'a TensorInfo),
     /// Values computed at load from other GGUF tensors (DeepSeek's `kv_b_proj` rebuilt from
-    /// llama.cpp's `attn_k_b`/`attn_v_b`).
-    Built(&'a GgufFile, Arc<[f32]>),
+    /// llama.cpp's `attn_k_b`/`attn_v_b`), with the type those are stored in: the fast path
+    /// keeps f32 only for f32 files, as for stored tensors.
+    Built(&'a GgufFile, Arc<[f32]>, GgmlType),
 }
 
 impl Source {
@@ -156,7 +157,7 @@ impl Source {
 /// converter writes since it absorbs MLA's up-projections), for a missing `attn_kv_b`
 /// named `gname`. Done once at load; the model then sees a plain f32 tensor.
 fn kv_b_from_split<'a>(g: &'a GgufFile, gname: &str) -> Result<Tensor<'a>> {
-    let part = |which: &str| -> Result<(Vec<f32>, Vec<usize>, String)> {
+    let part = |which: &str| -> Result<(Vec<f32>, Vec<usize>, String, GgmlType)> {
         let name = gname.replace("attn_kv_b", which);
         let info = g.tensor(&name)?;
         let t = Tensor {
@@ -166,10 +167,10 @@ fn kv_b_from_split<'a>(g: &'a GgufFile, gname: &str) -> Result<Tensor<'a>> {
             row_offset: 0,
             fp8_scale: None,
         };
-        Ok((t.to_f32()?, t.shape, name))
+        Ok((t.to_f32()?, t.shape, name, info.ggml_type))
     };
-    let (k, k_shape, k_name) = part("attn_k_b")?;
-    let (v, v_shape, v_name) = part("attn_v_b")?;
+    let (k, k_shape, k_name, k_type) = part("attn_k_b")?;
+    let (v, v_shape, v_name, _) = part("attn_v_b")?;
     let name = format!("{k_name} + {v_name}");
     let Some((values, rows)) = crate::gguf::kv_b_from_split(&k, &k_shape, &v, &v_shape) else {
         return Err(Error::Format(strata_formats::Error::BadTensor {
@@ -181,7 +182,7 @@ fn kv_b_from_split<'a>(g: &'a GgufFile, gname: &str) -> Result<Tensor<'a>> {
         }));
     };
     Ok(Tensor {
-        kind: Kind::Built(g, values.into()),
+        kind: Kind::Built(g, values.into(), k_type),
         name,
         shape: vec![rows, k_shape[1]],
         row_offset: 0,
@@ -198,7 +199,7 @@ impl Tensor<'_> {
     fn bad(&self, message: String) -> Error {
         let path = match &self.kind {
             Kind::St(v) => v.file().path().to_owned(),
-            Kind::Gguf(g, _) | Kind::Built(g, _) => g.path().to_owned(),
+            Kind::Gguf(g, _) | Kind::Built(g, ..) => g.path().to_owned(),
         };
         Error::Format(strata_formats::Error::BadTensor {
             path,
@@ -254,7 +255,7 @@ impl Tensor<'_> {
                     .map_err(|e| self.bad(e.to_string()))?;
                 Ok(out)
             }
-            Kind::Built(_, values) => {
+            Kind::Built(_, values, _) => {
                 Ok(values[(self.row_offset + row0) * k..][..n_rows * k].to_vec())
             }
         }
@@ -282,7 +283,7 @@ impl Tensor<'_> {
         match &self.kind {
             Kind::St(v) => v.dtype() == DType::F32,
             Kind::Gguf(_, info) => info.ggml_type == GgmlType::F32,
-            Kind::Built(..) => true,
+            Kind::Built(_, _, ty) => *ty == GgmlType::F32,
         }
     }
 
@@ -291,7 +292,7 @@ impl Tensor<'_> {
         match &self.kind {
             Kind::St(v) => v.dtype().to_string(),
             Kind::Gguf(_, info) => info.ggml_type.name().to_string(),
-            Kind::Built(..) => "F32".to_owned(),
+            Kind::Built(_, _, ty) => ty.name().to_string(),
         }
     }
 }
