@@ -53,7 +53,8 @@ VARIANTS = {
 
 # Generated fixtures: (name, model_type, config, fixture whose sequences are used). Q8_0
 # needs every quantized matrix's row length to be a multiple of 32, and every fixture in
-# tests/fixtures has hidden size 40, so this one has 64 / 16 / 32 to get real Q8_0 blocks.
+# tests/fixtures has hidden size 40, so qwen3_moe_q32 has 64 / 16 / 32 to get real Q8_0
+# blocks (and `<name>.q8_0.dequant_{0,1}.npy`: transformers on its dequantized weights).
 GENERATED = {
     "qwen3_moe_q32": ("qwen3_moe", dict(
         vocab_size=211, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -175,8 +176,6 @@ def convert(args: argparse.Namespace) -> None:
         if only and fixture not in only:
             continue
         with tempfile.TemporaryDirectory() as tmp:
-            # A copy without generation_config.json etc. is not needed; the converter only
-            # reads config.json and the safetensors files.
             model_dir = Path(tmp) / fixture
             source, overrides = VARIANTS.get(fixture, (fixture, {}))
             if fixture in GENERATED:
