@@ -13,6 +13,8 @@ mod info;
 mod logits;
 mod model_arg;
 mod serve;
+mod simulate;
+mod trace;
 
 use std::process::ExitCode;
 
@@ -44,6 +46,10 @@ enum Command {
     Batch(batch::BatchArgs),
     /// List the accelerators this build can use, with their limits and supported operations.
     Devices(devices::DevicesArgs),
+    /// Record the routing of every token at every MoE layer into a routing trace.
+    Trace(trace::TraceArgs),
+    /// Simulate a placement policy on other hardware, or reproduce a seed's comparison.
+    Simulate(simulate::SimulateArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -61,6 +67,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Logits(a) => logits::run(a),
         Command::Bench(BenchCommand::Moe(a)) => bench::bench_moe(&a),
         Command::Devices(a) => devices::run(a),
+        Command::Trace(a) => trace::run(a),
+        Command::Simulate(a) => simulate::run(a),
     }
 }
 

@@ -1,0 +1,207 @@
+//! `strata simulate`: one placement policy on simulated hardware, or a seed's reproduction.
+//!
+//! Raw flags are parsed by clap, then validated into a cost model, a policy and a workload
+//! (ripgrep's low/high args split). Policies are named `NAME[:N]`, `N` being the deferred
+//! experts of `ktransformers` or the prefetch count of `hybrimoe*` and `smoe*`.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+use clap::Args;
+use strata_policy::policies::{
+    Fiddler, GpuLru, HybriCosts, HybriMoE, KTransformers, Smoe, SmoeEviction,
+};
+use strata_policy::{CostModel, Hardware, ModelShape, Policy};
+use strata_sim::workload::{SyntheticParams, Workload, synthetic};
+use strata_sim::{reproduce, simulate, trace};
+
+/// Arguments of `strata simulate`.
+#[derive(Debug, Args)]
+pub struct SimulateArgs {
+    /// Hardware preset (`ktrans-a100`, `ktrans-4080`, `smoe-4090`, `trimoe-h100`,
+    /// `cox-h100`, `local`) or a JSON file of the same shape.
+    #[arg(long, value_name = "H", default_value = "smoe-4090")]
+    hardware: String,
+    /// Model preset (`deepseek-v3`, `qwen3-30b-a3b`, ...), a config.json or a model directory.
+    #[arg(long, value_name = "M", default_value = "deepseek-v3")]
+    model: String,
+    /// Policy: `gpu-lru`, `fiddler`, `ktransformers[:D]`, `hybrimoe[:N]`,
+    /// `hybrimoe-released[:N]`, `smoe[:N]`, `smoe-adaptive[:N]`, `smoe-flex[:N]`.
+    #[arg(long, value_name = "P", default_value = "smoe:2")]
+    policy: String,
+    /// Workload: `synthetic` (see --prompt-tokens, --decode-tokens, --requests, --seed) or
+    /// a routing trace file from `strata trace`.
+    #[arg(long, value_name = "W", default_value = "synthetic")]
+    workload: String,
+    /// Bits per weight (16 = BF16, 4.25 = IQ4_XS).
+    #[arg(long, value_name = "B", default_value_t = 4.25)]
+    bits: f64,
+    /// Synthetic workload: prompt tokens per request.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    prompt_tokens: usize,
+    /// Synthetic workload: decode steps per request.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    decode_tokens: usize,
+    /// Synthetic workload: requests.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    requests: usize,
+    /// Synthetic workload: seed of the token draws.
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    seed: u64,
+    /// Print one JSON document instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Write the timeline (Chrome trace JSON, opens in Perfetto) to this file.
+    #[arg(long, value_name = "FILE")]
+    timeline: Option<PathBuf>,
+    /// Run a seed's comparison instead: `ktransformers` or `smoe`.
+    #[arg(long, value_name = "NAME")]
+    reproduce: Option<String>,
+}
+
+fn parse_policy(
+    spec: &str,
+    cost: &CostModel,
+    w: &Workload,
+    train: &Workload,
+) -> anyhow::Result<Box<dyn Policy>> {
+    let (name, n) = match spec.split_once(':') {
+        Some((a, b)) => (
+            a,
+            Some(
+                b.parse::<usize>()
+                    .with_context(|| format!("--policy {spec}: `{b}` is not a count"))?,
+            ),
+        ),
+        None => (spec, None),
+    };
+    let slots = cost.cache_slots_per_layer();
+    let preds = || reproduce::train_predictors(train, w.top_k);
+    Ok(match name {
+        "gpu-lru" => Box::new(GpuLru::new(slots)),
+        "fiddler" => Box::new(Fiddler::new(train.profile())),
+        "ktransformers" => Box::new(KTransformers::new(n.unwrap_or(0))),
+        "hybrimoe" => Box::new(HybriMoE::new(slots, n.unwrap_or(1))),
+        "hybrimoe-released" => Box::new(HybriMoE::with_costs(
+            HybriCosts::Released,
+            slots,
+            n.unwrap_or(1),
+        )),
+        "smoe" | "smoe-adaptive" => {
+            let eviction = if name == "smoe" {
+                SmoeEviction::FixedN
+            } else {
+                SmoeEviction::Adaptive
+            };
+            Box::new(Smoe::new(slots, n.unwrap_or(2), eviction, preds()?.0))
+        }
+        "smoe-flex" => {
+            let (p, acc) = preds()?;
+            Box::new(Smoe::flex(
+                slots,
+                n.unwrap_or(3),
+                SmoeEviction::FixedN,
+                p,
+                &acc,
+            ))
+        }
+        other => bail!(
+            "unknown policy {other:?}, expected gpu-lru, fiddler, ktransformers, hybrimoe, \
+             hybrimoe-released, smoe, smoe-adaptive or smoe-flex"
+        ),
+    })
+}
+
+fn print_reproduction(name: &str, json: bool) -> anyhow::Result<()> {
+    let r = reproduce::run(name)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+        return Ok(());
+    }
+    println!(
+        "{:<22} {:<16} {:<12} {:>6} {:<36} {:>10} {:>10}",
+        "policy", "model", "hardware", "prompt", "metric", "simulated", "paper"
+    );
+    for row in &r.rows {
+        let paper = row.paper.map_or("-".to_string(), |p| format!("{p:.3}"));
+        println!(
+            "{:<22} {:<16} {:<12} {:>6} {:<36} {:>10.3} {:>10}",
+            row.policy, row.model, row.hardware, row.prompt_tokens, row.metric, row.value, paper
+        );
+    }
+    Ok(())
+}
+
+pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
+    if let Some(name) = &args.reproduce {
+        return print_reproduction(name, args.json);
+    }
+    let hw = Hardware::load(&args.hardware)?;
+    let model = ModelShape::load(&args.model)?;
+    let cost = CostModel::new(hw, model, args.bits, args.bits)?;
+    let m = &cost.model;
+    let (w, train) = if args.workload == "synthetic" {
+        let p = SyntheticParams {
+            prompt_tokens: args.prompt_tokens,
+            decode_tokens: args.decode_tokens,
+            requests: args.requests,
+            seed: args.seed,
+            ..SyntheticParams::calibrated(m.moe_layers(), m.n_experts, m.top_k)
+        };
+        // Predictors and profiles come from other prompts of the same synthetic model.
+        let train = synthetic(&SyntheticParams {
+            requests: 4,
+            prompt_tokens: 16,
+            seed: args.seed.wrapping_add(1000),
+            ..p.clone()
+        });
+        (synthetic(&p), train)
+    } else {
+        let (_, w) = trace::read_file(std::path::Path::new(&args.workload))?;
+        (w.clone(), w)
+    };
+    let mut policy = parse_policy(&args.policy, &cost, &w, &train)?;
+    let report = simulate(policy.as_mut(), &cost, &w)?;
+    if let Some(path) = &args.timeline {
+        std::fs::write(path, serde_json::to_vec(&report.chrome_trace())?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
+    println!("policy     {}", report.policy);
+    println!("hardware   {}", report.hardware);
+    println!(
+        "model      {} ({} MoE layers, {} experts, top-{}, {:.1} MB per expert, {} GPU slots per layer)",
+        args.model,
+        m.moe_layers(),
+        m.n_experts,
+        m.top_k,
+        cost.expert_bytes() as f64 / 1e6,
+        cost.cache_slots_per_layer()
+    );
+    for (name, p) in [("prefill", &report.prefill), ("decode", &report.decode)] {
+        if p.tokens == 0 {
+            continue;
+        }
+        println!(
+            "{name:<8}   {:>8.2} tok/s  {:>6} tokens in {:.3} s  hit {:.1}%  GPU {:.0}%  CPU {:.0}%  PCIe {:.0}%",
+            p.tokens_per_s,
+            p.tokens,
+            p.seconds,
+            100.0 * p.hit_rate,
+            100.0 * p.util_gpu,
+            100.0 * p.util_cpu,
+            100.0 * p.util_pcie
+        );
+    }
+    println!("pcie       {:.2} GB copied", report.pcie_bytes as f64 / 1e9);
+    if let Some(a) = report.predictor_accuracy {
+        println!(
+            "predictor  {:.1}% of next-token experts predicted",
+            100.0 * a
+        );
+    }
+    Ok(())
+}
