@@ -227,6 +227,38 @@ impl Event {
     }
 }
 
+/// Bytes on their way back from the device ([`Device::download_async`]).
+pub struct Readback {
+    event: Event,
+    read: Box<dyn FnOnce() -> Result<Vec<u8>> + Send>,
+}
+
+impl Readback {
+    /// A readback that completes with `event` and yields its bytes through `read` (which
+    /// blocks until then).
+    pub fn new(event: Event, read: Box<dyn FnOnce() -> Result<Vec<u8>> + Send>) -> Readback {
+        Readback { event, read }
+    }
+
+    /// Completes when the bytes are on the host.
+    pub fn event(&self) -> &Event {
+        &self.event
+    }
+
+    /// Waits for the bytes.
+    pub fn wait(self) -> Result<Vec<u8>> {
+        (self.read)()
+    }
+}
+
+impl fmt::Debug for Readback {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Readback")
+            .field("done", &self.event.is_done())
+            .finish()
+    }
+}
+
 /// RoPE pairing (see `strata_model::config::RopeStyle`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RopeKind {
@@ -386,7 +418,7 @@ pub enum Op<'a> {
         /// Score scale.
         scale: f32,
     },
-    /// `x = silu(x) * y` over `n` values.
+    /// `x = silu(x) * y` over `n` values (`x` and `y` distinct buffers, as for every op).
     SiluMul {
         /// Gate, overwritten.
         x: &'a Buffer,
@@ -504,8 +536,15 @@ pub trait Device: Send + Sync + fmt::Debug {
     /// event completes when it has. Kernels issued later see the data.
     fn upload(&self, buf: &Buffer, offset: u64, data: &[u8]) -> Result<Event>;
 
-    /// Reads `len` bytes of `buf` from `offset`, after all work issued before.
-    fn download(&self, buf: &Buffer, offset: u64, len: u64) -> Result<Vec<u8>>;
+    /// Starts reading `len` bytes of `buf` from `offset`, after all work issued before,
+    /// without waiting: compute issued later may run meanwhile.
+    fn download_async(&self, buf: &Buffer, offset: u64, len: u64) -> Result<Readback>;
+
+    /// Reads `len` bytes of `buf` from `offset`, after all work issued before. Default:
+    /// [`Device::download_async`] and wait.
+    fn download(&self, buf: &Buffer, offset: u64, len: u64) -> Result<Vec<u8>> {
+        self.download_async(buf, offset, len)?.wait()
+    }
 
     /// Copies bytes between buffers on the device, in order with kernels.
     fn copy(

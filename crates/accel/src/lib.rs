@@ -23,8 +23,8 @@ mod backend {
 use std::sync::Arc;
 
 pub use device::{
-    Buffer, Device, DeviceInfo, DeviceOptions, Event, ExpertSlots, MemoryUse, Op, OpKind, RopeKind,
-    TopKParams, WeightType,
+    Buffer, Device, DeviceInfo, DeviceOptions, Event, ExpertSlots, MemoryUse, Op, OpKind, Readback,
+    RopeKind, TopKParams, WeightType,
 };
 pub use error::{Error, Result};
 pub use model::{GpuCache, GpuModel};

@@ -192,3 +192,30 @@ fn errors_not_panics() {
     assert!(strata_accel::parse_bytes("1.5M").unwrap() == 3 << 19);
     assert!(strata_accel::parse_bytes("12 parsecs").is_err());
 }
+
+#[test]
+fn download_is_async_and_ordered_with_later_kernels() {
+    let Some(dev) = default_gpu() else { return };
+    let v: Vec<f32> = (0..1000).map(|i| i as f32 * 0.01).collect();
+    let b = up(&*dev, &v);
+    let pending = dev.download_async(&b, 0, 4000).unwrap();
+    let event = pending.event().clone();
+    // Issued after the download: overwrites b, must not change what the download reads.
+    let y = up(&*dev, &v);
+    dev.enqueue(&Op::SiluMul {
+        x: &b,
+        y: &y,
+        n: 1000,
+    })
+    .unwrap();
+    let after = dev.submit().unwrap();
+    let bytes = pending.wait().unwrap();
+    assert!(event.is_done());
+    let got: Vec<f32> = bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    assert_eq!(got, v);
+    dev.wait(&after).unwrap();
+    assert_ne!(down(&*dev, &b, 1000), v, "the later kernel ran");
+}

@@ -17,8 +17,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use wgpu::util::DeviceExt;
 
 use crate::device::{
-    Buffer, Device, DeviceInfo, DeviceOptions, Event, MemoryUse, Op, OpKind, RawBuffer, RopeKind,
-    WeightType,
+    Buffer, Device, DeviceInfo, DeviceOptions, Event, MemoryUse, Op, OpKind, RawBuffer, Readback,
+    RopeKind, WeightType,
 };
 use crate::{Error, Result};
 
@@ -574,7 +574,7 @@ impl Device for WgpuDevice {
         self.submit()
     }
 
-    fn download(&self, buf: &Buffer, offset: u64, len: u64) -> Result<Vec<u8>> {
+    fn download_async(&self, buf: &Buffer, offset: u64, len: u64) -> Result<Readback> {
         let r = self.raw(buf)?;
         let pieces = self.pieces(buf, offset, len)?;
         if !offset.is_multiple_of(4) {
@@ -583,10 +583,9 @@ impl Device for WgpuDevice {
                 message: format!("offset {offset} is not a multiple of 4"),
             });
         }
-        let staging_size = len.next_multiple_of(4).max(4);
         let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("download"),
-            size: staging_size,
+            size: len.next_multiple_of(4).max(4),
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
@@ -601,27 +600,38 @@ impl Device for WgpuDevice {
             }
         }
         self.flush_pending();
+        let (event, flag) = Event::new();
         let result = Arc::new(Mutex::new(None));
         let sink = result.clone();
         staging.map_async(wgpu::MapMode::Read, .., move |r| {
             *lock(&sink) = Some(r);
+            flag.store(true, Ordering::Release);
         });
-        self.device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| Error::Device(e.to_string()))?;
         self.check()?;
-        match lock(&result).take() {
-            Some(Ok(())) => {}
-            Some(Err(e)) => return Err(Error::Device(format!("mapping a download: {e}"))),
-            None => return Err(Error::Device("a download never completed".into())),
-        }
-        let view = staging
-            .get_mapped_range(..)
-            .map_err(|e| Error::Device(e.to_string()))?;
-        let out = view[..len as usize].to_vec();
-        drop(view);
-        staging.unmap();
-        Ok(out)
+        let (device, errors) = (self.device.clone(), self.error.clone());
+        let read = move || -> Result<Vec<u8>> {
+            if lock(&result).is_none() {
+                device
+                    .poll(wgpu::PollType::wait_indefinitely())
+                    .map_err(|e| Error::Device(e.to_string()))?;
+            }
+            if let Some(e) = lock(&errors).take() {
+                return Err(Error::Device(e));
+            }
+            match lock(&result).take() {
+                Some(Ok(())) => {}
+                Some(Err(e)) => return Err(Error::Device(format!("mapping a download: {e}"))),
+                None => return Err(Error::Device("a download never completed".into())),
+            }
+            let view = staging
+                .get_mapped_range(..)
+                .map_err(|e| Error::Device(e.to_string()))?;
+            let out = view[..len as usize].to_vec();
+            drop(view);
+            staging.unmap();
+            Ok(out)
+        };
+        Ok(Readback::new(event, Box::new(read)))
     }
 
     fn copy(
