@@ -48,6 +48,10 @@ pub struct SimulateArgs {
     /// Synthetic workload: seed of the token draws.
     #[arg(long, value_name = "N", default_value_t = 2)]
     seed: u64,
+    /// Routing trace to train predictors and profiles on (default: the workload itself for
+    /// traces, other prompts of the same synthetic model for `synthetic`).
+    #[arg(long, value_name = "FILE")]
+    train: Option<PathBuf>,
     /// Print one JSON document instead of a table.
     #[arg(long)]
     json: bool,
@@ -159,6 +163,10 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
     } else {
         let (_, w) = trace::read_file(std::path::Path::new(&args.workload))?;
         (w.clone(), w)
+    };
+    let train = match &args.train {
+        Some(path) => trace::read_file(path)?.1,
+        None => train,
     };
     let mut policy = parse_policy(&args.policy, &cost, &w, &train)?;
     let report = simulate(policy.as_mut(), &cost, &w)?;
