@@ -52,6 +52,43 @@ pub struct CpuSpec {
     pub mem_bw: f64,
     /// Fixed time per expert task, seconds.
     pub task_overhead_s: f64,
+    /// Measured expert times, used instead of the roofline for the expert shape it was
+    /// measured on.
+    #[serde(default)]
+    pub expert_table: Option<ExpertTable>,
+}
+
+/// Measured CPU time of one routed expert against the tokens it processes (from
+/// `strata bench moe`), for one expert shape and precision.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+pub struct ExpertTable {
+    /// Hidden size of the measured expert.
+    pub hidden: usize,
+    /// Its intermediate size.
+    pub moe_intermediate: usize,
+    /// Bits per weight measured.
+    pub bits: f64,
+    /// `[tokens, seconds]` points, tokens increasing.
+    pub points: Vec<[f64; 2]>,
+}
+
+impl ExpertTable {
+    /// Piecewise-linear time for `tokens`; beyond the last point, proportional to tokens.
+    pub fn time(&self, tokens: f64) -> Option<f64> {
+        let p = &self.points;
+        let first = p.first()?;
+        if tokens <= first[0] {
+            return Some(first[1]);
+        }
+        for w in p.windows(2) {
+            let ([t0, s0], [t1, s1]) = (w[0], w[1]);
+            if tokens <= t1 && t1 > t0 {
+                return Some(s0 + (s1 - s0) * (tokens - t0) / (t1 - t0));
+            }
+        }
+        let last = p.last()?;
+        Some(last[1] * tokens / last[0].max(1.0))
+    }
 }
 
 /// The host-to-device link.
@@ -186,6 +223,9 @@ impl Hardware {
             "pcie.latency_s",
             "sync_s",
         ];
+        if self.cpu.expert_table.is_some() {
+            keys.push("cpu.expert_table");
+        }
         if self.ndp.is_some() {
             keys.extend(["ndp.units", "ndp.flops", "ndp.mem_bw", "ndp.link_bw"]);
         }
@@ -406,6 +446,14 @@ impl CostModel {
             Device::Gpu => (flops / self.hw.gpu.flops).max(bytes / self.hw.gpu.mem_bw),
             Device::Cpu => {
                 let c = &self.hw.cpu;
+                if let Some(t) = c.expert_table.as_ref().filter(|t| {
+                    t.hidden == self.model.hidden
+                        && t.moe_intermediate == self.model.moe_intermediate
+                        && (t.bits - self.expert_bits).abs() < 1e-6
+                }) && let Some(s) = t.time(tokens as f64)
+                {
+                    return s;
+                }
                 let peak = if tokens >= c.amx_min_tokens {
                     c.matmul_flops
                 } else {

@@ -19,7 +19,7 @@ pub mod cost;
 pub mod policies;
 pub mod predictor;
 
-pub use cost::{CostModel, CpuSpec, GpuSpec, Hardware, ModelShape, NdpSpec, PcieSpec};
+pub use cost::{CostModel, CpuSpec, ExpertTable, GpuSpec, Hardware, ModelShape, NdpSpec, PcieSpec};
 
 /// Errors of the policy crate.
 #[derive(Debug, thiserror::Error)]

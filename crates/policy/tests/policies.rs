@@ -132,6 +132,21 @@ fn presets_parse_and_every_number_has_a_source() {
 }
 
 #[test]
+fn measured_expert_table_replaces_the_roofline_for_its_shape() {
+    let local = Hardware::load("local").unwrap();
+    let qwen = ModelShape::load("qwen3-30b-a3b").unwrap();
+    let c = CostModel::new(local.clone(), qwen.clone(), 16.0, 16.0).unwrap();
+    assert!((c.expert_time(Device::Cpu, 4) - 5.7e-4).abs() < 1e-12);
+    let mid = c.expert_time(Device::Cpu, 18);
+    assert!((mid - (5.7e-4 + 1.87e-3) / 2.0).abs() < 1e-9, "{mid}");
+    assert!((c.expert_time(Device::Cpu, 512) - 2.0 * 1.66e-2).abs() < 1e-9);
+    // Another precision or shape falls back to the roofline.
+    let int4 = CostModel::new(local.clone(), qwen, 4.0, 16.0).unwrap();
+    let roof = int4.expert_bytes() as f64 / local.cpu.mem_bw + local.cpu.task_overhead_s;
+    assert!((int4.expert_time(Device::Cpu, 1) - roof).abs() < 1e-12);
+}
+
+#[test]
 fn hf_config_matches_the_tiny_preset() {
     let text = r#"{"hidden_size":256,"moe_intermediate_size":128,"intermediate_size":768,
         "num_experts":32,"num_experts_per_tok":4,"num_hidden_layers":6,
