@@ -186,11 +186,18 @@ fn to_bytes(v: &[f32]) -> Vec<u8> {
 struct Loader<'a> {
     dev: &'a dyn Device,
     src: &'a Source,
+    /// FP8 block size (`quantization_config.weight_block_size`): FP8 tensors are read
+    /// with their `weight_scale_inv` scales applied.
+    fp8_block: Option<[usize; 2]>,
 }
 
-impl Loader<'_> {
+impl<'a> Loader<'a> {
+    fn tensor(&self, name: &str) -> Result<strata_model::source::Tensor<'a>> {
+        Ok(self.src.tensor_fp8(name, self.fp8_block)?)
+    }
+
     fn vector(&self, name: &str, n: usize) -> Result<Buffer> {
-        let t = self.src.tensor(name)?;
+        let t = self.tensor(name)?;
         t.expect_shape(&[n])?;
         self.f32_buffer(&t.to_f32()?, name)
     }
@@ -220,7 +227,7 @@ impl Loader<'_> {
         force_f32: bool,
     ) -> Result<Matrix> {
         let name = format!("{prefix}.weight");
-        let t = self.src.tensor(&name)?;
+        let t = self.tensor(&name)?;
         t.expect_shape(&[n, k])?;
         let wtype = if force_f32 {
             WeightType::F32
@@ -293,7 +300,7 @@ impl Loader<'_> {
                         self.matrix(&format!("{a}.q_proj"), n_heads * qk, h, false, false)?,
                     ),
                 };
-                let kv_b = self.src.tensor(&format!("{a}.kv_b_proj.weight"))?;
+                let kv_b = self.tensor(&format!("{a}.kv_b_proj.weight"))?;
                 kv_b.expect_shape(&[n_heads * (qk_nope_head_dim + v_head_dim), kv_lora_rank])?;
                 Attn::Mla {
                     q_a,
@@ -333,9 +340,9 @@ impl Loader<'_> {
         let stacked = format!("{mlp}.experts.gate_up_proj");
         let hi = h * inter;
         if self.src.has(&stacked) {
-            let gu = self.src.tensor(&stacked)?;
+            let gu = self.tensor(&stacked)?;
             gu.expect_shape(&[n, 2 * inter, h])?;
-            let down = self.src.tensor(&format!("{mlp}.experts.down_proj"))?;
+            let down = self.tensor(&format!("{mlp}.experts.down_proj"))?;
             down.expect_shape(&[n, h, inter])?;
             let slots = ExpertSlots::new(
                 self.dev,
@@ -360,9 +367,7 @@ impl Loader<'_> {
         let mut slots = None;
         for e in 0..n {
             let get = |i: usize, shape: [usize; 2]| -> Result<(Vec<f32>, String)> {
-                let t = self
-                    .src
-                    .tensor(&format!("{mlp}.experts.{e}.{}.weight", names[i]))?;
+                let t = self.tensor(&format!("{mlp}.experts.{e}.{}.weight", names[i]))?;
                 t.expect_shape(&shape)?;
                 Ok((t.to_f32()?, t.dtype_name()))
             };
@@ -448,7 +453,11 @@ impl GpuModel {
                 )
             }
         };
-        let ld = Loader { dev: &*dev, src };
+        let ld = Loader {
+            dev: &*dev,
+            src,
+            fp8_block: config.fp8_block,
+        };
         let h = config.hidden_size;
         let v = config.vocab_size;
         let embed = ld.matrix("model.embed_tokens", v, h, false, false)?;

@@ -95,7 +95,8 @@ fixtures!(
     glm4_moe,
     deepseek_v2,
     deepseek_v3,
-    deepseek_v3_greedy
+    deepseek_v3_greedy,
+    deepseek_v3_fp8
 );
 
 #[test]
