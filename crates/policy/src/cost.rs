@@ -478,13 +478,37 @@ impl CostModel {
         self.transfer_time(self.expert_bytes())
     }
 
+    /// Whether the machine has a GPU (`gpu.mem_bytes > 0`). Without one, attention, dense
+    /// layers, shared experts and the head run on the CPU at its roofline.
+    pub fn has_gpu(&self) -> bool {
+        self.hw.gpu.mem_bytes > 0.0
+    }
+
+    /// Device of the non-expert work (attention, shared experts, dense layers, head).
+    pub fn dense_device(&self) -> Device {
+        if self.has_gpu() {
+            Device::Gpu
+        } else {
+            Device::Cpu
+        }
+    }
+
+    fn dense_peaks(&self) -> (f64, f64) {
+        if self.has_gpu() {
+            (self.hw.gpu.flops, self.hw.gpu.mem_bw)
+        } else {
+            (self.hw.cpu.matmul_flops, self.hw.cpu.mem_bw)
+        }
+    }
+
     fn gpu_matmul(&self, params: u64, tokens: usize) -> f64 {
         let flops = 2.0 * params as f64 * tokens as f64;
         let bytes = params as f64 * self.gpu_bits / 8.0;
-        (flops / self.hw.gpu.flops).max(bytes / self.hw.gpu.mem_bw)
+        let (peak, bw) = self.dense_peaks();
+        (flops / peak).max(bytes / bw)
     }
 
-    /// GPU time of one layer's attention (with router) for `tokens` new tokens attending
+    /// Time of one layer's attention (with router, on the GPU, or the CPU without one) for `tokens` new tokens attending
     /// to `context` positions on average, including the per-layer launch overhead.
     pub fn attention_time(&self, tokens: usize, context: usize) -> f64 {
         let m = &self.model;
@@ -495,7 +519,12 @@ impl CostModel {
         };
         let proj = self.gpu_matmul(m.attn_params + router, tokens);
         let score_flops = 4.0 * tokens as f64 * context as f64 * (m.n_heads * m.head_dim) as f64;
-        self.hw.gpu.layer_overhead_s + proj + score_flops / self.hw.gpu.flops
+        let overhead = if self.has_gpu() {
+            self.hw.gpu.layer_overhead_s
+        } else {
+            0.0
+        };
+        overhead + proj + score_flops / self.dense_peaks().0
     }
 
     /// GPU time of a layer's shared experts.

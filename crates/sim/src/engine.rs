@@ -159,6 +159,11 @@ pub fn simulate(policy: &mut dyn Policy, cost: &CostModel, workload: &Workload) 
     sim.peak = sim.used;
     let mut report = Report::new(&name, cost, n_moe);
     let mut t = 0.0f64;
+    // Attention, dense layers, shared experts and the head: the GPU, or the CPU without one.
+    let host = match cost.dense_device() {
+        Device::Gpu => Lane::Gpu,
+        _ => Lane::Cpu,
+    };
     let mut pending_pred: Vec<Option<(usize, Vec<u32>)>> = vec![None; n_moe];
     let mut resident_now = vec![false; n];
     for (si, step) in workload.steps.iter().enumerate() {
@@ -172,7 +177,7 @@ pub fn simulate(policy: &mut dyn Policy, cost: &CostModel, workload: &Workload) 
             let layer_start = x_ready;
             sim.layer = li;
             let attn_end = sim.run_op(
-                Lane::Gpu,
+                host,
                 x_ready,
                 cost.attention_time(step.tokens, ctx),
                 "attention".into(),
@@ -180,7 +185,7 @@ pub fn simulate(policy: &mut dyn Policy, cost: &CostModel, workload: &Workload) 
             );
             if li < m.dense_layers || li - m.dense_layers >= n_moe {
                 x_ready = sim.run_op(
-                    Lane::Gpu,
+                    host,
                     attn_end,
                     cost.dense_mlp_time(step.tokens),
                     "dense mlp".into(),
@@ -292,7 +297,7 @@ pub fn simulate(policy: &mut dyn Policy, cost: &CostModel, workload: &Workload) 
             let mut gpu_imm = attn_end;
             if d.predicted.is_some() {
                 gpu_imm = sim.run_op(
-                    Lane::Gpu,
+                    host,
                     attn_end,
                     cost.predictor_time(step.tokens),
                     "predictor".into(),
@@ -301,7 +306,7 @@ pub fn simulate(policy: &mut dyn Policy, cost: &CostModel, workload: &Workload) 
             }
             if m.n_shared > 0 {
                 gpu_imm = sim.run_op(
-                    Lane::Gpu,
+                    host,
                     attn_end,
                     cost.shared_time(step.tokens),
                     "shared experts".into(),
@@ -455,7 +460,7 @@ pub fn simulate(policy: &mut dyn Policy, cost: &CostModel, workload: &Workload) 
             step.tokens
         };
         t = sim.run_op(
-            Lane::Gpu,
+            host,
             x_ready,
             cost.head_time(head_rows),
             "lm head".into(),

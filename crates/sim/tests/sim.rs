@@ -221,3 +221,25 @@ fn trace_round_trips_and_rejects_bad_files() {
     let bad_id = text.replacen("\"ids\":[", "\"ids\":[999,", 1);
     assert!(trace::read(bad_id.as_bytes(), "b").is_err());
 }
+
+#[test]
+fn without_a_gpu_everything_runs_on_the_cpu() {
+    let c = CostModel::new(
+        Hardware::load("local").unwrap(),
+        ModelShape::load("qwen3-30b-a3b").unwrap(),
+        16.0,
+        16.0,
+    )
+    .unwrap();
+    let m = &c.model;
+    let w = synthetic(&SyntheticParams {
+        prompt_tokens: 8,
+        decode_tokens: 2,
+        hidden_dim: 0,
+        ..SyntheticParams::calibrated(m.moe_layers(), m.n_experts, m.top_k)
+    });
+    let r = simulate(&mut KTransformers::new(0), &c, &w).unwrap();
+    check_invariants(&r);
+    assert!(r.ops.iter().all(|o| o.lane == Lane::Cpu));
+    assert!(r.decode.util_cpu > 0.99);
+}
