@@ -21,7 +21,8 @@ use crate::workload::Workload;
 use crate::{Error, Result};
 
 struct Lanes {
-    free: [f64; 4],
+    /// GPU, CPU, PCIe, then one per NDP unit.
+    free: Vec<f64>,
 }
 
 impl Lanes {
@@ -30,7 +31,7 @@ impl Lanes {
             Lane::Gpu => 0,
             Lane::Cpu => 1,
             Lane::Pcie => 2,
-            Lane::Ndp => 3,
+            Lane::Ndp(u) => 3 + u as usize,
         }
     }
 }
@@ -130,7 +131,9 @@ pub fn simulate(policy: &mut dyn Policy, cost: &CostModel, workload: &Workload) 
     let budget = cost.gpu_expert_budget();
     let eb = cost.expert_bytes();
     let mut sim = Sim {
-        lanes: Lanes { free: [0.0; 4] },
+        lanes: Lanes {
+            free: vec![0.0; 3 + cost.hw.ndp.as_ref().map_or(0, |n| n.units as usize)],
+        },
         ops: Vec::new(),
         resident: vec![vec![None; n]; n_moe],
         used: 0,
@@ -432,18 +435,50 @@ pub fn simulate(policy: &mut dyn Policy, cost: &CostModel, workload: &Workload) 
                     *slot = Some(slot.map_or(end, |x: f64| x.max(end)));
                 }
             }
-            if d.tasks.iter().any(|t| matches!(t.device, Device::Ndp(_))) {
-                return Err(sim.err(&name, "NDP devices are not simulated yet (issue #6)".into()));
+            // NDP experts, each on its unit, weights already in its DIMM.
+            let units = cost.hw.ndp.as_ref().map_or(0, |n| n.units);
+            let mut ndp_imm: Option<f64> = None;
+            let mut ndp_def: Option<f64> = None;
+            for task in &d.tasks {
+                let Device::Ndp(u) = task.device else {
+                    continue;
+                };
+                if u32::from(u) >= units {
+                    return Err(sim.err(
+                        &name,
+                        format!(
+                            "expert {} on NDP unit {u}, the machine has {units}",
+                            task.expert
+                        ),
+                    ));
+                }
+                let dur = cost.expert_time(task.device, task.rows.len() as u32);
+                let end = sim.run_op(
+                    Lane::Ndp(u),
+                    attn_end,
+                    dur,
+                    format!("expert {}", task.expert),
+                    0.0,
+                );
+                let slot = if task.deferred {
+                    &mut ndp_def
+                } else {
+                    &mut ndp_imm
+                };
+                *slot = Some(slot.map_or(end, |x: f64| x.max(end)));
             }
-            let mut moe_end = gpu_imm.max(cpu_imm.unwrap_or(attn_end));
+            let mut moe_end = gpu_imm
+                .max(cpu_imm.unwrap_or(attn_end))
+                .max(ndp_imm.unwrap_or(attn_end));
             if let Some(prev) = deferred_end {
                 moe_end = moe_end.max(prev);
             }
-            if cpu_imm.is_some() || cpu_def.is_some() {
+            if cpu_imm.is_some() || cpu_def.is_some() || ndp_imm.is_some() || ndp_def.is_some() {
                 moe_end += cost.hw.sync_s;
             }
             let def = cpu_def
                 .into_iter()
+                .chain(ndp_def)
                 .chain((gpu_def > 0.0).then_some(gpu_def))
                 .fold(None, |a: Option<f64>, b| Some(a.map_or(b, |x| x.max(b))));
             deferred_end = def;

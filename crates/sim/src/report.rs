@@ -20,8 +20,8 @@ pub enum Lane {
     Cpu,
     /// The host-to-device link.
     Pcie,
-    /// Near-data processors.
-    Ndp,
+    /// One near-data processing unit.
+    Ndp(u16),
 }
 
 /// One operation on one lane.
@@ -176,7 +176,7 @@ impl Report {
                 Lane::Gpu => 0,
                 Lane::Cpu => 1,
                 Lane::Pcie => 2,
-                Lane::Ndp => continue,
+                Lane::Ndp(_) => continue,
             };
             for &(phase, a, b) in &self.phases {
                 let overlap = op.end.min(b) - op.start.max(a);
@@ -202,26 +202,40 @@ impl Report {
 
     /// The timeline as Chrome trace event JSON (open in Perfetto or chrome://tracing).
     pub fn chrome_trace(&self) -> serde_json::Value {
-        let lanes = [
-            (Lane::Gpu, "GPU"),
-            (Lane::Cpu, "CPU"),
-            (Lane::Pcie, "PCIe H2D"),
-            (Lane::Ndp, "NDP"),
+        let tid = |l: Lane| match l {
+            Lane::Gpu => 0,
+            Lane::Cpu => 1,
+            Lane::Pcie => 2,
+            Lane::Ndp(u) => 3 + u as usize,
+        };
+        let mut names = vec![
+            (0, "GPU".to_string()),
+            (1, "CPU".into()),
+            (2, "PCIe H2D".into()),
         ];
-        let mut events: Vec<serde_json::Value> = lanes
+        let mut units: Vec<u16> = self
+            .ops
             .iter()
-            .enumerate()
-            .map(|(tid, (_, name))| {
+            .filter_map(|o| match o.lane {
+                Lane::Ndp(u) => Some(u),
+                _ => None,
+            })
+            .collect();
+        units.sort_unstable();
+        units.dedup();
+        names.extend(units.iter().map(|&u| (3 + u as usize, format!("NDP {u}"))));
+        let mut events: Vec<serde_json::Value> = names
+            .iter()
+            .map(|(tid, name)| {
                 serde_json::json!({"name": "thread_name", "ph": "M", "pid": 1, "tid": tid, "args": {"name": name}})
             })
             .collect();
         for op in &self.ops {
-            let tid = lanes.iter().position(|(l, _)| *l == op.lane).unwrap_or(0);
             events.push(serde_json::json!({
                 "name": op.name,
                 "ph": "X",
                 "pid": 1,
-                "tid": tid,
+                "tid": tid(op.lane),
                 "ts": op.start * 1e6,
                 "dur": (op.end - op.start) * 1e6,
                 "args": {"step": op.step, "layer": op.layer},

@@ -243,3 +243,50 @@ fn without_a_gpu_everything_runs_on_the_cpu() {
     assert!(r.ops.iter().all(|o| o.lane == Lane::Cpu));
     assert!(r.decode.util_cpu > 0.99);
 }
+
+/// Every routed expert on NDP unit `expert % units`.
+struct AllNdp(u16);
+
+impl Policy for AllNdp {
+    fn name(&self) -> String {
+        "all-ndp".into()
+    }
+    fn decide(&mut self, view: &LayerView, cost: &CostModel) -> Decision {
+        let units = self.0;
+        Decision {
+            tasks: strata_policy::tasks_by_expert(view, cost.model.n_experts, |e, _| {
+                Device::Ndp((e % u32::from(units)) as u16)
+            }),
+            ..Decision::default()
+        }
+    }
+}
+
+#[test]
+fn ndp_units_are_lanes_of_their_own() {
+    let c = CostModel::new(
+        Hardware::load("trimoe-h100").unwrap(),
+        ModelShape::load("qwen3-30b-a3b").unwrap(),
+        16.0,
+        16.0,
+    )
+    .unwrap();
+    let m = &c.model;
+    let w = synthetic(&SyntheticParams {
+        prompt_tokens: 16,
+        decode_tokens: 2,
+        hidden_dim: 0,
+        ..SyntheticParams::calibrated(m.moe_layers(), m.n_experts, m.top_k)
+    });
+    let r = simulate(&mut AllNdp(16), &c, &w).unwrap();
+    check_invariants(&r);
+    for u in 0..16u16 {
+        let mut ops: Vec<_> = r.ops.iter().filter(|o| o.lane == Lane::Ndp(u)).collect();
+        assert!(!ops.is_empty());
+        ops.sort_by(|a, b| a.start.total_cmp(&b.start));
+        assert!(ops.windows(2).all(|p| p[1].start >= p[0].end - 1e-12));
+    }
+    // A unit the machine does not have is an error.
+    let e = simulate(&mut AllNdp(17), &c, &w).unwrap_err().to_string();
+    assert!(e.contains("NDP unit 16"), "{e}");
+}
