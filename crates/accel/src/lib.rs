@@ -39,7 +39,7 @@ pub fn devices() -> Result<Vec<DeviceInfo>> {
     {
         Err(Error::NotCompiledWith {
             backend: "wgpu",
-            feature: "wgpu",
+            feature: "strata-accel/wgpu",
         })
     }
 }
@@ -55,7 +55,7 @@ pub fn open(opts: &DeviceOptions) -> Result<Arc<dyn Device>> {
         let _ = opts;
         Err(Error::NotCompiledWith {
             backend: "wgpu",
-            feature: "wgpu",
+            feature: "strata-accel/wgpu",
         })
     }
 }
