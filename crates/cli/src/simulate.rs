@@ -19,7 +19,7 @@ use strata_sim::{reproduce, simulate, trace};
 #[derive(Debug, Args)]
 pub struct SimulateArgs {
     /// Hardware preset (`ktrans-a100`, `ktrans-4080`, `smoe-4090`, `trimoe-h100`,
-    /// `cox-h100`, `local`) or a JSON file of the same shape.
+    /// `cox-6000ada`, `cox-a100`, `cox-h100`, `local`) or a JSON file of the same shape.
     #[arg(long, value_name = "H", default_value = "smoe-4090")]
     hardware: String,
     /// Model preset (`deepseek-v3`, `qwen3-30b-a3b`, ...), a config.json or a model directory.
