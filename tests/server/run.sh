@@ -44,8 +44,10 @@ status=0
 STRATA_URL="http://127.0.0.1:$port" STRATA_PID="$pid" STRATA_MODEL="strata-tiny-moe" \
     "$venv/bin/python" -m pytest -q -p no:cacheprovider "$root/tests/server" || status=$?
 
-# SIGTERM drains and exits 0.
-kill -TERM "$pid"
+# SIGTERM drains and exits 0: drain_check.py sends it while a stream is in flight.
+STRATA_URL="http://127.0.0.1:$port" STRATA_PID="$pid" STRATA_MODEL="strata-tiny-moe" \
+    "$venv/bin/python" "$root/tests/server/drain_check.py" || status=$?
+kill -TERM "$pid" 2>/dev/null || true
 serve_status=0
 wait "$pid" || serve_status=$?
 if [ "$serve_status" -ne 0 ]; then
