@@ -13,6 +13,9 @@ if [[ "${1:-}" != "--offline" ]]; then
     export STRATA_REAL_ASSETS=1
 fi
 
+# Mesa warns about a missing runtime directory on machines without a login session.
+export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}"
+
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 cargo test --workspace

@@ -4,11 +4,13 @@ use std::io::Write;
 
 use anyhow::Context;
 use clap::Args;
-use strata_runtime::engine::{Engine, FinishReason, Request};
-use strata_runtime::sampling::SamplingParams;
-use strata_runtime::text::ChatMessage;
+use std::time::Instant;
 
-use crate::model_arg::ModelArgs;
+use strata_runtime::engine::{Engine, FinishReason, Request, load_tokenizer};
+use strata_runtime::sampling::{Sampler, SamplingParams};
+use strata_runtime::text::{ChatMessage, StreamDecoder};
+
+use crate::model_arg::{Device, ModelArgs};
 
 /// Arguments of `strata generate`.
 #[derive(Debug, Args)]
@@ -54,32 +56,19 @@ pub struct GenerateArgs {
 
 pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     let dir = args.model.dir()?;
+    if args.model.device == Device::Gpu {
+        return run_gpu(&args, &dir);
+    }
     let engine = Engine::load(&dir, args.model.load_options())?;
-    let prompt = match (&args.prompt, &args.chat) {
-        (Some(p), _) => engine.text_prompt(p)?,
-        (None, Some(c)) => {
-            let mut messages = Vec::new();
-            if let Some(s) = &args.system {
-                messages.push(ChatMessage::new("system", s));
-            }
-            messages.push(ChatMessage::new("user", c));
-            engine.chat_prompt(&messages)?
-        }
-        (None, None) => unreachable!("clap requires --prompt or --chat"),
+    let prompt = match &args.prompt {
+        Some(p) => engine.text_prompt(p)?,
+        None => engine.chat_prompt(&messages(&args))?,
     };
     let request = Request {
         prompt,
         max_tokens: args.max_tokens,
-        sampling: SamplingParams {
-            temperature: args.temperature,
-            top_k: args.top_k,
-            top_p: args.top_p,
-            min_p: args.min_p,
-            repetition_penalty: args.repetition_penalty,
-            seed: args.seed,
-            ..SamplingParams::default()
-        },
-        stop: args.stop,
+        sampling: sampling(&args),
+        stop: args.stop.clone(),
     };
     let mut stdout = std::io::stdout().lock();
     let mut write_err = None;
@@ -109,6 +98,79 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         stats.prefill_tps(),
         outputs[0].tokens.len(),
         stats.decode_tps(),
+    );
+    Ok(())
+}
+
+fn messages(args: &GenerateArgs) -> Vec<ChatMessage> {
+    let mut messages = Vec::new();
+    if let Some(s) = &args.system {
+        messages.push(ChatMessage::new("system", s));
+    }
+    if let Some(c) = &args.chat {
+        messages.push(ChatMessage::new("user", c));
+    }
+    messages
+}
+
+fn sampling(args: &GenerateArgs) -> SamplingParams {
+    SamplingParams {
+        temperature: args.temperature,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        min_p: args.min_p,
+        repetition_penalty: args.repetition_penalty,
+        seed: args.seed,
+        ..SamplingParams::default()
+    }
+}
+
+/// `--device gpu`: one sequence on the accelerator, token by token after the prompt. (The
+/// batched engine runs on the CPU; the hybrid executor will join the two.)
+fn run_gpu(args: &GenerateArgs, dir: &std::path::Path) -> anyhow::Result<()> {
+    let tokenizer = load_tokenizer(dir)?;
+    let prompt = match &args.prompt {
+        Some(p) => tokenizer.encode(p, true)?,
+        None => {
+            let text = tokenizer.chat_template()?.render(&messages(args), true)?;
+            tokenizer.encode(&text, false)?
+        }
+    };
+    let model = args.model.gpu_model(dir)?;
+    let mut cache = model.new_cache(prompt.len() + args.max_tokens)?;
+    let mut sampler = Sampler::new(sampling(args))?;
+    let mut decoder = StreamDecoder::new(&tokenizer, &args.stop, true)?;
+    let mut history = prompt.clone();
+    let mut stdout = std::io::stdout().lock();
+    let started = Instant::now();
+    let mut logits = model.forward_last(&prompt, &mut cache)?;
+    let prefill = started.elapsed();
+    let mut generated = 0;
+    let finish = loop {
+        let id = sampler.sample(&logits, &history)?;
+        let piece = decoder.push(id)?;
+        stdout
+            .write_all(piece.text.as_bytes())
+            .context("writing to stdout")?;
+        stdout.flush().context("writing to stdout")?;
+        if piece.stop.is_some() {
+            break "stop";
+        }
+        generated += 1;
+        history.push(id);
+        if generated >= args.max_tokens {
+            break "length";
+        }
+        logits = model.forward_last(&[id], &mut cache)?;
+    };
+    let tail = decoder.finish()?;
+    writeln!(stdout, "{}", tail.text).context("writing to stdout")?;
+    let decode = started.elapsed() - prefill;
+    eprintln!(
+        "[{} prompt tokens at {:.1} tok/s, {generated} generated at {:.1} tok/s, finish: {finish}, device: gpu]",
+        prompt.len(),
+        prompt.len() as f64 / prefill.as_secs_f64().max(1e-9),
+        generated.saturating_sub(1) as f64 / decode.as_secs_f64().max(1e-9),
     );
     Ok(())
 }

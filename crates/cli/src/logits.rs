@@ -7,7 +7,7 @@ use anyhow::{Context, bail};
 use clap::Args;
 use strata_model::{LogitsWanted, Model, SeqInput};
 
-use crate::model_arg::ModelArgs;
+use crate::model_arg::{Device, ModelArgs};
 
 /// Arguments of `strata logits`.
 #[derive(Debug, Args)]
@@ -52,6 +52,17 @@ pub fn run(args: LogitsArgs) -> anyhow::Result<()> {
         None => tokens.len(),
     };
     let dir = args.model.dir()?;
+    if args.model.device == Device::Gpu {
+        let model = args.model.gpu_model(&dir)?;
+        let vocab = model.config.vocab_size;
+        let mut cache = model.new_cache(tokens.len())?;
+        let mut logits = Vec::with_capacity(tokens.len() * vocab);
+        for part in tokens.chunks(chunk) {
+            logits.extend(model.forward(part, &mut cache)?);
+        }
+        strata_formats::npy::write_f32(&args.out, &[tokens.len(), vocab], &logits)?;
+        return Ok(());
+    }
     let model = Model::load(&dir, args.model.load_options())?;
     let vocab = model.config.vocab_size;
     let mut cache = model.new_cache();

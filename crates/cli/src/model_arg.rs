@@ -28,6 +28,22 @@ pub struct ModelArgs {
     /// row), or `int4` (one scale per 32 values).
     #[arg(long, value_enum, default_value_t = Weights::Bf16)]
     pub weights: Weights,
+    /// Where the model runs: `cpu`, or `gpu` (the whole model on the first accelerator,
+    /// weights in the checkpoint's own precision; `--dtype` and `--weights` do not apply).
+    #[arg(long, value_enum, default_value_t = Device::Cpu)]
+    pub device: Device,
+    /// Accelerator memory the model may use (`8G`, `512M`, bytes); default: no limit.
+    #[arg(long, value_name = "BYTES")]
+    pub vram_budget: Option<String>,
+}
+
+/// Values of `--device`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Device {
+    /// The CPU kernels.
+    Cpu,
+    /// The first accelerator (`strata devices` lists them).
+    Gpu,
 }
 
 /// Values of `--weights`.
@@ -83,6 +99,20 @@ impl ModelArgs {
         }
         dir.canonicalize()
             .with_context(|| format!("{}: cannot resolve path", dir.display()))
+    }
+
+    /// Loads the model onto the accelerator (`--device gpu`).
+    pub fn gpu_model(&self, dir: &std::path::Path) -> anyhow::Result<strata_accel::GpuModel> {
+        let budget = self
+            .vram_budget
+            .as_deref()
+            .map(strata_accel::parse_bytes)
+            .transpose()?;
+        let dev = strata_accel::open(&strata_accel::DeviceOptions {
+            vram_budget: budget,
+            ..Default::default()
+        })?;
+        Ok(strata_accel::GpuModel::load(dev, dir)?)
     }
 
     /// How to load the weights.

@@ -184,3 +184,78 @@ fn hub_ids_use_the_cache_and_fail_clearly() {
     );
     std::fs::remove_dir_all(&home).unwrap();
 }
+
+/// `--device gpu` equals the CPU f32 path (prefill and `--chunk 1`) and generates the same
+/// greedy text. Runs when `STRATA_GPU_TESTS=1` (CI installs Mesa's lavapipe and sets it).
+#[test]
+fn gpu_device_matches_cpu() {
+    if std::env::var("STRATA_GPU_TESTS").as_deref() != Ok("1") {
+        eprintln!("skipping: STRATA_GPU_TESTS is not 1");
+        return;
+    }
+    for name in ["qwen3_moe", "deepseek_v3", "glm4_moe"] {
+        let dir = root().join("tests/fixtures").join(name);
+        let dir = dir.to_str().unwrap();
+        let cpu = tmp(&format!("{name}-cpu.npy"));
+        let o = strata(&[
+            "logits",
+            "--model",
+            dir,
+            "--tokens",
+            "3,1,4,1,5,9,2,6",
+            "--out",
+            cpu.to_str().unwrap(),
+            "--dtype",
+            "f32",
+        ]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let want = npy::read_f32(&cpu).unwrap();
+        let max_ref = want.data.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        for chunk in ["8", "1"] {
+            let gpu = tmp(&format!("{name}-gpu-{chunk}.npy"));
+            let o = strata(&[
+                "logits",
+                "--model",
+                dir,
+                "--tokens",
+                "3,1,4,1,5,9,2,6",
+                "--out",
+                gpu.to_str().unwrap(),
+                "--device",
+                "gpu",
+                "--chunk",
+                chunk,
+            ]);
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            let got = npy::read_f32(&gpu).unwrap();
+            let err = got
+                .data
+                .iter()
+                .zip(&want.data)
+                .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+            assert!(
+                err <= 1e-3 * max_ref,
+                "{name} chunk {chunk}: gpu error {err} vs max {max_ref}"
+            );
+            std::fs::remove_file(&gpu).unwrap();
+        }
+        std::fs::remove_file(&cpu).unwrap();
+    }
+    let o = strata(&[
+        "generate",
+        "--device",
+        "gpu",
+        "--chat",
+        "How do I sort a list in Python?",
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "12",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = String::from_utf8(o.stdout).unwrap();
+    assert!(
+        text.starts_with("Sure, here's an example of how you can use"),
+        "{text}"
+    );
+}

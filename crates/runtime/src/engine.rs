@@ -39,6 +39,19 @@ pub enum EngineError {
 /// Result alias for this module.
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;
 
+/// The tokenizer of a model directory or `.gguf` file.
+pub fn load_tokenizer(path: &Path) -> Result<Tokenizer> {
+    let (_, src) = strata_model::model::open(path)?;
+    source_tokenizer(path, &src)
+}
+
+fn source_tokenizer(path: &Path, src: &Source) -> Result<Tokenizer> {
+    match src {
+        Source::Gguf(g) => gguf_tokenizer(g),
+        Source::Safetensors(_) => Ok(Tokenizer::from_dir(path)?),
+    }
+}
+
 /// The tokenizer and chat template stored in a GGUF file's metadata.
 fn gguf_tokenizer(g: &GgufFile) -> Result<Tokenizer> {
     use strata_formats::gguf::tokenizer::{chat_template, special_tokens, tokenizer_json};
@@ -133,10 +146,7 @@ impl Engine {
     /// Loads a Hugging Face model directory or a `.gguf` file, with its tokenizer.
     pub fn load(path: &Path, opts: impl Into<LoadOptions>) -> Result<Engine> {
         let (config, src) = strata_model::model::open(path)?;
-        let tokenizer = match &src {
-            Source::Gguf(g) => gguf_tokenizer(g)?,
-            Source::Safetensors(_) => Tokenizer::from_dir(path)?,
-        };
+        let tokenizer = source_tokenizer(path, &src)?;
         let model = Model::from_source(config, &src, opts.into())?;
         Engine::new(model, tokenizer)
     }
