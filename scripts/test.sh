@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The whole test suite: formatting, lints, and every test of every crate, including the
-# tests on real weights and tokenizers (fetched once into .cache/assets, about 600 MB).
+# The whole test suite: formatting, lints, every test of every crate (including the tests
+# on real weights and tokenizers, fetched once into .cache/assets, about 600 MB), and the
+# server's end-to-end tests with the official openai Python client (in .venv-server).
 #
 #   scripts/test.sh            # everything
-#   scripts/test.sh --offline  # skip the fetch and the real-asset tests
+#   scripts/test.sh --offline  # skip what needs the network: the fetch, the real-asset
+#                              # tests and the openai-client tests
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -19,3 +21,7 @@ export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 cargo test --workspace
+if [[ "${1:-}" != "--offline" ]]; then
+    # The server against the official openai client, hostile requests and concurrent load.
+    bash tests/server/run.sh
+fi

@@ -1,4 +1,5 @@
-//! The `strata` command line: `info`, `generate`, `logits`, `bench moe`.
+//! The `strata` command line: `info`, `generate`, `logits`, `serve`, `batch`, `trace`,
+//! `simulate`, `devices`, `bench moe`.
 //!
 //! Arguments are parsed by clap into raw values, then validated into the typed settings the
 //! library crates take. Errors print with their whole cause chain and exit with status 2; a

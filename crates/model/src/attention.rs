@@ -307,6 +307,8 @@ impl Gqa {
             cache.append(
                 &k[s.row * kv_w..(s.row + s.len) * kv_w],
                 &v[s.row * kv_w..(s.row + s.len) * kv_w],
+                kv_w,
+                kv_w,
             );
         }
         let caches: &[&mut LayerCache] = caches;
@@ -381,6 +383,8 @@ impl Mla {
             cache.append(
                 &latent[s.row * self.kv_lora..(s.row + s.len) * self.kv_lora],
                 &k_rope[s.row * self.rope_dim..(s.row + s.len) * self.rope_dim],
+                self.kv_lora,
+                self.rope_dim,
             );
         }
         let caches: &[&mut LayerCache] = caches;

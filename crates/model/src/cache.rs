@@ -2,7 +2,20 @@
 //!
 //! Each layer keeps two growing row-major buffers: keys and values for grouped-query
 //! attention, or the compressed latent and the shared rotary key for MLA. Their widths come
-//! from the attention layer ([`crate::attention::Attention::cache_widths`]).
+//! from the attention layer ([`crate::attention::Attention::cache_widths`]). Buffers grow in
+//! blocks of [`BLOCK`] positions and shrink when a sequence is rewound, so a sequence holds
+//! memory for its own length, never for the context's maximum.
+
+/// Positions a cache grows by at a time.
+pub const BLOCK: usize = 16;
+
+/// Reserves room for `extra` more values in whole blocks of `BLOCK` positions.
+fn grow(v: &mut Vec<f32>, extra: usize, width: usize) {
+    if v.len() + extra > v.capacity() && width > 0 {
+        let need = (v.len() + extra).div_ceil(width).next_multiple_of(BLOCK) * width;
+        v.reserve_exact(need - v.len());
+    }
+}
 
 /// One layer's cache of one sequence.
 #[derive(Debug, Clone, Default)]
@@ -12,8 +25,12 @@ pub struct LayerCache {
 }
 
 impl LayerCache {
-    /// Appends rows to both buffers.
-    pub fn append(&mut self, a: &[f32], b: &[f32]) {
+    /// Appends rows to both buffers, growing them by whole blocks of [`BLOCK`] positions
+    /// (`wa`, `wb` values per position) so memory follows the sequence's length instead of
+    /// doubling past it.
+    pub fn append(&mut self, a: &[f32], b: &[f32], wa: usize, wb: usize) {
+        grow(&mut self.a, a.len(), wa);
+        grow(&mut self.b, b.len(), wb);
         self.a.extend_from_slice(a);
         self.b.extend_from_slice(b);
     }
@@ -26,8 +43,10 @@ impl LayerCache {
         &self.b
     }
     fn truncate(&mut self, len: usize, wa: usize, wb: usize) {
-        self.a.truncate(len * wa);
-        self.b.truncate(len * wb);
+        for (v, w) in [(&mut self.a, wa), (&mut self.b, wb)] {
+            v.truncate(len * w);
+            v.shrink_to(len.next_multiple_of(BLOCK) * w);
+        }
     }
     fn bytes(&self) -> usize {
         (self.a.capacity() + self.b.capacity()) * 4

@@ -173,3 +173,24 @@ fn out_of_range_token_is_an_error() {
     let err = model.forward(&mut seqs).unwrap_err().to_string();
     assert!(err.contains("100000"), "{err}");
 }
+
+/// The KV cache holds memory for the sequence's own length (whole blocks), and gives it
+/// back when the sequence is rewound.
+#[test]
+fn kv_cache_grows_in_blocks_and_shrinks_on_truncate() {
+    let model = Model::load_dir(&fixture(), Precision::F32).unwrap();
+    let mut cache = model.new_cache();
+    let per_pos: usize = cache.widths().iter().map(|(a, b)| (a + b) * 4).sum();
+    let tokens: Vec<u32> = (0..40).collect();
+    let mut seqs = [strata_model::SeqInput {
+        tokens: &tokens,
+        cache: &mut cache,
+        logits: strata_model::LogitsWanted::None,
+    }];
+    model.forward(&mut seqs).unwrap();
+    // 40 positions occupy three blocks of 16.
+    assert_eq!(cache.bytes(), 48 * per_pos);
+    cache.truncate(10);
+    assert_eq!(cache.len(), 10);
+    assert_eq!(cache.bytes(), 16 * per_pos);
+}
