@@ -102,7 +102,8 @@ def one_request(url, model, prompt, max_tokens):
     return {
         "ttft": times[0] - start if times else None,
         "itl": [b - a for a, b in zip(times, times[1:])],
-        "tokens": tokens,
+        # Servers that send no usage in the stream (llama-cpp-python's): one chunk per token.
+        "tokens": tokens or len(times),
         "latency": end - start,
     }
 
