@@ -15,51 +15,13 @@
 //! Where llama.cpp could load the file, its logits (`<name>.llama_cpp_{0,1}.npy`) are
 //! compared too and printed, not asserted: they are a second opinion, not the reference.
 
-use std::path::{Path, PathBuf};
-
 use strata_formats::npy;
-use strata_model::{LogitsWanted, Model, Precision, SeqInput};
+use strata_model::{Model, Precision};
 
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+mod common;
 
-fn logits(model: &Model, tokens: &[u32]) -> Vec<f32> {
-    let mut cache = model.new_cache();
-    let mut seqs = [SeqInput {
-        tokens,
-        cache: &mut cache,
-        logits: LogitsWanted::All,
-    }];
-    model.forward(&mut seqs).unwrap().remove(0)
-}
+use common::{compare, logits_chunked, repo_root};
 
-/// `(max |got - want| / max |want|, share of rows with the same argmax)`.
-fn compare(got: &[f32], want: &[f32], vocab: usize) -> (f32, f32) {
-    assert_eq!(got.len(), want.len());
-    let max_ref = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-    let max_err = got
-        .iter()
-        .zip(want)
-        .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
-    let argmax = |r: &[f32]| {
-        r.iter()
-            .enumerate()
-            .max_by(|a, b| a.1.total_cmp(b.1))
-            .map(|(i, _)| i)
-            .unwrap()
-    };
-    let rows = want.len() / vocab;
-    let agree = got
-        .chunks_exact(vocab)
-        .zip(want.chunks_exact(vocab))
-        .filter(|(g, w)| argmax(g) == argmax(w))
-        .count();
-    (max_err / max_ref, agree as f32 / rows as f32)
-}
-
-/// The source checkpoint of a derived fixture (see `VARIANTS` in the script); derived
-/// fixtures keep their recomputed transformers logits next to the GGUF.
 fn source_of(fixture: &str) -> (&str, bool) {
     match fixture {
         "qwen3_moe_normed" => ("qwen3_moe_bf16", true),
@@ -105,13 +67,16 @@ fn check(stem: &str) {
         };
         let want = npy::read_f32(&hf).unwrap();
         assert_eq!(want.shape[0], tokens.len());
-        let got = logits(&model, &tokens);
-        let (err, top1) = compare(&got, &want.data, vocab);
+        let got = logits_chunked(&model, &tokens, usize::MAX);
+        let s_err = compare(&got, &want.data, vocab);
+        let (err, top1) = (s_err.max_rel_err, s_err.top1_agree);
         let lcpp = dir.join(format!("{stem}.llama_cpp_{i}.npy"));
         let vs_lcpp = if lcpp.exists() {
             let l = npy::read_f32(&lcpp).unwrap();
-            let (e, t) = compare(&got, &l.data, vocab);
-            let (le, lt) = compare(&l.data, &want.data, vocab);
+            let s_e = compare(&got, &l.data, vocab);
+            let (e, t) = (s_e.max_rel_err, s_e.top1_agree);
+            let s_le = compare(&l.data, &want.data, vocab);
+            let (le, lt) = (s_le.max_rel_err, s_le.top1_agree);
             format!(
                 "vs llama.cpp: err {e:.2e}, top-1 {t:.3} (llama.cpp vs transformers: err {le:.2e}, top-1 {lt:.3})"
             )
@@ -119,12 +84,14 @@ fn check(stem: &str) {
             "no llama.cpp logits".to_owned()
         };
         println!("{stem} seq {i}: vs transformers err {err:.2e}, top-1 {top1:.3}; {vs_lcpp}");
-        let fast_got = logits(&fast, &tokens);
+        let fast_got = logits_chunked(&fast, &tokens, usize::MAX);
         let deq_path = dir.join(format!("{stem}.dequant_{i}.npy"));
         if deq_path.exists() {
             let deq = npy::read_f32(&deq_path).unwrap();
-            let (e, t) = compare(&got, &deq.data, vocab);
-            let (fe, ft) = compare(&fast_got, &deq.data, vocab);
+            let s_e = compare(&got, &deq.data, vocab);
+            let (e, t) = (s_e.max_rel_err, s_e.top1_agree);
+            let s_fe = compare(&fast_got, &deq.data, vocab);
+            let (fe, ft) = (s_fe.max_rel_err, s_fe.top1_agree);
             println!(
                 "{stem} seq {i}: vs transformers on the dequantized weights: f32 err {e:.2e}, top-1 {t:.3}; fast err {fe:.2e}, top-1 {ft:.3}"
             );
@@ -138,7 +105,8 @@ fn check(stem: &str) {
             );
             continue;
         }
-        let (fe, ft) = compare(&fast_got, &want.data, vocab);
+        let s_fe = compare(&fast_got, &want.data, vocab);
+        let (fe, ft) = (s_fe.max_rel_err, s_fe.top1_agree);
         println!("{stem} seq {i}: fast path vs transformers err {fe:.2e}, top-1 {ft:.3}");
         // F16-stored dense weights run in BF16 on the fast path (f32 ones stay f32).
         let fast_tol = if quantized { 1e-1 } else { 5e-2 };
