@@ -100,12 +100,15 @@ impl Linear {
         }
     }
 
-    /// Row `i` of the weights as f32 (embedding lookup).
+    /// Row `i` of the weights as f32 (embedding lookup; embeddings are never packed: the
+    /// tied LM head is a packed copy, see `Model::from_source`).
     pub fn row_f32(&self, i: usize, out: &mut [f32]) {
         let k = self.k_in;
         match &self.weight {
             Weight::F32(w) => out.copy_from_slice(&w[i * k..(i + 1) * k]),
-            Weight::Packed(p) => out.copy_from_slice(&p.dequantize()[i * k..(i + 1) * k]),
+            Weight::Packed(_) => {
+                unreachable!("row access to a packed matrix (embeddings stay unpacked)")
+            }
             _ => {
                 let w = self.bf16_slice().expect("bf16 weights");
                 for (o, v) in out.iter_mut().zip(&w[i * k..(i + 1) * k]) {

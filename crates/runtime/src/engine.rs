@@ -264,7 +264,8 @@ impl Engine {
 
         let started = Instant::now();
         let mut outputs: Vec<Option<Output>> = vec![None; requests.len()];
-        let mut generated: Vec<Vec<u32>> = vec![Vec::new(); requests.len()];
+        // Prompt then generated ids, the history the penalties look at; grows in place.
+        let mut histories: Vec<Vec<u32>> = requests.iter().map(|r| r.prompt.clone()).collect();
         let mut texts: Vec<String> = vec![String::new(); requests.len()];
         let mut first_step = true;
         loop {
@@ -274,8 +275,7 @@ impl Engine {
                     continue;
                 }
                 let r = &requests[i];
-                let history: Vec<u32> = r.prompt.iter().chain(&generated[i]).copied().collect();
-                let id = samplers[i].sample(&last_logits[i], &history)?;
+                let id = samplers[i].sample(&last_logits[i], &histories[i])?;
                 if !first_step {
                     stats.decode_tokens += 1;
                 }
@@ -287,8 +287,8 @@ impl Engine {
                 let finish = if piece.stop.is_some() {
                     Some(FinishReason::Stop)
                 } else {
-                    generated[i].push(id);
-                    if generated[i].len() >= r.max_tokens {
+                    histories[i].push(id);
+                    if histories[i].len() - r.prompt.len() >= r.max_tokens {
                         Some(FinishReason::Length)
                     } else if caches[i].len() + 1 >= max_ctx {
                         Some(FinishReason::ContextFull)
@@ -305,7 +305,7 @@ impl Engine {
                         }
                     }
                     outputs[i] = Some(Output {
-                        tokens: std::mem::take(&mut generated[i]),
+                        tokens: histories[i].split_off(r.prompt.len()),
                         text: std::mem::take(&mut texts[i]),
                         finish,
                     });
@@ -320,7 +320,7 @@ impl Engine {
             }
             let last: Vec<[u32; 1]> = active
                 .iter()
-                .map(|&i| [*generated[i].last().expect("one token")])
+                .map(|&i| [*histories[i].last().expect("one token")])
                 .collect();
             let mut seqs = Vec::with_capacity(active.len());
             let mut act = active.iter().peekable();
