@@ -356,7 +356,10 @@ struct Seq<'e> {
     /// The last sampled id, fed in the next step (decode phase).
     feed: [u32; 1],
     decoding: bool,
-    done: bool,
+    /// Set when the sequence is finished: `Some(event)` is its last event, sent
+    /// only after it has left the batch so that a client that sees the end
+    /// never sees itself still counted as active.
+    finished: Option<Option<Event>>,
 }
 
 /// Work of one sequence in one step.
@@ -404,8 +407,13 @@ fn run(engine: &Engine, cfg: SchedulerConfig, rx: &mpsc::Receiver<Command>, shar
         }
         let generated = step(engine, cfg, &mut running);
         shared.generated.fetch_add(generated, Ordering::Relaxed);
-        running.retain(|s| !s.done);
+        let finished: Vec<Seq<'_>> = running.extract_if(.., |s| s.finished.is_some()).collect();
         shared.active.store(running.len(), Ordering::Release);
+        for mut seq in finished {
+            if let Some(Some(last)) = seq.finished.take() {
+                seq.sink.send(last);
+            }
+        }
     }
     shared.active.store(0, Ordering::Release);
 }
@@ -459,7 +467,7 @@ fn admit(engine: &Engine, mut p: Pending) -> Option<Seq<'_>> {
         generated: 0,
         feed: [0],
         decoding: false,
-        done: false,
+        finished: None,
     })
 }
 
@@ -522,8 +530,7 @@ fn step(engine: &Engine, cfg: SchedulerConfig, running: &mut [Seq<'_>]) -> u64 {
         Err(e) => {
             let msg = format!("forward pass failed: {e}");
             for &i in &who {
-                running[i].sink.send(Event::Failed(msg.clone()));
-                running[i].done = true;
+                running[i].finished = Some(Some(Event::Failed(msg.clone())));
             }
             return 0;
         }
@@ -585,7 +592,8 @@ fn sample_next(seq: &mut Seq<'_>, logits: &[f32], ctx_size: usize) {
             logprobs,
         };
         if !seq.sink.send(event) {
-            seq.done = true;
+            // The receiver is gone: nobody to tell.
+            seq.finished = Some(None);
             return;
         }
     }
@@ -607,20 +615,18 @@ fn sample_next(seq: &mut Seq<'_>, logits: &[f32], ctx_size: usize) {
                     Err(e) => return fail(seq, format!("detokenizing failed: {e}")),
                 }
             }
-            seq.sink.send(Event::Done {
+            seq.finished = Some(Some(Event::Done {
                 finish,
                 text: tail,
                 prompt_tokens: seq.req.prompt.len(),
                 completion_tokens: seq.generated,
-            });
-            seq.done = true;
+            }));
         }
     }
 }
 
 fn fail(seq: &mut Seq<'_>, msg: String) {
-    seq.sink.send(Event::Failed(msg));
-    seq.done = true;
+    seq.finished = Some(Some(Event::Failed(msg)));
 }
 
 #[cfg(test)]
