@@ -158,6 +158,11 @@ pub struct ModelShape {
     pub n_heads: usize,
     /// Query/key head dimension.
     pub head_dim: usize,
+    /// Key and value elements cached per token per layer, K and V together (grouped-query
+    /// attention: `2 * kv_heads * head_dim`; MLA: the compressed latent plus the rope key).
+    /// 0 means `2 * n_heads * head_dim` (plain multi-head attention).
+    #[serde(default)]
+    pub kv_dim: usize,
     /// Vocabulary size.
     pub vocab: usize,
     /// Where the shape comes from.
@@ -306,7 +311,7 @@ impl ModelShape {
         })?;
         let h = c.hidden_size as u64;
         let heads = c.num_attention_heads as u64;
-        let (attn_params, head_dim) = match (c.kv_lora_rank, c.qk_nope_head_dim) {
+        let (attn_params, head_dim, kv_dim) = match (c.kv_lora_rank, c.qk_nope_head_dim) {
             (Some(kv), Some(nope)) => {
                 let rope = c.qk_rope_head_dim.unwrap_or(0) as u64;
                 let v = c.v_head_dim.unwrap_or(nope) as u64;
@@ -317,7 +322,7 @@ impl ModelShape {
                 };
                 let kv = kv as u64;
                 let p = q + h * (kv + rope) + kv * heads * (nope as u64 + v) + heads * v * h;
-                (p, qk as usize)
+                (p, qk as usize, (kv + rope) as usize)
             }
             _ => {
                 let d = c
@@ -325,7 +330,11 @@ impl ModelShape {
                     .unwrap_or(c.hidden_size / c.num_attention_heads.max(1))
                     as u64;
                 let kvh = c.num_key_value_heads.unwrap_or(c.num_attention_heads) as u64;
-                (2 * h * heads * d + 2 * h * kvh * d, d as usize)
+                (
+                    2 * h * heads * d + 2 * h * kvh * d,
+                    d as usize,
+                    (2 * kvh * d) as usize,
+                )
             }
         };
         let moe_intermediate = c.moe_intermediate_size.unwrap_or(c.intermediate_size);
@@ -346,9 +355,20 @@ impl ModelShape {
             attn_params,
             n_heads: c.num_attention_heads,
             head_dim,
+            kv_dim,
             vocab: c.vocab_size,
             source: "config.json".into(),
         })
+    }
+
+    /// Key and value elements cached per token per layer (`kv_dim`, or plain multi-head
+    /// attention's `2 * n_heads * head_dim` when the preset leaves it 0).
+    pub fn kv_elems(&self) -> usize {
+        if self.kv_dim > 0 {
+            self.kv_dim
+        } else {
+            2 * self.n_heads * self.head_dim
+        }
     }
 
     /// MoE layers.
