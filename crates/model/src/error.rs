@@ -27,6 +27,9 @@ pub enum Error {
     /// A compute kernel rejected its inputs.
     #[error(transparent)]
     Kernel(#[from] strata_kernels::KernelError),
+    /// An installed expert executor (`moe::ExpertExecutor`) failed.
+    #[error("expert executor: {0}")]
+    Executor(Box<dyn std::error::Error + Send + Sync>),
     /// A request to the model is invalid (token ids out of range, too long, ...).
     #[error("{0}")]
     Input(String),

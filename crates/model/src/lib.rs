@@ -29,4 +29,4 @@ pub use config::{Arch, ModelConfig};
 pub use error::{Error, Result};
 pub use linear::{LoadOptions, Precision};
 pub use model::{ForwardObserver, LogitsWanted, Model, NoObserver, ParamCounts, SeqInput};
-pub use moe::Routing;
+pub use moe::{ExpertCall, ExpertExecutor, Routing};

@@ -5,7 +5,14 @@
 //! A key design decision made here is that routing ([`route`]) is a pure function of the
 //! router logits, separate from expert execution ([`MoeBlock::run_experts`]): placement
 //! policies, traces and the simulator consume the same routing the forward pass uses.
+//! Where the routed experts run is not decided here either: a block with an
+//! [`ExpertExecutor`] installed ([`MoeBlock::set_executor`]) hands each step's routing to it
+//! (the hybrid CPU/GPU executor of `strata-exec`); without one it runs the fused CPU path.
 
+use std::fmt;
+use std::sync::Arc;
+
+use strata_kernels::moe::{ExpertBatch, MoeOptions, fused_moe_grouped};
 use strata_kernels::{Expert, MoeExperts, PackedFormat, dense_mlp, fused_moe};
 
 use crate::Result;
@@ -165,6 +172,61 @@ impl ExpertSet {
         Ok(out)
     }
 
+    /// Adds `Σ w · expert(x[row])` over the given (expert, rows, weights) `batches` into
+    /// `out: [T, hidden]`: the CPU's share of a step whose experts are split across devices.
+    pub fn run_batches(&self, x: &[f32], batches: &[ExpertBatch], out: &mut [f32]) -> Result<()> {
+        match self {
+            ExpertSet::Packed(p) => {
+                let opts = MoeOptions {
+                    accumulate: true,
+                    ..MoeOptions::default()
+                };
+                fused_moe_grouped(p, x, batches, out, &opts)?;
+            }
+            ExpertSet::Plain(experts) => {
+                let hidden = experts.first().map_or(0, |m| m.gate.k_in);
+                let t = x.len() / hidden.max(1);
+                if out.len() != x.len() {
+                    return Err(crate::Error::Input(format!(
+                        "expert output has {} values, expected {} like the input",
+                        out.len(),
+                        x.len()
+                    )));
+                }
+                for b in batches {
+                    let expert = experts.get(b.expert).ok_or_else(|| {
+                        crate::Error::Input(format!(
+                            "expert {} routed, expected below {}",
+                            b.expert,
+                            experts.len()
+                        ))
+                    })?;
+                    if let Some(&r) = b.tokens.iter().find(|&&r| r as usize >= t) {
+                        return Err(crate::Error::Input(format!(
+                            "token {r} routed to expert {}, expected below {t}",
+                            b.expert
+                        )));
+                    }
+                    let mut xs = Vec::with_capacity(b.tokens.len() * hidden);
+                    for &r in &b.tokens {
+                        let r = r as usize;
+                        xs.extend_from_slice(&x[r * hidden..(r + 1) * hidden]);
+                    }
+                    let y = expert.forward(&xs, b.tokens.len());
+                    for ((&r, &w), yr) in
+                        b.tokens.iter().zip(&b.weights).zip(y.chunks_exact(hidden))
+                    {
+                        let r = r as usize;
+                        for (o, v) in out[r * hidden..(r + 1) * hidden].iter_mut().zip(yr) {
+                            *o += w * v;
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Every token of `x: [T, hidden]` through MLP 0 (a dense MLP or shared expert).
     pub fn dense(&self, x: &[f32], t: usize) -> Result<Vec<f32>> {
         match self {
@@ -291,6 +353,28 @@ fn top_indices(v: &[f32], k: usize) -> Vec<usize> {
     idx
 }
 
+/// One MoE layer's routed-expert work of one forward pass, handed to an [`ExpertExecutor`].
+#[derive(Debug, Clone, Copy)]
+pub struct ExpertCall<'a> {
+    /// Index of the block among the model's MoE layers (`0..n_moe_layers`).
+    pub moe_layer: usize,
+    /// Router input hidden states `[T, hidden]` of the routed tokens.
+    pub x: &'a [f32],
+    /// The routing of every token.
+    pub routing: &'a Routing,
+    /// The block's routed experts in the CPU's executable form.
+    pub experts: &'a ExpertSet,
+}
+
+/// Computes the routed experts of MoE blocks in place of the fused CPU path: given the
+/// routing of a step it decides nothing itself but may run pieces on other devices, defer
+/// some outputs to a later layer, and so on.
+pub trait ExpertExecutor: Send + Sync + fmt::Debug {
+    /// Adds the routed experts' weighted outputs of `call` into `out: [T, hidden]` (zeroed
+    /// by the caller).
+    fn run(&self, call: ExpertCall<'_>, out: &mut [f32]) -> Result<()>;
+}
+
 /// A mixture-of-experts feed-forward block.
 #[derive(Debug)]
 pub struct MoeBlock {
@@ -304,6 +388,8 @@ pub struct MoeBlock {
     shared_gate: Option<Linear>,
     /// Parameters of one routed expert.
     expert_params: usize,
+    /// Where the routed experts run, with this block's MoE layer index; `None`: the CPU.
+    executor: Option<(usize, Arc<dyn ExpertExecutor>)>,
 }
 
 impl MoeBlock {
@@ -382,7 +468,14 @@ impl MoeBlock {
             shared,
             shared_gate,
             expert_params,
+            executor: None,
         })
+    }
+
+    /// Hands this block's routed experts to `executor` as MoE layer `moe_layer` (`None`:
+    /// back to the fused CPU path).
+    pub fn set_executor(&mut self, moe_layer: usize, executor: Option<Arc<dyn ExpertExecutor>>) {
+        self.executor = executor.map(|e| (moe_layer, e));
     }
 
     /// Router decisions for `x: [T, hidden]` (router computed in f32).
@@ -393,7 +486,18 @@ impl MoeBlock {
 
     /// Weighted sum of the routed experts' outputs, `[T, hidden]`.
     pub fn run_experts(&self, x: &[f32], routing: &Routing) -> Result<Vec<f32>> {
-        self.experts.run(x, routing)
+        let Some((moe_layer, exec)) = &self.executor else {
+            return self.experts.run(x, routing);
+        };
+        let mut out = vec![0.0f32; x.len()];
+        let call = ExpertCall {
+            moe_layer: *moe_layer,
+            x,
+            routing,
+            experts: &self.experts,
+        };
+        exec.run(call, &mut out)?;
+        Ok(out)
     }
 
     /// The whole block: routed experts plus shared experts, `[T, hidden]`.
@@ -524,5 +628,54 @@ mod tests {
         let r = route(&cfg, &logits, Some(&bias));
         assert_eq!(r.ids, vec![5, 0]);
         assert!((r.weights[0] - sigmoid(0.9)).abs() < 1e-6);
+    }
+
+    fn mlps(n: usize, hidden: usize, inter: usize) -> Vec<Mlp> {
+        let mut seed = 7u32;
+        let mut v = |len: usize| -> Vec<f32> {
+            (0..len)
+                .map(|_| {
+                    seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                    (seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+                })
+                .collect()
+        };
+        (0..n)
+            .map(|_| Mlp {
+                gate: Linear::from_f32(v(inter * hidden), inter, hidden, None),
+                up: Linear::from_f32(v(inter * hidden), inter, hidden, None),
+                down: Linear::from_f32(v(hidden * inter), hidden, inter, None),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn batches_split_across_two_calls_sum_to_the_fused_run() {
+        let (n, hidden, inter, t) = (5, 12, 7, 3);
+        let routing = Routing {
+            top_k: 2,
+            ids: vec![0, 3, 3, 1, 4, 0],
+            weights: vec![0.7, 0.3, 0.6, 0.4, 0.9, 0.1],
+        };
+        let x: Vec<f32> = (0..t * hidden).map(|i| (i as f32 * 0.37).sin()).collect();
+        for fmt in [None, Some(PackedFormat::Bf16)] {
+            let set = ExpertSet::new(mlps(n, hidden, inter), hidden, inter, fmt).unwrap();
+            let want = set.run(&x, &routing).unwrap();
+            let batches =
+                strata_kernels::moe::group_by_expert(n, &routing.ids, &routing.weights, 2).unwrap();
+            let (a, b) = batches.split_at(2);
+            let mut got = vec![0.0f32; t * hidden];
+            set.run_batches(&x, a, &mut got).unwrap();
+            set.run_batches(&x, b, &mut got).unwrap();
+            for (g, w) in got.iter().zip(&want) {
+                assert!((g - w).abs() < 1e-5, "{fmt:?}: {g} vs {w}");
+            }
+            let bad = [ExpertBatch {
+                expert: 0,
+                tokens: vec![t as u32],
+                weights: vec![1.0],
+            }];
+            assert!(set.run_batches(&x, &bad, &mut got).is_err());
+        }
     }
 }
