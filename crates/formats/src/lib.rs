@@ -2,6 +2,7 @@
 //!
 //! - [`safetensors`]: Hugging Face safetensors files and sharded directories, through mmap.
 //! - [`DType`] and [`TensorView`]: a typed, shaped window on mapped bytes.
+//! - [`strata_file`]: the engine's own packed model file, written by `strata convert`.
 //!
 //! A key design decision made in this crate is that loaders validate everything they read
 //! (lengths, offsets, dtypes, shapes) and report the file and tensor in every error, because
@@ -12,6 +13,7 @@ pub mod gguf;
 mod mmap;
 pub mod npy;
 pub mod safetensors;
+pub mod strata_file;
 mod tensor;
 
 pub use error::{Error, Result};

@@ -81,6 +81,33 @@ impl Expert {
     pub fn bytes(&self) -> usize {
         self.gate_up.bytes() + self.down.bytes()
     }
+
+    /// An expert from matrices laid out as [`Expert::pack`] makes them (for example mapped
+    /// from a converted model file): `gate_up` `[2 I_pad, H]` with gate and up strips
+    /// interleaved, `down` `[H, I]`, both in one format.
+    pub fn from_parts(gate_up: PackedMatrix, down: PackedMatrix) -> Result<Self, KernelError> {
+        let i_pad = down.k.div_ceil(STRIP) * STRIP;
+        if gate_up.n != 2 * i_pad || gate_up.k != down.n || gate_up.fmt != down.fmt {
+            return Err(KernelError::Mismatch {
+                op: "expert from parts",
+                what: format!(
+                    "gate_up {} [{}, {}] and down {} [{}, {}] do not form one expert",
+                    gate_up.fmt.name(),
+                    gate_up.n,
+                    gate_up.k,
+                    down.fmt.name(),
+                    down.n,
+                    down.k
+                ),
+            });
+        }
+        Ok(Self { gate_up, down })
+    }
+
+    /// The fused gate/up matrix and the down matrix.
+    pub fn parts(&self) -> (&PackedMatrix, &PackedMatrix) {
+        (&self.gate_up, &self.down)
+    }
 }
 
 /// A set of experts of one shape, indexed by expert id.
@@ -272,21 +299,33 @@ pub fn dense_mlp(
     fused_moe_grouped(mlp, hidden, &[batch], out, &opts)
 }
 
-/// One parallel task: rows `rows` of batch `b`, strips `strips` of the batch's matrix.
+/// Bytes of f32 scratch (gate/up activations and down outputs) one wave may use: waves bound
+/// the memory a long prompt touches per call, and the buffers are kept per calling thread so
+/// a call does not pay page faults for fresh memory (a 4096-token call used to fault in about
+/// 0.5 GB).
+const WAVE_SCRATCH_BYTES: usize = 24 << 20;
+
+/// A run of rows of one batch: rows `rows` of `batch` (rows are indices into its tokens).
+struct Segment<'b> {
+    batch: &'b ExpertBatch,
+    rows: Range<usize>,
+}
+
+/// One parallel task: rows `rows` of segment `s`, strips `strips` of its expert's matrix.
 struct Task {
-    b: usize,
+    s: usize,
     rows: Range<usize>,
     strips: Range<usize>,
 }
 
-fn tasks(batches: &[&ExpertBatch], strips: usize) -> Vec<Task> {
+fn tasks(segs: &[Segment], strips: usize) -> Vec<Task> {
     let mut v = Vec::new();
-    for (b, batch) in batches.iter().enumerate() {
-        let m = batch.tokens.len();
+    for (s, seg) in segs.iter().enumerate() {
+        let m = seg.rows.len();
         for r0 in (0..m).step_by(M_CHUNK) {
             for s0 in (0..strips).step_by(N_BLOCK_STRIPS) {
                 v.push(Task {
-                    b,
+                    s,
                     rows: r0..(r0 + M_CHUNK).min(m),
                     strips: s0..(s0 + N_BLOCK_STRIPS).min(strips),
                 });
@@ -296,7 +335,45 @@ fn tasks(batches: &[&ExpertBatch], strips: usize) -> Vec<Task> {
     v
 }
 
+/// Splits the active batches into waves of at most `wave_rows` rows, in batch order (a batch
+/// larger than a wave is split into several segments).
+fn waves<'b>(active: &[&'b ExpertBatch], wave_rows: usize) -> Vec<Vec<Segment<'b>>> {
+    let mut all = Vec::new();
+    let mut cur: Vec<Segment<'b>> = Vec::new();
+    let mut used = 0;
+    for &batch in active {
+        let mut r = 0;
+        while r < batch.tokens.len() {
+            if used == wave_rows {
+                all.push(std::mem::take(&mut cur));
+                used = 0;
+            }
+            let n = (batch.tokens.len() - r).min(wave_rows - used);
+            cur.push(Segment {
+                batch,
+                rows: r..r + n,
+            });
+            used += n;
+            r += n;
+        }
+    }
+    if !cur.is_empty() {
+        all.push(cur);
+    }
+    all
+}
+
+thread_local! {
+    /// Per calling thread: the wave buffers `mid` and `y`, reused across calls.
+    static SCRATCH: std::cell::Cell<(Vec<f32>, Vec<f32>)> =
+        const { std::cell::Cell::new((Vec::new(), Vec::new())) };
+}
+
 /// Runs the MoE layer on routing already grouped by expert (see [`group_by_expert`]).
+///
+/// Token rows are processed in waves of at most a few thousand (token, expert) rows; within a
+/// wave every step is one task set over all its experts. Each token's expert outputs are added
+/// in batch order, whatever the waves and thread timing.
 pub fn fused_moe_grouped(
     experts: &MoeExperts,
     hidden: &[f32],
@@ -332,6 +409,38 @@ pub fn fused_moe_grouped(
     if active.is_empty() {
         return Ok(());
     }
+    let wave_rows = (WAVE_SCRATCH_BYTES / (4 * (h + inter)) / M_CHUNK).max(1) * M_CHUNK;
+    run_waves(experts, hidden, &active, out, opts, wave_rows);
+    Ok(())
+}
+
+/// Runs the active batches wave by wave on this thread's reused scratch.
+fn run_waves(
+    experts: &MoeExperts,
+    hidden: &[f32],
+    active: &[&ExpertBatch],
+    out: &mut [f32],
+    opts: &MoeOptions,
+    wave_rows: usize,
+) {
+    let (mut mid, mut y) = SCRATCH.take();
+    for wave in waves(active, wave_rows) {
+        run_wave(experts, hidden, &wave, out, opts, &mut mid, &mut y);
+    }
+    SCRATCH.set((mid, y));
+}
+
+/// One wave of [`fused_moe_grouped`]: gate/up, SiLU, down and the weighted combine into `out`.
+fn run_wave(
+    experts: &MoeExperts,
+    hidden: &[f32],
+    segs: &[Segment],
+    out: &mut [f32],
+    opts: &MoeOptions,
+    mid: &mut Vec<f32>,
+    y: &mut Vec<f32>,
+) {
+    let (h, inter) = (experts.hidden, experts.inter);
     let isa_of = |m: usize| -> Isa {
         let best = crate::isa::detected();
         match opts.isa {
@@ -340,41 +449,40 @@ pub fn fused_moe_grouped(
             None => best.min(Isa::Avx512),
         }
     };
-    // Row offset of each batch in the stacked per-batch buffers.
-    let mut row0 = Vec::with_capacity(active.len() + 1);
+    // Row offset of each segment in the wave's stacked buffers.
+    let mut row0 = Vec::with_capacity(segs.len() + 1);
     row0.push(0usize);
-    for b in &active {
-        row0.push(row0.last().copied().unwrap_or(0) + b.tokens.len());
+    for s in segs {
+        row0.push(row0.last().copied().unwrap_or(0) + s.rows.len());
     }
-    let rows_total = row0[active.len()];
+    let rows_total = row0[segs.len()];
+    let expert = |s: usize| &experts.experts[segs[s].batch.expert];
+    let tok = |s: usize, r: usize| segs[s].batch.tokens[segs[s].rows.start + r] as usize;
 
-    // 1. Convert each batch's token rows for gate/up.
-    let first = &experts.experts[active[0].expert];
-    let x_act: Vec<Activations> = convert_all(&active, |b| {
-        let batch = active[b];
-        let w = &experts.experts[batch.expert].gate_up;
-        Activations::quantize(w, batch.tokens.len(), |r| {
-            let tok = batch.tokens[r] as usize;
-            &hidden[tok * h..(tok + 1) * h]
+    // 1. Convert each segment's token rows for gate/up.
+    let x_act: Vec<Activations> = convert_all(segs.len(), |s| {
+        Activations::quantize(&expert(s).gate_up, segs[s].rows.len(), |r| {
+            let tk = tok(s, r);
+            &hidden[tk * h..(tk + 1) * h]
         })
     });
 
-    // 2. Gate and up with SiLU(gate) * up, into `mid: [rows_total, inter]`.
-    let mut mid = vec![0.0f32; rows_total * inter];
+    // 2. Gate and up with SiLU(gate) * up, into `mid: [rows_total, inter]` (every element is
+    //    written: the strip pairs cover all intermediate columns).
+    mid.resize(rows_total * inter, 0.0);
     {
-        let mid_w = SharedMut::new(&mut mid);
-        let list = tasks(&active, first.gate_up.strips());
+        let mid_w = SharedMut::new(&mut mid[..]);
+        let list = tasks(segs, expert(0).gate_up.strips());
         parallel_for(list.len(), |i| {
             let task = &list[i];
-            let batch = active[task.b];
-            let w = &experts.experts[batch.expert].gate_up;
+            let w = &expert(task.s).gate_up;
             let ldo = task.strips.len() * STRIP;
             let mut tile = vec![0.0f32; task.rows.len() * ldo];
-            let isa = isa_of(batch.tokens.len());
+            let isa = isa_of(segs[task.s].batch.tokens.len());
             micro::run_block(
                 isa,
                 w,
-                &x_act[task.b],
+                &x_act[task.s],
                 task.rows.clone(),
                 task.strips.clone(),
                 &mut tile,
@@ -384,8 +492,8 @@ pub fn fused_moe_grouped(
             let c0 = task.strips.start / 2 * STRIP;
             let cols = (task.strips.len() / 2 * STRIP).min(inter.saturating_sub(c0));
             for (i, r) in task.rows.clone().enumerate() {
-                // SAFETY: this task alone writes these columns of this batch row.
-                let dst = unsafe { mid_w.part((row0[task.b] + r) * inter + c0, cols) };
+                // SAFETY: this task alone writes these columns of this segment row.
+                let dst = unsafe { mid_w.part((row0[task.s] + r) * inter + c0, cols) };
                 for (c, d) in dst.iter_mut().enumerate() {
                     let (p, cc) = (c / STRIP, c % STRIP);
                     let g = tile[i * ldo + 2 * p * STRIP + cc];
@@ -397,30 +505,28 @@ pub fn fused_moe_grouped(
     }
 
     // 3. Convert the intermediate rows for down.
-    let m_act: Vec<Activations> = convert_all(&active, |b| {
-        let w = &experts.experts[active[b].expert].down;
-        let base = row0[b] * inter;
-        Activations::quantize(w, active[b].tokens.len(), |r| {
+    let m_act: Vec<Activations> = convert_all(segs.len(), |s| {
+        let base = row0[s] * inter;
+        Activations::quantize(&expert(s).down, segs[s].rows.len(), |r| {
             &mid[base + r * inter..base + (r + 1) * inter]
         })
     });
 
-    // 4. Down into `y: [rows_total, h]`.
-    let mut y = vec![0.0f32; rows_total * h];
+    // 4. Down into `y: [rows_total, h]` (every element written).
+    y.resize(rows_total * h, 0.0);
     {
-        let y_w = SharedMut::new(&mut y);
-        let list = tasks(&active, first.down.strips());
+        let y_w = SharedMut::new(&mut y[..]);
+        let list = tasks(segs, expert(0).down.strips());
         parallel_for(list.len(), |i| {
             let task = &list[i];
-            let batch = active[task.b];
-            let w = &experts.experts[batch.expert].down;
+            let w = &expert(task.s).down;
             let ldo = task.strips.len() * STRIP;
             let mut tile = vec![0.0f32; task.rows.len() * ldo];
-            let isa = isa_of(batch.tokens.len());
+            let isa = isa_of(segs[task.s].batch.tokens.len());
             micro::run_block(
                 isa,
                 w,
-                &m_act[task.b],
+                &m_act[task.s],
                 task.rows.clone(),
                 task.strips.clone(),
                 &mut tile,
@@ -429,46 +535,43 @@ pub fn fused_moe_grouped(
             let c0 = task.strips.start * STRIP;
             let cols = ldo.min(h - c0);
             for (i, r) in task.rows.clone().enumerate() {
-                // SAFETY: this task alone writes these columns of this batch row.
-                let dst = unsafe { y_w.part((row0[task.b] + r) * h + c0, cols) };
+                // SAFETY: this task alone writes these columns of this segment row.
+                let dst = unsafe { y_w.part((row0[task.s] + r) * h + c0, cols) };
                 dst.copy_from_slice(&tile[i * ldo..i * ldo + cols]);
             }
         });
     }
 
-    // 5. Weighted combine per token, experts in increasing id order.
-    let mut per_token: Vec<Vec<(usize, f32)>> = vec![Vec::new(); t];
-    for (b, batch) in active.iter().enumerate() {
-        for (r, (&tok, &wt)) in batch.tokens.iter().zip(&batch.weights).enumerate() {
-            per_token[tok as usize].push((row0[b] + r, wt));
-        }
-    }
-    const TOK_CHUNK: usize = 16;
+    // 5. Weighted combine, one task per block of output columns: each task walks the wave's
+    //    rows in segment order, so every token adds its experts in batch order.
+    const COMBINE_ELEMS: usize = 1 << 15;
+    let n_blocks = (rows_total * h / COMBINE_ELEMS).clamp(1, h.div_ceil(STRIP));
+    let cb = h.div_ceil(n_blocks).div_ceil(STRIP) * STRIP;
     let out_w = SharedMut::new(out);
-    parallel_for(t.div_ceil(TOK_CHUNK), |c| {
-        let toks = c * TOK_CHUNK..((c + 1) * TOK_CHUNK).min(t);
-        for (tok, entries) in toks.clone().zip(&per_token[toks]) {
-            // SAFETY: chunk `c` alone writes its tokens' rows.
-            let o = unsafe { out_w.part(tok * h, h) };
-            for &(row, wt) in entries {
-                for (o, v) in o.iter_mut().zip(&y[row * h..(row + 1) * h]) {
+    let y = &y[..];
+    parallel_for(h.div_ceil(cb), |b| {
+        let cols = b * cb..((b + 1) * cb).min(h);
+        for (s, seg) in segs.iter().enumerate() {
+            for r in 0..seg.rows.len() {
+                let wt = seg.batch.weights[seg.rows.start + r];
+                let row = (row0[s] + r) * h;
+                // SAFETY: task `b` alone writes columns `cols` of every token, and the parts
+                // it takes are dropped before the next one (one live part at a time).
+                let o = unsafe { out_w.part(tok(s, r) * h + cols.start, cols.len()) };
+                for (o, v) in o.iter_mut().zip(&y[row + cols.start..row + cols.end]) {
                     *o += wt * v;
                 }
             }
         }
     });
-    Ok(())
 }
 
-/// Runs `convert(b)` for every active batch in parallel and collects the results in order.
-fn convert_all(
-    active: &[&ExpertBatch],
-    convert: impl Fn(usize) -> Activations + Sync,
-) -> Vec<Activations> {
-    let mut slots: Vec<Option<Activations>> = (0..active.len()).map(|_| None).collect();
+/// Runs `convert(s)` for every segment in parallel and collects the results in order.
+fn convert_all(n: usize, convert: impl Fn(usize) -> Activations + Sync) -> Vec<Activations> {
+    let mut slots: Vec<Option<Activations>> = (0..n).map(|_| None).collect();
     {
         let w = SharedMut::new(&mut slots);
-        parallel_for(active.len(), |b| {
+        parallel_for(n, |b| {
             let value = Some(convert(b));
             // SAFETY: task `b` alone writes slot `b`.
             let slot = unsafe { w.part(b, 1) };
@@ -601,6 +704,35 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    #[test]
+    fn small_waves_give_the_same_result() {
+        let mut seed = 31;
+        let (h, inter, t, k) = (40, 24, 23, 3);
+        let ex = make_experts(4, h, inter, PackedFormat::Bf16, &mut seed);
+        let x = rand_vec(t * h, &mut seed);
+        // Expert 1 takes most tokens, so its batch is split across waves.
+        let ids: Vec<u32> = (0..t * k)
+            .map(|i| if i % k == 0 { 1 } else { (i % 4) as u32 })
+            .collect();
+        let wts: Vec<f32> = (0..t * k).map(|i| 0.1 + (i % 5) as f32 * 0.2).collect();
+        let mut want = vec![0.0; t * h];
+        fused_moe_ref(&ex, &x, &ids, &wts, &mut want).expect("valid");
+        let batches = group_by_expert(4, &ids, &wts, k).expect("valid");
+        let active: Vec<&ExpertBatch> = batches.iter().collect();
+        for wave_rows in [1, 5, 7, 1000] {
+            let mut got = vec![0.0; t * h];
+            run_waves(
+                &ex,
+                &x,
+                &active,
+                &mut got,
+                &MoeOptions::default(),
+                wave_rows,
+            );
+            assert_moe_close(&want, &got, &format!("waves of {wave_rows} rows"));
         }
     }
 

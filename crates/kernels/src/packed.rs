@@ -23,10 +23,18 @@
 //! Activations are converted per call: to BF16 (round to nearest even), or to int8 with one
 //! scale per token (`amax / 127`). `n` is padded to a multiple of 32 (two strips: an AMX
 //! 32x32 output block) and `k` to the tile depth, with zeros.
+//!
+//! A matrix owns its bytes when packed at load, or views them in a memory-mapped file
+//! written by `strata convert` ([`PackedMatrix::from_stored`]): the kernels read both
+//! through the same pointer, so a converted model loads by mapping, without repacking.
+//! [`LAYOUT_VERSION`] names this layout; files record it and refuse another.
+
+use std::ptr::NonNull;
+use std::sync::Arc;
 
 use half::bf16;
 
-use crate::buf::{AlignedBuf, SharedMut};
+use crate::buf::{ALIGN, AlignedBuf, SharedMut};
 use crate::error::{KernelError, check_len};
 use crate::isa::Isa;
 use crate::micro;
@@ -40,6 +48,11 @@ pub(crate) const LINE: usize = 64;
 pub(crate) const XSUM_UNIT: usize = 32;
 /// Token rows are padded to this (two AMX A tiles).
 pub(crate) const M_ALIGN: usize = 32;
+
+/// Version of the packed layout (strip order, line contents, integer offsets, scale order).
+/// Any change to how [`PackedMatrix::pack`] arranges bytes or scales must increment it:
+/// converted model files record it and are refused when it differs.
+pub const LAYOUT_VERSION: u32 = 1;
 
 /// How a [`PackedMatrix`] stores its weights.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -121,9 +134,150 @@ pub struct PackedMatrix {
     pub(crate) group: usize,
     pub(crate) groups: usize,
     pub(crate) strip_bytes: usize,
-    pub(crate) data: AlignedBuf,
+    pub(crate) data: PackedBytes,
     /// `[strip][group][16]`.
-    pub(crate) scales: Vec<f32>,
+    pub(crate) scales: PackedScales,
+}
+
+/// Bytes that stay at one address, unchanged, for as long as their owner lives: a read-only
+/// memory map of a converted model file.
+///
+/// # Safety
+///
+/// Implementors guarantee that [`StableBytes::stable_bytes`] returns the same slice (address
+/// and length) on every call, and that those bytes are not modified while the value lives:
+/// matrices keep a pointer into them.
+pub unsafe trait StableBytes: Send + Sync {
+    /// The bytes.
+    fn stable_bytes(&self) -> &[u8];
+}
+
+/// What keeps a matrix's bytes alive: an owned buffer, or the mapped file.
+type Keep = Arc<dyn Send + Sync>;
+
+/// The packed values: a pointer fixed at construction (so the kernels' hot paths read it
+/// directly) and the owner that keeps it valid.
+#[derive(Clone)]
+pub(crate) struct PackedBytes {
+    ptr: NonNull<u8>,
+    len: usize,
+    mapped: bool,
+    _keep: Keep,
+}
+
+// SAFETY: the bytes are immutable once built and kept alive by `_keep`, which is Send + Sync.
+unsafe impl Send for PackedBytes {}
+// SAFETY: as for Send: shared access only reads immutable bytes.
+unsafe impl Sync for PackedBytes {}
+
+impl PackedBytes {
+    fn owned(buf: AlignedBuf) -> Self {
+        let buf = Arc::new(buf);
+        Self {
+            ptr: NonNull::new(buf.as_ptr().cast_mut()).expect("aligned buffers are non-null"),
+            len: buf.len(),
+            mapped: false,
+            _keep: buf,
+        }
+    }
+
+    /// The bytes.
+    pub(crate) fn as_slice(&self) -> &[u8] {
+        // SAFETY: `ptr` is valid for `len` immutable bytes while `_keep` lives (an owned
+        // buffer, or mapped bytes whose `StableBytes` contract fixes their address).
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// Pointer to the first byte (64-byte aligned).
+    pub(crate) fn as_ptr(&self) -> *const u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// Length in bytes.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+}
+
+/// The scales, owned or viewed in mapped bytes; derefs to `[f32]`.
+#[derive(Clone)]
+pub(crate) struct PackedScales {
+    ptr: NonNull<f32>,
+    len: usize,
+    _keep: Keep,
+}
+
+// SAFETY: as for `PackedBytes`.
+unsafe impl Send for PackedScales {}
+// SAFETY: as for `PackedBytes`.
+unsafe impl Sync for PackedScales {}
+
+impl PackedScales {
+    fn owned(v: Vec<f32>) -> Self {
+        let v = Arc::new(v);
+        Self {
+            ptr: NonNull::new(v.as_ptr().cast_mut()).expect("vector pointers are non-null"),
+            len: v.len(),
+            _keep: v,
+        }
+    }
+}
+
+impl std::ops::Deref for PackedScales {
+    type Target = [f32];
+
+    fn deref(&self) -> &[f32] {
+        // SAFETY: `ptr` is valid and 4-byte aligned for `len` immutable floats while `_keep`
+        // lives (checked at construction for mapped bytes; every bit pattern is a float).
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+/// Sizes of a matrix's packed form, from its format and shape alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PackedLayout {
+    kind: Kind,
+    n_pad: usize,
+    k_pad: usize,
+    group: usize,
+    groups: usize,
+    strip_bytes: usize,
+    /// Bytes of packed values.
+    pub data_bytes: usize,
+    /// Number of f32 scales.
+    pub scales: usize,
+}
+
+impl PackedLayout {
+    /// The layout of an `[n, k]` matrix packed in `fmt`.
+    pub fn new(fmt: PackedFormat, n: usize, k: usize) -> Result<Self, KernelError> {
+        fmt.validate("packed layout")?;
+        let (kind, k_align, group) = match fmt {
+            PackedFormat::Bf16 => (Kind::Bf16, 32, None),
+            PackedFormat::Int8 { group } => (Kind::Int8, group.unwrap_or(64).max(64), group),
+            PackedFormat::Int4 { group } => (Kind::Int4, group.max(64), Some(group)),
+        };
+        let n_pad = n.div_ceil(2 * STRIP) * 2 * STRIP;
+        let k_pad = k.div_ceil(k_align).max(1) * k_align;
+        let group = group.unwrap_or(k_pad);
+        let groups = k_pad / group;
+        let strips = n_pad / STRIP;
+        let strip_bytes = match kind {
+            Kind::Bf16 => k_pad * STRIP * 2,
+            Kind::Int8 => k_pad * STRIP,
+            Kind::Int4 => k_pad * STRIP / 2,
+        };
+        Ok(Self {
+            kind,
+            n_pad,
+            k_pad,
+            group,
+            groups,
+            strip_bytes,
+            data_bytes: strips * strip_bytes,
+            scales: strips * groups * STRIP,
+        })
+    }
 }
 
 impl std::fmt::Debug for PackedMatrix {
@@ -147,21 +301,10 @@ impl PackedMatrix {
         const OP: &str = "pack";
         fmt.validate(OP)?;
         check_len(OP, "weights", n_out * k_in, w.len())?;
-        let (kind, k_align, group) = match fmt {
-            PackedFormat::Bf16 => (Kind::Bf16, 32, None),
-            PackedFormat::Int8 { group } => (Kind::Int8, group.unwrap_or(64).max(64), group),
-            PackedFormat::Int4 { group } => (Kind::Int4, group.max(64), Some(group)),
-        };
-        let n_pad = n_out.div_ceil(2 * STRIP) * 2 * STRIP;
-        let k_pad = k_in.div_ceil(k_align).max(1) * k_align;
-        let group = group.unwrap_or(k_pad);
-        let groups = k_pad / group;
-        let strips = n_pad / STRIP;
-        let strip_bytes = match kind {
-            Kind::Bf16 => k_pad * STRIP * 2,
-            Kind::Int8 => k_pad * STRIP,
-            Kind::Int4 => k_pad * STRIP / 2,
-        };
+        let l = PackedLayout::new(fmt, n_out, k_in)?;
+        let (kind, k_pad, group, groups, strip_bytes) =
+            (l.kind, l.k_pad, l.group, l.groups, l.strip_bytes);
+        let strips = l.n_pad / STRIP;
         let mut data = AlignedBuf::zeroed(strips * strip_bytes);
         let mut scales = vec![0.0f32; strips * groups * STRIP];
         {
@@ -179,19 +322,117 @@ impl PackedMatrix {
                 pack_strip(w, n_out, k_in, k_pad, kind, group, s, bytes, sc);
             });
         }
-        Ok(Self {
+        Ok(Self::with_storage(
             fmt,
-            kind,
-            n: n_out,
-            k: k_in,
-            n_pad,
-            k_pad,
-            group,
-            groups,
-            strip_bytes,
+            n_out,
+            k_in,
+            l,
+            PackedBytes::owned(data),
+            PackedScales::owned(scales),
+        ))
+    }
+
+    fn with_storage(
+        fmt: PackedFormat,
+        n: usize,
+        k: usize,
+        l: PackedLayout,
+        data: PackedBytes,
+        scales: PackedScales,
+    ) -> Self {
+        Self {
+            fmt,
+            kind: l.kind,
+            n,
+            k,
+            n_pad: l.n_pad,
+            k_pad: l.k_pad,
+            group: l.group,
+            groups: l.groups,
+            strip_bytes: l.strip_bytes,
             data,
             scales,
-        })
+        }
+    }
+
+    /// A matrix over bytes stored by [`PackedMatrix::data_bytes`] and
+    /// [`PackedMatrix::scale_bytes`] (of a matrix packed in `fmt` from `[n, k]` weights under
+    /// this [`LAYOUT_VERSION`]): `data` and `scales` are byte ranges of `owner`'s bytes. Nothing
+    /// is copied; `owner` stays alive while the matrix does. Fails unless both ranges are in
+    /// bounds, 64-byte aligned in memory and exactly as long as the layout says.
+    pub fn from_stored(
+        owner: Arc<dyn StableBytes>,
+        fmt: PackedFormat,
+        n: usize,
+        k: usize,
+        data: std::ops::Range<usize>,
+        scales: std::ops::Range<usize>,
+    ) -> Result<Self, KernelError> {
+        const OP: &str = "stored packed matrix";
+        if cfg!(target_endian = "big") {
+            return Err(KernelError::Mismatch {
+                op: OP,
+                what: "stored scales are little-endian and this machine is big-endian".into(),
+            });
+        }
+        let l = PackedLayout::new(fmt, n, k)?;
+        let bytes = owner.stable_bytes();
+        let region = |what: &str, r: &std::ops::Range<usize>, want: usize| {
+            let err = |why: String| KernelError::Mismatch {
+                op: OP,
+                what: format!("{what} bytes {}..{}: {why}", r.start, r.end),
+            };
+            if r.start > r.end || r.end > bytes.len() {
+                return Err(err(format!("past the end of {} bytes", bytes.len())));
+            }
+            if r.len() != want {
+                return Err(err(format!(
+                    "expected {want} bytes for {} [{n}, {k}], got {}",
+                    fmt.name(),
+                    r.len()
+                )));
+            }
+            let ptr = bytes[r.start..].as_ptr();
+            if !(ptr as usize).is_multiple_of(ALIGN) {
+                return Err(err(format!("not {ALIGN}-byte aligned")));
+            }
+            Ok(NonNull::new(ptr.cast_mut()).expect("slice pointers are non-null"))
+        };
+        let dptr = region("packed", &data, l.data_bytes)?;
+        let sptr = region("scale", &scales, l.scales * 4)?;
+        let keep: Keep = Arc::new(owner.clone());
+        Ok(Self::with_storage(
+            fmt,
+            n,
+            k,
+            l,
+            PackedBytes {
+                ptr: dptr,
+                len: l.data_bytes,
+                mapped: true,
+                _keep: keep.clone(),
+            },
+            PackedScales {
+                ptr: sptr.cast(),
+                len: l.scales,
+                _keep: keep,
+            },
+        ))
+    }
+
+    /// The packed values as stored (for writing a converted model).
+    pub fn data_bytes(&self) -> &[u8] {
+        self.data.as_slice()
+    }
+
+    /// The scales as little-endian bytes (for writing a converted model).
+    pub fn scale_bytes(&self) -> Vec<u8> {
+        self.scales.iter().flat_map(|v| v.to_le_bytes()).collect()
+    }
+
+    /// Whether the bytes are viewed in mapped memory rather than owned.
+    pub fn is_mapped(&self) -> bool {
+        self.data.mapped
     }
 
     /// The packed format.
@@ -555,6 +796,53 @@ pub(crate) mod tests {
         let a = PackedMatrix::pack(&w, 40, 50, PackedFormat::Bf16).expect("packs");
         let b = PackedMatrix::pack(&wb, 40, 50, PackedFormat::Bf16).expect("packs");
         assert_eq!(a.data.as_slice(), b.data.as_slice());
+    }
+
+    /// Bytes in an aligned buffer at a 64-byte offset, as a file map would hold them.
+    struct Stored(AlignedBuf);
+
+    // SAFETY: the buffer is never modified nor moved while shared.
+    unsafe impl StableBytes for Stored {
+        fn stable_bytes(&self) -> &[u8] {
+            self.0.as_slice()
+        }
+    }
+
+    #[test]
+    fn stored_bytes_compute_like_the_packed_matrix() {
+        let mut seed = 9;
+        let (m, n, k) = (3, 37, 70);
+        let x = rand_vec(m * k, &mut seed);
+        let w = rand_vec(n * k, &mut seed);
+        for fmt in FORMATS {
+            let p = PackedMatrix::pack(&w, n, k, fmt).expect("packs");
+            let (d, sc) = (p.data_bytes(), p.scale_bytes());
+            let s0 = (64 + d.len()).next_multiple_of(64);
+            let mut buf = AlignedBuf::zeroed(s0 + sc.len());
+            buf.as_mut_slice()[64..64 + d.len()].copy_from_slice(d);
+            buf.as_mut_slice()[s0..].copy_from_slice(&sc);
+            let owner: Arc<dyn StableBytes> = Arc::new(Stored(buf));
+            let data = 64..64 + d.len();
+            let scales = s0..s0 + sc.len();
+            let q =
+                PackedMatrix::from_stored(owner.clone(), fmt, n, k, data.clone(), scales.clone())
+                    .expect("valid stored matrix");
+            assert!(q.is_mapped() && !p.is_mapped());
+            assert_eq!(q.dequantize(), p.dequantize(), "{}", fmt.name());
+            let (mut a, mut b) = (vec![0.0; m * n], vec![1.0; m * n]);
+            p.matmul(&x, m, &mut a).expect("shapes agree");
+            q.matmul(&x, m, &mut b).expect("shapes agree");
+            assert_eq!(a, b, "{}", fmt.name());
+            // Misaligned, short and out-of-bounds ranges are refused.
+            let bad = [
+                (1..1 + d.len(), scales.clone()),
+                (64..63 + d.len(), scales.clone()),
+                (data.clone(), s0..s0 + sc.len() + 4),
+            ];
+            for (dr, sr) in bad {
+                assert!(PackedMatrix::from_stored(owner.clone(), fmt, n, k, dr, sr).is_err());
+            }
+        }
     }
 
     #[test]
