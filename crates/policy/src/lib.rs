@@ -18,6 +18,8 @@
 pub mod cost;
 pub mod policies;
 pub mod predictor;
+pub mod stratify;
+pub mod throughput;
 
 pub use cost::{CostModel, CpuSpec, ExpertTable, GpuSpec, Hardware, ModelShape, NdpSpec, PcieSpec};
 
