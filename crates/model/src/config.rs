@@ -17,7 +17,7 @@ use serde_json::Value;
 use crate::{Error, Result};
 
 /// Architectures this engine implements.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, Deserialize)]
 pub enum Arch {
     /// `LlamaForCausalLM` (also Mistral-style dense models).
     Llama,
@@ -138,7 +138,7 @@ pub struct RawConfig {
 }
 
 /// How rotary embedding pairs dimensions.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, Deserialize)]
 pub enum RopeStyle {
     /// Dimension `i` pairs with `i + d/2` (GPT-NeoX, `rotate_half`).
     Neox,
@@ -147,7 +147,7 @@ pub enum RopeStyle {
 }
 
 /// Frequency scaling of the rotary embedding.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, Deserialize)]
 pub enum RopeScaling {
     /// Plain `theta^(-2i/d)`.
     None,
@@ -187,7 +187,7 @@ pub enum RopeScaling {
 }
 
 /// Rotary position embedding.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, Deserialize)]
 pub struct RopeConfig {
     /// Base of the frequencies.
     pub theta: f64,
@@ -200,7 +200,7 @@ pub struct RopeConfig {
 }
 
 /// Self-attention variants.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, Deserialize)]
 pub enum AttentionConfig {
     /// Grouped-query attention (MHA and MQA are special cases).
     Gqa {
@@ -248,7 +248,7 @@ impl AttentionConfig {
 }
 
 /// How router logits become expert choices and weights.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, Deserialize)]
 pub struct RouterConfig {
     /// Number of routed experts.
     pub n_experts: usize,
@@ -268,7 +268,7 @@ pub struct RouterConfig {
 }
 
 /// Router scoring function.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, Deserialize)]
 pub enum Scoring {
     /// Softmax over all experts.
     Softmax,
@@ -277,7 +277,7 @@ pub enum Scoring {
 }
 
 /// Group-limited expert selection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, Deserialize)]
 pub struct GroupLimit {
     /// Number of groups.
     pub n_group: usize,
@@ -288,7 +288,7 @@ pub struct GroupLimit {
 }
 
 /// How a group of experts is scored for group-limited routing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, Deserialize)]
 pub enum GroupScore {
     /// Highest score in the group (DeepSeek-V2 `group_limited_greedy`).
     Max,
@@ -297,7 +297,7 @@ pub enum GroupScore {
 }
 
 /// Shared experts that every token goes through.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, Deserialize)]
 pub struct SharedExpertConfig {
     /// Intermediate size of the shared MLP.
     pub intermediate: usize,
@@ -306,7 +306,7 @@ pub struct SharedExpertConfig {
 }
 
 /// A mixture-of-experts feed-forward block.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, Deserialize)]
 pub struct MoeConfig {
     /// Router.
     pub router: RouterConfig,
@@ -317,7 +317,7 @@ pub struct MoeConfig {
 }
 
 /// The feed-forward block of one layer.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, Deserialize)]
 pub enum FfnConfig {
     /// Dense SwiGLU MLP with this intermediate size.
     Dense(usize),
@@ -326,7 +326,7 @@ pub enum FfnConfig {
 }
 
 /// Everything the forward pass needs to know about a model, normalised across architectures.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, Deserialize)]
 pub struct ModelConfig {
     /// Architecture.
     pub arch: Arch,

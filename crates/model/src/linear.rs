@@ -4,13 +4,26 @@
 //! weight formats and an optional bias. [`Precision`] picks the format at load time:
 //! `F32` converts everything to f32 (the reference path); `Fast` keeps BF16 checkpoints
 //! mapped as they are and converts other float types to BF16 once.
+//!
+//! Converted models: a [`Loader`] made with [`Loader::recording`] keeps everything it hands
+//! to the model (f32 vectors, linear layers as built, packed expert sets) under the name it
+//! was asked for, and [`Recording::write`] stores that in a `.strata` file. A loader over
+//! such a file ([`Source::Strata`]) answers the same requests from the file: packed
+//! matrices and BF16 weights are mapped in place, so loading is a mapping, not a
+//! conversion, and the model code is the same for every source.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashSet;
 
 use half::bf16;
+use serde_json::{Value, json};
 use strata_formats::TensorView;
-use strata_kernels::{PackedFormat, PackedMatrix};
+use strata_formats::strata_file::{StrataFile, StrataWriter, parse_packed_format};
+use strata_kernels::{Expert, MoeExperts, PackedFormat, PackedMatrix};
 
-use crate::Result;
+use crate::moe::{ExpertSet, Mlp};
 use crate::source::{Source, Tensor};
+use crate::{Error, Result};
 
 /// Numeric mode of the weights.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -76,13 +89,17 @@ impl Linear {
 
     /// This layer with its weights packed in `fmt` for the CPU kernels.
     pub fn packed(self, fmt: PackedFormat) -> Result<Linear> {
-        let packed = match self.bf16_slice() {
-            Some(w) => PackedMatrix::pack(w, self.n_out, self.k_in, fmt)?,
-            None => PackedMatrix::pack(&self.weight_f32(), self.n_out, self.k_in, fmt)?,
-        };
+        let packed = self.pack_matrix(fmt)?;
         Ok(Linear {
             weight: Weight::Packed(packed),
             ..self
+        })
+    }
+
+    fn pack_matrix(&self, fmt: PackedFormat) -> Result<PackedMatrix> {
+        Ok(match self.bf16_slice() {
+            Some(w) => PackedMatrix::pack(w, self.n_out, self.k_in, fmt)?,
+            None => PackedMatrix::pack(&self.weight_f32(), self.n_out, self.k_in, fmt)?,
         })
     }
 
@@ -180,12 +197,101 @@ impl From<Precision> for LoadOptions {
     }
 }
 
+impl LoadOptions {
+    /// The options as stored in a converted model's metadata.
+    pub fn to_json(&self) -> Value {
+        let precision = match self.precision {
+            Precision::F32 => "f32",
+            Precision::Fast => "fast",
+        };
+        json!({"precision": precision, "experts": self.experts.name()})
+    }
+
+    /// The options a converted model was built with (its metadata's `options`).
+    pub fn stored(f: &StrataFile) -> Result<LoadOptions> {
+        let o = &f.metadata()["options"];
+        let bad = |what: &str| {
+            Error::Format(strata_formats::Error::Malformed {
+                path: f.path().to_owned(),
+                message: format!("metadata.options.{what} is missing or invalid, got {o}"),
+            })
+        };
+        let precision = match o["precision"].as_str() {
+            Some("fast") => Precision::Fast,
+            Some("f32") => Precision::F32,
+            _ => return Err(bad("precision")),
+        };
+        let experts = o["experts"]
+            .as_str()
+            .and_then(parse_packed_format)
+            .ok_or_else(|| bad("experts"))?;
+        Ok(LoadOptions { precision, experts })
+    }
+}
+
+/// One thing a recording [`Loader`] handed to the model.
+#[derive(Debug, Clone)]
+enum Built {
+    /// f32 values of a shape (norms, biases, routers).
+    F32(Vec<usize>, Vec<f32>),
+    /// A layer's weights as built (f32, BF16 or packed); its bias is recorded as `F32`.
+    Linear(Linear),
+    /// A packed matrix (one part of a packed expert).
+    Packed(PackedMatrix),
+}
+
+/// What a recording [`Loader`] built, by name: the contents of a converted model.
+#[derive(Debug, Default)]
+pub struct Recording {
+    entries: Vec<(String, Built)>,
+}
+
+impl Recording {
+    /// Stores every entry in `w` (a name recorded twice is stored once: the same request
+    /// gives the same answer).
+    pub fn write(&self, w: &mut StrataWriter) -> Result<()> {
+        let mut seen = HashSet::new();
+        for (name, built) in &self.entries {
+            if !seen.insert(name.as_str()) {
+                continue;
+            }
+            match built {
+                Built::F32(shape, v) => w.add_f32(name, shape, v)?,
+                Built::Packed(p) => w.add_packed(name, p)?,
+                Built::Linear(l) => {
+                    let shape = [l.n_out, l.k_in];
+                    match &l.weight {
+                        Weight::F32(v) => w.add_f32(name, &shape, v)?,
+                        Weight::Packed(p) => w.add_packed(name, p)?,
+                        _ => w.add_bf16(name, &shape, l.bf16_slice().expect("bf16 weights"))?,
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Number of entries recorded.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether nothing was recorded.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
 /// Builds layers from a model's tensors by Hugging Face name, checking shapes.
 pub struct Loader<'a> {
     src: &'a Source,
     precision: Precision,
     experts: PackedFormat,
     fp8_block: Option<[usize; 2]>,
+    /// Everything handed out, when converting.
+    record: Option<RefCell<Recording>>,
+    /// Nonzero while building something recorded as a whole (an expert set's layers).
+    quiet: Cell<u32>,
 }
 
 impl<'a> Loader<'a> {
@@ -196,7 +302,53 @@ impl<'a> Loader<'a> {
             precision: opts.precision,
             experts: opts.experts,
             fp8_block: None,
+            record: None,
+            quiet: Cell::new(0),
         }
+    }
+
+    /// This loader, keeping what it builds for [`Loader::into_recording`].
+    pub fn recording(mut self) -> Self {
+        self.record = Some(RefCell::new(Recording::default()));
+        self
+    }
+
+    /// What this loader built (empty unless made with [`Loader::recording`]).
+    pub fn into_recording(self) -> Recording {
+        self.record.map(RefCell::into_inner).unwrap_or_default()
+    }
+
+    fn keep(&self, name: String, built: Built) {
+        if let Some(r) = &self.record
+            && self.quiet.get() == 0
+        {
+            r.borrow_mut().entries.push((name, built));
+        }
+    }
+
+    fn quietly<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        self.quiet.set(self.quiet.get() + 1);
+        let out = f();
+        self.quiet.set(self.quiet.get() - 1);
+        out
+    }
+
+    fn converted(&self) -> bool {
+        matches!(self.src, Source::Strata(_))
+    }
+
+    /// The packed matrix a converted model stores as `name`, checked to be `[n, k]`.
+    fn stored_packed(&self, name: &str, n: usize, k: usize) -> Result<PackedMatrix> {
+        let t = self.tensor(name)?;
+        t.expect_shape(&[n, k])?;
+        let bad = || {
+            Error::Format(strata_formats::Error::BadTensor {
+                path: self.src.path().to_owned(),
+                name: name.to_owned(),
+                message: "expected a packed matrix, stored as plain values".into(),
+            })
+        };
+        t.stored_packed().ok_or_else(bad)?
     }
 
     /// Reads FP8 weights with `weight_scale_inv` blocks of this size.
@@ -244,11 +396,25 @@ impl<'a> Loader<'a> {
     pub fn f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
         let t = self.tensor(name)?;
         t.expect_shape(shape)?;
-        t.to_f32()
+        let v = t.to_f32()?;
+        self.keep(name.to_owned(), Built::F32(shape.to_vec(), v.clone()));
+        Ok(v)
     }
 
     /// `{prefix}.weight` `[n_out, k_in]` and, if `bias`, `{prefix}.bias` `[n_out]`.
     pub fn linear(&self, prefix: &str, n_out: usize, k_in: usize, bias: bool) -> Result<Linear> {
+        let l = self.linear_unrecorded(prefix, n_out, k_in, bias)?;
+        self.keep(format!("{prefix}.weight"), Built::Linear(l.clone()));
+        Ok(l)
+    }
+
+    fn linear_unrecorded(
+        &self,
+        prefix: &str,
+        n_out: usize,
+        k_in: usize,
+        bias: bool,
+    ) -> Result<Linear> {
         let t = self.tensor(&format!("{prefix}.weight"))?;
         t.expect_shape(&[n_out, k_in])?;
         let bias = if bias {
@@ -268,11 +434,125 @@ impl<'a> Loader<'a> {
         k_in: usize,
         bias: bool,
     ) -> Result<Linear> {
-        let l = self.linear(prefix, n_out, k_in, bias)?;
-        match self.dense_format(&format!("{prefix}.weight")) {
-            Some(fmt) => l.packed(fmt),
-            None => Ok(l),
+        let name = format!("{prefix}.weight");
+        let stored = match self.tensor(&name)?.stored_packed() {
+            Some(_) => Some(self.stored_packed(&name, n_out, k_in)?),
+            None => None,
+        };
+        let l = match stored {
+            Some(p) => Linear {
+                n_out,
+                k_in,
+                weight: Weight::Packed(p),
+                bias: if bias {
+                    Some(self.f32(&format!("{prefix}.bias"), &[n_out])?)
+                } else {
+                    None
+                },
+            },
+            None => {
+                let l = self.linear_unrecorded(prefix, n_out, k_in, bias)?;
+                match self.dense_format(&name) {
+                    Some(fmt) => l.packed(fmt)?,
+                    None => l,
+                }
+            }
+        };
+        self.keep(name, Built::Linear(l.clone()));
+        Ok(l)
+    }
+
+    /// `l` (weights `{prefix}.weight`) packed in `fmt` as a separate copy: the tied LM head,
+    /// which needs the kernels' layout while the embedding keeps rows. A converted model
+    /// maps the copy it stored as `{prefix}.weight.packed`.
+    pub fn packed_copy(&self, prefix: &str, l: &Linear, fmt: PackedFormat) -> Result<Linear> {
+        let name = format!("{prefix}.weight.packed");
+        let p = if self.converted() {
+            self.stored_packed(&name, l.n_out, l.k_in)?
+        } else {
+            l.pack_matrix(fmt)?
+        };
+        self.keep(name, Built::Packed(p.clone()));
+        Ok(Linear {
+            n_out: l.n_out,
+            k_in: l.k_in,
+            weight: Weight::Packed(p),
+            bias: l.bias.clone(),
+        })
+    }
+
+    /// SwiGLU MLPs of one shape stored under `prefix` (routed experts, a shared expert, a
+    /// dense MLP): `load` builds them from the checkpoint and they are packed in `fmt`
+    /// (`None`: kept as they are). A converted model maps `{prefix}.{e}.gate_up` and
+    /// `.down` (packed) or reads `.gate`, `.up`, `.down` (plain) instead of calling `load`.
+    pub fn expert_set(
+        &self,
+        prefix: &str,
+        n: usize,
+        hidden: usize,
+        inter: usize,
+        fmt: Option<PackedFormat>,
+        load: impl FnOnce() -> Result<Vec<Mlp>>,
+    ) -> Result<ExpertSet> {
+        let set = if self.converted() {
+            self.quietly(|| self.stored_expert_set(prefix, n, hidden, inter))?
+        } else {
+            let mlps = self.quietly(load)?;
+            ExpertSet::new(mlps, hidden, inter, fmt)?
+        };
+        match &set {
+            ExpertSet::Packed(p) => {
+                for (e, x) in p.experts().iter().enumerate() {
+                    let (gu, down) = x.parts();
+                    self.keep(format!("{prefix}.{e}.gate_up"), Built::Packed(gu.clone()));
+                    self.keep(format!("{prefix}.{e}.down"), Built::Packed(down.clone()));
+                }
+            }
+            ExpertSet::Plain(mlps) => {
+                for (e, m) in mlps.iter().enumerate() {
+                    for (part, l) in [("gate", &m.gate), ("up", &m.up), ("down", &m.down)] {
+                        self.keep(format!("{prefix}.{e}.{part}"), Built::Linear(l.clone()));
+                    }
+                }
+            }
         }
+        Ok(set)
+    }
+
+    fn stored_expert_set(
+        &self,
+        prefix: &str,
+        n: usize,
+        hidden: usize,
+        inter: usize,
+    ) -> Result<ExpertSet> {
+        if self.has(&format!("{prefix}.0.gate_up")) {
+            let i_pad = inter.div_ceil(16) * 16;
+            let experts = (0..n)
+                .map(|e| {
+                    let gu =
+                        self.stored_packed(&format!("{prefix}.{e}.gate_up"), 2 * i_pad, hidden)?;
+                    let down = self.stored_packed(&format!("{prefix}.{e}.down"), hidden, inter)?;
+                    Ok(Expert::from_parts(gu, down)?)
+                })
+                .collect::<Result<Vec<_>>>()?;
+            return Ok(ExpertSet::Packed(MoeExperts::new(hidden, inter, experts)?));
+        }
+        let plain = |name: String, n_out: usize, k_in: usize| {
+            let t = self.tensor(&name)?;
+            t.expect_shape(&[n_out, k_in])?;
+            self.linear_from(&t, 0, n_out, k_in, None, false)
+        };
+        let mlps = (0..n)
+            .map(|e| {
+                Ok(Mlp {
+                    gate: plain(format!("{prefix}.{e}.gate"), inter, hidden)?,
+                    up: plain(format!("{prefix}.{e}.up"), inter, hidden)?,
+                    down: plain(format!("{prefix}.{e}.down"), hidden, inter)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(ExpertSet::Plain(mlps))
     }
 
     /// An expert's projection `{prefix}.weight` `[n_out, k_in]`, in the expert format.
@@ -324,4 +604,34 @@ impl<'a> Loader<'a> {
         let w = self.f32(&format!("{prefix}.weight"), &[n_out, k_in])?;
         Ok(Linear::from_f32(w, n_out, k_in, None))
     }
+}
+
+/// Writes a converted model: `recording` (from a [`Loader::recording`] that built a model
+/// from `config` with `opts`), `blobs` (tokenizer files) and `metadata` (merged with the
+/// options), atomically at `path`.
+pub fn write_converted(
+    path: &std::path::Path,
+    config: &crate::config::ModelConfig,
+    opts: LoadOptions,
+    recording: &Recording,
+    blobs: &[(&str, &[u8])],
+    mut metadata: Value,
+) -> Result<()> {
+    let config = serde_json::to_value(config).map_err(|e| {
+        Error::Format(strata_formats::Error::Malformed {
+            path: path.to_owned(),
+            message: format!("cannot serialise the model config: {e}"),
+        })
+    })?;
+    if !metadata.is_object() {
+        metadata = json!({});
+    }
+    metadata["options"] = opts.to_json();
+    let mut w = StrataWriter::create(path)?;
+    recording.write(&mut w)?;
+    for (name, bytes) in blobs {
+        w.add_blob(name, bytes)?;
+    }
+    w.finish(config, metadata)?;
+    Ok(())
 }

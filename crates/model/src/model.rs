@@ -5,16 +5,20 @@ use std::path::Path;
 
 use strata_formats::gguf::GgufFile;
 use strata_formats::safetensors::Checkpoint;
+use strata_formats::strata_file::StrataFile;
 
 use crate::attention::{Attention, SeqSpan};
 use crate::cache::KvCache;
 use crate::config::{Arch, AttentionConfig, FfnConfig, ModelConfig, RopeScaling, yarn_mscale};
-use crate::linear::{Linear, LoadOptions, Loader, Precision};
+use crate::linear::{Linear, LoadOptions, Loader, Precision, Recording};
 use crate::moe::{Ffn, MoeBlock, Routing};
 use crate::ops::{add_assign, rms_norm};
 use crate::rope::Rope;
 use crate::source::Source;
 use crate::{Error, Result};
+
+/// The file name of a converted model inside its directory.
+pub const STRATA_FILE: &str = "model.strata";
 
 /// One decoder layer.
 #[derive(Debug)]
@@ -106,18 +110,41 @@ impl Model {
     }
 
     /// Builds a model from a parsed config and its tensors.
+    /// A converted model ([`Source::Strata`]) runs with the options it was converted with;
+    /// `opts` is ignored for it.
     pub fn from_source(config: ModelConfig, src: &Source, opts: LoadOptions) -> Result<Model> {
-        let precision = opts.precision;
+        let opts = match src {
+            Source::Strata(f) => LoadOptions::stored(f)?,
+            _ => opts,
+        };
         let ld = Loader::new(src, opts).with_fp8_block(config.fp8_block);
+        Model::build(config, &ld, opts.precision)
+    }
+
+    /// Builds a model from `src` as [`Model::from_source`] does, recording what the loader
+    /// built for [`crate::linear::write_converted`] (`strata convert`).
+    pub fn convert(
+        config: ModelConfig,
+        src: &Source,
+        opts: LoadOptions,
+    ) -> Result<(Model, Recording)> {
+        let ld = Loader::new(src, opts)
+            .with_fp8_block(config.fp8_block)
+            .recording();
+        let model = Model::build(config, &ld, opts.precision)?;
+        Ok((model, ld.into_recording()))
+    }
+
+    fn build(config: ModelConfig, ld: &Loader, precision: Precision) -> Result<Model> {
         let h = config.hidden_size;
         let v = config.vocab_size;
         let embed = ld.linear("model.embed_tokens", v, h, false)?;
         let mut layers = Vec::with_capacity(config.n_layers());
         for (i, ffn_cfg) in config.layers.iter().enumerate() {
             let p = format!("model.layers.{i}");
-            let attn = Attention::load(&ld, &format!("{p}.self_attn"), &config.attention, h)?;
+            let attn = Attention::load(ld, &format!("{p}.self_attn"), &config.attention, h)?;
             let ffn = match ffn_cfg {
-                FfnConfig::Dense(inter) => Ffn::load_dense(&ld, &format!("{p}.mlp"), h, *inter)?,
+                FfnConfig::Dense(inter) => Ffn::load_dense(ld, &format!("{p}.mlp"), h, *inter)?,
                 FfnConfig::Moe(moe) => {
                     let prefix = if config.arch == Arch::Mixtral
                         && ld.has(&format!("{p}.block_sparse_moe.gate.weight"))
@@ -126,7 +153,7 @@ impl Model {
                     } else {
                         format!("{p}.mlp")
                     };
-                    Ffn::Moe(MoeBlock::load(&ld, &prefix, moe, h)?)
+                    Ffn::Moe(MoeBlock::load(ld, &prefix, moe, h)?)
                 }
             };
             layers.push(Layer {
@@ -141,7 +168,7 @@ impl Model {
         let lm_head = if tied {
             match ld.dense_format("model.embed_tokens.weight") {
                 // The kernels need their own layout: pack a copy of the embedding.
-                Some(fmt) => Some(embed.clone().packed(fmt)?),
+                Some(fmt) => Some(ld.packed_copy("model.embed_tokens", &embed, fmt)?),
                 None => None,
             }
         } else {
@@ -294,8 +321,23 @@ impl Model {
     }
 }
 
-/// Opens a model's config and tensors: a `.gguf` file, or a Hugging Face directory.
+/// Opens a model's config and tensors: a `.gguf` file, a converted `.strata` file (or a
+/// directory holding `model.strata`), or a Hugging Face directory.
 pub fn open(path: &Path) -> Result<(ModelConfig, Source)> {
+    let strata = if path.is_dir() {
+        path.join(STRATA_FILE)
+    } else {
+        path.to_owned()
+    };
+    let named = strata.extension().is_some_and(|e| e == "strata");
+    if strata.is_file() && (named || StrataFile::sniff(&strata)) {
+        let f = StrataFile::open(&strata)?;
+        let config = serde_json::from_value(f.config().clone()).map_err(|e| Error::Config {
+            path: strata.clone(),
+            message: format!("invalid stored model config: {e}"),
+        })?;
+        return Ok((config, Source::Strata(f)));
+    }
     if path.is_file()
         && path
             .extension()

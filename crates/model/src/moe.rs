@@ -407,40 +407,51 @@ impl MoeBlock {
             None
         };
         let stacked = format!("{mlp}.experts.gate_up_proj");
-        let experts = if ld.has(&stacked) {
-            let gu = ld.tensor(&stacked)?;
-            gu.expect_shape(&[n, 2 * inter, hidden])?;
-            let down = ld.tensor(&format!("{mlp}.experts.down_proj"))?;
-            down.expect_shape(&[n, hidden, inter])?;
-            (0..n)
-                .map(|e| {
-                    Ok(Mlp {
-                        gate: ld.linear_from(&gu, e * 2 * inter, inter, hidden, None, true)?,
-                        up: ld.linear_from(
-                            &gu,
-                            e * 2 * inter + inter,
-                            inter,
-                            hidden,
-                            None,
-                            true,
-                        )?,
-                        down: ld.linear_from(&down, e * hidden, hidden, inter, None, true)?,
+        let load = || -> Result<Vec<Mlp>> {
+            Ok(if ld.has(&stacked) {
+                let gu = ld.tensor(&stacked)?;
+                gu.expect_shape(&[n, 2 * inter, hidden])?;
+                let down = ld.tensor(&format!("{mlp}.experts.down_proj"))?;
+                down.expect_shape(&[n, hidden, inter])?;
+                (0..n)
+                    .map(|e| {
+                        Ok(Mlp {
+                            gate: ld.linear_from(&gu, e * 2 * inter, inter, hidden, None, true)?,
+                            up: ld.linear_from(
+                                &gu,
+                                e * 2 * inter + inter,
+                                inter,
+                                hidden,
+                                None,
+                                true,
+                            )?,
+                            down: ld.linear_from(&down, e * hidden, hidden, inter, None, true)?,
+                        })
                     })
-                })
-                .collect::<Result<Vec<_>>>()?
-        } else {
-            // Mixtral checkpoints name the projections w1 (gate), w3 (up), w2 (down).
-            let names = if ld.has(&format!("{mlp}.experts.0.w1.weight")) {
-                ["w1", "w3", "w2"]
+                    .collect::<Result<Vec<_>>>()?
             } else {
-                ["gate_proj", "up_proj", "down_proj"]
-            };
-            (0..n)
-                .map(|e| Mlp::load_expert(ld, &format!("{mlp}.experts.{e}"), names, hidden, inter))
-                .collect::<Result<Vec<_>>>()?
+                // Mixtral checkpoints name the projections w1 (gate), w3 (up), w2 (down).
+                let names = if ld.has(&format!("{mlp}.experts.0.w1.weight")) {
+                    ["w1", "w3", "w2"]
+                } else {
+                    ["gate_proj", "up_proj", "down_proj"]
+                };
+                (0..n)
+                    .map(|e| {
+                        Mlp::load_expert(ld, &format!("{mlp}.experts.{e}"), names, hidden, inter)
+                    })
+                    .collect::<Result<Vec<_>>>()?
+            })
         };
-        let expert_params = experts.first().map_or(0, Mlp::params);
-        let experts = ExpertSet::new(experts, hidden, inter, ld.expert_format())?;
+        let expert_params = 3 * hidden * inter;
+        let experts = ld.expert_set(
+            &format!("{mlp}.experts"),
+            n,
+            hidden,
+            inter,
+            ld.expert_format(),
+            load,
+        )?;
         let (shared, shared_gate) = match &cfg.shared {
             None => (None, None),
             Some(s) => {
@@ -449,9 +460,10 @@ impl MoeBlock {
                 } else {
                     "shared_experts"
                 };
-                let m = Mlp::load(ld, &format!("{mlp}.{name}"), hidden, s.intermediate)?;
                 let fmt = ld.dense_format(&format!("{mlp}.{name}.gate_proj.weight"));
-                let set = ExpertSet::new(vec![m], hidden, s.intermediate, fmt)?;
+                let prefix = format!("{mlp}.{name}");
+                let load = || Ok(vec![Mlp::load(ld, &prefix, hidden, s.intermediate)?]);
+                let set = ld.expert_set(&prefix, 1, hidden, s.intermediate, fmt, load)?;
                 let gate = if s.gated {
                     Some(ld.linear_f32(&format!("{mlp}.shared_expert_gate"), 1, hidden)?)
                 } else {
@@ -572,9 +584,11 @@ impl Ffn {
 
     /// Loads a dense MLP `{prefix}.{gate,up,down}_proj`.
     pub fn load_dense(ld: &Loader, prefix: &str, hidden: usize, inter: usize) -> Result<Ffn> {
-        let m = Mlp::load(ld, prefix, hidden, inter)?;
         let fmt = ld.dense_format(&format!("{prefix}.gate_proj.weight"));
-        Ok(Ffn::Dense(ExpertSet::new(vec![m], hidden, inter, fmt)?))
+        let load = || Ok(vec![Mlp::load(ld, prefix, hidden, inter)?]);
+        Ok(Ffn::Dense(
+            ld.expert_set(prefix, 1, hidden, inter, fmt, load)?,
+        ))
     }
 }
 

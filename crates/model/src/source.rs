@@ -6,13 +6,16 @@
 //! format: the GGUF side translates names (`blk.3.ffn_gate_exps.weight`, expert 5) and
 //! shapes, so one set of layer constructors serves both formats. A tensor that a GGUF stores
 //! in another form (DeepSeek's `kv_b_proj`, split by llama.cpp's converter) is rebuilt once
-//! at load.
+//! at load. A converted `.strata` file ([`Source::Strata`]) stores what the loader built
+//! from another source under the names it asked for, with packed matrices mapped in place
+//! (see [`crate::linear::Loader`]).
 
 use std::path::Path;
 use std::sync::Arc;
 
 use strata_formats::gguf::{GgmlType, GgufFile, TensorInfo, dequantize_row};
 use strata_formats::safetensors::Checkpoint;
+use strata_formats::strata_file::{StoredKind, StoredTensor, StrataFile};
 use strata_formats::{DType, TensorView};
 
 use crate::{Error, Result};
@@ -24,6 +27,8 @@ pub enum Source {
     Safetensors(Checkpoint),
     /// A GGUF file (names translated with [`crate::gguf::hf_to_gguf`]).
     Gguf(GgufFile),
+    /// A converted model (`strata convert`): weights as the loader built them.
+    Strata(StrataFile),
 }
 
 /// One tensor as the model sees it: possibly one expert's slice of a stacked GGUF tensor.
@@ -42,6 +47,8 @@ pub struct Tensor<'a> {
 enum Kind<'a> {
     St(&'a TensorView),
     Gguf(&'a GgufFile, &'a TensorInfo),
+    /// A packed matrix of a converted model (used by the loader in place, never as values).
+    Packed(&'a StrataFile, &'a StoredTensor),
     /// Values computed at load from other GGUF tensors (DeepSeek's `kv_b_proj` rebuilt from
     /// llama.cpp's `attn_k_b`/`attn_v_b`), with the type those are stored in: the fast path
     /// keeps f32 only for f32 files, as for stored tensors.
@@ -54,6 +61,7 @@ impl Source {
         match self {
             Source::Safetensors(c) => c.root(),
             Source::Gguf(g) => g.path(),
+            Source::Strata(f) => f.path(),
         }
     }
 
@@ -129,6 +137,25 @@ impl Source {
                     fp8_scale: None,
                 })
             }
+            Source::Strata(f) => {
+                let t = f.get(name).ok_or_else(|| {
+                    Error::Format(strata_formats::Error::MissingTensor {
+                        path: f.path().to_owned(),
+                        name: name.to_owned(),
+                    })
+                })?;
+                let kind = match t.view() {
+                    Some(v) => Kind::St(v),
+                    None => Kind::Packed(f, t),
+                };
+                Ok(Tensor {
+                    kind,
+                    name: name.to_owned(),
+                    shape: t.shape.clone(),
+                    row_offset: 0,
+                    fp8_scale: None,
+                })
+            }
         }
     }
 
@@ -144,12 +171,25 @@ impl Source {
                 .iter()
                 .map(|t| (t.ggml_type.name().to_string(), t.n_bytes as usize))
                 .collect(),
+            Source::Strata(f) => f
+                .tensors()
+                .iter()
+                .map(|t| (stored_kind_name(t.kind), f.stored_bytes(t)))
+                .collect(),
         }
     }
 
     /// Whether a tensor exists.
     pub fn has(&self, name: &str) -> bool {
         self.tensor(name).is_ok()
+    }
+}
+
+fn stored_kind_name(kind: StoredKind) -> String {
+    match kind {
+        StoredKind::F32 => "F32".into(),
+        StoredKind::Bf16 => "BF16".into(),
+        StoredKind::Packed(fmt) => format!("packed {}", fmt.name()),
     }
 }
 
@@ -200,6 +240,7 @@ impl Tensor<'_> {
         let path = match &self.kind {
             Kind::St(v) => v.file().path().to_owned(),
             Kind::Gguf(g, _) | Kind::Built(g, ..) => g.path().to_owned(),
+            Kind::Packed(f, _) => f.path().to_owned(),
         };
         Error::Format(strata_formats::Error::BadTensor {
             path,
@@ -258,6 +299,9 @@ impl Tensor<'_> {
             Kind::Built(_, values, _) => {
                 Ok(values[(self.row_offset + row0) * k..][..n_rows * k].to_vec())
             }
+            Kind::Packed(..) => Err(self.bad(
+                "stored packed for the kernels; the model asked for its values (the file does not match this model code: re-run `strata convert`)".into(),
+            )),
         }
     }
 
@@ -284,6 +328,7 @@ impl Tensor<'_> {
             Kind::St(v) => v.dtype() == DType::F32,
             Kind::Gguf(_, info) => info.ggml_type == GgmlType::F32,
             Kind::Built(_, _, ty) => *ty == GgmlType::F32,
+            Kind::Packed(..) => false,
         }
     }
 
@@ -293,6 +338,15 @@ impl Tensor<'_> {
             Kind::St(v) => v.dtype().to_string(),
             Kind::Gguf(_, info) => info.ggml_type.name().to_string(),
             Kind::Built(_, _, ty) => ty.name().to_string(),
+            Kind::Packed(_, t) => stored_kind_name(t.kind),
+        }
+    }
+
+    /// The packed matrix a converted model stores under this name, mapped in place.
+    pub fn stored_packed(&self) -> Option<Result<strata_kernels::PackedMatrix>> {
+        match &self.kind {
+            Kind::Packed(f, t) => Some(f.packed(t).map_err(Error::Format)),
+            _ => None,
         }
     }
 }

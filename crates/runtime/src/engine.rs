@@ -10,6 +10,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use strata_formats::gguf::GgufFile;
+use strata_formats::strata_file::StrataFile;
 use strata_model::source::Source;
 use strata_model::{KvCache, LoadOptions, LogitsWanted, Model, SeqInput};
 
@@ -49,7 +50,35 @@ fn source_tokenizer(path: &Path, src: &Source) -> Result<Tokenizer> {
     match src {
         Source::Gguf(g) => gguf_tokenizer(g),
         Source::Safetensors(_) => Ok(Tokenizer::from_dir(path)?),
+        Source::Strata(f) => strata_tokenizer(f),
     }
+}
+
+/// The tokenizer a converted model carries: its `tokenizer.json` blob and the special
+/// tokens and chat template in its metadata (written by `strata convert`).
+fn strata_tokenizer(f: &StrataFile) -> Result<Tokenizer> {
+    let bytes = f
+        .blob("tokenizer.json")
+        .ok_or_else(|| TextError::MissingFile {
+            path: f.path().to_owned(),
+            what: "a tokenizer.json inside the converted model (its source had none)",
+        })?;
+    let m = &f.metadata()["tokenizer"];
+    let id = |v: &serde_json::Value| v.as_u64().and_then(|v| u32::try_from(v).ok());
+    let meta = TokenizerMeta {
+        bos_id: id(&m["bos_id"]),
+        eos_ids: m["eos_ids"]
+            .as_array()
+            .map(|a| a.iter().filter_map(id).collect())
+            .unwrap_or_default(),
+        add_bos: m["add_bos"].as_bool().unwrap_or(false),
+        chat_template: m["chat_template"].as_str().map(str::to_owned),
+    };
+    Ok(Tokenizer::from_json_bytes(
+        bytes,
+        meta,
+        f.path().display().to_string(),
+    )?)
 }
 
 /// The tokenizer and chat template stored in a GGUF file's metadata.
