@@ -59,7 +59,11 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     if args.model.device == Device::Gpu {
         return run_gpu(&args, &dir);
     }
-    let engine = Engine::load(&dir, args.model.load_options())?;
+    let mut engine = Engine::load(&dir, args.model.load_options())?;
+    let hybrid = match args.model.device {
+        Device::Hybrid => Some(args.model.hybrid(&dir, &mut engine.model)?),
+        _ => None,
+    };
     let prompt = match &args.prompt {
         Some(p) => engine.text_prompt(p)?,
         None => engine.chat_prompt(&messages(&args))?,
@@ -99,6 +103,9 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         outputs[0].tokens.len(),
         stats.decode_tps(),
     );
+    if let Some(exec) = hybrid {
+        eprintln!("[hybrid, policy {}: {}]", exec.policy_name(), exec.stats());
+    }
     Ok(())
 }
 

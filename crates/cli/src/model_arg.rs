@@ -16,7 +16,9 @@ pub const DEFAULT_MODEL: &str =
 #[derive(Debug, Args)]
 pub struct ModelArgs {
     /// Model: a Hugging Face model directory (config.json, *.safetensors, tokenizer.json),
-    /// a .gguf file, or a hub id (`org/name`, cached under HF_HOME).
+    /// a .gguf file, a converted .strata file or directory (`strata convert`; it keeps the
+    /// `--dtype` and `--weights` it was converted with), or a hub id (`org/name`, cached
+    /// under HF_HOME).
     /// Defaults to the strata-tiny-moe model shipped in the repository.
     #[arg(long, short = 'm', value_name = "PATH")]
     pub model: Option<PathBuf>,
@@ -28,13 +30,43 @@ pub struct ModelArgs {
     /// row), or `int4` (one scale per 32 values).
     #[arg(long, value_enum, default_value_t = Weights::Bf16)]
     pub weights: Weights,
-    /// Where the model runs: `cpu`, or `gpu` (the whole model on the first accelerator,
-    /// weights in the checkpoint's own precision; `--dtype` and `--weights` do not apply).
+    /// Where the model runs: `cpu`, `gpu` (the whole model on the first accelerator,
+    /// weights in the checkpoint's own precision; `--dtype` and `--weights` do not apply),
+    /// or `hybrid` (routed experts placed by `--policy` on the CPU and the accelerator).
     #[arg(long, value_enum, default_value_t = Device::Cpu)]
     pub device: Device,
     /// Accelerator memory the model may use (`8G`, `512M`, bytes); default: no limit.
+    /// With `--device hybrid`: the expert cache and staging slots (default 64MiB).
     #[arg(long, value_name = "BYTES")]
     pub vram_budget: Option<String>,
+    /// With `--device hybrid`: the placement policy that decides where each expert runs
+    /// and which weights move.
+    #[arg(long, value_enum, default_value_t = PolicyArg::GpuLru)]
+    pub policy: PolicyArg,
+    /// With `--policy ktransformers`: experts deferred to the next layer per token in
+    /// decode (expert deferral; 0 = off).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub defer: usize,
+    /// With `--device hybrid`: the hardware preset or JSON file whose CPU and GPU speeds
+    /// price the policies' choices (`strata simulate` presets); its GPU memory is replaced
+    /// by `--vram-budget`.
+    #[arg(long, value_name = "NAME|FILE", default_value = "local")]
+    pub hardware: String,
+}
+
+/// Values of `--policy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PolicyArg {
+    /// Every routed expert on the GPU, loaded on demand into a per-layer LRU cache.
+    GpuLru,
+    /// Experts pinned on the GPU (in layer order: no profile yet), the rest where cheaper.
+    Fiddler,
+    /// Routed experts on the CPU; `--defer N` for expert deferral.
+    Ktransformers,
+    /// Score cache and earliest-finish CPU/GPU split.
+    Hybrimoe,
+    /// On-demand loading of heavy experts in prefill, LFU cache in decode.
+    Smoe,
 }
 
 /// Values of `--device`.
@@ -44,6 +76,8 @@ pub enum Device {
     Cpu,
     /// The first accelerator (`strata devices` lists them).
     Gpu,
+    /// The CPU, with routed experts placed by a policy on the CPU and the accelerator.
+    Hybrid,
 }
 
 /// Values of `--weights`.
@@ -81,19 +115,17 @@ impl ModelArgs {
             }
             bail!("{}: no such model directory or file", dir.display());
         }
-        if dir.is_dir() && !dir.join("config.json").exists() {
+        let converted = dir.join(strata_model::model::STRATA_FILE).is_file();
+        if dir.is_dir() && !converted && !dir.join("config.json").exists() {
             bail!(
-                "{}: not a Hugging Face model directory (no config.json)",
+                "{}: not a Hugging Face model directory (no config.json) nor a converted one (no model.strata)",
                 dir.display()
             );
         }
-        if dir.is_file()
-            && !dir
-                .extension()
-                .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
-        {
+        let ext = |x: &str| dir.extension().is_some_and(|e| e.eq_ignore_ascii_case(x));
+        if dir.is_file() && !ext("gguf") && !ext("strata") {
             bail!(
-                "{}: expected a model directory or a .gguf file",
+                "{}: expected a model directory, a .gguf or a .strata file",
                 dir.display()
             );
         }
@@ -113,6 +145,51 @@ impl ModelArgs {
             ..Default::default()
         })?;
         Ok(strata_accel::GpuModel::load(dev, dir)?)
+    }
+
+    /// Hands `model`'s routed experts to a hybrid executor on the first accelerator
+    /// (`--device hybrid`), returning it for its statistics.
+    pub fn hybrid(
+        &self,
+        dir: &std::path::Path,
+        model: &mut strata_model::Model,
+    ) -> anyhow::Result<std::sync::Arc<strata_exec::HybridExecutor>> {
+        use strata_exec::{ExecOptions, HostExperts, HybridExecutor, PolicyKind, PolicyOptions};
+        let budget = strata_accel::parse_bytes(self.vram_budget.as_deref().unwrap_or("64MiB"))?;
+        let host = HostExperts::open(dir)?;
+        let hw = strata_policy::Hardware::load(&self.hardware)?;
+        let shape = strata_exec::model_shape(&model.config)?;
+        let bits = 8.0 * host.wtype().elem_bytes() as f64;
+        let cost =
+            strata_exec::cost_model(hw, shape, bits, HybridExecutor::cache_bytes(&host, budget))?;
+        let kind = match self.policy {
+            PolicyArg::GpuLru => PolicyKind::GpuLru,
+            PolicyArg::Fiddler => PolicyKind::Fiddler,
+            PolicyArg::Ktransformers => PolicyKind::KTransformers,
+            PolicyArg::Hybrimoe => PolicyKind::HybriMoE,
+            PolicyArg::Smoe => PolicyKind::Smoe,
+        };
+        let policy = strata_exec::build_policy(
+            kind,
+            &cost,
+            &PolicyOptions {
+                deferred: self.defer,
+                profile: None,
+            },
+        );
+        let dev = strata_accel::open(&strata_accel::DeviceOptions::default())?;
+        let exec = std::sync::Arc::new(HybridExecutor::new(
+            dev,
+            host,
+            policy,
+            cost,
+            &ExecOptions {
+                vram_budget: budget,
+                ..ExecOptions::default()
+            },
+        )?);
+        strata_exec::install(model, Some(&exec));
+        Ok(exec)
     }
 
     /// How to load the weights.

@@ -1,0 +1,203 @@
+//! Building what the executor runs: the policy by name, its cost model for this model and
+//! budget, and the installation into a [`Model`].
+//!
+//! A key design decision: the cost model the policies see describes the expert cache, not
+//! the whole accelerator. The executor keeps only routed experts on the device (attention
+//! and dense work stay on the CPU), so the GPU memory of the hardware description is set to
+//! exactly the cache's bytes plus what the cost model counts as resident dense weights, and
+//! `CostModel::gpu_expert_budget` equals the cache the executor really has.
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use strata_model::config::{AttentionConfig, FfnConfig, ModelConfig};
+use strata_model::model::Model;
+use strata_model::moe::Ffn;
+use strata_policy::policies::{Fiddler, GpuLru, HybriMoE, KTransformers, Smoe, SmoeEviction};
+use strata_policy::{CostModel, Hardware, ModelShape, Policy};
+
+use crate::{Error, HybridExecutor, Result};
+
+/// The policies the executor can run (`--policy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PolicyKind {
+    /// Every routed expert on the GPU, per-layer LRU cache.
+    GpuLru,
+    /// Profile-pinned experts on the GPU, the rest where cheaper.
+    Fiddler,
+    /// Routed experts on the CPU, optional expert deferral.
+    KTransformers,
+    /// Score cache and earliest-finish CPU/GPU split.
+    HybriMoE,
+    /// On-demand prefill loading, LFU cache in decode.
+    Smoe,
+}
+
+impl PolicyKind {
+    /// Every kind, in `--policy` order.
+    pub const ALL: [PolicyKind; 5] = [
+        PolicyKind::GpuLru,
+        PolicyKind::Fiddler,
+        PolicyKind::KTransformers,
+        PolicyKind::HybriMoE,
+        PolicyKind::Smoe,
+    ];
+
+    /// The `--policy` name.
+    pub fn name(self) -> &'static str {
+        match self {
+            PolicyKind::GpuLru => "gpu-lru",
+            PolicyKind::Fiddler => "fiddler",
+            PolicyKind::KTransformers => "ktransformers",
+            PolicyKind::HybriMoE => "hybrimoe",
+            PolicyKind::Smoe => "smoe",
+        }
+    }
+}
+
+impl fmt::Display for PolicyKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for PolicyKind {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<PolicyKind> {
+        PolicyKind::ALL
+            .into_iter()
+            .find(|k| k.name() == s)
+            .ok_or_else(|| {
+                Error::Config(format!(
+                    "unknown policy `{s}`, expected one of gpu-lru, fiddler, ktransformers, hybrimoe, smoe"
+                ))
+            })
+    }
+}
+
+/// Settings of the policies that take any.
+#[derive(Debug, Clone, Default)]
+pub struct PolicyOptions {
+    /// KTransformers: experts deferred per token in decode (0: none).
+    pub deferred: usize,
+    /// Fiddler: activation counts `[moe_layer][expert]` to pin by; `None`: every expert
+    /// counts once, so pinning fills the cache in layer order.
+    pub profile: Option<Vec<Vec<u64>>>,
+}
+
+/// The policy `kind` for a cache priced by `cost`. Per-layer caches (GPU-LRU, HybriMoE,
+/// SMoE) get `cost.cache_slots_per_layer()` slots; SMoE runs without trained predictors
+/// (no token-wise prefetch), HybriMoE prefetches one expert of the next layer.
+pub fn build_policy(
+    kind: PolicyKind,
+    cost: &CostModel,
+    opts: &PolicyOptions,
+) -> Box<dyn Policy + Send> {
+    let slots = cost.cache_slots_per_layer();
+    let layers = cost.model.moe_layers();
+    match kind {
+        PolicyKind::GpuLru => Box::new(GpuLru::new(slots)),
+        PolicyKind::Fiddler => Box::new(Fiddler::new(
+            opts.profile
+                .clone()
+                .unwrap_or_else(|| vec![vec![1; cost.model.n_experts]; layers]),
+        )),
+        PolicyKind::KTransformers => Box::new(KTransformers::new(opts.deferred)),
+        PolicyKind::HybriMoE => Box::new(HybriMoE::new(slots, 1)),
+        PolicyKind::Smoe => Box::new(Smoe::new(
+            slots,
+            cost.model.top_k,
+            SmoeEviction::Adaptive,
+            vec![None; layers],
+        )),
+    }
+}
+
+/// The cost model's view of `config` (routed-expert shapes; attention is not priced
+/// because it stays on the CPU).
+pub fn model_shape(config: &ModelConfig) -> Result<ModelShape> {
+    let moe = config
+        .layers
+        .iter()
+        .find_map(|l| match l {
+            FfnConfig::Moe(m) => Some(m),
+            FfnConfig::Dense(_) => None,
+        })
+        .ok_or_else(|| Error::Config("the model has no mixture-of-experts layer".into()))?;
+    let dense_layers = config
+        .layers
+        .iter()
+        .filter(|l| matches!(l, FfnConfig::Dense(_)))
+        .count();
+    let dense_intermediate = config
+        .layers
+        .iter()
+        .find_map(|l| match l {
+            FfnConfig::Dense(i) => Some(*i),
+            FfnConfig::Moe(_) => None,
+        })
+        .unwrap_or(0);
+    let (n_heads, head_dim) = match config.attention {
+        AttentionConfig::Gqa {
+            n_heads, head_dim, ..
+        } => (n_heads, head_dim),
+        AttentionConfig::Mla {
+            n_heads,
+            qk_nope_head_dim,
+            qk_rope_head_dim,
+            ..
+        } => (n_heads, qk_nope_head_dim + qk_rope_head_dim),
+    };
+    // Through serde so that fields the policy crate adds with defaults need no change here.
+    let shape = serde_json::json!({
+        "hidden": config.hidden_size,
+        "moe_intermediate": moe.intermediate,
+        "n_experts": moe.router.n_experts,
+        "top_k": moe.router.top_k,
+        "n_shared": moe
+            .shared
+            .as_ref()
+            .map_or(0, |s| s.intermediate.div_ceil(moe.intermediate.max(1))),
+        "n_layers": config.layers.len(),
+        "dense_layers": dense_layers,
+        "dense_intermediate": dense_intermediate,
+        "attn_params": 0,
+        "n_heads": n_heads,
+        "head_dim": head_dim,
+        "vocab": config.vocab_size,
+        "source": "config.json (strata-exec)",
+    });
+    serde_json::from_value(shape).map_err(|e| Error::Config(format!("model shape: {e}")))
+}
+
+/// A cost model over `hw` whose GPU expert budget is `cache_bytes`, with experts of
+/// `expert_bits` bits per weight as the device stores them.
+pub fn cost_model(
+    mut hw: Hardware,
+    shape: ModelShape,
+    expert_bits: f64,
+    cache_bytes: u64,
+) -> Result<CostModel> {
+    let probe = CostModel::new(hw.clone(), shape.clone(), expert_bits, 16.0)?;
+    hw.gpu.mem_bytes = (cache_bytes + probe.gpu_weight_bytes()) as f64;
+    hw.gpu.reserve_bytes = 0.0;
+    let cost = CostModel::new(hw, shape, expert_bits, 16.0)?;
+    debug_assert_eq!(cost.gpu_expert_budget(), cache_bytes);
+    Ok(cost)
+}
+
+/// Hands every MoE block of `model` to `exec` (`None`: back to the CPU path).
+pub fn install(model: &mut Model, exec: Option<&Arc<HybridExecutor>>) {
+    let mut moe_layer = 0;
+    for layer in &mut model.layers {
+        if let Ffn::Moe(block) = &mut layer.ffn {
+            block.set_executor(
+                moe_layer,
+                exec.map(|e| e.clone() as Arc<dyn strata_model::ExpertExecutor>),
+            );
+            moe_layer += 1;
+        }
+    }
+}
