@@ -111,6 +111,11 @@ pub struct NdpSpec {
     pub mem_bw: f64,
     /// Inter-DIMM link bandwidth, bytes/s.
     pub link_bw: f64,
+    /// DIMMs in the machine, with or without an NDP unit (0: as many as `units`). The
+    /// host's memory bandwidth is shared evenly among them, which prices reads of an
+    /// expert whose weights sit on one DIMM (`crate::layout`).
+    #[serde(default)]
+    pub dimms: u32,
 }
 
 /// One machine.
@@ -233,6 +238,9 @@ impl Hardware {
         }
         if self.ndp.is_some() {
             keys.extend(["ndp.units", "ndp.flops", "ndp.mem_bw", "ndp.link_bw"]);
+            if self.ndp.as_ref().is_some_and(|n| n.dimms > 0) {
+                keys.push("ndp.dimms");
+            }
         }
         keys.into_iter()
             .filter(|k| !self.sources.contains_key(*k))

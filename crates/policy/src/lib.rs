@@ -16,12 +16,14 @@
 #![deny(missing_docs)]
 
 pub mod cost;
+pub mod layout;
 pub mod policies;
 pub mod predictor;
 pub mod stratify;
 pub mod throughput;
 
 pub use cost::{CostModel, CpuSpec, ExpertTable, GpuSpec, Hardware, ModelShape, NdpSpec, PcieSpec};
+pub use layout::{Layout, Migration};
 
 /// Errors of the policy crate.
 #[derive(Debug, thiserror::Error)]
@@ -180,6 +182,8 @@ pub struct Decision {
     pub evictions: Vec<Eviction>,
     /// Experts predicted for this layer at the next step, when the policy predicts.
     pub predicted: Option<Vec<u32>>,
+    /// Layout changes over the DIMM-Link, in order (machines with NDP DIMMs).
+    pub migrations: Vec<Migration>,
 }
 
 /// A placement policy.
@@ -190,6 +194,13 @@ pub trait Policy {
     /// Experts to place on the GPU before the first step, `(moe_layer, expert)`.
     fn initial_residency(&mut self, _cost: &CostModel) -> Vec<(usize, u32)> {
         Vec::new()
+    }
+
+    /// The weight layout of every routed expert before the first step, when the policy
+    /// manages layouts (NDP machines): `Some` of the experts not striped, `(moe_layer,
+    /// expert, layout)`. `None` (the default): layouts are not modelled.
+    fn initial_layout(&mut self, _cost: &CostModel) -> Option<Vec<(usize, u32, Layout)>> {
+        None
     }
 
     /// Decides one MoE layer of one step.

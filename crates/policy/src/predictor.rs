@@ -1,5 +1,7 @@
-//! SMoE's token-wise expert predictor: per MoE layer, a linear map from the router input
-//! hidden state at token `t` to the experts that layer picks at token `t + 1`.
+//! Expert predictors. [`LinearPredictor`] is SMoE's token-wise predictor: per MoE layer, a
+//! linear map from the router input hidden state at token `t` to the experts that layer
+//! picks at token `t + 1`. [`EmaPredictor`] is TriMoE's load predictor (seed 000 eq. 8): an
+//! exponential moving average of each expert's tokens per decode step.
 //!
 //! A key design decision: SMoE trains `Linear(hidden -> n_experts)` with BCE and SGD; here
 //! the same linear model is fitted in closed form by ridge regression on multi-hot targets
@@ -130,6 +132,69 @@ impl LinearPredictor {
     }
 }
 
+/// TriMoE's expert load predictor: per MoE layer and expert, an exponential moving average
+/// of the tokens routed to it per step, `EMA(t) = alpha F(t) + (1 - alpha) EMA(t - 1)`
+/// (seed 000 eq. 8, `alpha = 0.3`).
+///
+/// A layer's first observation sets its average directly (an average started at zero
+/// would predict every expert cold for the first steps), unless the predictor was seeded
+/// with an offline profile.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EmaPredictor {
+    alpha: f64,
+    /// `[layer][expert]`: predicted tokens per step.
+    ema: Vec<Vec<f64>>,
+    /// `[layer]`: has a value (observed or profiled).
+    seeded: Vec<bool>,
+}
+
+impl EmaPredictor {
+    /// The paper's smoothing factor.
+    pub const ALPHA: f64 = 0.3;
+
+    /// A predictor with no history for `layers` layers of `experts` experts.
+    pub fn new(alpha: f64, layers: usize, experts: usize) -> Self {
+        Self {
+            alpha: alpha.clamp(0.0, 1.0),
+            ema: vec![vec![0.0; experts]; layers],
+            seeded: vec![false; layers],
+        }
+    }
+
+    /// A predictor starting from an offline profile, `[layer][expert]` tokens per step.
+    pub fn from_profile(alpha: f64, profile: Vec<Vec<f64>>) -> Self {
+        let seeded = vec![true; profile.len()];
+        Self {
+            alpha: alpha.clamp(0.0, 1.0),
+            ema: profile,
+            seeded,
+        }
+    }
+
+    /// Folds in one step's observed tokens per expert of `layer` (`loads[e]`); layers or
+    /// experts beyond the predictor's shape grow it.
+    pub fn update(&mut self, layer: usize, loads: &[u32]) {
+        if self.ema.len() <= layer {
+            self.ema.resize(layer + 1, Vec::new());
+            self.seeded.resize(layer + 1, false);
+        }
+        let row = &mut self.ema[layer];
+        if row.len() < loads.len() {
+            row.resize(loads.len(), 0.0);
+        }
+        let a = if self.seeded[layer] { self.alpha } else { 1.0 };
+        for (m, &f) in row.iter_mut().zip(loads) {
+            *m = a * f as f64 + (1.0 - a) * *m;
+        }
+        self.seeded[layer] = true;
+    }
+
+    /// Predicted tokens per expert of `layer` at the next step (empty if never seen).
+    pub fn predicted(&self, layer: usize) -> &[f64] {
+        self.ema.get(layer).map_or(&[], |r| r.as_slice())
+    }
+}
+
 /// Lower-triangular Cholesky factor of the `m x m` matrix `a`, or `None` if not SPD.
 fn cholesky(a: &[f64], m: usize) -> Option<Vec<f64>> {
     let mut l = vec![0.0f64; m * m];
@@ -196,6 +261,33 @@ mod tests {
         top.sort();
         assert_eq!(top, vec![2, 6]);
         assert!((p.accuracy(&samples, 2) - 1.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn ema_follows_eq_8() {
+        let mut p = EmaPredictor::new(EmaPredictor::ALPHA, 1, 3);
+        assert_eq!(p.predicted(0), &[0.0, 0.0, 0.0]);
+        assert!(p.predicted(5).is_empty());
+        // The first step sets the average, later steps blend with alpha = 0.3.
+        p.update(0, &[10, 0, 4]);
+        assert_eq!(p.predicted(0), &[10.0, 0.0, 4.0]);
+        p.update(0, &[0, 10, 4]);
+        let want = [7.0, 3.0, 4.0];
+        for (g, w) in p.predicted(0).iter().zip(want) {
+            assert!((g - w).abs() < 1e-12, "{g} vs {w}");
+        }
+        // A constant load is a fixed point; a step change converges geometrically.
+        for _ in 0..40 {
+            p.update(0, &[0, 10, 4]);
+        }
+        assert!(p.predicted(0)[0] < 1e-5 && (p.predicted(0)[1] - 10.0).abs() < 1e-5);
+        assert!((p.predicted(0)[2] - 4.0).abs() < 1e-12);
+        // A profile-seeded layer blends from the first observation; new layers grow.
+        let mut q = EmaPredictor::from_profile(0.3, vec![vec![10.0, 0.0]]);
+        q.update(0, &[0, 0]);
+        assert!((q.predicted(0)[0] - 7.0).abs() < 1e-12);
+        q.update(2, &[5]);
+        assert_eq!(q.predicted(2), &[5.0]);
     }
 
     #[test]
