@@ -10,18 +10,29 @@
 //! the GPU; routed experts on their devices, each GPU expert after its weights land; then
 //! the combine, which also waits for the previous layer's deferred experts.
 //!
+//! NDP machines: when the policy states an initial layout ([`Policy::initial_layout`]),
+//! every expert's layout is tracked. Host reads are priced by layout (a GPU copy takes
+//! the slower of PCIe and the DRAM read, a CPU expert the slower of compute and the read)
+//! and each DIMM's lane is charged the reads it served after its NDP experts (seed 000
+//! eq. 6); an NDP expert must be localized on its unit's DIMM; migrations run one after
+//! another on the DIMM-Link lane and take effect when they land (an NDP expert waits for
+//! its move to its DIMM, host reads use the old layout until then).
+//!
 //! A key design decision: the simulator checks every decision instead of trusting it: each
 //! routed (token, expert) pair computed exactly once, GPU experts resident or copied,
 //! expert memory never over the budget. A policy bug is an error naming the step and layer.
 
-use strata_policy::{CostModel, Decision, Device, GpuView, LayerView, Phase, Policy, TransferKind};
+use strata_policy::layout::NdpCosts;
+use strata_policy::{
+    CostModel, Decision, Device, GpuView, LayerView, Layout, Phase, Policy, TransferKind,
+};
 
 use crate::report::{Lane, Op, Report};
 use crate::workload::Workload;
 use crate::{Error, Result};
 
 struct Lanes {
-    /// GPU, CPU, PCIe, then one per NDP unit.
+    /// GPU, CPU, PCIe, DIMM-Link, then one per NDP unit.
     free: Vec<f64>,
 }
 
@@ -31,8 +42,29 @@ impl Lanes {
             Lane::Gpu => 0,
             Lane::Cpu => 1,
             Lane::Pcie => 2,
-            Lane::Ndp(u) => 3 + u as usize,
+            Lane::Link => 3,
+            Lane::Ndp(u) => 4 + u as usize,
         }
+    }
+}
+
+/// Expert layouts of an NDP run: `[layer][expert]` the current one and a move in flight
+/// (target, landing time).
+struct Layouts {
+    now: Vec<Vec<Layout>>,
+    moving: Vec<Vec<Option<(Layout, f64)>>>,
+}
+
+impl Layouts {
+    /// The layout of `(l, e)` at time `t`, landing a finished move.
+    fn at(&mut self, l: usize, e: usize, t: f64) -> Layout {
+        if let Some((to, end)) = self.moving[l][e]
+            && end <= t
+        {
+            self.now[l][e] = to;
+            self.moving[l][e] = None;
+        }
+        self.now[l][e]
     }
 }
 
@@ -132,7 +164,7 @@ pub fn simulate(policy: &mut dyn Policy, cost: &CostModel, workload: &Workload) 
     let eb = cost.expert_bytes();
     let mut sim = Sim {
         lanes: Lanes {
-            free: vec![0.0; 3 + cost.hw.ndp.as_ref().map_or(0, |n| n.units as usize)],
+            free: vec![0.0; 4 + cost.hw.ndp.as_ref().map_or(0, |n| n.units as usize)],
         },
         ops: Vec::new(),
         resident: vec![vec![None; n]; n_moe],
@@ -160,6 +192,30 @@ pub fn simulate(policy: &mut dyn Policy, cost: &CostModel, workload: &Workload) 
         ));
     }
     sim.peak = sim.used;
+    let nc = NdpCosts::new(cost);
+    let mut layouts = match policy.initial_layout(cost) {
+        None => None,
+        Some(init) => {
+            let mut now = vec![vec![Layout::Striped; n]; n_moe];
+            for (l, e, x) in init {
+                check_layout(&nc, x).map_err(|msg| sim.err(&name, msg))?;
+                *now.get_mut(l)
+                    .and_then(|v| v.get_mut(e as usize))
+                    .ok_or_else(|| {
+                        sim.err(
+                            &name,
+                            format!("initial layout names expert ({l}, {e}) out of range"),
+                        )
+                    })? = x;
+            }
+            Some(Layouts {
+                now,
+                moving: vec![vec![None; n]; n_moe],
+            })
+        }
+    };
+    let units = nc.units();
+    let mut reads = vec![0.0f64; units as usize];
     let mut report = Report::new(&name, cost, n_moe);
     let mut t = 0.0f64;
     // Attention, dense layers, shared experts and the head: the GPU, or the CPU without one.
@@ -391,10 +447,18 @@ pub fn simulate(policy: &mut dyn Policy, cost: &CostModel, workload: &Workload) 
                                 sim.peak = sim.peak.max(sim.used);
                             }
                         }
+                        let dur = match layouts.as_mut() {
+                            Some(ly) => {
+                                let x = ly.at(tr.layer, tr.expert as usize, attn_end);
+                                add_reads(&nc, x, &mut reads);
+                                nc.copy(x)
+                            }
+                            None => cost.expert_transfer_time(),
+                        };
                         let end = sim.run_op(
                             Lane::Pcie,
                             ready.max(attn_end),
-                            cost.expert_transfer_time(),
+                            dur,
                             format!("copy {}:{}", tr.layer, tr.expert),
                             0.0,
                         );
@@ -423,7 +487,15 @@ pub fn simulate(policy: &mut dyn Policy, cost: &CostModel, workload: &Workload) 
                     .iter()
                     .filter(|t| t.device == Device::Cpu && t.deferred == deferred)
                 {
-                    let dur = cost.expert_time(Device::Cpu, task.rows.len() as u32);
+                    let tokens = task.rows.len() as u32;
+                    let dur = match layouts.as_mut() {
+                        Some(ly) => {
+                            let x = ly.at(l, task.expert as usize, attn_end);
+                            add_reads(&nc, x, &mut reads);
+                            nc.cpu(tokens, x)
+                        }
+                        None => cost.expert_time(Device::Cpu, tokens),
+                    };
                     let end = sim.run_op(
                         Lane::Cpu,
                         attn_end,
@@ -436,14 +508,13 @@ pub fn simulate(policy: &mut dyn Policy, cost: &CostModel, workload: &Workload) 
                 }
             }
             // NDP experts, each on its unit, weights already in its DIMM.
-            let units = cost.hw.ndp.as_ref().map_or(0, |n| n.units);
             let mut ndp_imm: Option<f64> = None;
             let mut ndp_def: Option<f64> = None;
             for task in &d.tasks {
                 let Device::Ndp(u) = task.device else {
                     continue;
                 };
-                if u32::from(u) >= units {
+                if u >= units {
                     return Err(sim.err(
                         &name,
                         format!(
@@ -452,10 +523,27 @@ pub fn simulate(policy: &mut dyn Policy, cost: &CostModel, workload: &Workload) 
                         ),
                     ));
                 }
+                let mut ready = attn_end;
+                if let Some(ly) = layouts.as_mut() {
+                    let e = task.expert as usize;
+                    let x = ly.at(l, e, attn_end);
+                    match ly.moving[l][e] {
+                        _ if x == Layout::Localized(u) => {}
+                        Some((Layout::Localized(v), end)) if v == u => ready = ready.max(end),
+                        _ => {
+                            return Err(sim.err(
+                                &name,
+                                format!(
+                                    "expert {e} runs on NDP unit {u} but its weights are {x:?}"
+                                ),
+                            ));
+                        }
+                    }
+                }
                 let dur = cost.expert_time(task.device, task.rows.len() as u32);
                 let end = sim.run_op(
                     Lane::Ndp(u),
-                    attn_end,
+                    ready,
                     dur,
                     format!("expert {}", task.expert),
                     0.0,
@@ -466,6 +554,40 @@ pub fn simulate(policy: &mut dyn Policy, cost: &CostModel, workload: &Workload) 
                     &mut ndp_imm
                 };
                 *slot = Some(slot.map_or(end, |x: f64| x.max(end)));
+            }
+            // Each DIMM serves the host reads of the layer after its own experts (eq. 6).
+            for (u, r) in reads.iter_mut().enumerate() {
+                if *r > 0.0 {
+                    let end =
+                        sim.run_op(Lane::Ndp(u as u16), attn_end, *r, "host reads".into(), 0.0);
+                    ndp_imm = Some(ndp_imm.map_or(end, |x: f64| x.max(end)));
+                    *r = 0.0;
+                }
+            }
+            // Layout moves, in the background on the DIMM-Link.
+            for mv in &d.migrations {
+                let Some(ly) = layouts.as_mut() else {
+                    return Err(sim.err(
+                        &name,
+                        "migrates experts without stating an initial layout".into(),
+                    ));
+                };
+                check_layout(&nc, mv.to).map_err(|msg| sim.err(&name, msg))?;
+                let e = mv.expert as usize;
+                if mv.layer >= n_moe || e >= n {
+                    return Err(
+                        sim.err(&name, format!("migrates ({}, {e}) out of range", mv.layer))
+                    );
+                }
+                ly.at(mv.layer, e, attn_end);
+                let end = sim.run_op(
+                    Lane::Link,
+                    attn_end,
+                    nc.link_move(),
+                    format!("move {}:{e} to {:?}", mv.layer, mv.to),
+                    0.0,
+                );
+                ly.moving[mv.layer][e] = Some((mv.to, end));
             }
             let mut moe_end = gpu_imm
                 .max(cpu_imm.unwrap_or(attn_end))
@@ -505,4 +627,27 @@ pub fn simulate(policy: &mut dyn Policy, cost: &CostModel, workload: &Workload) 
     }
     report.finish(sim.ops, sim.peak, budget);
     Ok(report)
+}
+
+/// Adds the DIMM time of one host read of an expert laid out as `x` to `reads` (per unit).
+fn add_reads(nc: &NdpCosts, x: Layout, reads: &mut [f64]) {
+    match nc.contention(x) {
+        (None, t) => reads.iter_mut().for_each(|r| *r += t),
+        (Some(d), t) => {
+            if let Some(r) = reads.get_mut(d as usize) {
+                *r += t;
+            }
+        }
+    }
+}
+
+/// A layout must name a DIMM the machine has.
+fn check_layout(nc: &NdpCosts, x: Layout) -> std::result::Result<(), String> {
+    match x {
+        Layout::Localized(d) if u32::from(d) >= nc.dimms() => Err(format!(
+            "layout {x:?} names a DIMM the machine does not have ({} DIMMs)",
+            nc.dimms()
+        )),
+        _ => Ok(()),
+    }
 }

@@ -20,8 +20,10 @@ pub enum Lane {
     Cpu,
     /// The host-to-device link.
     Pcie,
-    /// One near-data processing unit.
+    /// One near-data processing unit (and the DIMM it sits on).
     Ndp(u16),
+    /// The DIMM-Link between NDP DIMMs (layout moves).
+    Link,
 }
 
 /// One operation on one lane.
@@ -176,7 +178,7 @@ impl Report {
                 Lane::Gpu => 0,
                 Lane::Cpu => 1,
                 Lane::Pcie => 2,
-                Lane::Ndp(_) => continue,
+                Lane::Ndp(_) | Lane::Link => continue,
             };
             for &(phase, a, b) in &self.phases {
                 let overlap = op.end.min(b) - op.start.max(a);
@@ -206,13 +208,17 @@ impl Report {
             Lane::Gpu => 0,
             Lane::Cpu => 1,
             Lane::Pcie => 2,
-            Lane::Ndp(u) => 3 + u as usize,
+            Lane::Link => 3,
+            Lane::Ndp(u) => 4 + u as usize,
         };
         let mut names = vec![
             (0, "GPU".to_string()),
             (1, "CPU".into()),
             (2, "PCIe H2D".into()),
         ];
+        if self.ops.iter().any(|o| o.lane == Lane::Link) {
+            names.push((3, "DIMM-Link".into()));
+        }
         let mut units: Vec<u16> = self
             .ops
             .iter()
@@ -223,7 +229,7 @@ impl Report {
             .collect();
         units.sort_unstable();
         units.dedup();
-        names.extend(units.iter().map(|&u| (3 + u as usize, format!("NDP {u}"))));
+        names.extend(units.iter().map(|&u| (4 + u as usize, format!("NDP {u}"))));
         let mut events: Vec<serde_json::Value> = names
             .iter()
             .map(|(tid, name)| {

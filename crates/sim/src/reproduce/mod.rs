@@ -14,6 +14,8 @@
 //! name. Paper figures are the means of seed 004 table I over its six datasets, and the
 //! figures quoted in seed 003's text.
 
+pub mod trimoe;
+
 use serde::Serialize;
 use strata_policy::policies::{
     Fiddler, GpuLru, HybriCosts, HybriMoE, KTransformers, Smoe, SmoeEviction,
@@ -55,13 +57,14 @@ pub struct Reproduction {
 }
 
 /// Names accepted by [`run`].
-pub const NAMES: [&str; 2] = ["ktransformers", "smoe"];
+pub const NAMES: [&str; 3] = ["ktransformers", "smoe", "trimoe"];
 
 /// Runs a reproduction by name.
 pub fn run(name: &str) -> Result<Reproduction> {
     match name {
         "ktransformers" => ktransformers(),
         "smoe" => smoe(),
+        "trimoe" => trimoe::trimoe(),
         other => Err(crate::Error::Mismatch(format!(
             "unknown reproduction {other:?}, expected one of {NAMES:?}"
         ))),
