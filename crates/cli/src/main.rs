@@ -1,5 +1,5 @@
 //! The `strata` command line: `info`, `generate`, `logits`, `serve`, `batch`, `trace`,
-//! `simulate`, `devices`, `bench moe`.
+//! `simulate`, `devices`, `bench moe`, `convert`.
 //!
 //! Arguments are parsed by clap into raw values, then validated into the typed settings the
 //! library crates take. Errors print with their whole cause chain and exit with status 2; a
@@ -7,6 +7,7 @@
 
 mod batch;
 mod bench;
+mod convert;
 mod devices;
 mod generate;
 mod hub;
@@ -51,6 +52,8 @@ enum Command {
     Trace(trace::TraceArgs),
     /// Simulate a placement policy on other hardware, or reproduce a seed's comparison.
     Simulate(simulate::SimulateArgs),
+    /// Write a model in Strata's packed format (.strata), which later loads by mapping.
+    Convert(convert::ConvertArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -70,6 +73,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Devices(a) => devices::run(a),
         Command::Trace(a) => trace::run(a),
         Command::Simulate(a) => simulate::run(a),
+        Command::Convert(a) => convert::run(a),
     }
 }
 
