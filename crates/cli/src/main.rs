@@ -1,5 +1,5 @@
 //! The `strata` command line: `info`, `generate`, `logits`, `serve`, `batch`, `trace`,
-//! `simulate`, `devices`, `bench moe`, `convert`.
+//! `simulate`, `stratify`, `devices`, `bench moe`, `convert`.
 //!
 //! Arguments are parsed by clap into raw values, then validated into the typed settings the
 //! library crates take. Errors print with their whole cause chain and exit with status 2; a
@@ -16,6 +16,7 @@ mod logits;
 mod model_arg;
 mod serve;
 mod simulate;
+mod stratify;
 mod trace;
 
 use std::process::ExitCode;
@@ -52,6 +53,9 @@ enum Command {
     Trace(trace::TraceArgs),
     /// Simulate a placement policy on other hardware, or reproduce a seed's comparison.
     Simulate(simulate::SimulateArgs),
+    /// Pick the experts to pin in VRAM from prototypes of a prompt set (CoX-MoE's
+    /// expert-aware stratification) and report the hit ratio against random pinning.
+    Stratify(stratify::StratifyArgs),
     /// Write a model in Strata's packed format (.strata), which later loads by mapping.
     Convert(convert::ConvertArgs),
 }
@@ -73,6 +77,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Devices(a) => devices::run(a),
         Command::Trace(a) => trace::run(a),
         Command::Simulate(a) => simulate::run(a),
+        Command::Stratify(a) => stratify::run(a),
         Command::Convert(a) => convert::run(a),
     }
 }

@@ -234,6 +234,36 @@ pub fn pin_order(counts: &[Vec<u64>]) -> Vec<(usize, u32)> {
     v
 }
 
+/// The `n` most activated experts of every layer (a per-layer VRAM budget), ties by
+/// expert id.
+pub fn pin_per_layer(counts: &[Vec<u64>], n: usize) -> Vec<(usize, u32)> {
+    counts
+        .iter()
+        .enumerate()
+        .flat_map(|(l, c)| {
+            let mut e: Vec<u32> = (0..c.len() as u32).collect();
+            e.sort_by(|a, b| c[*b as usize].cmp(&c[*a as usize]).then(a.cmp(b)));
+            e.into_iter().take(n).map(move |e| (l, e))
+        })
+        .collect()
+}
+
+/// `n` distinct experts drawn uniformly in every layer.
+pub fn random_per_layer(
+    n_layers: usize,
+    n_experts: usize,
+    n: usize,
+    seed: u64,
+) -> Vec<(usize, u32)> {
+    (0..n_layers)
+        .flat_map(|l| {
+            random_pins(1, n_experts, n, seed.wrapping_add(l as u64))
+                .into_iter()
+                .map(move |(_, e)| (l, e))
+        })
+        .collect()
+}
+
 /// Share of all activations in `counts` whose expert is in `pinned`.
 pub fn hit_ratio(counts: &[Vec<u64>], pinned: &[(usize, u32)]) -> f64 {
     let total: u64 = counts.iter().flatten().sum();
@@ -370,5 +400,14 @@ mod tests {
         assert_eq!(s.len(), 4);
         assert!(r.iter().all(|&(l, e)| l < 2 && e < 3));
         assert_eq!(random_pins(2, 3, 99, 1).len(), 6);
+        // Per layer: the top n of each layer.
+        assert_eq!(pin_per_layer(&counts, 1), vec![(0, 0), (1, 1)]);
+        assert_eq!(
+            pin_per_layer(&counts, 2),
+            vec![(0, 0), (0, 2), (1, 1), (1, 2)]
+        );
+        let r = random_per_layer(2, 3, 2, 4);
+        assert_eq!(r.len(), 4);
+        assert_eq!(r.iter().filter(|p| p.0 == 0).count(), 2);
     }
 }

@@ -15,6 +15,7 @@ mod engine;
 pub mod report;
 pub mod reproduce;
 mod rng;
+pub mod throughput;
 pub mod trace;
 pub mod workload;
 

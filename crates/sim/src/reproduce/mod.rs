@@ -14,6 +14,7 @@
 //! name. Paper figures are the means of seed 004 table I over its six datasets, and the
 //! figures quoted in seed 003's text.
 
+pub mod cox;
 pub mod trimoe;
 
 use serde::Serialize;
@@ -57,13 +58,14 @@ pub struct Reproduction {
 }
 
 /// Names accepted by [`run`].
-pub const NAMES: [&str; 3] = ["ktransformers", "smoe", "trimoe"];
+pub const NAMES: [&str; 4] = ["ktransformers", "smoe", "cox", "trimoe"];
 
 /// Runs a reproduction by name.
 pub fn run(name: &str) -> Result<Reproduction> {
     match name {
         "ktransformers" => ktransformers(),
         "smoe" => smoe(),
+        "cox" => cox::cox_moe(),
         "trimoe" => trimoe::trimoe(),
         other => Err(crate::Error::Mismatch(format!(
             "unknown reproduction {other:?}, expected one of {NAMES:?}"
