@@ -9,7 +9,9 @@
 //! 2. **Makespan** (eq. 5-7, [`Schedule`]): GPU and CPU sum their experts; each DIMM sums its
 //!    NDP experts plus the host reads it serves (striped reads touch every DIMM, localized
 //!    ones their DIMM); the makespan is the largest of them.
-//! 3. **Greedy** ([`greedy`]): each expert on its cheapest path, then **refinement**
+//! 3. **Greedy** ([`greedy`]): list scheduling, costliest expert first, each where the
+//!    makespan so far grows least (the paper names a greedy makespan assignment without
+//!    its order; this is the classic one), then **refinement**
 //!    ([`refine`]): take the bottleneck device's costliest expert and move it to whichever
 //!    other device gives the smallest new makespan (ties: the smallest increase on the
 //!    receiving device); if it cannot improve, try its next costliest; stop when nothing on
@@ -174,6 +176,20 @@ impl Schedule {
         }
     }
 
+    fn push(&mut self, cost: JobCost, device: Device) {
+        self.costs.push(cost);
+        self.device.push(device);
+        self.account(self.costs.len() - 1, 1.0);
+    }
+
+    fn pop(&mut self) {
+        if !self.costs.is_empty() {
+            self.account(self.costs.len() - 1, -1.0);
+            self.costs.pop();
+            self.device.pop();
+        }
+    }
+
     /// Moves job `i` to `device`.
     pub fn set(&mut self, i: usize, device: Device) {
         self.account(i, -1.0);
@@ -261,10 +277,30 @@ fn cheapest(c: &JobCost) -> Device {
         .unwrap_or(Device::Gpu)
 }
 
-/// The greedy initial assignment: every job on its cheapest path (first of equals in
-/// GPU, CPU, NDP order).
+/// The greedy initial assignment (list scheduling): jobs in decreasing order of their
+/// cheapest path's time, each placed where the makespan so far grows least (ties: its
+/// own smaller time, then GPU, CPU, NDP order).
 pub fn greedy(costs: Vec<JobCost>, units: u16) -> Schedule {
-    let device = costs.iter().map(cheapest).collect();
+    let mut order: Vec<usize> = (0..costs.len()).collect();
+    let key = |i: usize| costs[i].on(cheapest(&costs[i]));
+    order.sort_by(|&a, &b| key(b).total_cmp(&key(a)).then(a.cmp(&b)));
+    let mut partial = Schedule::new(Vec::new(), Vec::new(), units);
+    let mut device = vec![Device::Gpu; costs.len()];
+    for i in order {
+        let c = costs[i];
+        let mut best: Option<(f64, f64, Device)> = None;
+        for d in c.options() {
+            partial.push(c, d);
+            let k = (partial.makespan(), c.on(d));
+            partial.pop();
+            if best.is_none_or(|b| k.0 < b.0 - EPS * b.0 || (k.0 <= b.0 + EPS * b.0 && k.1 < b.1)) {
+                best = Some((k.0, k.1, d));
+            }
+        }
+        let d = best.map_or(Device::Gpu, |b| b.2);
+        partial.push(c, d);
+        device[i] = d;
+    }
     Schedule::new(costs, device, units)
 }
 

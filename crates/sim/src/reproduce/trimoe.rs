@@ -45,6 +45,8 @@ const MODELS: [(&str, Option<f64>, f64); 3] = [
 const BATCH: usize = 512;
 const PROMPT: usize = 512;
 const STEPS: usize = 8;
+/// Zipf exponent of expert popularity at every layer (see the module doc).
+const SKEW: f64 = 1.8;
 /// Table 3: (GPU, CPU, NDP) utilisation per policy.
 const TABLE3: [(&str, [Option<f64>; 3]); 4] = [
     ("klotski", [Some(0.286), None, None]),
@@ -66,6 +68,8 @@ fn batch_workload(c: &CostModel, batch: usize, steps: usize, seed: u64, drift: f
             hidden_dim: 0,
             model_seed,
             seed: seed + model_seed,
+            skew_first: SKEW,
+            skew_last: SKEW,
             ..SyntheticParams::calibrated(m.moe_layers(), m.n_experts, m.top_k)
         })
     };
@@ -107,6 +111,21 @@ fn batch_workload(c: &CostModel, batch: usize, steps: usize, seed: u64, drift: f
         hidden_dim: 0,
         steps: out,
     }
+}
+
+/// Share of the activations taken by the coldest 70% of experts, mean over layers.
+fn cold_share(w: &Workload) -> f64 {
+    let p = w.profile();
+    let shares: Vec<f64> = p
+        .iter()
+        .map(|row| {
+            let mut c = row.clone();
+            c.sort_unstable();
+            let k = (c.len() as f64 * 0.7) as usize;
+            c[..k].iter().sum::<u64>() as f64 / c.iter().sum::<u64>().max(1) as f64
+        })
+        .collect();
+    shares.iter().sum::<f64>() / shares.len().max(1) as f64
 }
 
 /// Mean tokens per step `[layer][expert]` of a calibration run of dataset A.
@@ -277,6 +296,15 @@ pub fn trimoe() -> Result<Reproduction> {
     let mut out = Rows { rows: Vec::new() };
     for (model, paper_moe, paper_e2e) in MODELS {
         let c = cost_for(model)?;
+        let w = batch_workload(&c, BATCH, STEPS, 7, 0.5);
+        out.push(
+            "workload",
+            model,
+            BATCH,
+            "coldest_70pct_token_share",
+            cold_share(&w),
+            Some(0.08),
+        );
         let (tri, best) = compare(&mut out, &c, model, BATCH, true)?;
         let vs = format!("trimoe/{}", best.policy);
         out.push(
@@ -297,7 +325,6 @@ pub fn trimoe() -> Result<Reproduction> {
             Some(paper_e2e),
         );
         // Ablation: GPU-NDP, +CPU (greedy), +refinement, +relayout (= TriMoE).
-        let w = batch_workload(&c, BATCH, STEPS, 7, 0.5);
         let prof = profile(&c, BATCH);
         let stages = [
             (
