@@ -24,7 +24,8 @@ use strata_accel::{Buffer, Device, ExpertSlots, Op};
 use strata_kernels::moe::ExpertBatch;
 use strata_model::moe::{ExpertCall, ExpertExecutor};
 use strata_policy::{
-    CostModel, Decision, Device as Place, GpuView, LayerView, Phase, Policy, TransferKind,
+    Candidates, CostModel, Decision, Device as Place, GpuView, LayerView, Phase, Policy,
+    TransferKind,
 };
 
 use crate::cache::SlotCache;
@@ -378,6 +379,11 @@ impl State {
             ids: &routing.ids,
             weights: &routing.weights,
             hidden: Some(call.x),
+            candidates: routing.candidates.as_ref().map(|c| Candidates {
+                per_token: c.per_token,
+                ids: &c.ids,
+                scores: &c.scores,
+            }),
             gpu: GpuView {
                 resident: &resident,
                 free_bytes: self.cache.free_slots() as u64 * slot_bytes,

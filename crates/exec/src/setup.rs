@@ -188,11 +188,14 @@ pub fn cost_model(
     Ok(cost)
 }
 
-/// Hands every MoE block of `model` to `exec` (`None`: back to the CPU path).
+/// Hands every MoE block of `model` to `exec` (`None`: back to the CPU path), with the
+/// router's top `2k` candidates in each routing.
 pub fn install(model: &mut Model, exec: Option<&Arc<HybridExecutor>>) {
     let mut moe_layer = 0;
     for layer in &mut model.layers {
         if let Ffn::Moe(block) = &mut layer.ffn {
+            // The policies may score the router's top 2k (HybriMoE).
+            block.set_candidates(exec.map_or(0, |_| 2 * block.cfg.router.top_k));
             block.set_executor(
                 moe_layer,
                 exec.map(|e| e.clone() as Arc<dyn strata_model::ExpertExecutor>),

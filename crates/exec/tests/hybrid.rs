@@ -394,6 +394,7 @@ fn routing_is_unchanged_by_the_hook() {
         top_k: 2,
         ids: vec![0, 1],
         weights: vec![0.5, 0.5],
+        candidates: None,
     };
     assert_eq!(r.tokens(), 1);
 }

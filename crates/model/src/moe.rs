@@ -249,6 +249,23 @@ pub struct Routing {
     pub ids: Vec<u32>,
     /// Combine weights, `[T, k]`.
     pub weights: Vec<f32>,
+    /// The router's best-scored experts per token, when asked for
+    /// ([`MoeBlock::set_candidates`]): placement policies that score experts beyond the
+    /// chosen ones (HybriMoE's top `2k`) read them.
+    pub candidates: Option<Candidates>,
+}
+
+/// The `per_token` experts with the highest router scores of every token, best first:
+/// `ids[t * per_token + j]` with its score (softmax or sigmoid probability, before any
+/// bias, group limit or renormalisation) in `scores[t * per_token + j]`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Candidates {
+    /// Candidates per token.
+    pub per_token: usize,
+    /// Expert ids, `[T, per_token]`.
+    pub ids: Vec<u32>,
+    /// Router scores, `[T, per_token]`.
+    pub scores: Vec<f32>,
 }
 
 impl Routing {
@@ -269,13 +286,30 @@ impl Routing {
 
 /// Chooses experts for every token from router `logits: [T, n_experts]`.
 pub fn route(cfg: &RouterConfig, logits: &[f32], bias: Option<&[f32]>) -> Routing {
+    route_with_candidates(cfg, logits, bias, 0)
+}
+
+/// [`route`], also keeping each token's `n_candidates` best-scored experts
+/// ([`Routing::candidates`]; 0: none).
+pub fn route_with_candidates(
+    cfg: &RouterConfig,
+    logits: &[f32],
+    bias: Option<&[f32]>,
+    n_candidates: usize,
+) -> Routing {
     let n = cfg.n_experts;
     let k = cfg.top_k;
     let t = logits.len() / n;
+    let n_candidates = n_candidates.min(n);
     let mut routing = Routing {
         top_k: k,
         ids: Vec::with_capacity(t * k),
         weights: Vec::with_capacity(t * k),
+        candidates: (n_candidates > 0).then(|| Candidates {
+            per_token: n_candidates,
+            ids: Vec::with_capacity(t * n_candidates),
+            scores: Vec::with_capacity(t * n_candidates),
+        }),
     };
     let mut scores = vec![0.0f32; n];
     let mut choice = vec![0.0f32; n];
@@ -290,6 +324,12 @@ pub fn route(cfg: &RouterConfig, logits: &[f32], bias: Option<&[f32]>) -> Routin
                 for (s, &l) in scores.iter_mut().zip(row) {
                     *s = sigmoid(l);
                 }
+            }
+        }
+        if let Some(c) = &mut routing.candidates {
+            for e in top_indices(&scores, n_candidates) {
+                c.ids.push(e as u32);
+                c.scores.push(scores[e]);
             }
         }
         choice.copy_from_slice(&scores);
@@ -388,6 +428,8 @@ pub struct MoeBlock {
     shared_gate: Option<Linear>,
     /// Parameters of one routed expert.
     expert_params: usize,
+    /// Best-scored experts per token to keep in the routing (0: none).
+    n_candidates: usize,
     /// Where the routed experts run, with this block's MoE layer index; `None`: the CPU.
     executor: Option<(usize, Arc<dyn ExpertExecutor>)>,
 }
@@ -480,6 +522,7 @@ impl MoeBlock {
             shared,
             shared_gate,
             expert_params,
+            n_candidates: 0,
             executor: None,
         })
     }
@@ -490,10 +533,21 @@ impl MoeBlock {
         self.executor = executor.map(|e| (moe_layer, e));
     }
 
+    /// Keeps each token's `n` best-scored experts in the routing this block returns
+    /// ([`Routing::candidates`]; 0: none, the default).
+    pub fn set_candidates(&mut self, n: usize) {
+        self.n_candidates = n;
+    }
+
     /// Router decisions for `x: [T, hidden]` (router computed in f32).
     pub fn route(&self, x: &[f32], t: usize) -> Routing {
         let logits = self.router.forward(x, t);
-        route(&self.cfg.router, &logits, self.correction_bias.as_deref())
+        route_with_candidates(
+            &self.cfg.router,
+            &logits,
+            self.correction_bias.as_deref(),
+            self.n_candidates,
+        )
     }
 
     /// Weighted sum of the routed experts' outputs, `[T, hidden]`.
@@ -620,6 +674,28 @@ mod tests {
     }
 
     #[test]
+    fn candidates_are_the_best_scores_before_bias_and_renormalisation() {
+        let mut cfg = router(Scoring::Softmax);
+        cfg.norm_topk_prob = true;
+        cfg.correction_bias = true;
+        let logits = [0.0, 3.0, 1.0, 2.5, -1.0, 0.5, 1.0, 0.0, 0.0, 0.0, 0.0, 2.0];
+        let bias = [5.0, 0.0, 0.0, 0.0, 0.0, 0.0];
+        let r = route_with_candidates(&cfg, &logits, Some(&bias), 4);
+        assert_eq!(r.ids, route(&cfg, &logits, Some(&bias)).ids);
+        let c = r.candidates.unwrap();
+        assert_eq!(c.per_token, 4);
+        assert_eq!(c.ids, vec![1, 3, 2, 5, 5, 0, 1, 2]);
+        let mut p = logits[..6].to_vec();
+        crate::ops::softmax(&mut p);
+        assert!((c.scores[0] - p[1]).abs() < 1e-6 && c.scores[0] > c.scores[1]);
+        assert!(
+            route_with_candidates(&cfg, &logits, None, 0)
+                .candidates
+                .is_none()
+        );
+    }
+
+    #[test]
     fn group_limit_excludes_losing_groups() {
         // Groups of 2: {0,1} {2,3} {4,5}; the best single expert (5) is in a group whose
         // top-2 sum loses, so with one group kept it must not be chosen.
@@ -670,6 +746,7 @@ mod tests {
             top_k: 2,
             ids: vec![0, 3, 3, 1, 4, 0],
             weights: vec![0.7, 0.3, 0.6, 0.4, 0.9, 0.1],
+            candidates: None,
         };
         let x: Vec<f32> = (0..t * hidden).map(|i| (i as f32 * 0.37).sin()).collect();
         for fmt in [None, Some(PackedFormat::Bf16)] {

@@ -94,12 +94,27 @@ pub struct LayerView<'a> {
     pub weights: &'a [f32],
     /// Router input hidden states `[tokens * hidden_dim]`, when recorded.
     pub hidden: Option<&'a [f32]>,
+    /// The router's best-scored experts per token (HybriMoE scores its top `2k`), when
+    /// recorded; `None` in traces of format version 1.
+    pub candidates: Option<Candidates<'a>>,
     /// The GPU's state.
     pub gpu: GpuView<'a>,
     /// Seconds of CPU work queued ahead of this layer.
     pub cpu_busy_s: f64,
     /// Seconds of copies queued on PCIe.
     pub pcie_busy_s: f64,
+}
+
+/// Each token's `per_token` best-scored experts, best first, with their router scores
+/// (softmax or sigmoid probabilities before bias, group limits and renormalisation).
+#[derive(Debug, Clone, Copy)]
+pub struct Candidates<'a> {
+    /// Candidates per token.
+    pub per_token: usize,
+    /// Expert ids, `[tokens * per_token]`.
+    pub ids: &'a [u32],
+    /// Router scores, `[tokens * per_token]`.
+    pub scores: &'a [f32],
 }
 
 impl LayerView<'_> {

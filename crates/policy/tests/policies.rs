@@ -3,8 +3,8 @@
 use strata_policy::policies::{Fiddler, GpuLru, HybriMoE, KTransformers, Smoe, SmoeEviction};
 use strata_policy::predictor::LinearPredictor;
 use strata_policy::{
-    CostModel, Decision, Device, GpuView, Hardware, LayerView, ModelShape, Phase, Policy,
-    TransferKind,
+    Candidates, CostModel, Decision, Device, GpuView, Hardware, LayerView, ModelShape, Phase,
+    Policy, TransferKind,
 };
 
 fn small_model(n_experts: usize, top_k: usize) -> ModelShape {
@@ -62,6 +62,7 @@ impl View {
             ids: &self.ids,
             weights: &self.weights,
             hidden: self.hidden.as_deref(),
+            candidates: None,
             gpu: GpuView {
                 resident: &self.resident,
                 free_bytes: 0,
@@ -391,6 +392,31 @@ fn hybrimoe_scores_assignment_and_prefetch() {
         .map(|t| (t.layer, t.expert))
         .collect();
     assert_eq!(pre, vec![(1, 6)]);
+}
+
+#[test]
+fn hybrimoe_scores_the_routers_top_2k_when_the_view_has_them() {
+    let c = cost(8, 2);
+    let mut p = HybriMoE::new(2, 1);
+    let v = View::new(8, &[0, 1], &[]);
+    let mut view = v.view(0, 2, Phase::Decode, 0, 2);
+    view.candidates = Some(Candidates {
+        per_token: 4,
+        ids: &[0, 1, 5, 2],
+        scores: &[0.5, 0.2, 0.15, 0.1],
+    });
+    let d = p.decide(&view, &c);
+    for (e, s) in [(0, 0.25), (1, 0.1), (5, 0.075), (2, 0.05), (3, 0.0)] {
+        assert!(
+            (p.score(0, e) - s).abs() < 1e-6,
+            "expert {e}: {}",
+            p.score(0, e)
+        );
+    }
+    // Candidates are scored, not run: only the routed experts have tasks.
+    let mut run: Vec<u32> = d.tasks.iter().map(|t| t.expert).collect();
+    run.sort();
+    assert_eq!(run, vec![0, 1]);
 }
 
 #[test]

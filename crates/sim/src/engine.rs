@@ -267,6 +267,7 @@ pub fn simulate(policy: &mut dyn Policy, cost: &CostModel, workload: &Workload) 
                 ids: &r.ids,
                 weights: &r.weights,
                 hidden: r.hidden.as_deref(),
+                candidates: None,
                 gpu: GpuView {
                     resident: &resident_now,
                     free_bytes: budget.saturating_sub(sim.used),

@@ -15,7 +15,8 @@
 //!   for small models and make copies look cheap next to a CPU expert.
 //!
 //! A key design decision: the released code scores the router's top `2k` from the full
-//! softmax; traces carry only the top `k` with their weights, so the update uses those.
+//! softmax; the update uses them when the view carries them (`LayerView::candidates`: the
+//! hybrid executor, traces of version 2) and the top `k` with their weights otherwise.
 //! The policy mirrors the residency of layers other than the current one from its own
 //! decisions (the executor applies every decision), so it can prefetch into them.
 
@@ -116,19 +117,26 @@ impl Policy for HybriMoE {
             self.cached[l][e] = view.is_resident(e as u32);
         }
         let rows = view.rows_per_expert(n);
-        // Score update.
-        let mut wsum = vec![0.0f32; n];
-        for (&e, &w) in view.ids.iter().zip(view.weights) {
-            if let Some(s) = wsum.get_mut(e as usize) {
+        // Score update: the router's top 2k with their scores when the view has them,
+        // else the chosen experts with their weights; `s` is the mean over the step's tokens.
+        let mut ssum = vec![0.0f32; n];
+        let mut seen = vec![0usize; n];
+        let (ids, scores) = match view.candidates {
+            Some(c) => (c.ids, c.scores),
+            None => (view.ids, view.weights),
+        };
+        for (&e, &w) in ids.iter().zip(scores) {
+            if let (Some(s), Some(c)) = (ssum.get_mut(e as usize), seen.get_mut(e as usize)) {
                 *s += w;
+                *c += 1;
             }
         }
         for e in 0..n {
             let s = &mut self.scores[l][e];
-            *s = if rows[e].is_empty() {
+            *s = if seen[e] == 0 {
                 0.5 * *s
             } else {
-                0.5 * (wsum[e] / rows[e].len() as f32) + 0.5 * *s
+                0.5 * (ssum[e] / seen[e] as f32) + 0.5 * *s
             };
         }
         // Earliest-finish two-ended assignment.
