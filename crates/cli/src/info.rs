@@ -1,10 +1,17 @@
 //! `strata info`: what a model is and what it costs to run.
+//!
+//! A key design decision: everything is computed from the config and the stored tensor
+//! table, without reading weights, so `info` answers at once even for models far larger
+//! than memory. Only the bytes the weights take *as loaded* depend on the load (packing,
+//! `--weights`): a converted model's tensor table gives them exactly, and `--load` measures
+//! them for other sources.
 
 use std::collections::BTreeMap;
 
 use clap::Args;
 use strata_model::Model;
-use strata_model::config::{AttentionConfig, FfnConfig, Scoring};
+use strata_model::config::{AttentionConfig, FfnConfig, ModelConfig, Scoring};
+use strata_model::source::Source;
 
 use crate::model_arg::ModelArgs;
 
@@ -16,6 +23,80 @@ pub struct InfoArgs {
     /// Print one JSON document instead of a table.
     #[arg(long)]
     json: bool,
+    /// Load the weights (with `--dtype`/`--weights`) to measure the memory they take as
+    /// loaded; without it nothing but the config and the tensor table is read.
+    #[arg(long)]
+    load: bool,
+}
+
+/// Parameters `(total, active per token)` of a model, from its config alone: the same
+/// counts as [`Model::param_counts`] (routed experts counted top-k times in `active`).
+pub fn config_params(cfg: &ModelConfig) -> (usize, usize) {
+    let h = cfg.hidden_size;
+    let embed = cfg.vocab_size * h;
+    let head = if cfg.tie_word_embeddings { 0 } else { embed };
+    let attn = match &cfg.attention {
+        AttentionConfig::Gqa {
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            ..
+        } => 2 * (n_heads + n_kv_heads) * head_dim * h,
+        AttentionConfig::Mla {
+            n_heads,
+            q_lora_rank,
+            kv_lora_rank,
+            qk_nope_head_dim,
+            qk_rope_head_dim,
+            v_head_dim,
+            ..
+        } => {
+            let qk = qk_nope_head_dim + qk_rope_head_dim;
+            let q = match q_lora_rank {
+                Some(r) => r * h + n_heads * qk * r,
+                None => n_heads * qk * h,
+            };
+            q + (kv_lora_rank + qk_rope_head_dim) * h
+                + n_heads * (qk_nope_head_dim + v_head_dim) * kv_lora_rank
+                + h * n_heads * v_head_dim
+        }
+    };
+    let (mut total, mut active) = (embed + head + h, embed + head + h);
+    for layer in &cfg.layers {
+        let (t, a) = match layer {
+            FfnConfig::Dense(inter) => (3 * h * inter, 3 * h * inter),
+            FfnConfig::Moe(m) => {
+                let r = &m.router;
+                let fixed = r.n_experts * h
+                    + m.shared
+                        .as_ref()
+                        .map_or(0, |s| 3 * s.intermediate * h + if s.gated { h } else { 0 });
+                let expert = 3 * h * m.intermediate;
+                (fixed + expert * r.n_experts, fixed + expert * r.top_k)
+            }
+        };
+        total += attn + 2 * h + t;
+        active += attn + 2 * h + a;
+    }
+    (total, active)
+}
+
+/// f32 values one cached position takes in each layer (keys and values, or MLA's latent
+/// and rotary key), as [`Model::new_cache`] allocates them.
+fn kv_floats_per_token(cfg: &ModelConfig) -> usize {
+    let per_layer = match &cfg.attention {
+        AttentionConfig::Gqa {
+            n_kv_heads,
+            head_dim,
+            ..
+        } => 2 * n_kv_heads * head_dim,
+        AttentionConfig::Mla {
+            kv_lora_rank,
+            qk_rope_head_dim,
+            ..
+        } => kv_lora_rank + qk_rope_head_dim,
+    };
+    per_layer * cfg.n_layers()
 }
 
 fn human(n: usize) -> String {
@@ -51,15 +132,18 @@ pub fn run(args: InfoArgs) -> anyhow::Result<()> {
         e.1 += n;
         file_bytes += n;
     }
-    let model = Model::from_source(config, &src, args.model.load_options())?;
-    let cfg = &model.config;
-    let counts = model.param_counts();
-    let kv_per_token: usize = model
-        .new_cache()
-        .widths()
-        .iter()
-        .map(|(a, b)| (a + b) * 4)
-        .sum();
+    let loaded = match (&src, args.load) {
+        // A converted model maps what it stores: its tensor table is the loaded size.
+        (Source::Strata(_), false) => Some(file_bytes),
+        (_, false) => None,
+        (_, true) => {
+            let model = Model::from_source(config.clone(), &src, args.model.load_options())?;
+            Some(model.param_counts().weight_bytes)
+        }
+    };
+    let cfg = &config;
+    let (total, active) = config_params(cfg);
+    let kv_per_token = kv_floats_per_token(cfg) * 4;
     let n_moe = cfg
         .layers
         .iter()
@@ -127,10 +211,10 @@ pub fn run(args: InfoArgs) -> anyhow::Result<()> {
                 "intermediate": m.intermediate,
                 "shared": m.shared.is_some(),
             })),
-            "parameters": {"total": counts.total, "active_per_token": counts.active},
+            "parameters": {"total": total, "active_per_token": active},
             "dtypes": dtypes.iter().map(|(k, (n, b))| (k.clone(), serde_json::json!({"tensors": n, "bytes": b}))).collect::<serde_json::Map<_, _>>(),
             "weight_bytes_on_disk": file_bytes,
-            "weight_bytes_loaded": counts.weight_bytes,
+            "weight_bytes_loaded": loaded,
             "kv_cache_bytes_per_token": kv_per_token,
             "max_position_embeddings": cfg.max_position_embeddings,
         });
@@ -156,14 +240,17 @@ pub fn run(args: InfoArgs) -> anyhow::Result<()> {
     );
     println!(
         "parameters     {} total, {} active per token",
-        human(counts.total),
-        human(counts.active)
+        human(total),
+        human(active)
     );
     println!("dtypes         {}", dt.join(", "));
+    let as_loaded = match loaded {
+        Some(b) => format!("{} as loaded", bytes(b)),
+        None => "--load to measure them as loaded".into(),
+    };
     println!(
-        "memory         {} of weights on disk, {} as loaded (fast path); KV cache {} per token",
+        "memory         {} of weights on disk, {as_loaded}; KV cache {} per token",
         bytes(file_bytes),
-        bytes(counts.weight_bytes),
         if kv_per_token >= 1 << 20 {
             bytes(kv_per_token)
         } else {
@@ -172,4 +259,42 @@ pub fn run(args: InfoArgs) -> anyhow::Result<()> {
     );
     println!("context        {} positions", cfg.max_position_embeddings);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use strata_model::{Model, Precision};
+
+    use super::*;
+
+    /// The config-only counts agree with the loaded model's on every fixture, and so does
+    /// the KV cache size.
+    #[test]
+    fn config_counts_match_the_loaded_model() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let mut paths = Vec::new();
+        for dir in ["tests/fixtures", "tests/fixtures-gguf"] {
+            for e in std::fs::read_dir(root.join(dir)).expect("fixtures") {
+                let p = e.expect("entry").path();
+                if p.join("config.json").is_file() || p.extension().is_some_and(|x| x == "gguf") {
+                    paths.push(p);
+                }
+            }
+        }
+        assert!(paths.len() >= 20);
+        for p in paths {
+            let m = Model::load(&p, Precision::Fast).expect("fixture loads");
+            let c = m.param_counts();
+            assert_eq!(
+                config_params(&m.config),
+                (c.total, c.active),
+                "{}",
+                p.display()
+            );
+            let floats: usize = m.new_cache().widths().iter().map(|(a, b)| a + b).sum();
+            assert_eq!(kv_floats_per_token(&m.config), floats, "{}", p.display());
+        }
+    }
 }

@@ -390,17 +390,17 @@ impl StrataFile {
         let map = MappedFile::open(path)?;
         let bad = |m: String| Error::malformed(path, m);
         let b = map.bytes();
-        if b.len() < HEADER as usize {
-            return Err(bad(format!(
-                "truncated: {} bytes, shorter than the {HEADER}-byte header",
-                b.len()
-            )));
-        }
-        if b[..8] != MAGIC {
+        if b.len() >= MAGIC.len() && b[..8] != MAGIC {
             return Err(bad(format!(
                 "not a .strata file: magic {:?}, expected {:?}",
                 String::from_utf8_lossy(&b[..8]),
                 String::from_utf8_lossy(&MAGIC)
+            )));
+        }
+        if b.len() < HEADER as usize {
+            return Err(bad(format!(
+                "truncated: {} bytes, shorter than the {HEADER}-byte header",
+                b.len()
             )));
         }
         let version = le_u32(&b[8..12]);

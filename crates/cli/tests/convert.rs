@@ -1,0 +1,134 @@
+//! `strata convert` as a user runs it: the converted model generates and scores exactly as
+//! its source does, carries its tokenizer, and failures leave nothing behind.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn strata(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn ok(args: &[&str]) -> String {
+    let o = strata(args);
+    assert!(
+        o.status.success(),
+        "strata {args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8(o.stdout).unwrap()
+}
+
+fn fail(args: &[&str]) -> String {
+    let o = strata(args);
+    assert!(!o.status.success(), "strata {args:?} should fail");
+    String::from_utf8(o.stderr).unwrap()
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("strata-cli-convert-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+#[test]
+fn converted_tiny_model_generates_what_its_source_generates() {
+    let src = root().join("models/strata-tiny-moe");
+    let src = src.to_str().unwrap();
+    let out = tmp("tiny");
+    let out_s = out.to_str().unwrap();
+    let said = ok(&[
+        "convert",
+        "--model",
+        src,
+        "--out",
+        out_s,
+        "--weights",
+        "int8",
+    ]);
+    assert!(said.contains("model.strata"), "{said}");
+    assert!(out.join("model.strata").is_file());
+    let gen_args = |m: &str| {
+        ok(&[
+            "generate",
+            "--model",
+            m,
+            "--weights",
+            "int8",
+            "--chat",
+            "What is the weather like?",
+            "--max-tokens",
+            "12",
+            "--temperature",
+            "0",
+        ])
+    };
+    // The chat template and tokenizer come from inside the converted file.
+    assert_eq!(gen_args(out_s), gen_args(src));
+    let info = ok(&["info", "--model", out_s]);
+    assert!(info.contains("packed int8"), "{info}");
+    std::fs::remove_dir_all(&out).unwrap();
+}
+
+#[test]
+fn converted_gguf_scores_bit_identically() {
+    let src = root().join("tests/fixtures-gguf/qwen3_moe_normed.gguf");
+    let src = src.to_str().unwrap();
+    let conv = tmp("qwen3.strata");
+    let conv_s = conv.to_str().unwrap();
+    ok(&["convert", "--model", src, "--out", conv_s]);
+    let logits = |m: &str, name: &str| {
+        let out = tmp(name);
+        ok(&[
+            "logits",
+            "--model",
+            m,
+            "--tokens",
+            "1,5,9,2,7,3",
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        std::fs::read(out).unwrap()
+    };
+    assert_eq!(logits(conv_s, "a.npy"), logits(src, "b.npy"));
+    let e = fail(&[
+        "convert",
+        "--model",
+        conv_s,
+        "--out",
+        tmp("again").to_str().unwrap(),
+    ]);
+    assert!(e.contains("already a converted model"), "{e}");
+}
+
+#[test]
+fn failures_are_clear_and_leave_nothing_behind() {
+    let src = root().join("tests/fixtures/qwen3_moe");
+    let missing = tmp("no-such-dir/sub/x.strata");
+    let e = fail(&[
+        "convert",
+        "--model",
+        src.to_str().unwrap(),
+        "--out",
+        missing.to_str().unwrap(),
+    ]);
+    assert!(e.contains("x.strata"), "{e}");
+    assert!(!missing.exists() && !missing.with_extension("strata.tmp").exists());
+    let junk = tmp("junk.strata");
+    std::fs::write(
+        &junk,
+        b"not a model at all, just some bytes here and more of them",
+    )
+    .unwrap();
+    let e = fail(&["info", "--model", junk.to_str().unwrap()]);
+    assert!(
+        e.contains("junk.strata") && e.contains("not a .strata file"),
+        "{e}"
+    );
+}
