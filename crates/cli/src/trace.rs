@@ -1,6 +1,7 @@
 //! `strata trace`: records the routing of every token at every MoE layer of a real model,
 //! prefill and greedy decode, into a routing trace (`strata_sim::trace` documents the
-//! format) for the simulator and the predictors.
+//! format) for the simulator and the predictors, with each token's top `2k` router
+//! candidates (HybriMoE's score cache reads them).
 //!
 //! A key design decision: the recorder is a `ForwardObserver` that lives here, in the
 //! binary, so the model crate knows nothing of traces and the simulator nothing of models.
@@ -14,7 +15,7 @@ use strata_model::attention::SeqSpan;
 use strata_model::moe::Routing;
 use strata_model::{ForwardObserver, LogitsWanted, Model, SeqInput};
 use strata_runtime::text::Tokenizer;
-use strata_sim::trace::{FORMAT, Header, Record, Writer};
+use strata_sim::trace::{FORMAT, Header, Record, VERSION, Writer};
 
 use crate::model_arg::ModelArgs;
 
@@ -51,6 +52,7 @@ pub struct Recorder {
     top_k: usize,
     hidden_dim: usize,
     moe_layers: usize,
+    candidates: usize,
 }
 
 impl Recorder {
@@ -86,12 +88,13 @@ impl Recorder {
             out,
             Header {
                 format: FORMAT.into(),
-                version: 1,
+                version: VERSION,
                 model: model.into(),
                 moe_layers: self.moe_layers,
                 n_experts,
                 top_k: self.top_k,
                 hidden_dim: if self.hidden { self.hidden_dim } else { 0 },
+                candidates: self.candidates,
             },
         )?;
         for r in &self.records {
@@ -105,6 +108,8 @@ impl ForwardObserver for Recorder {
     fn on_routing(&mut self, _layer: usize, _spans: &[SeqSpan], routing: &Routing, hidden: &[f32]) {
         let tokens = routing.tokens();
         self.top_k = routing.top_k;
+        let c = routing.candidates.as_ref();
+        self.candidates = c.map_or(0, |c| c.per_token);
         if let Some(d) = hidden.len().checked_div(tokens) {
             self.hidden_dim = d;
         }
@@ -118,6 +123,8 @@ impl ForwardObserver for Recorder {
             ids: routing.ids.clone(),
             weights: routing.weights.clone(),
             hidden: self.hidden.then(|| hidden.to_vec()),
+            candidate_ids: c.map(|c| c.ids.clone()),
+            candidate_scores: c.map(|c| c.scores.clone()),
         });
         self.layer += 1;
     }
@@ -167,6 +174,15 @@ fn argmax(v: &[f32]) -> u32 {
     best as u32
 }
 
+/// Makes every MoE block of `model` keep its router's top `2k` candidates in the routing.
+pub fn keep_candidates(model: &mut Model) {
+    for layer in &mut model.layers {
+        if let strata_model::moe::Ffn::Moe(b) = &mut layer.ffn {
+            b.set_candidates(2 * b.cfg.router.top_k);
+        }
+    }
+}
+
 /// Records `prompts` through `model` into `rec`, `decode` greedy steps each.
 pub fn record(
     model: &Model,
@@ -209,7 +225,8 @@ pub fn run(args: TraceArgs) -> anyhow::Result<()> {
         .iter()
         .map(|p| tok.encode(p, true))
         .collect::<Result<Vec<_>, _>>()?;
-    let model = Model::load(&dir, args.model.load_options())?;
+    let mut model = Model::load(&dir, args.model.load_options())?;
+    keep_candidates(&mut model);
     let n_experts = strata_policy::ModelShape::load(&dir.to_string_lossy())
         .map(|m| m.n_experts)
         .context("reading the model's expert count from config.json")?;
@@ -232,17 +249,29 @@ mod tests {
         if !dir.join("config.json").exists() {
             return;
         }
-        let model = Model::load(
+        let mut model = Model::load(
             &dir,
             strata_model::LoadOptions::new(strata_model::Precision::Fast),
         )
         .unwrap();
+        keep_candidates(&mut model);
         let mut rec = Recorder::new(true);
         record(&model, &[vec![5, 17, 300, 42], vec![9, 8]], 3, &mut rec).unwrap();
         let mut buf = Vec::new();
         rec.write(&mut buf, "tiny", 32).unwrap();
         let (h, w) = strata_sim::trace::read(&buf[..], "mem").unwrap();
         assert_eq!((h.moe_layers, h.top_k, h.hidden_dim), (6, 4, 256));
+        assert_eq!((h.version, h.candidates), (VERSION, 8));
+        let first = &w.steps[0].layers[0];
+        let c = first.candidates.as_ref().unwrap();
+        // The chosen experts are the best-scored candidates here (no bias, no groups).
+        for (t, ids) in first.ids.chunks_exact(4).enumerate() {
+            let mut top: Vec<u32> = c.ids[t * 8..t * 8 + 4].to_vec();
+            let mut chosen = ids.to_vec();
+            top.sort();
+            chosen.sort();
+            assert_eq!(top, chosen);
+        }
         // Two prompts: a prefill and three decode steps each.
         assert_eq!(w.steps.len(), 8);
         assert_eq!(w.steps[0].tokens, 4);

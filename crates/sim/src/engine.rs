@@ -24,7 +24,8 @@
 
 use strata_policy::layout::NdpCosts;
 use strata_policy::{
-    CostModel, Decision, Device, GpuView, LayerView, Layout, Phase, Policy, TransferKind,
+    Candidates, CostModel, Decision, Device, GpuView, LayerView, Layout, Phase, Policy,
+    TransferKind,
 };
 
 use crate::report::{Lane, Op, Report};
@@ -267,7 +268,11 @@ pub fn simulate(policy: &mut dyn Policy, cost: &CostModel, workload: &Workload) 
                 ids: &r.ids,
                 weights: &r.weights,
                 hidden: r.hidden.as_deref(),
-                candidates: None,
+                candidates: r.candidates.as_ref().map(|c| Candidates {
+                    per_token: c.per_token,
+                    ids: &c.ids,
+                    scores: &c.scores,
+                }),
                 gpu: GpuView {
                     resident: &resident_now,
                     free_bytes: budget.saturating_sub(sim.used),

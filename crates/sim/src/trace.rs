@@ -1,12 +1,18 @@
 //! Routing traces: the routing of every token at every MoE layer, as recorded from the
 //! real engine, in a line-oriented JSON format.
 //!
-//! Format (`strata-routing-trace`, version 1), one JSON object per line:
-//! - line 1, the header: `{"format":"strata-routing-trace","version":1,"model":NAME,
-//!   "moe_layers":L,"n_experts":E,"top_k":K,"hidden_dim":D}` (`D = 0`: no hidden states);
+//! Format (`strata-routing-trace`, version 2), one JSON object per line:
+//! - line 1, the header: `{"format":"strata-routing-trace","version":2,"model":NAME,
+//!   "moe_layers":L,"n_experts":E,"top_k":K,"hidden_dim":D,"candidates":P}` (`D = 0`: no
+//!   hidden states; `P = 0`: no candidates);
 //! - then one record per (step, MoE layer), steps in order and layers `0..L` within a step:
 //!   `{"request":R,"step":S,"phase":"prefill"|"decode","context":C,"layer":I,
-//!   "tokens":T,"ids":[T*K],"weights":[T*K],"hidden":[T*D]?}`.
+//!   "tokens":T,"ids":[T*K],"weights":[T*K],"hidden":[T*D]?,
+//!   "candidate_ids":[T*P]?,"candidate_scores":[T*P]?}`, where the candidates are each
+//!   token's `P` best-scored experts (the router's softmax or sigmoid scores before bias,
+//!   group limits and renormalisation), best first: HybriMoE scores the top `2k`.
+//!
+//! Version 1 is version 2 without `candidates` and the candidate fields; it is still read.
 //!
 //! A key design decision: JSON lines rather than a binary layout, so a trace can be
 //! inspected with `head` and `jq` and written from any tool; hidden states, the only bulky
@@ -17,18 +23,21 @@ use std::io::{BufRead, Write};
 use serde::{Deserialize, Serialize};
 use strata_policy::Phase;
 
-use crate::workload::{LayerRouting, Step, Workload};
+use crate::workload::{Candidates, LayerRouting, Step, Workload};
 use crate::{Error, Result};
 
 /// The format name in the header.
 pub const FORMAT: &str = "strata-routing-trace";
+
+/// The version written; versions 1 and 2 are read.
+pub const VERSION: u32 = 2;
 
 /// The first line of a trace.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Header {
     /// Always [`FORMAT`].
     pub format: String,
-    /// Format version, 1.
+    /// Format version: [`VERSION`] when written, 1 or 2 when read.
     pub version: u32,
     /// Model the trace was recorded from.
     pub model: String,
@@ -40,6 +49,9 @@ pub struct Header {
     pub top_k: usize,
     /// Width of the recorded hidden states (0: none).
     pub hidden_dim: usize,
+    /// Candidates recorded per token (0: none; absent in version 1).
+    #[serde(default)]
+    pub candidates: usize,
 }
 
 /// One (step, layer) line.
@@ -64,6 +76,12 @@ pub struct Record {
     /// Router input `[tokens * hidden_dim]`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hidden: Option<Vec<f32>>,
+    /// Each token's best-scored experts `[tokens * candidates]` (version 2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub candidate_ids: Option<Vec<u32>>,
+    /// Their router scores `[tokens * candidates]` (version 2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub candidate_scores: Option<Vec<f32>>,
 }
 
 /// Writes a trace line by line.
@@ -110,11 +128,11 @@ pub fn read(input: impl BufRead, path: &str) -> Result<(Header, Workload)> {
     let first = first.map_err(|e| bad(1, e.to_string()))?;
     let header: Header =
         serde_json::from_str(&first).map_err(|e| bad(1, format!("header: {e}")))?;
-    if header.format != FORMAT || header.version != 1 {
+    if header.format != FORMAT || !(1..=VERSION).contains(&header.version) {
         return Err(bad(
             1,
             format!(
-                "expected format {FORMAT:?} version 1, got {:?} version {}",
+                "expected format {FORMAT:?} version 1 or {VERSION}, got {:?} version {}",
                 header.format, header.version
             ),
         ));
@@ -164,6 +182,36 @@ pub fn read(input: impl BufRead, path: &str) -> Result<(Header, Workload)> {
                 format!("{} hidden values, expected {}", h.len(), r.tokens * d),
             ));
         }
+        let p = header.candidates;
+        let candidates = match (r.candidate_ids, r.candidate_scores) {
+            (None, None) => None,
+            (Some(ids), Some(scores))
+                if p > 0 && ids.len() == r.tokens * p && scores.len() == r.tokens * p =>
+            {
+                if let Some(&e) = ids.iter().find(|&&e| e as usize >= header.n_experts) {
+                    return Err(bad(
+                        n,
+                        format!("candidate id {e} out of range 0..{}", header.n_experts),
+                    ));
+                }
+                Some(Candidates {
+                    per_token: p,
+                    ids,
+                    scores,
+                })
+            }
+            (ids, scores) => {
+                return Err(bad(
+                    n,
+                    format!(
+                        "{} candidate ids and {} scores, expected {} of each",
+                        ids.map_or(0, |v| v.len()),
+                        scores.map_or(0, |v| v.len()),
+                        r.tokens * p
+                    ),
+                ));
+            }
+        };
         if key != Some((r.request, r.step)) {
             if let Some(s) = steps.last()
                 && s.layers.len() != header.moe_layers
@@ -203,6 +251,7 @@ pub fn read(input: impl BufRead, path: &str) -> Result<(Header, Workload)> {
             ids: r.ids,
             weights: r.weights,
             hidden: r.hidden,
+            candidates,
         });
     }
     if let Some(s) = steps.last()
@@ -241,12 +290,18 @@ pub fn write(out: impl Write, model: &str, w: &Workload) -> std::io::Result<()> 
         out,
         Header {
             format: FORMAT.into(),
-            version: 1,
+            version: VERSION,
             model: model.into(),
             moe_layers: w.moe_layers(),
             n_experts: w.n_experts,
             top_k: w.top_k,
             hidden_dim: w.hidden_dim,
+            candidates: w
+                .steps
+                .iter()
+                .flat_map(|s| &s.layers)
+                .find_map(|l| l.candidates.as_ref().map(|c| c.per_token))
+                .unwrap_or(0),
         },
     )?;
     for (si, s) in w.steps.iter().enumerate() {
@@ -264,6 +319,8 @@ pub fn write(out: impl Write, model: &str, w: &Workload) -> std::io::Result<()> 
                 ids: r.ids.clone(),
                 weights: r.weights.clone(),
                 hidden: r.hidden.clone(),
+                candidate_ids: r.candidates.as_ref().map(|c| c.ids.clone()),
+                candidate_scores: r.candidates.as_ref().map(|c| c.scores.clone()),
             })?;
         }
     }

@@ -26,6 +26,19 @@ pub struct LayerRouting {
     pub weights: Vec<f32>,
     /// Router input `[tokens * hidden_dim]`, when recorded.
     pub hidden: Option<Vec<f32>>,
+    /// The router's best-scored experts per token, when recorded (trace version 2).
+    pub candidates: Option<Candidates>,
+}
+
+/// Each token's `per_token` best-scored experts with their router scores, best first.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Candidates {
+    /// Candidates per token.
+    pub per_token: usize,
+    /// Expert ids `[tokens * per_token]`.
+    pub ids: Vec<u32>,
+    /// Router scores `[tokens * per_token]`.
+    pub scores: Vec<f32>,
 }
 
 /// One forward pass.
@@ -270,6 +283,7 @@ pub fn synthetic(p: &SyntheticParams) -> Workload {
             ids: Vec::new(),
             weights: Vec::new(),
             hidden: None,
+            candidates: None,
         };
         let mut layers: Vec<LayerRouting> = (0..p.moe_layers).map(|_| empty()).collect();
         for _ in 0..p.prompt_tokens {

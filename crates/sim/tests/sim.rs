@@ -223,6 +223,45 @@ fn trace_round_trips_and_rejects_bad_files() {
 }
 
 #[test]
+fn trace_version_2_carries_candidates_and_version_1_still_reads() {
+    let (_, plain) = setup(5, 3);
+    let mut w = plain.clone();
+    let p = 2 * w.top_k;
+    for s in &mut w.steps {
+        for l in &mut s.layers {
+            l.candidates = Some(strata_sim::workload::Candidates {
+                per_token: p,
+                ids: (0..s.tokens * p).map(|i| (i % p) as u32).collect(),
+                scores: (0..s.tokens * p)
+                    .map(|i| 1.0 / (1 + i % p) as f32)
+                    .collect(),
+            });
+        }
+    }
+    let mut buf = Vec::new();
+    trace::write(&mut buf, "synthetic", &w).unwrap();
+    let (h, back) = trace::read(&buf[..], "mem").unwrap();
+    assert_eq!((h.version, h.candidates), (trace::VERSION, p));
+    assert_eq!(back, w);
+    // A version 1 file (no candidates anywhere) reads as before.
+    let mut v1 = Vec::new();
+    trace::write(&mut v1, "synthetic", &plain).unwrap();
+    let v1 = String::from_utf8(v1)
+        .unwrap()
+        .replacen("\"version\":2", "\"version\":1", 1)
+        .replacen(",\"candidates\":0", "", 1);
+    assert!(!v1.contains("candidates") && v1.contains("\"version\":1"));
+    let (h1, back1) = trace::read(v1.as_bytes(), "v1").unwrap();
+    assert_eq!((h1.version, h1.candidates), (1, 0));
+    assert_eq!(back1, plain);
+    // Candidates of the wrong length are an error naming the line.
+    let text = String::from_utf8(buf).unwrap();
+    let bad = text.replacen("\"candidate_ids\":[", "\"candidate_ids\":[1,", 1);
+    let e = trace::read(bad.as_bytes(), "c").unwrap_err().to_string();
+    assert!(e.contains("line 2") && e.contains("candidate"), "{e}");
+}
+
+#[test]
 fn without_a_gpu_everything_runs_on_the_cpu() {
     let c = CostModel::new(
         Hardware::load("local").unwrap(),

@@ -84,6 +84,7 @@ fn batch_workload(c: &CostModel, batch: usize, steps: usize, seed: u64, drift: f
                 ids: Vec::with_capacity(batch * m.top_k),
                 weights: Vec::with_capacity(batch * m.top_k),
                 hidden: None,
+                candidates: None,
             })
             .collect();
         for r in 0..batch {
