@@ -513,7 +513,32 @@ pub fn simulate(policy: &mut dyn Policy, cost: &CostModel, workload: &Workload) 
                     *slot = Some(slot.map_or(end, |x: f64| x.max(end)));
                 }
             }
-            // NDP experts, each on its unit, weights already in its DIMM.
+            // Layout moves, in the background on the DIMM-Link.
+            for mv in &d.migrations {
+                let Some(ly) = layouts.as_mut() else {
+                    return Err(sim.err(
+                        &name,
+                        "migrates experts without stating an initial layout".into(),
+                    ));
+                };
+                check_layout(&nc, mv.to).map_err(|msg| sim.err(&name, msg))?;
+                let e = mv.expert as usize;
+                if mv.layer >= n_moe || e >= n {
+                    return Err(
+                        sim.err(&name, format!("migrates ({}, {e}) out of range", mv.layer))
+                    );
+                }
+                ly.at(mv.layer, e, attn_end);
+                let end = sim.run_op(
+                    Lane::Link,
+                    attn_end,
+                    nc.link_move(),
+                    format!("move {}:{e} to {:?}", mv.layer, mv.to),
+                    0.0,
+                );
+                ly.moving[mv.layer][e] = Some((mv.to, end));
+            }
+            // NDP experts, each on its unit, once its weights are localized there.
             let mut ndp_imm: Option<f64> = None;
             let mut ndp_def: Option<f64> = None;
             for task in &d.tasks {
@@ -569,31 +594,6 @@ pub fn simulate(policy: &mut dyn Policy, cost: &CostModel, workload: &Workload) 
                     ndp_imm = Some(ndp_imm.map_or(end, |x: f64| x.max(end)));
                     *r = 0.0;
                 }
-            }
-            // Layout moves, in the background on the DIMM-Link.
-            for mv in &d.migrations {
-                let Some(ly) = layouts.as_mut() else {
-                    return Err(sim.err(
-                        &name,
-                        "migrates experts without stating an initial layout".into(),
-                    ));
-                };
-                check_layout(&nc, mv.to).map_err(|msg| sim.err(&name, msg))?;
-                let e = mv.expert as usize;
-                if mv.layer >= n_moe || e >= n {
-                    return Err(
-                        sim.err(&name, format!("migrates ({}, {e}) out of range", mv.layer))
-                    );
-                }
-                ly.at(mv.layer, e, attn_end);
-                let end = sim.run_op(
-                    Lane::Link,
-                    attn_end,
-                    nc.link_move(),
-                    format!("move {}:{e} to {:?}", mv.layer, mv.to),
-                    0.0,
-                );
-                ly.moving[mv.layer][e] = Some((mv.to, end));
             }
             let mut moe_end = gpu_imm
                 .max(cpu_imm.unwrap_or(attn_end))

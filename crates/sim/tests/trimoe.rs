@@ -1,20 +1,240 @@
-//! The TriMoE reproduction's shape and sanity, and its policies under the simulator's
-//! checks (paper numbers are compared in the reproduction's own output, not asserted).
+//! NDP layouts in the simulator, the TriMoE policies under its checks, and the TriMoE
+//! reproduction's shape (paper numbers are compared in the reproduction's own output,
+//! not asserted).
 
-use strata_sim::reproduce;
+use strata_policy::policies::{Klotski, KtEnhanced, Monde, TriMoE, TriMoEConfig};
+use strata_policy::{
+    CostModel, Decision, Device, Hardware, LayerView, Layout, Migration, ModelShape, Policy,
+};
+use strata_sim::workload::{SyntheticParams, Workload, synthetic};
+use strata_sim::{Lane, Report, reproduce, simulate};
+
+fn setup() -> (CostModel, Workload) {
+    let c = CostModel::new(
+        Hardware::load("trimoe-h100").unwrap(),
+        ModelShape::load("qwen3-30b-a3b").unwrap(),
+        16.0,
+        16.0,
+    )
+    .unwrap();
+    let m = &c.model;
+    let w = synthetic(&SyntheticParams {
+        requests: 1,
+        prompt_tokens: 64,
+        decode_tokens: 6,
+        hidden_dim: 0,
+        ..SyntheticParams::calibrated(m.moe_layers(), m.n_experts, m.top_k)
+    });
+    (c, w)
+}
+
+fn no_overlap(r: &Report) {
+    let mut lanes: Vec<Lane> = r.ops.iter().map(|o| o.lane).collect();
+    lanes.sort_by_key(|l| format!("{l:?}"));
+    lanes.dedup();
+    for lane in lanes {
+        let mut ops: Vec<_> = r.ops.iter().filter(|o| o.lane == lane).collect();
+        ops.sort_by(|a, b| a.start.total_cmp(&b.start));
+        for p in ops.windows(2) {
+            assert!(
+                p[1].start >= p[0].end - 1e-12,
+                "{}: {:?} {:?}",
+                r.policy,
+                p[0],
+                p[1]
+            );
+        }
+    }
+}
+
+#[test]
+fn trimoe_and_its_baselines_keep_the_invariants() {
+    let (c, w) = setup();
+    let prof: Vec<Vec<f64>> = w
+        .profile()
+        .into_iter()
+        .map(|r| {
+            r.into_iter()
+                .map(|x| x as f64 / w.steps.len() as f64)
+                .collect()
+        })
+        .collect();
+    let mut policies: Vec<Box<dyn Policy>> = vec![
+        Box::new(TriMoE::new(TriMoEConfig::FULL, prof.clone())),
+        Box::new(TriMoE::new(
+            TriMoEConfig {
+                cpu: false,
+                refine: false,
+                dynamic: false,
+            },
+            prof.clone(),
+        )),
+        Box::new(Klotski::new(prof.clone())),
+        Box::new(KtEnhanced::new(prof.clone())),
+        Box::new(Monde::new(prof)),
+    ];
+    for p in policies.iter_mut() {
+        let r = simulate(p.as_mut(), &c, &w).unwrap();
+        no_overlap(&r);
+        assert!(r.peak_expert_bytes <= r.expert_budget_bytes, "{}", r.policy);
+        assert!(r.decode.tokens_per_s > 0.0, "{}", r.policy);
+    }
+}
+
+/// Localizes expert 0 of layer 0 on DIMM `home`, runs it on NDP unit `unit`, and asks
+/// for `moves` at the first step.
+struct OnDimm {
+    home: Option<u16>,
+    unit: u16,
+    moves: Vec<Migration>,
+}
+
+impl Policy for OnDimm {
+    fn name(&self) -> String {
+        "on-dimm".into()
+    }
+    fn initial_layout(&mut self, _: &CostModel) -> Option<Vec<(usize, u32, Layout)>> {
+        Some(
+            self.home
+                .map(|d| (0, 0, Layout::Localized(d)))
+                .into_iter()
+                .collect(),
+        )
+    }
+    fn decide(&mut self, view: &LayerView, cost: &CostModel) -> Decision {
+        let unit = self.unit;
+        let layer = view.layer;
+        Decision {
+            tasks: strata_policy::tasks_by_expert(view, cost.model.n_experts, |e, _| {
+                if layer == 0 && e == 0 {
+                    Device::Ndp(unit)
+                } else {
+                    Device::Cpu
+                }
+            }),
+            migrations: std::mem::take(&mut self.moves),
+            ..Decision::default()
+        }
+    }
+}
+
+#[test]
+fn ndp_experts_need_their_weights_on_the_dimm() {
+    let (c, w) = setup();
+    let ok = OnDimm {
+        home: Some(3),
+        unit: 3,
+        moves: Vec::new(),
+    };
+    let r = simulate(&mut { ok }, &c, &w).unwrap();
+    no_overlap(&r);
+    // The CPU's striped reads are charged to every DIMM, after its NDP work.
+    assert!(
+        r.ops
+            .iter()
+            .any(|o| o.lane == Lane::Ndp(3) && o.name == "host reads")
+    );
+    assert!(
+        r.ops
+            .iter()
+            .any(|o| o.lane == Lane::Ndp(9) && o.name == "host reads")
+    );
+    let wrong = OnDimm {
+        home: Some(3),
+        unit: 4,
+        moves: Vec::new(),
+    };
+    let e = simulate(&mut { wrong }, &c, &w).unwrap_err().to_string();
+    assert!(
+        e.contains("NDP unit 4") && e.contains("Localized(3)"),
+        "{e}"
+    );
+    let striped = OnDimm {
+        home: None,
+        unit: 0,
+        moves: Vec::new(),
+    };
+    let e = simulate(&mut { striped }, &c, &w).unwrap_err().to_string();
+    assert!(e.contains("Striped"), "{e}");
+    let bad = OnDimm {
+        home: Some(16),
+        unit: 0,
+        moves: Vec::new(),
+    };
+    let e = simulate(&mut { bad }, &c, &w).unwrap_err().to_string();
+    assert!(e.contains("16 DIMMs"), "{e}");
+}
+
+#[test]
+fn migrations_run_on_the_link_and_land_before_use() {
+    let (c, w) = setup();
+    // Expert 0 starts striped and runs on unit 5 only after its move there lands.
+    let mv = OnDimm {
+        home: None,
+        unit: 5,
+        moves: vec![Migration {
+            layer: 0,
+            expert: 0,
+            to: Layout::Localized(5),
+        }],
+    };
+    let r = simulate(&mut { mv }, &c, &w).unwrap();
+    no_overlap(&r);
+    let link: Vec<_> = r.ops.iter().filter(|o| o.lane == Lane::Link).collect();
+    assert_eq!(link.len(), 1);
+    let first_ndp = r
+        .ops
+        .iter()
+        .filter(|o| o.lane == Lane::Ndp(5) && o.name.starts_with("expert"))
+        .map(|o| o.start)
+        .fold(f64::INFINITY, f64::min);
+    assert!(first_ndp >= link[0].end - 1e-12);
+    // Without a stated layout, migrations are an error.
+    struct Loose;
+    impl Policy for Loose {
+        fn name(&self) -> String {
+            "loose".into()
+        }
+        fn decide(&mut self, view: &LayerView, cost: &CostModel) -> Decision {
+            Decision {
+                tasks: strata_policy::tasks_by_expert(view, cost.model.n_experts, |_, _| {
+                    Device::Cpu
+                }),
+                migrations: vec![Migration {
+                    layer: 0,
+                    expert: 0,
+                    to: Layout::Striped,
+                }],
+                ..Decision::default()
+            }
+        }
+    }
+    let e = simulate(&mut Loose, &c, &w).unwrap_err().to_string();
+    assert!(e.contains("initial layout"), "{e}");
+}
 
 #[test]
 fn trimoe_reproduction_rows_are_sane() {
     let r = reproduce::run("trimoe").unwrap();
     assert_eq!(r.reproduce, "trimoe");
-    for row in &r.rows {
-        eprintln!(
-            "{:<28} {:<16} {:>4} {:<45} {:>10.4} {:?}",
-            row.policy, row.model, row.batch, row.metric, row.value, row.paper
-        );
+    let json = serde_json::to_value(&r).unwrap();
+    for key in [
+        "policy", "model", "hardware", "batch", "metric", "value", "paper",
+    ] {
+        assert!(json["rows"][0].get(key).is_some(), "{key}");
     }
     for row in &r.rows {
         assert!(row.value.is_finite() && row.value >= 0.0, "{row:?}");
         assert_eq!(row.hardware, "trimoe-h100");
+    }
+    let speedups: Vec<_> = r
+        .rows
+        .iter()
+        .filter(|x| x.metric == "moe_speedup_over_best_baseline")
+        .collect();
+    // Three models at batch 512 and three smaller batches on Qwen3.
+    assert_eq!(speedups.len(), 6);
+    for m in ["deepseek-v2", "qwen3-235b-a22b", "glm-4.5-air"] {
+        assert!(r.rows.iter().any(|x| x.model == m && x.policy == "monde"));
     }
 }
