@@ -32,14 +32,15 @@ pub struct ConvertArgs {
     out: PathBuf,
 }
 
-/// The output file for `--out`.
-fn out_file(out: &Path) -> anyhow::Result<PathBuf> {
+/// The output file for `--out`, and whether its directory was created for it.
+fn out_file(out: &Path) -> anyhow::Result<(PathBuf, bool)> {
     if out.extension().is_some_and(|e| e == "strata") && !out.is_dir() {
-        return Ok(out.to_owned());
+        return Ok((out.to_owned(), false));
     }
+    let created = !out.exists();
     std::fs::create_dir_all(out)
         .with_context(|| format!("{}: cannot create the output directory", out.display()))?;
-    Ok(out.join(STRATA_FILE))
+    Ok((out.join(STRATA_FILE), created))
 }
 
 /// The source's `tokenizer.json` bytes and its special tokens, or `None` when the source
@@ -77,10 +78,19 @@ fn tokenizer(src_path: &Path, src: &Source) -> anyhow::Result<Option<(Vec<u8>, V
 pub fn run(args: ConvertArgs) -> anyhow::Result<()> {
     let t0 = Instant::now();
     let src_path = args.model.dir()?;
+    let (out, created) = out_file(&args.out)?;
+    let done = convert(&args, &src_path, &out, t0);
+    if done.is_err() && created {
+        // The file itself is never left half-written; drop the directory made for it.
+        let _ = std::fs::remove_dir(&args.out);
+    }
+    done
+}
+
+fn convert(args: &ConvertArgs, src_path: &Path, out: &Path, t0: Instant) -> anyhow::Result<()> {
     let opts = args.model.load_options();
-    let out = out_file(&args.out)?;
-    let (config, src) = strata_model::model::open(&src_path)?;
-    let tok = tokenizer(&src_path, &src)?;
+    let (config, src) = strata_model::model::open(src_path)?;
+    let tok = tokenizer(src_path, &src)?;
     let (_model, recording) = Model::convert(config.clone(), &src, opts)?;
     let mut metadata = json!({
         "source": src_path.display().to_string(),
@@ -96,8 +106,8 @@ pub fn run(args: ConvertArgs) -> anyhow::Result<()> {
             src_path.display()
         );
     }
-    write_converted(&out, &config, opts, &recording, &blobs, metadata)?;
-    let size = std::fs::metadata(&out)
+    write_converted(out, &config, opts, &recording, &blobs, metadata)?;
+    let size = std::fs::metadata(out)
         .with_context(|| format!("{}: cannot stat", out.display()))?
         .len();
     println!(

@@ -120,6 +120,28 @@ fn failures_are_clear_and_leave_nothing_behind() {
     ]);
     assert!(e.contains("x.strata"), "{e}");
     assert!(!missing.exists() && !missing.with_extension("strata.tmp").exists());
+    // A directory made for the output is removed again when conversion fails.
+    let made = tmp("made-for-nothing");
+    let e = fail(&[
+        "convert",
+        "--model",
+        tmp("no-such-model").to_str().unwrap(),
+        "--out",
+        made.to_str().unwrap(),
+    ]);
+    assert!(e.contains("no-such-model"), "{e}");
+    let bad_src = tmp("bad-src");
+    std::fs::create_dir_all(&bad_src).unwrap();
+    std::fs::copy(src.join("config.json"), bad_src.join("config.json")).unwrap();
+    let e = fail(&[
+        "convert",
+        "--model",
+        bad_src.to_str().unwrap(),
+        "--out",
+        made.to_str().unwrap(),
+    ]);
+    assert!(e.contains("bad-src"), "{e}");
+    assert!(!made.exists());
     let junk = tmp("junk.strata");
     std::fs::write(
         &junk,
