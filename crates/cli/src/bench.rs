@@ -8,8 +8,9 @@
 //!
 //! Weights stay in DRAM: successive calls rotate the routing offset (decode touches the next
 //! `topk` experts each call) and the layer (`--layers`), and one layer of the default shape
-//! (1.2 GB in BF16) is far larger than any L3. Experts are copies of a few distinct random
-//! experts (`--distinct`): timing does not depend on the values, and packing stays fast.
+//! (1.2 GB in BF16) is far larger than any L3. Every expert has its own random weights by
+//! default: with copies of a few experts (`--distinct`), a virtual machine whose host merges
+//! identical pages served the copies from cache and decode read "faster than DRAM".
 //! Accuracy is each format's relative RMS error against f32 math on the unquantized weights.
 
 use std::time::Instant;
@@ -54,9 +55,11 @@ pub struct BenchMoeArgs {
     /// Minimum timed seconds per point (at least 3 calls after one warm-up call).
     #[arg(long, default_value_t = 1.0)]
     pub min_seconds: f64,
-    /// Distinct random experts; the rest of the layer are copies of them.
-    #[arg(long, default_value_t = 4)]
-    pub distinct: usize,
+    /// Distinct random experts per layer (default: all); the rest are copies of them. Copies
+    /// read faster than DRAM on some virtual machines (the host merges identical pages, so
+    /// they share cache lines): keep the default for honest bandwidth figures.
+    #[arg(long)]
+    pub distinct: Option<usize>,
     /// Also time AMX against AVX-512 per tokens-per-expert, to find the crossover.
     #[arg(long)]
     pub crossover: bool,
@@ -162,7 +165,10 @@ fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
 }
 
-/// f32 MoE on the unquantized weights (expert `e` is distinct expert `e % distinct`).
+/// Experts whose f32 weights are kept for the accuracy check (its routing uses only these).
+const ACC_EXPERTS: usize = 8;
+
+/// f32 MoE on the unquantized weights of experts `0 .. src.len()`.
 fn moe_f32(src: &[F32Expert], h: usize, i: usize, x: &[f32], ids: &[u32], wts: &[f32]) -> Vec<f32> {
     let t = x.len() / h;
     let k = ids.len() / t.max(1);
@@ -196,8 +202,9 @@ pub fn bench_moe(args: &BenchMoeArgs) -> anyhow::Result<()> {
         k > 0 && k <= e,
         "topk {k} must be between 1 and the number of experts {e}"
     );
+    let distinct = args.distinct.unwrap_or(e).min(e);
     ensure!(
-        args.layers > 0 && args.distinct > 0,
+        args.layers > 0 && distinct > 0,
         "layers and distinct must be positive"
     );
     let formats = args
@@ -229,35 +236,37 @@ pub fn bench_moe(args: &BenchMoeArgs) -> anyhow::Result<()> {
                 fmt.name()
             );
         }
-        // Weight scale about 1 / sqrt(fan-in), as in trained layers.
-        let src: Vec<F32Expert> = (0..args.distinct.min(e))
-            .map(|_| F32Expert {
-                gate: rng.vec(inter * h, 2.0 / (h as f32).sqrt()),
-                up: rng.vec(inter * h, 2.0 / (h as f32).sqrt()),
-                down: rng.vec(h * inter, 2.0 / (inter as f32).sqrt()),
-            })
-            .collect();
-        let packed = src
-            .iter()
-            .map(|s| Expert::pack(&s.gate, &s.up, &s.down, h, inter, fmt))
-            .collect::<Result<Vec<_>, _>>()
-            .with_context(|| format!("packing experts as {}", fmt.name()))?;
-        let expert_bytes = packed[0].bytes();
-        let layers = (0..args.layers)
-            .map(|_| {
-                MoeExperts::new(
-                    h,
-                    inter,
-                    (0..e).map(|x| packed[x % packed.len()].clone()).collect(),
-                )
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        drop(packed);
+        // Weight scale about 1 / sqrt(fan-in), as in trained layers. The f32 weights of the
+        // first few experts of layer 0 are kept for the accuracy check.
+        let mut src: Vec<F32Expert> = Vec::new();
+        let mut layers = Vec::with_capacity(args.layers);
+        let mut expert_bytes = 0;
+        for l in 0..args.layers {
+            let mut all = Vec::with_capacity(e);
+            for d in 0..distinct {
+                let f = F32Expert {
+                    gate: rng.vec(inter * h, 2.0 / (h as f32).sqrt()),
+                    up: rng.vec(inter * h, 2.0 / (h as f32).sqrt()),
+                    down: rng.vec(h * inter, 2.0 / (inter as f32).sqrt()),
+                };
+                let x = Expert::pack(&f.gate, &f.up, &f.down, h, inter, fmt)
+                    .with_context(|| format!("packing experts as {}", fmt.name()))?;
+                expert_bytes = x.bytes();
+                all.push(x);
+                if l == 0 && d < ACC_EXPERTS {
+                    src.push(f);
+                }
+            }
+            for x in distinct..e {
+                all.push(all[x % distinct].clone());
+            }
+            layers.push(MoeExperts::new(h, inter, all)?);
+        }
 
         // Accuracy against f32 on the unquantized weights.
         let t_acc = 32;
         let x = rng.vec(t_acc * h, 2.0);
-        let (ids, wts) = routing(t_acc, k, e, 0);
+        let (ids, wts) = routing(t_acc, k, src.len(), 0);
         let want = moe_f32(&src, h, inter, &x, &ids, &wts);
         let mut got = vec![0.0; t_acc * h];
         fused_moe_with(&layers[0], &x, &ids, &wts, &mut got, &MoeOptions::default())?;

@@ -494,11 +494,10 @@ fn run_wave(
             for (i, r) in task.rows.clone().enumerate() {
                 // SAFETY: this task alone writes these columns of this segment row.
                 let dst = unsafe { mid_w.part((row0[task.s] + r) * inter + c0, cols) };
-                for (c, d) in dst.iter_mut().enumerate() {
-                    let (p, cc) = (c / STRIP, c % STRIP);
-                    let g = tile[i * ldo + 2 * p * STRIP + cc];
-                    let u = tile[i * ldo + (2 * p + 1) * STRIP + cc];
-                    *d = silu(g) * u;
+                for (p, d) in dst.chunks_mut(STRIP).enumerate() {
+                    let g = &tile[i * ldo + 2 * p * STRIP..][..STRIP];
+                    let u = &tile[i * ldo + (2 * p + 1) * STRIP..][..STRIP];
+                    micro::silu_mul(g, u, d);
                 }
             }
         });

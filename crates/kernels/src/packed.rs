@@ -686,20 +686,17 @@ impl Activations {
             let x = row(r);
             let dst = &mut bytes[r * lda..(r + 1) * lda];
             if w.kind == Kind::Bf16 {
-                for (p, v) in x.iter().enumerate() {
-                    dst[2 * p..2 * p + 2]
-                        .copy_from_slice(&bf16::from_f32(*v).to_bits().to_le_bytes());
-                }
+                // SAFETY: any two bytes are a valid u16; the row starts 64-byte aligned (aligned
+                // buffer, `lda` a multiple of 64), so the whole row is the aligned middle part.
+                let (head, dst16, _) = unsafe { dst.align_to_mut::<u16>() };
+                assert!(
+                    head.is_empty() && dst16.len() >= x.len(),
+                    "bf16 row not aligned"
+                );
+                micro::to_bf16(x, dst16);
             } else {
-                let amax = x.iter().fold(0.0f32, |a, v| a.max(v.abs()));
-                let s = quant_scale(amax, 127.0);
-                let inv = 1.0 / s;
-                scale[r] = s;
-                for (p, v) in x.iter().enumerate() {
-                    let q = ((v * inv).round() as i32).clamp(-127, 127);
-                    dst[p] = q as i8 as u8;
-                    xsum[r * units + p / XSUM_UNIT] += q;
-                }
+                let sums = &mut xsum[r * units..(r + 1) * units];
+                scale[r] = micro::quantize_i8(x, &mut dst[..x.len()], sums);
             }
         }
         Self {

@@ -6,6 +6,11 @@
 //! formats accumulate exactly in i32 and flush to f32 once per scale group (or once per `k`
 //! block for per-row scales), subtracting the stored weight offset times the activation sum.
 //!
+//! The per-row helpers around the matmuls live here too: activation conversion to BF16
+//! ([`to_bf16`]) or int8 ([`quantize_i8`]) and the gated activation ([`silu_mul`]). They are
+//! plain loops compiled twice, once with AVX-512 enabled so that they vectorise, each with a
+//! reference twin in the tests.
+//!
 //! A key design decision: all paths take the same arguments and read the same packed bytes,
 //! so a path is chosen per call (AMX for many rows, AVX-512 for few) without repacking.
 
@@ -120,4 +125,226 @@ pub(crate) fn correction(
         .iter()
         .sum();
     offset(w.kind) * s
+}
+
+/// `f32` to BF16 bits, rounding to nearest even; NaN stays NaN (quiet bit set). Bit-identical
+/// to `half::bf16::from_f32`, written without branches so that loops over it vectorise.
+#[inline(always)]
+fn bf16_bits(v: f32) -> u16 {
+    let b = v.to_bits();
+    let rounded = ((b + 0x7fff + ((b >> 16) & 1)) >> 16) as u16;
+    if b & 0x7fff_ffff > 0x7f80_0000 {
+        ((b >> 16) | 0x40) as u16
+    } else {
+        rounded
+    }
+}
+
+#[inline(always)]
+fn to_bf16_body(src: &[f32], dst: &mut [u16]) {
+    for (d, s) in dst.iter_mut().zip(src) {
+        *d = bf16_bits(*s);
+    }
+}
+
+/// # Safety
+/// AVX-512 F/BW must be available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn to_bf16_avx512(src: &[f32], dst: &mut [u16]) {
+    to_bf16_body(src, dst);
+}
+
+/// Writes `src` as BF16 (round to nearest even) into the first `src.len()` values of `dst`.
+pub(crate) fn to_bf16(src: &[f32], dst: &mut [u16]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::isa::detected() >= Isa::Avx512 {
+        // SAFETY: AVX-512 F/BW were detected.
+        return unsafe { to_bf16_avx512(src, dst) };
+    }
+    to_bf16_body(src, dst);
+}
+
+/// Plain reference for [`to_bf16`].
+#[cfg(test)]
+fn to_bf16_ref(src: &[f32], dst: &mut [u16]) {
+    for (d, s) in dst.iter_mut().zip(src) {
+        *d = half::bf16::from_f32(*s).to_bits();
+    }
+}
+
+#[inline(always)]
+fn quantize_i8_body(src: &[f32], dst: &mut [u8], xsum: &mut [i32]) -> f32 {
+    // |v| ordered as its bit pattern without the sign; NaN counts as zero.
+    let amax_bits = src
+        .iter()
+        .map(|v| v.to_bits() & 0x7fff_ffff)
+        .map(|b| if b > 0x7f80_0000 { 0 } else { b })
+        .fold(0u32, u32::max);
+    let amax = f32::from_bits(amax_bits);
+    let scale = if amax > 0.0 { amax / 127.0 } else { 1.0 };
+    let inv = 1.0 / scale;
+    for ((d, s), sum) in dst
+        .chunks_mut(crate::packed::XSUM_UNIT)
+        .zip(src.chunks(crate::packed::XSUM_UNIT))
+        .zip(xsum.iter_mut())
+    {
+        let mut acc = 0i32;
+        for (d, v) in d.iter_mut().zip(s) {
+            let q = ((v * inv).round_ties_even() as i32).clamp(-127, 127);
+            *d = q as i8 as u8;
+            acc += q;
+        }
+        *sum = acc;
+    }
+    scale
+}
+
+/// # Safety
+/// AVX-512 F/BW must be available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn quantize_i8_avx512(src: &[f32], dst: &mut [u8], xsum: &mut [i32]) -> f32 {
+    quantize_i8_body(src, dst, xsum)
+}
+
+/// Quantizes one token row to int8 with one symmetric scale (`amax / 127`, round to nearest
+/// even): writes the values to `dst`, the sums of each [`crate::packed::XSUM_UNIT`] values to
+/// `xsum`, and returns the scale.
+pub(crate) fn quantize_i8(src: &[f32], dst: &mut [u8], xsum: &mut [i32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if crate::isa::detected() >= Isa::Avx512 {
+        // SAFETY: AVX-512 F/BW were detected.
+        return unsafe { quantize_i8_avx512(src, dst, xsum) };
+    }
+    quantize_i8_body(src, dst, xsum)
+}
+
+/// Plain reference for [`quantize_i8`].
+#[cfg(test)]
+fn quantize_i8_ref(src: &[f32], dst: &mut [u8], xsum: &mut [i32]) -> f32 {
+    let amax = src
+        .iter()
+        .filter(|v| !v.is_nan())
+        .fold(0.0f32, |a, v| a.max(v.abs()));
+    let scale = if amax > 0.0 { amax / 127.0 } else { 1.0 };
+    for (p, v) in src.iter().enumerate() {
+        let q = ((v / scale).round_ties_even() as i32).clamp(-127, 127);
+        dst[p] = q as i8 as u8;
+        xsum[p / crate::packed::XSUM_UNIT] += q;
+    }
+    scale
+}
+
+/// `e^x` for `x` in about `[-87, 88]` (clamped outside), relative error below 2e-7: a
+/// polynomial on the reduced argument, branch-free so that loops over it vectorise.
+#[inline(always)]
+fn exp_approx(x: f32) -> f32 {
+    let x = x.clamp(-87.0, 88.0);
+    let n = (x * std::f32::consts::LOG2_E).round_ties_even();
+    // ln 2 split in a part exact in f32 and a correction (Cody-Waite).
+    let r = (x - n * 0.693_145_75) - n * 1.428_606_8e-6;
+    let p = 1.0
+        + r * (1.0
+            + r * (0.5
+                + r * (0.166_666_67 + r * (0.041_666_52 + r * (0.008_333_53 + r * 0.001_394_45)))));
+    p * f32::from_bits(((n as i32 + 127) as u32) << 23)
+}
+
+#[inline(always)]
+fn silu_mul_body(g: &[f32], u: &[f32], out: &mut [f32]) {
+    for ((o, g), u) in out.iter_mut().zip(g).zip(u) {
+        *o = g / (1.0 + exp_approx(-g)) * u;
+    }
+}
+
+/// # Safety
+/// AVX-512 F/BW must be available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn silu_mul_avx512(g: &[f32], u: &[f32], out: &mut [f32]) {
+    silu_mul_body(g, u, out);
+}
+
+/// `out[c] = SiLU(g[c]) · u[c]`, the gated activation of an expert's intermediate row.
+pub(crate) fn silu_mul(g: &[f32], u: &[f32], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::isa::detected() >= Isa::Avx512 {
+        // SAFETY: AVX-512 F/BW were detected.
+        return unsafe { silu_mul_avx512(g, u, out) };
+    }
+    silu_mul_body(g, u, out);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::packed::tests::rand_vec;
+
+    fn specials() -> Vec<f32> {
+        let mut v = vec![
+            0.0,
+            -0.0,
+            1.0,
+            f32::MAX,
+            -f32::MAX,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            f32::MIN_POSITIVE / 3.0,
+            1.0 + f32::EPSILON * 64.0,
+            f32::from_bits(0x3f80_8000),
+            f32::from_bits(0x3f81_8000),
+        ];
+        let mut seed = 4;
+        v.extend(rand_vec(301, &mut seed).iter().map(|x| x * 1e3));
+        v
+    }
+
+    #[test]
+    fn bf16_conversion_matches_half() {
+        let src = specials();
+        let (mut got, mut want) = (vec![0u16; src.len()], vec![0u16; src.len()]);
+        to_bf16(&src, &mut got);
+        to_bf16_ref(&src, &mut want);
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn int8_quantization_matches_reference() {
+        let mut seed = 9;
+        for len in [0usize, 1, 31, 32, 33, 100, 257] {
+            let mut src = rand_vec(len, &mut seed);
+            if len > 3 {
+                src[2] = f32::NAN;
+            }
+            let units = len.div_ceil(crate::packed::XSUM_UNIT);
+            let (mut d1, mut d2) = (vec![0u8; len], vec![0u8; len]);
+            let (mut s1, mut s2) = (vec![0i32; units], vec![0i32; units]);
+            let a = quantize_i8(&src, &mut d1, &mut s1);
+            let b = quantize_i8_ref(&src, &mut d2, &mut s2);
+            assert_eq!((a, &d1, &s1), (b, &d2, &s2), "length {len}");
+        }
+        let zeros = [0.0f32; 5];
+        assert_eq!(quantize_i8(&zeros, &mut [0; 5], &mut [0]), 1.0);
+    }
+
+    #[test]
+    fn silu_mul_matches_reference() {
+        let mut seed = 12;
+        let g: Vec<f32> = rand_vec(500, &mut seed).iter().map(|x| x * 60.0).collect();
+        let u = rand_vec(500, &mut seed);
+        let mut got = vec![0.0; 500];
+        silu_mul(&g, &u, &mut got);
+        for ((g, u), o) in g.iter().zip(&u).zip(&got) {
+            let want = g / (1.0 + (-g).exp()) * u;
+            assert!(
+                (want - o).abs() <= 1e-6 * want.abs() + 1e-30,
+                "silu({g}) * {u}: want {want}, got {o}"
+            );
+        }
+        // Far outside the clamp range the result is still finite and right.
+        silu_mul(&[-200.0, 200.0], &[1.0, 1.0], &mut got[..2]);
+        assert!(got[0].abs() < 1e-30 && got[1] == 200.0, "{:?}", &got[..2]);
+    }
 }
