@@ -63,7 +63,11 @@ pub fn run(args: LogitsArgs) -> anyhow::Result<()> {
         strata_formats::npy::write_f32(&args.out, &[tokens.len(), vocab], &logits)?;
         return Ok(());
     }
-    let model = Model::load(&dir, args.model.load_options())?;
+    let mut model = Model::load(&dir, args.model.load_options())?;
+    let hybrid = match args.model.device {
+        Device::Hybrid => Some(args.model.hybrid(&dir, &mut model)?),
+        _ => None,
+    };
     let vocab = model.config.vocab_size;
     let mut cache = model.new_cache();
     let mut logits = Vec::with_capacity(tokens.len() * vocab);
@@ -76,6 +80,9 @@ pub fn run(args: LogitsArgs) -> anyhow::Result<()> {
         logits.extend(model.forward(&mut seqs)?.remove(0));
     }
     strata_formats::npy::write_f32(&args.out, &[tokens.len(), vocab], &logits)?;
+    if let Some(exec) = hybrid {
+        eprintln!("[hybrid, policy {}: {}]", exec.policy_name(), exec.stats());
+    }
     Ok(())
 }
 

@@ -52,6 +52,10 @@ pub struct ModelArgs {
     /// by `--vram-budget`.
     #[arg(long, value_name = "NAME|FILE", default_value = "local")]
     pub hardware: String,
+    /// With `--policy fiddler`: a routing trace (`strata trace`) whose expert activation
+    /// counts choose the pinned experts; default: the cache filled in layer order.
+    #[arg(long, value_name = "TRACE")]
+    pub profile: Option<std::path::PathBuf>,
 }
 
 /// Values of `--policy`.
@@ -59,7 +63,8 @@ pub struct ModelArgs {
 pub enum PolicyArg {
     /// Every routed expert on the GPU, loaded on demand into a per-layer LRU cache.
     GpuLru,
-    /// Experts pinned on the GPU (in layer order: no profile yet), the rest where cheaper.
+    /// Experts pinned on the GPU (by `--profile`, else in layer order), the rest where
+    /// cheaper.
     Fiddler,
     /// Routed experts on the CPU; `--defer N` for expert deferral.
     Ktransformers,
@@ -169,12 +174,29 @@ impl ModelArgs {
             PolicyArg::Hybrimoe => PolicyKind::HybriMoE,
             PolicyArg::Smoe => PolicyKind::Smoe,
         };
+        let profile = match &self.profile {
+            None => None,
+            Some(path) => {
+                let (_, w) = strata_sim::trace::read_file(path)?;
+                let p = w.profile();
+                let (layers, experts) = (cost.model.moe_layers(), cost.model.n_experts);
+                if p.len() != layers || p.iter().any(|l| l.len() != experts) {
+                    bail!(
+                        "{}: a trace of {} moe layers x {} experts, the model has {layers} x {experts}",
+                        path.display(),
+                        p.len(),
+                        p.first().map_or(0, Vec::len)
+                    );
+                }
+                Some(p)
+            }
+        };
         let policy = strata_exec::build_policy(
             kind,
             &cost,
             &PolicyOptions {
                 deferred: self.defer,
-                profile: None,
+                profile,
             },
         );
         let dev = strata_accel::open(&strata_accel::DeviceOptions::default())?;

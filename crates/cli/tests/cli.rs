@@ -259,3 +259,92 @@ fn gpu_device_matches_cpu() {
         "{text}"
     );
 }
+
+/// `--device hybrid` equals the CPU f32 path under every policy, with a budget small enough
+/// to evict and stage, prefill and token by token; `generate` prints the executor's
+/// statistics. Runs when `STRATA_GPU_TESTS=1`.
+#[test]
+fn hybrid_device_matches_cpu_under_every_policy() {
+    if std::env::var("STRATA_GPU_TESTS").as_deref() != Ok("1") {
+        eprintln!("skipping: STRATA_GPU_TESTS is not 1");
+        return;
+    }
+    let dir = root().join("tests/fixtures/qwen3_moe");
+    let dir = dir.to_str().unwrap();
+    let tokens = "3,1,4,1,5,9,2,6";
+    let cpu = tmp("hybrid-cpu.npy");
+    let o = strata(&[
+        "logits",
+        "--model",
+        dir,
+        "--tokens",
+        tokens,
+        "--out",
+        cpu.to_str().unwrap(),
+        "--dtype",
+        "f32",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let want = npy::read_f32(&cpu).unwrap();
+    let max_ref = want.data.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    for policy in ["gpu-lru", "fiddler", "ktransformers", "hybrimoe", "smoe"] {
+        for chunk in ["8", "1"] {
+            let out = tmp(&format!("hybrid-{policy}-{chunk}.npy"));
+            let o = strata(&[
+                "logits",
+                "--model",
+                dir,
+                "--tokens",
+                tokens,
+                "--out",
+                out.to_str().unwrap(),
+                "--dtype",
+                "f32",
+                "--device",
+                "hybrid",
+                "--policy",
+                policy,
+                "--vram-budget",
+                "60K",
+                "--chunk",
+                chunk,
+            ]);
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert!(o.status.success(), "{err}");
+            assert!(err.contains(&format!("[hybrid, policy {policy}")), "{err}");
+            let got = npy::read_f32(&out).unwrap();
+            let diff = got
+                .data
+                .iter()
+                .zip(&want.data)
+                .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+            assert!(
+                diff <= 2e-5 * max_ref,
+                "{policy} chunk {chunk}: error {diff} vs max {max_ref}"
+            );
+            std::fs::remove_file(&out).unwrap();
+        }
+    }
+    std::fs::remove_file(&cpu).unwrap();
+    let o = strata(&[
+        "generate",
+        "--device",
+        "hybrid",
+        "--policy",
+        "ktransformers",
+        "--defer",
+        "1",
+        "--prompt",
+        "The capital of France is",
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "6",
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("policy ktransformers-defer1") && err.contains("deferred"),
+        "{err}"
+    );
+}
