@@ -453,7 +453,8 @@ impl State {
                     plan.uploads.push((s, tr.layer, tr.expert));
                     continue;
                 }
-            } else if keep {
+            } else if keep || self.cache.slot_of(tr.layer, tr.expert).is_some() {
+                // Already resident: kept copies are done, staged ones would be wasted.
                 continue;
             }
             // Staged, or a kept copy with no free slot: stream it if this layer needs it.
