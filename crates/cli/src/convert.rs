@@ -19,7 +19,7 @@ use strata_model::linear::write_converted;
 use strata_model::model::STRATA_FILE;
 use strata_model::source::Source;
 
-use crate::model_arg::ModelArgs;
+use crate::model_arg::{Device, ModelArgs};
 
 /// Arguments of `strata convert`.
 #[derive(Debug, Args)]
@@ -77,6 +77,9 @@ fn tokenizer(src_path: &Path, src: &Source) -> anyhow::Result<Option<(Vec<u8>, V
 
 pub fn run(args: ConvertArgs) -> anyhow::Result<()> {
     let t0 = Instant::now();
+    if args.model.device != Device::Cpu {
+        bail!("--device: convert writes the CPU kernels' format; leave --device at cpu");
+    }
     let src_path = args.model.dir()?;
     let (out, created) = out_file(&args.out)?;
     let done = convert(&args, &src_path, &out, t0);

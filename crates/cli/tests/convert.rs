@@ -120,6 +120,16 @@ fn failures_are_clear_and_leave_nothing_behind() {
     ]);
     assert!(e.contains("x.strata"), "{e}");
     assert!(!missing.exists() && !missing.with_extension("strata.tmp").exists());
+    let e = fail(&[
+        "convert",
+        "--model",
+        src.to_str().unwrap(),
+        "--out",
+        tmp("gpu.strata").to_str().unwrap(),
+        "--device",
+        "gpu",
+    ]);
+    assert!(e.contains("--device"), "{e}");
     // A directory made for the output is removed again when conversion fails.
     let made = tmp("made-for-nothing");
     let e = fail(&[
