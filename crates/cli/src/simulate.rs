@@ -58,7 +58,7 @@ pub struct SimulateArgs {
     /// Write the timeline (Chrome trace JSON, opens in Perfetto) to this file.
     #[arg(long, value_name = "FILE")]
     timeline: Option<PathBuf>,
-    /// Run a seed's comparison instead: `ktransformers` or `smoe`.
+    /// Run a seed's comparison instead: `ktransformers`, `smoe`, `cox` or `trimoe`.
     #[arg(long, value_name = "NAME")]
     reproduce: Option<String>,
 }
@@ -123,14 +123,21 @@ fn print_reproduction(name: &str, json: bool) -> anyhow::Result<()> {
         return Ok(());
     }
     println!(
-        "{:<22} {:<16} {:<12} {:>6} {:<36} {:>10} {:>10}",
-        "policy", "model", "hardware", "prompt", "metric", "simulated", "paper"
+        "{:<22} {:<16} {:<12} {:>5} {:>6} {:<36} {:>10} {:>10}",
+        "policy", "model", "hardware", "batch", "prompt", "metric", "simulated", "paper"
     );
     for row in &r.rows {
         let paper = row.paper.map_or("-".to_string(), |p| format!("{p:.3}"));
         println!(
-            "{:<22} {:<16} {:<12} {:>6} {:<36} {:>10.3} {:>10}",
-            row.policy, row.model, row.hardware, row.prompt_tokens, row.metric, row.value, paper
+            "{:<22} {:<16} {:<12} {:>5} {:>6} {:<36} {:>10.3} {:>10}",
+            row.policy,
+            row.model,
+            row.hardware,
+            row.batch,
+            row.prompt_tokens,
+            row.metric,
+            row.value,
+            paper
         );
     }
     Ok(())
