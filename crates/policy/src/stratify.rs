@@ -234,6 +234,28 @@ pub fn pin_order(counts: &[Vec<u64>]) -> Vec<(usize, u32)> {
     v
 }
 
+/// All `(layer, expert)` pairs layer by layer in turns: every layer's most activated
+/// expert, then every layer's second, and so on (ties by count, then layer). Pinning a
+/// prefix spreads the budget evenly over the layers, which suits a schedule whose layers
+/// run one after another: the slowest layer's unpinned experts set the pace, not the
+/// total hit count.
+pub fn pin_order_balanced(counts: &[Vec<u64>]) -> Vec<(usize, u32)> {
+    let mut rank = vec![0usize; counts.len()];
+    let mut ranked: Vec<(usize, usize, u32)> = pin_per_layer(counts, usize::MAX)
+        .into_iter()
+        .map(|(l, e)| {
+            rank[l] += 1;
+            (rank[l] - 1, l, e)
+        })
+        .collect();
+    ranked.sort_by(|a, b| {
+        a.0.cmp(&b.0)
+            .then(counts[b.1][b.2 as usize].cmp(&counts[a.1][a.2 as usize]))
+            .then(a.1.cmp(&b.1))
+    });
+    ranked.into_iter().map(|(_, l, e)| (l, e)).collect()
+}
+
 /// The `n` most activated experts of every layer (a per-layer VRAM budget), ties by
 /// expert id.
 pub fn pin_per_layer(counts: &[Vec<u64>], n: usize) -> Vec<(usize, u32)> {
@@ -405,6 +427,11 @@ mod tests {
         assert_eq!(
             pin_per_layer(&counts, 2),
             vec![(0, 0), (0, 2), (1, 1), (1, 2)]
+        );
+        // Balanced: each layer's first, then each layer's second.
+        assert_eq!(
+            &pin_order_balanced(&counts)[..4],
+            &[(1, 1), (0, 0), (1, 2), (0, 2)]
         );
         let r = random_per_layer(2, 3, 2, 4);
         assert_eq!(r.len(), 4);

@@ -68,6 +68,18 @@ impl Assignment {
         out: Device::Gpu,
     };
 
+    /// The prior systems' fixed placement (FlexGen, MoE-Lightning): everything on the
+    /// GPU in prefill, attention on the CPU over a host-memory KV cache in decode.
+    pub fn prior_works(phase: Phase) -> Assignment {
+        match phase {
+            Phase::Prefill => Assignment::GPU,
+            Phase::Decode => Assignment {
+                attn: Device::Cpu,
+                ..Assignment::GPU
+            },
+        }
+    }
+
     /// All 8 assignments of the three operations to the CPU or the GPU.
     pub fn all() -> Vec<Assignment> {
         let d = |b: usize| if b == 1 { Device::Cpu } else { Device::Gpu };
@@ -187,6 +199,15 @@ pub fn pcie(cost: &CostModel, bytes: f64) -> f64 {
     }
 }
 
+/// Where attention's second operand lives: the new keys and values on the QKV device in
+/// prefill, the KV cache's home in decode.
+pub fn attn_operand_home(phase: Phase, qkv: Device, kv_home: Device) -> Device {
+    match phase {
+        Phase::Prefill => qkv,
+        Phase::Decode => kv_home,
+    }
+}
+
 /// Equations 3-6 for the three non-MoE operations, `n_micro` micro-batches of `mb`
 /// sequences, the residual stream on the GPU and the KV cache on `kv_home`.
 pub fn op_costs(
@@ -207,9 +228,10 @@ pub fn op_costs(
         if prev != devs[i] {
             load += pcie(cost, s.dx);
         }
-        // Attention's second operand is the KV cache: read across PCIe when it lives on
-        // the other device (weights always live with their operation).
-        if i == 1 && kv_home != devs[1] {
+        // Attention's second operand: in prefill the new keys and values, made by the QKV
+        // projection; in decode the KV cache, read across PCIe when it lives on the other
+        // device (weights always live with their operation).
+        if i == 1 && attn_operand_home(w.phase, devs[0], kv_home) != devs[1] {
             load += pcie(cost, s.dy);
         }
         // The output projection's result returns to the GPU for the router and experts.
@@ -246,7 +268,7 @@ pub struct ExpertPlan {
     pub pcie_s: f64,
     /// CPU compute plus the copy of its input rows, seconds.
     pub cpu_s: f64,
-    /// The stage's latency: the slowest device, streamed experts computed as they land.
+    /// The stage's latency: the slowest of GPU, CPU and link.
     pub time: f64,
 }
 
@@ -262,11 +284,13 @@ pub fn gpu_expert_time(cost: &CostModel, tokens: f64, n_micro: usize) -> f64 {
     (flops / cost.hw.gpu.flops).max(m * bytes / cost.hw.gpu.mem_bw)
 }
 
-/// Equations 7-9: pinned experts (`resident[e]`) on the GPU; the others, heaviest first,
-/// streamed to the GPU up to the split that minimises the stage's time, the rest on the
-/// CPU (`co_execute`; without it every non-pinned expert is streamed). `tokens[e]` is the
-/// rows routed to expert `e` over the whole batch; `n_micro` > 1 runs the GPU experts per
-/// micro-batch (the baselines' schedule).
+/// Equations 7-9: each active expert runs on the GPU (pinned, or streamed over PCIe
+/// first) or on the CPU (`co_execute`; without it every non-pinned expert is streamed).
+/// Experts go to the CPU in order of how much GPU and PCIe time they free per second of
+/// CPU time, and the prefix that minimises the stage's time is kept; a pinned expert may
+/// run on the CPU too when the GPU is the bottleneck (the host keeps every weight).
+/// `tokens[e]` is the rows routed to expert `e` over the whole batch; `n_micro` > 1 runs
+/// the GPU experts per micro-batch (the baselines' schedule).
 pub fn expert_stage(
     cost: &CostModel,
     tokens: &[f64],
@@ -276,63 +300,71 @@ pub fn expert_stage(
 ) -> ExpertPlan {
     let h = cost.model.hidden as f64;
     let tx = cost.expert_transfer_time();
-    let mut plan = ExpertPlan::default();
-    let mut others: Vec<u32> = Vec::new();
-    for (e, &t) in tokens.iter().enumerate() {
-        if t <= 0.0 {
-            continue;
-        }
-        if resident.get(e).copied().unwrap_or(false) {
-            plan.gpu.push(e as u32);
-            plan.gpu_s += gpu_expert_time(cost, t, n_micro);
-        } else {
-            others.push(e as u32);
-        }
-    }
-    others.sort_by(|a, b| {
-        tokens[*b as usize]
-            .total_cmp(&tokens[*a as usize])
-            .then(a.cmp(b))
+    // (expert, gpu time, transfer time, cpu time, rows)
+    let mut items: Vec<(u32, f64, f64, f64, f64)> = tokens
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| **t > 0.0)
+        .map(|(e, &t)| {
+            let pinned = resident.get(e).copied().unwrap_or(false);
+            let c = cost.expert_time(Device::Cpu, t.ceil() as u32) + pcie(cost, t * h * ACT_BYTES);
+            (
+                e as u32,
+                gpu_expert_time(cost, t, n_micro),
+                if pinned { 0.0 } else { tx },
+                c,
+                t,
+            )
+        })
+        .collect();
+    items.sort_by(|a, b| {
+        ((b.1 + b.2) / b.3.max(1e-12))
+            .total_cmp(&((a.1 + a.2) / a.3.max(1e-12)))
+            .then(a.0.cmp(&b.0))
     });
-    let cpu_time =
-        |t: f64| cost.expert_time(Device::Cpu, t.ceil() as u32) + pcie(cost, t * h * ACT_BYTES);
-    // suffix[j]: CPU time and returned-result bytes of others[j..].
-    let mut suffix = vec![(0.0, 0.0); others.len() + 1];
-    for j in (0..others.len()).rev() {
-        let t = tokens[others[j] as usize];
-        suffix[j] = (
-            suffix[j + 1].0 + cpu_time(t),
-            suffix[j + 1].1 + t * h * ACT_BYTES,
-        );
-    }
-    let mut best: Option<(f64, usize, f64, f64, f64)> = None;
-    let mut g = plan.gpu_s;
-    let mut p = 0.0;
-    let mut last = 0.0;
-    for j in 0..=others.len() {
-        if j > 0 {
-            let t = tokens[others[j - 1] as usize];
-            last = gpu_expert_time(cost, t, n_micro);
-            g += last;
-            p += tx;
-        }
-        if !co_execute && j < others.len() {
-            continue;
-        }
-        let (c, back) = suffix[j];
+    // Totals with everything on the GPU side, then move items[..j] to the CPU.
+    let mut g: f64 = items.iter().map(|i| i.1).sum();
+    let mut p: f64 = items.iter().map(|i| i.2).sum();
+    let (mut c, mut back) = (0.0, 0.0);
+    // The link carries the streamed weights and the CPU's results; the GPU computes a
+    // streamed expert as it lands (the simulator times the two staging buffers exactly).
+    let stage = |g: f64, p: f64, c: f64, back: f64| {
         let pc = p + if back > 0.0 { pcie(cost, back) } else { 0.0 };
-        let time = g.max(p + last).max(c).max(pc);
-        if best.is_none_or(|b| time < b.0) {
-            best = Some((time, j, g, pc, c));
+        (g.max(c).max(pc), pc)
+    };
+    let (mut best_t, mut best_pc) = stage(g, p, c, back);
+    let mut best = (0, g, c);
+    if co_execute {
+        for (j, it) in items.iter().enumerate() {
+            g -= it.1;
+            p -= it.2;
+            c += it.3;
+            back += it.4 * h * ACT_BYTES;
+            let (t, pc) = stage(g, p.max(0.0), c, back);
+            if t < best_t {
+                (best_t, best_pc, best) = (t, pc, (j + 1, g, c));
+            }
         }
     }
-    if let Some((time, j, g, pc, c)) = best {
-        plan.streamed = others[..j].to_vec();
-        plan.cpu = others[j..].to_vec();
-        plan.gpu_s = g;
-        plan.pcie_s = pc;
-        plan.cpu_s = c;
-        plan.time = time;
+    let (j, g, c) = best;
+    let mut plan = ExpertPlan {
+        gpu_s: g,
+        pcie_s: best_pc,
+        cpu_s: c,
+        time: best_t,
+        ..ExpertPlan::default()
+    };
+    plan.cpu = items[..j].iter().map(|i| i.0).collect();
+    plan.cpu.sort_unstable();
+    let mut gpu_side: Vec<&(u32, f64, f64, f64, f64)> = items[j..].iter().collect();
+    // Streamed experts heaviest first, so the staging pipeline starts on long work.
+    gpu_side.sort_by(|a, b| b.4.total_cmp(&a.4).then(a.0.cmp(&b.0)));
+    for i in gpu_side {
+        if i.2 > 0.0 {
+            plan.streamed.push(i.0);
+        } else {
+            plan.gpu.push(i.0);
+        }
     }
     plan
 }
@@ -423,7 +455,8 @@ pub struct CoxOptions {
     pub coalesce: bool,
     /// Non-pinned experts may run on the CPU (else they are all streamed to the GPU).
     pub co_execute: bool,
-    /// The non-MoE operations may run on the CPU (else all on the GPU).
+    /// Search the placement of the non-MoE operations (else the prior systems' fixed one,
+    /// [`Assignment::prior_works`], with the KV cache in host memory).
     pub offload_ops: bool,
     /// Candidate micro-batch sizes (sequences); empty means the powers of two up to the
     /// batch, and the batch itself.
@@ -485,12 +518,48 @@ pub struct PhasePlan {
 }
 
 /// Expected rows per expert of each MoE layer for `tokens` tokens: `tokens * top_k *
-/// popularity[l][e]`.
+/// popularity[l][e]`, except that a token picks `top_k` distinct experts, so no expert
+/// gets more rows than there are tokens; the excess of a capped expert goes to the others
+/// in proportion to their popularity (water-filling).
 pub fn expected_rows(cost: &CostModel, popularity: &[Vec<f64>], tokens: usize) -> Vec<Vec<f64>> {
     let k = cost.model.top_k as f64;
     popularity
         .iter()
-        .map(|p| p.iter().map(|x| x * tokens as f64 * k).collect())
+        .map(|p| {
+            let sum: f64 = p.iter().sum();
+            let mut q: Vec<f64> = p
+                .iter()
+                .map(|x| k * x / sum.max(f64::MIN_POSITIVE))
+                .collect();
+            let mut capped = vec![false; q.len()];
+            for _ in 0..q.len() {
+                let excess: f64 = q.iter().map(|x| (x - 1.0).max(0.0)).sum();
+                if excess <= 1e-12 {
+                    break;
+                }
+                for (x, c) in q.iter_mut().zip(capped.iter_mut()) {
+                    if *x >= 1.0 {
+                        *x = 1.0;
+                        *c = true;
+                    }
+                }
+                let free: f64 = q
+                    .iter()
+                    .zip(&capped)
+                    .filter(|(_, c)| !**c)
+                    .map(|(x, _)| x)
+                    .sum();
+                if free <= 0.0 {
+                    break;
+                }
+                for (x, c) in q.iter_mut().zip(&capped) {
+                    if !c {
+                        *x += excess * *x / free;
+                    }
+                }
+            }
+            q.iter().map(|x| x * tokens as f64).collect()
+        })
         .collect()
 }
 
@@ -573,13 +642,13 @@ pub fn plan_phase(
     opts: &CoxOptions,
 ) -> Option<PhasePlan> {
     let rows = expected_rows(cost, popularity, w.tokens());
-    let assignments = if opts.offload_ops {
-        Assignment::all()
+    let (assignments, homes) = if opts.offload_ops {
+        (Assignment::all(), kv_homes.to_vec())
     } else {
-        vec![Assignment::GPU]
+        (vec![Assignment::prior_works(w.phase)], vec![Device::Cpu])
     };
     let mut best: Option<PhasePlan> = None;
-    for &kv in kv_homes {
+    for &kv in &homes {
         for &a in &assignments {
             for mb in opts.candidates(w.batch) {
                 if let Some(p) = evaluate(cost, w, &rows, order, a, mb, kv, opts)
@@ -635,6 +704,59 @@ mod tests {
             seq: 1,
             context: ctx,
             kv_positions: ctx,
+        }
+    }
+
+    #[test]
+    fn expected_rows_never_exceed_the_tokens() {
+        let c = cost("cox-6000ada", "qwen3-30b-a3b");
+        let pop = zipf(2, c.model.n_experts, 1.6);
+        let rows = expected_rows(&c, &pop, 1000);
+        for r in &rows {
+            assert!(r.iter().all(|&x| x <= 1000.0 + 1e-6));
+            let total: f64 = r.iter().sum();
+            assert!((total - 8000.0).abs() < 1e-6, "{total}");
+        }
+        // The top experts are capped, the order is kept.
+        assert!((rows[0][0] - 1000.0).abs() < 1e-6);
+        assert!(rows[0].windows(2).all(|w| w[0] >= w[1] - 1e-9));
+    }
+
+    /// The stage's time for an explicit CPU set, by the same formula.
+    fn stage_time(c: &CostModel, tokens: &[f64], resident: &[bool], on_cpu: &[bool]) -> f64 {
+        let h = c.model.hidden as f64;
+        let (mut g, mut p, mut cpu, mut back) = (0.0, 0.0, 0.0, 0.0);
+        for (e, &t) in tokens.iter().enumerate() {
+            if on_cpu[e] {
+                cpu += c.expert_time(Device::Cpu, t.ceil() as u32) + pcie(c, t * h * ACT_BYTES);
+                back += t * h * ACT_BYTES;
+            } else {
+                g += gpu_expert_time(c, t, 1);
+                if !resident[e] {
+                    p += c.expert_transfer_time();
+                }
+            }
+        }
+        let pc = p + if back > 0.0 { pcie(c, back) } else { 0.0 };
+        g.max(cpu).max(pc)
+    }
+
+    #[test]
+    fn expert_split_is_near_the_brute_force_optimum() {
+        let c = cost("cox-6000ada", "qwen3-30b-a3b");
+        let n = 10;
+        for (scale, pinned) in [(40_000.0, 3), (300.0, 5), (5_000.0, 0), (64.0, 10)] {
+            let tokens: Vec<f64> = (0..n).map(|e| scale / (e + 1) as f64).collect();
+            let resident: Vec<bool> = (0..n).map(|e| e < pinned).collect();
+            let p = expert_stage(&c, &tokens, &resident, true, 1);
+            let mut best = f64::INFINITY;
+            for mask in 0u32..1 << n {
+                let on_cpu: Vec<bool> = (0..n).map(|e| mask >> e & 1 == 1).collect();
+                best = best.min(stage_time(&c, &tokens, &resident, &on_cpu));
+            }
+            let mine: Vec<bool> = (0..n as u32).map(|e| p.cpu.contains(&e)).collect();
+            assert!((stage_time(&c, &tokens, &resident, &mine) - p.time).abs() < 1e-12);
+            assert!(p.time <= best * 1.25, "{} vs optimum {best}", p.time);
         }
     }
 
@@ -801,13 +923,13 @@ mod tests {
         let streamed_only = expert_stage(&c, &tokens, &resident, false, 1);
         assert!(streamed_only.cpu.is_empty());
         assert!(p.time <= streamed_only.time);
-        // Heaviest non-pinned experts are the streamed ones.
-        if let (Some(s), Some(cp)) = (p.streamed.last(), p.cpu.first()) {
-            assert!(tokens[*s as usize] >= tokens[*cp as usize]);
-        }
-        // Everything pinned: no PCIe, no CPU.
+        // Everything pinned: no PCIe; the CPU still takes work off the GPU only if that
+        // shortens the stage.
         let all = expert_stage(&c, &tokens, &vec![true; n], true, 1);
-        assert_eq!((all.pcie_s, all.cpu_s, all.cpu.len()), (0.0, 0.0, 0));
+        assert_eq!(all.streamed.len(), 0);
+        let gpu_only = expert_stage(&c, &tokens, &vec![true; n], false, 1);
+        assert!(all.time <= gpu_only.time);
+        assert_eq!(gpu_only.cpu.len(), 0);
         // Micro-batched experts re-read their weights: never faster.
         let micro = expert_stage(&c, &tokens, &resident, true, 16);
         assert!(micro.time >= p.time);

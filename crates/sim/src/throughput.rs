@@ -32,8 +32,8 @@
 //! describes, never a per-system factor.
 
 use strata_policy::throughput::{
-    ACT_BYTES, Assignment, CoxOptions, PhasePlan, PhaseWork, expected_rows, gpu_expert_time,
-    op_shapes, pcie, plan_phase, roofline,
+    ACT_BYTES, Assignment, CoxOptions, PhasePlan, PhaseWork, attn_operand_home, expected_rows,
+    gpu_expert_time, op_shapes, pcie, plan_phase, roofline,
 };
 use strata_policy::{CostModel, Device, Phase};
 
@@ -271,8 +271,9 @@ fn cox_step(
             if prev != devs[i] {
                 r = lanes.op(Lanes::link(prev, devs[i]), r, pcie(cost, s.dx));
             }
-            if i == 1 && plan.kv_home != devs[1] {
-                r = lanes.op(Lanes::link(plan.kv_home, devs[1]), r, pcie(cost, s.dy));
+            let home = attn_operand_home(w.phase, devs[0], plan.kv_home);
+            if i == 1 && home != devs[1] {
+                r = lanes.op(Lanes::link(home, devs[1]), r, pcie(cost, s.dy));
             }
             r = lanes.op(Lanes::dev(devs[i]), r, roofline(cost, devs[i], s));
             if i == 1 && devs[0] != plan.kv_home {

@@ -15,7 +15,13 @@
 //! (Zipf, skew 0.2 at the first layer to 1.2 at the last); CoX-MoE pins by that
 //! popularity (what expert-aware stratification estimates; `strata stratify` measures
 //! how close the estimate gets on a real model), the baselines pin a fixed share of every
-//! layer, as FlexGen's per-tensor percentages do.
+//! layer, as FlexGen's per-tensor percentages do. CoX-MoE's pins are spread evenly over
+//! the layers, each layer's most popular first
+//! ([`strata_policy::stratify::pin_order_balanced`]): pinning the globally most popular
+//! experts maximises the hit ratio but leaves the flat early layers with many unpinned
+//! experts, and with layers running one after another the slowest layer sets the pace
+//! (on DeepSeek-V2-Lite / RTX 6000 Ada the global order was 5% slower than random
+//! pinning, the balanced one 6% faster).
 //!
 //! A key design decision: no figure is fitted. The simulated throughputs are far above
 //! the paper's absolute numbers (table 3 reports 16.8-34.1 tokens/s for Qwen3, which
@@ -47,7 +53,7 @@ fn setup(c: &CostModel, batch: usize, prompt: usize, generate: usize, pin: Pin) 
                 .iter()
                 .map(|p| p.iter().map(|x| (x * 1e12) as u64).collect())
                 .collect();
-            strata_policy::stratify::pin_order(&counts)
+            strata_policy::stratify::pin_order_balanced(&counts)
         }
         Pin::Random => {
             strata_policy::stratify::random_pins(m.moe_layers(), m.n_experts, usize::MAX, 5)
@@ -267,4 +273,65 @@ fn stratified_gain(rows: &mut Vec<Row>) -> Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reproduction_shows_the_papers_directions() {
+        let r = cox_moe().unwrap();
+        assert_eq!(r.reproduce, "cox");
+        let get = |policy: &str, metric: &str| -> Vec<f64> {
+            r.rows
+                .iter()
+                .filter(|x| x.policy == policy && x.metric.starts_with(metric))
+                .map(|x| x.value)
+                .collect()
+        };
+        // 3 models x 3 machines x 2 prompts x 2 outputs.
+        let ml = get("cox-moe", "speedup_over_moe_lightning_out");
+        let fg = get("cox-moe", "speedup_over_flexgen_out");
+        assert_eq!((ml.len(), fg.len()), (36, 36));
+        let mut sorted = ml.clone();
+        sorted.sort_by(f64::total_cmp);
+        // CoX-MoE is ahead in the typical setup and never far behind.
+        assert!(sorted[18] > 1.2, "median {}", sorted[18]);
+        assert!(sorted[0] > 0.9, "min {}", sorted[0]);
+        // FlexGen's serial micro-batches never beat MoE-Lightning's pipeline.
+        for (a, b) in ml.iter().zip(&fg) {
+            assert!(b >= &(a - 1e-9));
+        }
+        for u in get("moe-lightning", "gpu_utilisation")
+            .into_iter()
+            .chain(get("cox-moe", "cpu_utilisation"))
+        {
+            assert!((0.0..=1.0 + 1e-9).contains(&u));
+        }
+        // Table 3: every technique adds throughput.
+        let abl: Vec<f64> = r
+            .rows
+            .iter()
+            .filter(|x| x.metric.starts_with("ablation_improvement"))
+            .map(|x| x.value)
+            .collect();
+        assert_eq!(abl.len(), 3);
+        assert!(abl.iter().all(|&x| x >= 1.0), "{abl:?}");
+        // Every row has the latency reproductions' shape.
+        let v = serde_json::to_value(&r).unwrap();
+        let row = &v["rows"][0];
+        for k in [
+            "policy",
+            "model",
+            "hardware",
+            "batch",
+            "prompt_tokens",
+            "metric",
+            "value",
+            "paper",
+        ] {
+            assert!(row.get(k).is_some(), "{k}");
+        }
+    }
 }
