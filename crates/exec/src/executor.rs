@@ -20,7 +20,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use strata_accel::{Buffer, Device, ExpertSlots, Op};
+use strata_accel::{Buffer, Device, ExpertSlots, Op, OpKind};
 use strata_kernels::moe::ExpertBatch;
 use strata_model::moe::{ExpertCall, ExpertExecutor};
 use strata_policy::{
@@ -223,6 +223,13 @@ impl HybridExecutor {
         cost: CostModel,
         opts: &ExecOptions,
     ) -> Result<HybridExecutor> {
+        let op = OpKind::ExpertFfn(host.wtype());
+        if !dev.supports_op(op) {
+            return Err(Error::Config(format!(
+                "{} does not run {op}, which the experts need",
+                dev.info().name
+            )));
+        }
         let slot = Self::slot_bytes(&host);
         let n_slots = u32::try_from(opts.vram_budget / slot.max(1)).unwrap_or(u32::MAX);
         let cache = SlotCache::new(n_slots);

@@ -398,3 +398,54 @@ fn routing_is_unchanged_by_the_hook() {
     };
     assert_eq!(r.tokens(), 1);
 }
+
+/// Assigns nothing: a decision the executor must refuse rather than guess at.
+struct Forgetful;
+
+impl strata_policy::Policy for Forgetful {
+    fn name(&self) -> String {
+        "forgetful".into()
+    }
+
+    fn decide(
+        &mut self,
+        _: &strata_policy::LayerView,
+        _: &strata_policy::CostModel,
+    ) -> strata_policy::Decision {
+        strata_policy::Decision::default()
+    }
+}
+
+#[test]
+fn a_decision_that_drops_routed_experts_is_an_error() {
+    let Some(dev) = gpu() else { return };
+    let dir = repo("tests/fixtures/qwen3_moe");
+    let mut model = Model::load(&dir, Precision::F32).unwrap();
+    let host = HostExperts::open(&dir).unwrap();
+    let cost = cost_model(
+        Hardware::load("local").unwrap(),
+        model_shape(&model.config).unwrap(),
+        32.0,
+        0,
+    )
+    .unwrap();
+    let exec = Arc::new(
+        HybridExecutor::new(
+            dev,
+            host,
+            Box::new(Forgetful),
+            cost,
+            &ExecOptions::default(),
+        )
+        .unwrap(),
+    );
+    install(&mut model, Some(&exec));
+    let mut cache = model.new_cache();
+    let mut seqs = [SeqInput {
+        tokens: &[3, 4],
+        cache: &mut cache,
+        logits: LogitsWanted::Last,
+    }];
+    let e = model.forward(&mut seqs).unwrap_err().to_string();
+    assert!(e.contains("forgetful") && e.contains("not assigned"), "{e}");
+}
