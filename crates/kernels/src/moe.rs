@@ -363,6 +363,19 @@ fn waves<'b>(active: &[&'b ExpertBatch], wave_rows: usize) -> Vec<Vec<Segment<'b
     all
 }
 
+/// Runs `f` on a zeroed `[len]` accumulator tile of this thread, reused across tasks.
+fn with_tile<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    thread_local! {
+        static TILE: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+    }
+    let mut tile = TILE.take();
+    tile.clear();
+    tile.resize(len, 0.0);
+    let r = f(&mut tile);
+    TILE.set(tile);
+    r
+}
+
 thread_local! {
     /// Per calling thread: the wave buffers `mid` and `y`, reused across calls.
     static SCRATCH: std::cell::Cell<(Vec<f32>, Vec<f32>)> =
@@ -477,29 +490,30 @@ fn run_wave(
             let task = &list[i];
             let w = &expert(task.s).gate_up;
             let ldo = task.strips.len() * STRIP;
-            let mut tile = vec![0.0f32; task.rows.len() * ldo];
-            let isa = isa_of(segs[task.s].batch.tokens.len());
-            micro::run_block(
-                isa,
-                w,
-                &x_act[task.s],
-                task.rows.clone(),
-                task.strips.clone(),
-                &mut tile,
-                ldo,
-            );
-            // Strip pair (2 p, 2 p + 1) holds gate and up of intermediate columns 16 p ...
-            let c0 = task.strips.start / 2 * STRIP;
-            let cols = (task.strips.len() / 2 * STRIP).min(inter.saturating_sub(c0));
-            for (i, r) in task.rows.clone().enumerate() {
-                // SAFETY: this task alone writes these columns of this segment row.
-                let dst = unsafe { mid_w.part((row0[task.s] + r) * inter + c0, cols) };
-                for (p, d) in dst.chunks_mut(STRIP).enumerate() {
-                    let g = &tile[i * ldo + 2 * p * STRIP..][..STRIP];
-                    let u = &tile[i * ldo + (2 * p + 1) * STRIP..][..STRIP];
-                    micro::silu_mul(g, u, d);
+            with_tile(task.rows.len() * ldo, |tile| {
+                let isa = isa_of(segs[task.s].batch.tokens.len());
+                micro::run_block(
+                    isa,
+                    w,
+                    &x_act[task.s],
+                    task.rows.clone(),
+                    task.strips.clone(),
+                    tile,
+                    ldo,
+                );
+                // Strip pair (2 p, 2 p + 1) holds gate and up of intermediate columns 16 p ...
+                let c0 = task.strips.start / 2 * STRIP;
+                let cols = (task.strips.len() / 2 * STRIP).min(inter.saturating_sub(c0));
+                for (i, r) in task.rows.clone().enumerate() {
+                    // SAFETY: this task alone writes these columns of this segment row.
+                    let dst = unsafe { mid_w.part((row0[task.s] + r) * inter + c0, cols) };
+                    for (p, d) in dst.chunks_mut(STRIP).enumerate() {
+                        let g = &tile[i * ldo + 2 * p * STRIP..][..STRIP];
+                        let u = &tile[i * ldo + (2 * p + 1) * STRIP..][..STRIP];
+                        micro::silu_mul(g, u, d);
+                    }
                 }
-            }
+            });
         });
     }
 
@@ -520,24 +534,25 @@ fn run_wave(
             let task = &list[i];
             let w = &expert(task.s).down;
             let ldo = task.strips.len() * STRIP;
-            let mut tile = vec![0.0f32; task.rows.len() * ldo];
-            let isa = isa_of(segs[task.s].batch.tokens.len());
-            micro::run_block(
-                isa,
-                w,
-                &m_act[task.s],
-                task.rows.clone(),
-                task.strips.clone(),
-                &mut tile,
-                ldo,
-            );
-            let c0 = task.strips.start * STRIP;
-            let cols = ldo.min(h - c0);
-            for (i, r) in task.rows.clone().enumerate() {
-                // SAFETY: this task alone writes these columns of this segment row.
-                let dst = unsafe { y_w.part((row0[task.s] + r) * h + c0, cols) };
-                dst.copy_from_slice(&tile[i * ldo..i * ldo + cols]);
-            }
+            with_tile(task.rows.len() * ldo, |tile| {
+                let isa = isa_of(segs[task.s].batch.tokens.len());
+                micro::run_block(
+                    isa,
+                    w,
+                    &m_act[task.s],
+                    task.rows.clone(),
+                    task.strips.clone(),
+                    tile,
+                    ldo,
+                );
+                let c0 = task.strips.start * STRIP;
+                let cols = ldo.min(h - c0);
+                for (i, r) in task.rows.clone().enumerate() {
+                    // SAFETY: this task alone writes these columns of this segment row.
+                    let dst = unsafe { y_w.part((row0[task.s] + r) * h + c0, cols) };
+                    dst.copy_from_slice(&tile[i * ldo..i * ldo + cols]);
+                }
+            });
         });
     }
 

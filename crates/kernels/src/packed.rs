@@ -654,11 +654,14 @@ fn pack_strip<T: PackSource>(
 
 /// Activations converted for one packed matrix: BF16, or int8 with per-token scales.
 pub(crate) struct Activations {
-    pub(crate) m: usize,
     pub(crate) k_pad: usize,
     /// Bytes per row of `data`.
     pub(crate) lda: usize,
-    /// `[m_pad, k_pad]` bf16 or i8, rows beyond `m` zero; `m_pad` a multiple of [`M_ALIGN`].
+    /// Rows of `data`: `m` rounded up to a multiple of [`M_ALIGN`] where AMX can run (its
+    /// tiles read whole 32-row blocks), else `m` (at least 1): decode converts one row per
+    /// expert, and zeroing 31 unused rows cost more than converting the one.
+    pub(crate) m_pad: usize,
+    /// `[m_pad, k_pad]` bf16 or i8, rows beyond `m` zero.
     pub(crate) data: AlignedBuf,
     /// Per-token dequantization scale (integer formats).
     pub(crate) scale: Vec<f32>,
@@ -674,7 +677,11 @@ impl Activations {
         row: impl Fn(usize) -> &'x [f32],
     ) -> Self {
         let k_pad = w.k_pad;
-        let m_pad = m.div_ceil(M_ALIGN).max(1) * M_ALIGN;
+        let m_pad = if crate::isa::detected() == Isa::Amx {
+            m.div_ceil(M_ALIGN).max(1) * M_ALIGN
+        } else {
+            m.max(1)
+        };
         let elem = if w.kind == Kind::Bf16 { 2 } else { 1 };
         let lda = k_pad * elem;
         let mut data = AlignedBuf::zeroed(m_pad * lda);
@@ -700,9 +707,9 @@ impl Activations {
             }
         }
         Self {
-            m,
             k_pad,
             lda,
+            m_pad,
             data,
             scale,
             xsum,

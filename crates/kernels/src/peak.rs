@@ -3,7 +3,8 @@
 //!
 //! Compute peaks keep every operand in registers (tiles or zmm) with enough independent
 //! accumulators to cover the instruction latency, on every pool thread at once. The read
-//! bandwidth sums a buffer much larger than the last-level cache on every pool thread.
+//! bandwidth sums a buffer much larger than the last-level cache on every pool thread, as
+//! the best of several stream counts per thread.
 //!
 //! A key design decision: these live in the kernels crate (not the benchmark) because they
 //! need the same `unsafe` instruction access as the kernels, and the same thread pool.
@@ -80,7 +81,8 @@ pub fn amx_int8_tops(target_s: f64) -> Option<f64> {
 }
 
 /// Read bandwidth in GB/s: every pool thread sums its share of a `bytes` buffer, best of
-/// `reps` passes (the buffer is written first, in parallel, so its pages exist).
+/// `reps` rounds of passes with 1, 2, 4 and 8 streams per thread (the buffer is written
+/// first, in parallel, so its pages exist).
 pub fn read_gbs(bytes: usize, reps: usize) -> f64 {
     let words = bytes / 8;
     let mut buf = vec![0u64; words];
@@ -98,30 +100,46 @@ pub fn read_gbs(bytes: usize, reps: usize) -> f64 {
     }
     let mut best = 0.0f64;
     for _ in 0..reps.max(1) {
-        let t0 = Instant::now();
-        let sums: Vec<std::sync::atomic::AtomicU64> = (0..threads)
-            .map(|_| std::sync::atomic::AtomicU64::new(0))
-            .collect();
-        parallel_for(threads, |i| {
-            let start = (i * chunk).min(words);
-            let part = &buf[start..start + chunk.min(words - start)];
-            let s = sum_words(part);
-            sums[i].store(s, std::sync::atomic::Ordering::Relaxed);
-        });
-        let s = t0.elapsed().as_secs_f64();
-        std::hint::black_box(&sums);
-        best = best.max(words as f64 * 8.0 / s / 1e9);
+        for streams in READ_STREAMS {
+            let t0 = Instant::now();
+            let sums: Vec<std::sync::atomic::AtomicU64> = (0..threads)
+                .map(|_| std::sync::atomic::AtomicU64::new(0))
+                .collect();
+            parallel_for(threads, |i| {
+                let start = (i * chunk).min(words);
+                let part = &buf[start..start + chunk.min(words - start)];
+                let s = sum_words(part, streams);
+                sums[i].store(s, std::sync::atomic::Ordering::Relaxed);
+            });
+            let s = t0.elapsed().as_secs_f64();
+            std::hint::black_box(&sums);
+            best = best.max(words as f64 * 8.0 / s / 1e9);
+        }
     }
     best
 }
 
-/// Wrapping sum of `words`, with AVX-512 loads where available.
-fn sum_words(words: &[u64]) -> u64 {
+/// Sequential streams per thread tried by [`read_gbs`], which keeps the best: one stream
+/// under-reads some machines, and kernels read several weight strips at once (on this 2-core
+/// AMD host 2 streams per thread read ~40 GB/s where 1 read ~32 and 16 read ~28).
+const READ_STREAMS: [usize; 4] = [1, 2, 4, 8];
+
+/// Wrapping sum of `words` read as `streams` interleaved sequential streams (AVX-512 where
+/// available).
+fn sum_words(words: &[u64], streams: usize) -> u64 {
     #[cfg(target_arch = "x86_64")]
     if detected() >= Isa::Avx512 {
         // SAFETY: AVX-512 F was detected.
-        return unsafe { x86::sum_avx512(words) };
+        return unsafe {
+            match streams {
+                1 => x86::sum_avx512::<1>(words),
+                2 => x86::sum_avx512::<2>(words),
+                4 => x86::sum_avx512::<4>(words),
+                _ => x86::sum_avx512::<8>(words),
+            }
+        };
     }
+    let _ = streams;
     // Eight lanes of independent sums let the compiler use wide loads.
     let mut acc = [0u64; 8];
     for c in words.chunks_exact(8) {
@@ -168,15 +186,13 @@ mod x86 {
         std::hint::black_box(acc);
     }
 
-    /// Sums `words` as eight interleaved sequential streams, 64 bytes from each per step
-    /// (tail ignored): kernels read several weight strips at once, and several streams per
-    /// core reach more of the memory bandwidth than one.
+    /// Sums `words` as `STREAMS` interleaved sequential streams, 64 bytes from each per step
+    /// (tail ignored).
     ///
     /// # Safety
     /// AVX-512 F must be available.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn sum_avx512(words: &[u64]) -> u64 {
-        const STREAMS: usize = 8;
+    pub(super) unsafe fn sum_avx512<const STREAMS: usize>(words: &[u64]) -> u64 {
         let part = words.len() / STREAMS / 8 * 8;
         let mut acc = [_mm512_setzero_si512(); STREAMS];
         for i in (0..part).step_by(8) {

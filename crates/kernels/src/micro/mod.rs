@@ -51,7 +51,7 @@ pub(crate) fn offset(kind: Kind) -> i32 {
 /// `(s - strips.start) * 16`) on path `isa` (which must be available).
 ///
 /// `strips` must start at an even strip and hold an even count; `rows` must lie within the
-/// activations' padded rows.
+/// activations' padded rows (`Activations::m_pad`, a multiple of 32 where AMX runs).
 pub(crate) fn run_block(
     isa: Isa,
     w: &PackedMatrix,
@@ -71,7 +71,7 @@ pub(crate) fn run_block(
         "strip block {strips:?} of {} strips",
         w.strips()
     );
-    assert!(rows.end <= a.m.div_ceil(32).max(1) * 32 && a.k_pad == w.k_pad);
+    assert!(rows.end <= a.m_pad && a.k_pad == w.k_pad);
     assert!(
         ldo >= strips.len() * STRIP && out.len() >= (rows.len() - 1) * ldo + strips.len() * STRIP
     );
