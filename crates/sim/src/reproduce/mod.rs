@@ -8,6 +8,9 @@
 //!   4090 + 10 EPYC cores: decode for KTransformers, HybriMoE (prefetch 1), SMoE (fixed-N
 //!   2 for DeepSeek, 3 for Qwen3), SMoE-Flex (3), GPU-only LRU and Fiddler; prefill at
 //!   400 to 4000 tokens for KTransformers, HybriMoE and SMoE.
+//! - `trimoe` (seed 000, [`trimoe`]): DeepSeek-V2, Qwen3-235B-A22B and GLM-4.5-Air BF16
+//!   on an H100 + Xeon 8470 + 16 NDP DIMMs at batch 512: TriMoE against Klotski,
+//!   Enhanced KTransformers and MoNDE, its ablation, sensitivity and small batches.
 //!
 //! A key design decision: every policy of a setup runs on the same workload and the same
 //! cost model; only the policy differs, and no policy has a tuning knob the paper does not
