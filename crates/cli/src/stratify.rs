@@ -199,6 +199,53 @@ struct BudgetRow {
     oracle: f64,
 }
 
+/// What stratification found.
+struct Stratified {
+    /// The pass over every prompt.
+    full: Probe,
+    /// Activation counts of the whole set, `[layer][expert]`.
+    truth: Vec<Vec<u64>>,
+    /// The strata.
+    clusters: strata_policy::stratify::Clusters,
+    /// Prompt indices probed.
+    prototypes: Vec<usize>,
+    /// Activation counts of the probe, `[layer][expert]`.
+    probed: Vec<Vec<u64>>,
+}
+
+/// Embeds `prompts`, clusters them into `k` strata, picks `n_proto` prototypes and probes
+/// them with a prefill of their own.
+fn stratify(
+    model: &Model,
+    prompts: &[&[u32]],
+    layers: usize,
+    n_exp: usize,
+    k: usize,
+    n_proto: usize,
+    seed: u64,
+) -> anyhow::Result<Stratified> {
+    // 1. Embed every prompt (the same pass records the routing used for scoring).
+    let full = prefill(model, prompts, n_exp)?;
+    let truth = total(&full.counts, 0..prompts.len(), layers, n_exp);
+    // 2. Strata and prototypes.
+    let clusters = kmeans(&full.embed, k, 100, seed);
+    let protos = prototypes(&full.embed, &clusters, n_proto);
+    // 3. Probe the prototypes with a prefill of their own.
+    let probe_in: Vec<&[u32]> = protos.iter().map(|&i| prompts[i]).collect();
+    let probe = prefill(model, &probe_in, n_exp)?;
+    let probed = total(&probe.counts, 0..protos.len(), layers, n_exp);
+    if probed != total(&full.counts, protos.iter().copied(), layers, n_exp) {
+        bail!("the prototype probe routed differently from the full pass");
+    }
+    Ok(Stratified {
+        full,
+        truth,
+        clusters,
+        prototypes: protos,
+        probed,
+    })
+}
+
 pub fn run(args: StratifyArgs) -> anyhow::Result<()> {
     let dir = args.model.dir()?;
     let prompts = read_prompts(&args.prompts)?;
@@ -216,23 +263,21 @@ pub fn run(args: StratifyArgs) -> anyhow::Result<()> {
         .context("reading the model's expert count from config.json")?;
     let (layers, n_exp) = (shape.moe_layers(), shape.n_experts);
     let all: Vec<&[u32]> = ids.iter().map(Vec::as_slice).collect();
-    // 1. Embed every prompt (the same pass records the routing used for scoring).
-    let full = prefill(&model, &all, n_exp)?;
-    let truth = total(&full.counts, 0..all.len(), layers, n_exp);
-    // 2. Strata and prototypes.
-    let clusters = kmeans(&full.embed, args.clusters, 100, args.seed);
     let n_proto = args
         .prototypes
         .unwrap_or((all.len() / 10).max(args.clusters))
         .clamp(1, all.len());
-    let protos = prototypes(&full.embed, &clusters, n_proto);
-    // 3. Probe the prototypes with a prefill of their own.
-    let probe_in: Vec<&[u32]> = protos.iter().map(|&i| all[i]).collect();
-    let probe = prefill(&model, &probe_in, n_exp)?;
-    let probed = total(&probe.counts, 0..protos.len(), layers, n_exp);
-    if probed != total(&full.counts, protos.iter().copied(), layers, n_exp) {
-        bail!("the prototype probe routed differently from the full pass");
-    }
+    let st = stratify(
+        &model,
+        &all,
+        layers,
+        n_exp,
+        args.clusters,
+        n_proto,
+        args.seed,
+    )?;
+    let (full, truth, clusters, protos, probed) =
+        (st.full, st.truth, st.clusters, st.prototypes, st.probed);
     let trials = args.random_trials.max(1);
     let mut rows = Vec::new();
     for &b in &args.budget_experts {
@@ -328,4 +373,53 @@ pub fn run(args: StratifyArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tiny_moe_stratification_probes_its_prototypes() {
+        let dir = PathBuf::from(crate::model_arg::DEFAULT_MODEL);
+        if !dir.join("config.json").exists() {
+            return;
+        }
+        let model = Model::load(
+            &dir,
+            strata_model::LoadOptions::new(strata_model::Precision::Fast),
+        )
+        .unwrap();
+        // 20 prompts of two kinds of token, 3 to 9 tokens long.
+        let prompts: Vec<Vec<u32>> = (0..20u32)
+            .map(|i| {
+                let base = if i % 2 == 0 { 100 } else { 3000 };
+                (0..3 + i % 7)
+                    .map(|j| base + (i * 13 + j * 7) % 50)
+                    .collect()
+            })
+            .collect();
+        let refs: Vec<&[u32]> = prompts.iter().map(Vec::as_slice).collect();
+        let st = stratify(&model, &refs, 6, 32, 4, 6, 1).unwrap();
+        let tokens: usize = prompts.iter().map(Vec::len).sum();
+        // Every token routed to top-4 distinct experts at every layer.
+        assert_eq!(st.truth.len(), 6);
+        for l in &st.truth {
+            assert_eq!(l.iter().sum::<u64>(), 4 * tokens as u64);
+        }
+        assert!(st.full.embed.iter().all(|e| e.len() == 256));
+        assert_eq!(st.prototypes.len(), 6);
+        let probed: usize = st.prototypes.iter().map(|&i| prompts[i].len()).sum();
+        assert_eq!(st.probed[0].iter().sum::<u64>(), 4 * probed as u64);
+        // The probe's pinning beats pinning nothing and is at most the oracle's.
+        let pins = {
+            let mut o = pin_order(&st.probed);
+            o.truncate(24);
+            o
+        };
+        let mut oracle = pin_order(&st.truth);
+        oracle.truncate(24);
+        let h = hit_ratio(&st.truth, &pins);
+        assert!(h > 24.0 / 192.0 && h <= hit_ratio(&st.truth, &oracle) + 1e-12);
+    }
 }
