@@ -52,8 +52,9 @@ pub struct ModelArgs {
     /// by `--vram-budget`.
     #[arg(long, value_name = "NAME|FILE", default_value = "local")]
     pub hardware: String,
-    /// With `--policy fiddler`: a routing trace (`strata trace`) whose expert activation
-    /// counts choose the pinned experts; default: the cache filled in layer order.
+    /// A routing trace (`strata trace`) to learn from: its expert activation counts choose
+    /// Fiddler's pinned experts (default: the cache filled in layer order) and, when it
+    /// holds hidden states, it trains SMoE's token-wise predictors (default: none).
     #[arg(long, value_name = "TRACE")]
     pub profile: Option<std::path::PathBuf>,
 }
@@ -174,8 +175,8 @@ impl ModelArgs {
             PolicyArg::Hybrimoe => PolicyKind::HybriMoE,
             PolicyArg::Smoe => PolicyKind::Smoe,
         };
-        let profile = match &self.profile {
-            None => None,
+        let (profile, predictors) = match &self.profile {
+            None => (None, None),
             Some(path) => {
                 let (_, w) = strata_sim::trace::read_file(path)?;
                 let p = w.profile();
@@ -188,7 +189,16 @@ impl ModelArgs {
                         p.first().map_or(0, Vec::len)
                     );
                 }
-                Some(p)
+                let predictors = match w.hidden_dim {
+                    0 => None,
+                    d if d != model.config.hidden_size => bail!(
+                        "{}: hidden states of width {d}, the model's are {}",
+                        path.display(),
+                        model.config.hidden_size
+                    ),
+                    _ => Some(strata_sim::reproduce::train_predictors(&w, cost.model.top_k)?.0),
+                };
+                (Some(p), predictors)
             }
         };
         let policy = strata_exec::build_policy(
@@ -197,6 +207,7 @@ impl ModelArgs {
             &PolicyOptions {
                 deferred: self.defer,
                 profile,
+                predictors,
             },
         );
         let dev = strata_accel::open(&strata_accel::DeviceOptions::default())?;

@@ -347,4 +347,46 @@ fn hybrid_device_matches_cpu_under_every_policy() {
         err.contains("policy ktransformers-defer1") && err.contains("deferred"),
         "{err}"
     );
+    // A recorded trace pins Fiddler's experts and trains SMoE's predictors.
+    let prompts = tmp("hybrid-prompts.txt");
+    let trace = tmp("hybrid.trace");
+    std::fs::write(
+        &prompts,
+        "Write a poem about the sea\nHow do engines work?\n",
+    )
+    .unwrap();
+    let o = strata(&[
+        "trace",
+        "--prompts",
+        prompts.to_str().unwrap(),
+        "--out",
+        trace.to_str().unwrap(),
+        "--decode",
+        "8",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    for policy in ["fiddler", "smoe"] {
+        let o = strata(&[
+            "generate",
+            "--device",
+            "hybrid",
+            "--policy",
+            policy,
+            "--profile",
+            trace.to_str().unwrap(),
+            "--vram-budget",
+            "4MiB",
+            "--prompt",
+            "The capital of France is",
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "6",
+        ]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{err}");
+        assert!(err.contains(&format!("[hybrid, policy {policy}")), "{err}");
+    }
+    std::fs::remove_file(&prompts).unwrap();
+    std::fs::remove_file(&trace).unwrap();
 }

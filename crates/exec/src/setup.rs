@@ -15,6 +15,7 @@ use strata_model::config::{AttentionConfig, FfnConfig, ModelConfig};
 use strata_model::model::Model;
 use strata_model::moe::Ffn;
 use strata_policy::policies::{Fiddler, GpuLru, HybriMoE, KTransformers, Smoe, SmoeEviction};
+use strata_policy::predictor::LinearPredictor;
 use strata_policy::{CostModel, Hardware, ModelShape, Policy};
 
 use crate::{Error, HybridExecutor, Result};
@@ -85,11 +86,13 @@ pub struct PolicyOptions {
     /// Fiddler: activation counts `[moe_layer][expert]` to pin by; `None`: every expert
     /// counts once, so pinning fills the cache in layer order.
     pub profile: Option<Vec<Vec<u64>>>,
+    /// SMoE: the token-wise predictor of each MoE layer (`None`: no decode prefetch).
+    pub predictors: Option<Vec<Option<LinearPredictor>>>,
 }
 
 /// The policy `kind` for a cache priced by `cost`. Per-layer caches (GPU-LRU, HybriMoE,
-/// SMoE) get `cost.cache_slots_per_layer()` slots; SMoE runs without trained predictors
-/// (no token-wise prefetch), HybriMoE prefetches one expert of the next layer.
+/// SMoE) get `cost.cache_slots_per_layer()` slots; SMoE prefetches with the given
+/// predictors (none: no token-wise prefetch), HybriMoE one expert of the next layer.
 pub fn build_policy(
     kind: PolicyKind,
     cost: &CostModel,
@@ -110,7 +113,9 @@ pub fn build_policy(
             slots,
             cost.model.top_k,
             SmoeEviction::Adaptive,
-            vec![None; layers],
+            opts.predictors
+                .clone()
+                .unwrap_or_else(|| vec![None; layers]),
         )),
     }
 }
