@@ -195,8 +195,11 @@ type SlotCopy = (u32, usize, u32);
 /// kernels (round 0 also runs every resident expert).
 #[derive(Debug, Default)]
 struct GpuPlan {
-    /// Copies into cache slots.
+    /// Copies into cache slots that this layer's GPU tasks read.
     uploads: Vec<SlotCopy>,
+    /// Copies into cache slots for later layers or steps (prefetches), issued after this
+    /// layer's kernels so they do not delay its results.
+    later: Vec<SlotCopy>,
     /// Per round: staged copies, then the pairs to run.
     rounds: Vec<(Vec<SlotCopy>, Vec<Pair>)>,
 }
@@ -457,7 +460,11 @@ impl State {
             };
             if keep && self.cache.slot_of(tr.layer, tr.expert).is_none() {
                 if let Some(s) = self.cache.insert(tr.layer, tr.expert) {
-                    plan.uploads.push((s, tr.layer, tr.expert));
+                    if now && gpu_experts.contains(&tr.expert) {
+                        plan.uploads.push((s, tr.layer, tr.expert));
+                    } else {
+                        plan.later.push((s, tr.layer, tr.expert));
+                    }
                     continue;
                 }
             } else if keep || self.cache.slot_of(tr.layer, tr.expert).is_some() {
@@ -552,7 +559,9 @@ impl State {
         cpu_later.sort_by_key(|b| b.expert);
 
         // Run both devices at once: the device thread here, the CPU kernels on the pool.
-        let any_gpu = !plan.uploads.is_empty() || plan.rounds.iter().any(|r| !r.1.is_empty());
+        let any_gpu = !plan.uploads.is_empty()
+            || !plan.later.is_empty()
+            || plan.rounds.iter().any(|r| !r.1.is_empty());
         let mut later = vec![0.0f32; if cpu_later.is_empty() { 0 } else { t * h }];
         let (gpu, cpu_time) = std::thread::scope(|s| -> Result<_> {
             let side = self.device_side();
@@ -609,8 +618,12 @@ impl State {
         self.stats.steps = self.step + 1;
         self.stats.peak_resident = self.stats.peak_resident.max(self.cache.len());
         if let Some(log) = &mut self.log {
-            let mut uploads: Vec<(usize, u32)> =
-                plan.uploads.iter().map(|&(_, l, e)| (l, e)).collect();
+            let mut uploads: Vec<(usize, u32)> = plan
+                .uploads
+                .iter()
+                .chain(&plan.later)
+                .map(|&(_, l, e)| (l, e))
+                .collect();
             uploads.extend(
                 plan.rounds
                     .iter()
@@ -657,7 +670,8 @@ fn add(a: &mut [f32], b: &[f32]) {
 }
 
 /// The device's share of a layer: copies, then per round the staged copies and the two
-/// expert kernels, then the per-pair outputs read back and combined on the host.
+/// expert kernels, then the copies for later layers, then the per-pair outputs read back
+/// and combined on the host.
 fn run_gpu(st: DeviceSide<'_>, plan: &GpuPlan, x: &[f32], t: usize) -> Result<GpuDone> {
     let started = Instant::now();
     let mut done = GpuDone::default();
@@ -717,6 +731,9 @@ fn run_gpu(st: DeviceSide<'_>, plan: &GpuPlan, x: &[f32], t: usize) -> Result<Gp
         dev.submit()?;
         let read = dev.download_async(&y, 0, (p * h * 4) as u64)?;
         reads.push((read, pairs, [pairs_buf, act, y]));
+    }
+    for &(slot, layer, expert) in &plan.later {
+        copy(slot, layer, expert)?;
     }
     for (read, pairs, bufs) in reads {
         let bytes = read.wait()?;
