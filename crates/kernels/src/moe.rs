@@ -556,25 +556,38 @@ fn run_wave(
         });
     }
 
-    // 5. Weighted combine, one task per block of output columns: each task walks the wave's
-    //    rows in segment order, so every token adds its experts in batch order.
-    const COMBINE_ELEMS: usize = 1 << 15;
-    let n_blocks = (rows_total * h / COMBINE_ELEMS).clamp(1, h.div_ceil(STRIP));
-    let cb = h.div_ceil(n_blocks).div_ceil(STRIP) * STRIP;
+    // 5. Weighted combine: the wave's rows grouped by token (a stable sort keeps segment
+    //    order within a token, so every token adds its experts in batch order), then tasks
+    //    over runs of tokens; each output row is read and written once per wave.
+    let mut entries: Vec<(u32, u32, f32)> = Vec::with_capacity(rows_total);
+    for (s, seg) in segs.iter().enumerate() {
+        for r in 0..seg.rows.len() {
+            let wt = seg.batch.weights[seg.rows.start + r];
+            entries.push((tok(s, r) as u32, (row0[s] + r) as u32, wt));
+        }
+    }
+    entries.sort_by_key(|e| e.0);
+    const COMBINE_ROWS: usize = 64;
     let out_w = SharedMut::new(out);
     let y = &y[..];
-    parallel_for(h.div_ceil(cb), |b| {
-        let cols = b * cb..((b + 1) * cb).min(h);
-        for (s, seg) in segs.iter().enumerate() {
-            for r in 0..seg.rows.len() {
-                let wt = seg.batch.weights[seg.rows.start + r];
-                let row = (row0[s] + r) * h;
-                // SAFETY: task `b` alone writes columns `cols` of every token, and the parts
-                // it takes are dropped before the next one (one live part at a time).
-                let o = unsafe { out_w.part(tok(s, r) * h + cols.start, cols.len()) };
-                for (o, v) in o.iter_mut().zip(&y[row + cols.start..row + cols.end]) {
-                    *o += wt * v;
-                }
+    let entries = &entries[..];
+    parallel_for(rows_total.div_ceil(COMBINE_ROWS), |c| {
+        // Chunk `c` owns the tokens whose first entry lies in its range of entries.
+        let owns = |i: usize| i == 0 || entries[i].0 != entries[i - 1].0;
+        let mut i = c * COMBINE_ROWS;
+        let end = ((c + 1) * COMBINE_ROWS).min(rows_total);
+        while i < end && !owns(i) {
+            i += 1;
+        }
+        while i < end {
+            let t = entries[i].0 as usize;
+            // SAFETY: only the chunk holding a token's first entry writes that token's row.
+            let o = unsafe { out_w.part(t * h, h) };
+            while i < rows_total && entries[i].0 as usize == t {
+                let (_, row, wt) = entries[i];
+                let row = row as usize * h;
+                micro::axpy(o, wt, &y[row..row + h]);
+                i += 1;
             }
         }
     });

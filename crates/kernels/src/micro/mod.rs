@@ -7,7 +7,8 @@
 //! block for per-row scales), subtracting the stored weight offset times the activation sum.
 //!
 //! The per-row helpers around the matmuls live here too: activation conversion to BF16
-//! ([`to_bf16`]) or int8 ([`quantize_i8`]) and the gated activation ([`silu_mul`]). They are
+//! ([`to_bf16`]) or int8 ([`quantize_i8`]), the gated activation ([`silu_mul`]) and the
+//! weighted combine ([`axpy`]). They are
 //! plain loops compiled twice, once with AVX-512 enabled so that they vectorise, each with a
 //! reference twin in the tests.
 //!
@@ -285,10 +286,47 @@ pub(crate) fn silu_mul(g: &[f32], u: &[f32], out: &mut [f32]) {
     silu_mul_body(g, u, out);
 }
 
+#[inline(always)]
+fn axpy_body(out: &mut [f32], a: f32, x: &[f32]) {
+    for (o, x) in out.iter_mut().zip(x) {
+        *o += a * x;
+    }
+}
+
+/// # Safety
+/// AVX-512 F must be available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn axpy_avx512(out: &mut [f32], a: f32, x: &[f32]) {
+    axpy_body(out, a, x);
+}
+
+/// `out += a · x` (the weighted combine of expert outputs), element by element.
+pub(crate) fn axpy(out: &mut [f32], a: f32, x: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::isa::detected() >= Isa::Avx512 {
+        // SAFETY: AVX-512 F was detected.
+        return unsafe { axpy_avx512(out, a, x) };
+    }
+    axpy_body(out, a, x);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::packed::tests::rand_vec;
+
+    #[test]
+    fn axpy_matches_reference() {
+        let mut seed = 2;
+        for len in [0usize, 1, 15, 16, 17, 100] {
+            let x = rand_vec(len, &mut seed);
+            let mut got = rand_vec(len, &mut seed);
+            let want: Vec<f32> = got.iter().zip(&x).map(|(o, x)| o + 0.3 * x).collect();
+            axpy(&mut got, 0.3, &x);
+            assert_eq!(got, want, "length {len}");
+        }
+    }
 
     fn specials() -> Vec<f32> {
         let mut v = vec![
