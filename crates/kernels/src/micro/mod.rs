@@ -201,7 +201,13 @@ fn quantize_i8_body(src: &[f32], dst: &mut [u8], xsum: &mut [i32]) -> f32 {
     {
         let mut acc = 0i32;
         for (d, v) in d.iter_mut().zip(s) {
-            let q = ((v * inv).round_ties_even() as i32).clamp(-127, 127);
+            let y = v * inv;
+            // NaN becomes 0 (as a saturating `as i32` would), then clamp in f32 so that the
+            // conversion needs no saturation fix-ups and vectorises.
+            let y = if y.is_nan() { 0.0 } else { y };
+            let y = y.clamp(-127.0, 127.0).round_ties_even();
+            // SAFETY: `y` is an integer in [-127, 127], representable in i32.
+            let q = unsafe { y.to_int_unchecked::<i32>() };
             *d = q as i8 as u8;
             acc += q;
         }
@@ -258,7 +264,9 @@ fn exp_approx(x: f32) -> f32 {
         + r * (1.0
             + r * (0.5
                 + r * (0.166_666_67 + r * (0.041_666_52 + r * (0.008_333_53 + r * 0.001_394_45)))));
-    p * f32::from_bits(((n as i32 + 127) as u32) << 23)
+    // SAFETY: `n` is an integer in [-126, 127] (from the clamp), representable in i32.
+    let n = unsafe { n.to_int_unchecked::<i32>() };
+    p * f32::from_bits(((n + 127) as u32) << 23)
 }
 
 #[inline(always)]
@@ -364,6 +372,9 @@ mod tests {
             let mut src = rand_vec(len, &mut seed);
             if len > 3 {
                 src[2] = f32::NAN;
+            }
+            if len == 100 {
+                src[7] = f32::INFINITY;
             }
             let units = len.div_ceil(crate::packed::XSUM_UNIT);
             let (mut d1, mut d2) = (vec![0u8; len], vec![0u8; len]);
