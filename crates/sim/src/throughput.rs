@@ -232,6 +232,40 @@ fn decode_steps(setup: &Setup) -> Vec<(usize, f64)> {
         .collect()
 }
 
+/// One step's rows per expert drawn around `expected` (rows for `tokens` tokens): each
+/// expert's count is binomial with `tokens` trials (Poisson when its mean is small, normal
+/// when large), so a small batch leaves rarely chosen experts idle, as real routing does.
+/// Seeded per step, so every system sees the same routing.
+fn sample_rows(expected: &[Vec<f64>], tokens: usize, seed: u64) -> Vec<Vec<f64>> {
+    let mut rng = Rng::new(seed);
+    let n = tokens as f64;
+    expected
+        .iter()
+        .map(|layer| {
+            layer
+                .iter()
+                .map(|&mean| {
+                    let q = (mean / n.max(1.0)).clamp(0.0, 1.0);
+                    let draw = if mean < 30.0 {
+                        // Poisson by inversion.
+                        let (mut k, mut p, u) = (0.0, (-mean).exp(), rng.uniform());
+                        let mut cdf = p;
+                        while u > cdf && k < n {
+                            k += 1.0;
+                            p *= mean / k;
+                            cdf += p;
+                        }
+                        k
+                    } else {
+                        (mean + (mean * (1.0 - q)).sqrt() * rng.normal()).round()
+                    };
+                    draw.clamp(0.0, n)
+                })
+                .collect()
+        })
+        .collect()
+}
+
 /// One step of CoX-MoE under `plan`; returns the step's makespan.
 fn cox_step(
     cost: &CostModel,
@@ -252,12 +286,20 @@ fn cox_step(
     for layer in 0..cost.model.n_layers {
         let moe = layer.checked_sub(cost.model.dense_layers);
         let ep = moe.and_then(|m| plan.experts.get(m));
+        let r: &[f64] = moe.and_then(|m| rows.get(m)).map_or(&[], Vec::as_slice);
+        let rows_of = |e: u32| r.get(e as usize).copied().unwrap_or(0.0);
+        // Experts no token chose this step are not copied.
+        let streamed: Vec<u32> = ep.map_or(Vec::new(), |ep| {
+            ep.streamed
+                .iter()
+                .copied()
+                .filter(|&e| rows_of(e) > 0.0)
+                .collect()
+        });
         // The first two staging copies start with the layer.
         let mut copies: Vec<f64> = Vec::new();
-        if let Some(ep) = ep {
-            for slot in buf_free.iter().take(ep.streamed.len().min(2)) {
-                copies.push(lanes.op(H2D, t_in.max(*slot), tx));
-            }
+        for slot in buf_free.iter().take(streamed.len().min(2)) {
+            copies.push(lanes.op(H2D, t_in.max(*slot), tx));
         }
         // Non-MoE operations, software-pipelined over micro-batches when overlapping.
         let m = parts.len();
@@ -310,27 +352,26 @@ fn cox_step(
             t_in = done;
             continue;
         };
-        let r = &rows[moe.unwrap_or(0)];
         // CPU experts: their rows go over, the CPU computes, the results come back.
-        let cpu_rows: f64 = ep.cpu.iter().map(|&e| r[e as usize]).sum();
+        let cpu_rows: f64 = ep.cpu.iter().map(|&e| rows_of(e)).sum();
         let mut cpu_end = done;
         if !ep.cpu.is_empty() {
             let d = lanes.op(D2H, done, pcie(cost, cpu_rows * h * ACT_BYTES));
             let c: f64 = ep
                 .cpu
                 .iter()
-                .map(|&e| cost.expert_time(Device::Cpu, r[e as usize].ceil() as u32))
+                .map(|&e| cost.expert_time(Device::Cpu, rows_of(e).ceil() as u32))
                 .sum();
             cpu_end = lanes.op(CPU, d, c);
         }
         let resident: f64 = ep
             .gpu
             .iter()
-            .map(|&e| gpu_expert_time(cost, r[e as usize], 1))
+            .map(|&e| gpu_expert_time(cost, rows_of(e), 1))
             .sum();
         let mut gpu_end = lanes.op(GPU, done, resident);
         let mut ends: Vec<f64> = Vec::new();
-        for (i, &e) in ep.streamed.iter().enumerate() {
+        for (i, &e) in streamed.iter().enumerate() {
             let landed = match copies.get(i) {
                 Some(&c) => c,
                 None => {
@@ -339,11 +380,7 @@ fn cox_step(
                     c
                 }
             };
-            gpu_end = lanes.op(
-                GPU,
-                landed.max(done),
-                gpu_expert_time(cost, r[e as usize], 1),
-            );
+            gpu_end = lanes.op(GPU, landed.max(done), gpu_expert_time(cost, rows_of(e), 1));
             ends.push(gpu_end);
         }
         buf_free = [0.0; 2];
@@ -521,6 +558,17 @@ pub fn run(cost: &CostModel, system: &System, setup: &Setup) -> Result<Throughpu
     }
     let pre_w = work(setup, Phase::Prefill, 0);
     let steps = decode_steps(setup);
+    // The routing every system is measured on: one draw per simulated step.
+    let pre_sampled = sample_rows(
+        &expected_rows(cost, &setup.popularity, pre_w.tokens()),
+        pre_w.tokens(),
+        1,
+    );
+    let dec_expected = expected_rows(cost, &setup.popularity, setup.batch);
+    let dec_sampled: Vec<Vec<Vec<f64>>> = steps
+        .iter()
+        .map(|&(step, _)| sample_rows(&dec_expected, setup.batch, 2 + step as u64))
+        .collect();
     let mut lanes_total = [0.0f64; 4];
     let (prefill_s, decode_s, micro, pinned, plan) = match system {
         System::Cox { opts, overlap } => {
@@ -539,15 +587,13 @@ pub fn run(cost: &CostModel, system: &System, setup: &Setup) -> Result<Throughpu
             )
             .ok_or_else(|| no_fit(system, setup, "prefill"))?;
             let mut lanes = Lanes::default();
-            let rows = expected_rows(cost, &setup.popularity, pre_w.tokens());
-            let p = cox_step(cost, &pplan, &pre_w, &rows, *overlap, &mut lanes);
+            let p = cox_step(cost, &pplan, &pre_w, &pre_sampled, *overlap, &mut lanes);
             add(&mut lanes_total, &lanes.busy, 1.0);
-            let rows = expected_rows(cost, &setup.popularity, setup.batch);
             let mut d = 0.0;
-            for &(step, weight) in &steps {
+            for (&(step, weight), rows) in steps.iter().zip(&dec_sampled) {
                 let w = work(setup, Phase::Decode, step);
                 let mut lanes = Lanes::default();
-                d += weight * cox_step(cost, &dplan, &w, &rows, true, &mut lanes);
+                d += weight * cox_step(cost, &dplan, &w, rows, true, &mut lanes);
                 add(&mut lanes_total, &lanes.busy, weight);
             }
             let desc = format!(
@@ -612,7 +658,7 @@ pub fn run(cost: &CostModel, system: &System, setup: &Setup) -> Result<Throughpu
             let (p, ppin) = baseline_step(
                 cost,
                 &pre_w,
-                &pre_rows,
+                &pre_sampled,
                 pmb,
                 pipelined,
                 setup.context_bytes,
@@ -622,13 +668,13 @@ pub fn run(cost: &CostModel, system: &System, setup: &Setup) -> Result<Throughpu
             add(&mut lanes_total, &lanes.busy, 1.0);
             let mut d = 0.0;
             let mut dpin = 0;
-            for &(step, weight) in &steps {
+            for (&(step, weight), rows) in steps.iter().zip(&dec_sampled) {
                 let w = work(setup, Phase::Decode, step);
                 let mut lanes = Lanes::default();
                 let (t, pin) = baseline_step(
                     cost,
                     &w,
-                    &dec_rows,
+                    rows,
                     dmb,
                     pipelined,
                     setup.context_bytes,
