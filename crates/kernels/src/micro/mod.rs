@@ -325,6 +325,27 @@ mod tests {
     use crate::packed::tests::rand_vec;
 
     #[test]
+    fn several_k_blocks_and_row_tiles_match_reference() {
+        // k spans several panels (so tiles prefetch the next block) and the rows several
+        // 4-row tiles plus a ragged one.
+        let mut seed = 17;
+        let (m, n, k) = (9, 64, 1100);
+        let x = rand_vec(m * k, &mut seed);
+        let w = rand_vec(n * k, &mut seed);
+        for fmt in crate::packed::tests::FORMATS {
+            let p = PackedMatrix::pack(&w, n, k, fmt).expect("valid format");
+            let mut want = vec![0.0; m * n];
+            p.matmul_ref(&x, m, &mut want).expect("shapes agree");
+            for isa in Isa::available() {
+                let mut got = vec![f32::NAN; m * n];
+                p.matmul_with(isa, &x, m, &mut got).expect("shapes agree");
+                let what = format!("{} {isa:?}", fmt.name());
+                crate::packed::tests::assert_close(&want, &got, &what);
+            }
+        }
+    }
+
+    #[test]
     fn axpy_matches_reference() {
         let mut seed = 2;
         for len in [0usize, 1, 15, 16, 17, 100] {
