@@ -4,10 +4,11 @@
 //! Per layer: build the [`LayerView`] (routing, cache residency, free bytes), ask the
 //! policy, check that its tasks cover every routed (token, expert) pair exactly once, apply
 //! its evictions, assign slots to its transfers (a kept copy takes a cache slot; a staged
-//! one goes through the ping-pong staging slots in rounds), then run the GPU's tasks from a
-//! scoped thread (uploads, `ExpertFfn` kernels, read back the per-pair outputs) while the
-//! calling thread runs the CPU's tasks with the fused kernel, and add both into the output
-//! in f32. Deferred tasks accumulate into a side buffer that joins the output of the next
+//! one goes through the ping-pong staging slots in rounds), then hand the GPU's tasks to
+//! the device worker (uploads, `ExpertFfn` kernels, read back the per-pair outputs) while
+//! the calling thread runs the CPU's tasks with the fused kernel, and add both into the
+//! output in f32. Copies for later layers or steps (prefetches) go to the worker after the
+//! layer's job and run in the background while the model goes on. Deferred tasks accumulate into a side buffer that joins the output of the next
 //! MoE layer (KTransformers, seed 003 section 4.1: `O_k = I_k + S_k + R_{k-1}^def + R_k^imm`).
 //!
 //! A key design decision: the executor never decides. Whatever the policy returns is
@@ -15,9 +16,16 @@
 //! task whose expert is neither resident nor copied) is not silently replaced by a guess:
 //! it is refused (the copy) or run on the CPU (the task) and counted in [`ExecStats`], which
 //! tests require to stay zero for the shipped policies.
+//!
+//! Another: the device worker is one persistent thread that owns the device, the slots and
+//! its record of what each slot holds, and runs jobs strictly in order. A prefetch copy
+//! queued before a later layer's job is therefore complete before that job's kernels read
+//! the slot, without events to track; the worker still checks, for every (token, expert)
+//! pair, that its slot holds that expert before launching a kernel on it.
 
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, mpsc};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use strata_accel::{Buffer, Device, ExpertSlots, Op, OpKind};
@@ -37,9 +45,9 @@ use crate::{Error, Result};
 pub struct ExecOptions {
     /// Bytes of device memory for expert weights (cache and staging slots).
     pub vram_budget: u64,
-    /// The phase every step is reported in; `None`: a step of one token is decode, any
-    /// other prefill (exact for one sequence; a batch of decoding sequences reads as
-    /// prefill).
+    /// The phase every step is reported in; `None`: from the step's batch layout, decode
+    /// when every sequence adds exactly one token to its cache, else prefill (a step whose
+    /// layout the model does not give: decode when it has one token).
     pub phase: Option<Phase>,
     /// Keep a [`LayerRecord`] of every layer ([`HybridExecutor::take_log`]).
     pub record: bool,
@@ -74,6 +82,8 @@ pub struct ExecStats {
     pub initial_uploads: usize,
     /// Copies through the staging slots.
     pub staged: usize,
+    /// Copies for later layers or steps, run by the device worker in the background.
+    pub prefetched: usize,
     /// Experts the policy evicted.
     pub evictions: usize,
     /// Copies refused: no free slot, no staging slot, or staged without a GPU task.
@@ -84,7 +94,7 @@ pub struct ExecStats {
     pub peak_resident: usize,
     /// Bytes of the expert slots allocated on the device.
     pub slot_bytes_allocated: u64,
-    /// Time the device thread spent (uploads, kernels, read-back).
+    /// Time the device worker spent (uploads, kernels, read-back).
     pub gpu_time: Duration,
     /// Time the CPU kernels spent.
     pub cpu_time: Duration,
@@ -134,6 +144,8 @@ pub struct LayerRecord {
     pub moe_layer: usize,
     /// The phase the policy was told.
     pub phase: Phase,
+    /// Sequences with tokens in the step (0: the model gave no batch layout).
+    pub seqs: usize,
     /// The policy's decision.
     pub decision: Decision,
     /// `(expert, deferred)` of the tasks run on the GPU.
@@ -153,10 +165,11 @@ pub struct HybridExecutor {
 }
 
 struct State {
-    dev: Arc<dyn Device>,
-    slots: Option<ExpertSlots>,
+    worker: Worker,
+    /// Bytes of one device slot (0: no slots).
+    slot_bytes: u64,
     cache: SlotCache,
-    host: HostExperts,
+    host: Arc<HostExperts>,
     policy: Box<dyn Policy + Send>,
     cost: CostModel,
     phase: Option<Phase>,
@@ -184,6 +197,8 @@ impl fmt::Debug for State {
 struct Pair {
     row: u32,
     slot: u32,
+    /// `(moe_layer, expert)` the slot must hold when the kernel runs.
+    expert: (usize, u32),
     weight: f32,
     deferred: bool,
 }
@@ -197,21 +212,123 @@ type SlotCopy = (u32, usize, u32);
 struct GpuPlan {
     /// Copies into cache slots that this layer's GPU tasks read.
     uploads: Vec<SlotCopy>,
-    /// Copies into cache slots for later layers or steps (prefetches), issued after this
-    /// layer's kernels so they do not delay its results.
+    /// Copies into cache slots for later layers or steps (prefetches), queued after this
+    /// layer's job so they do not delay its results.
     later: Vec<SlotCopy>,
     /// Per round: staged copies, then the pairs to run.
     rounds: Vec<(Vec<SlotCopy>, Vec<Pair>)>,
 }
 
-/// What the device thread did.
+impl GpuPlan {
+    /// Whether this layer has device work to wait for (copies it reads, or kernels).
+    fn has_layer_work(&self) -> bool {
+        !self.uploads.is_empty()
+            || self
+                .rounds
+                .iter()
+                .any(|r| !r.0.is_empty() || !r.1.is_empty())
+    }
+}
+
+/// The device's share of one layer's output.
 #[derive(Debug, Default)]
 struct GpuDone {
     out: Vec<f32>,
     deferred: Vec<f32>,
+}
+
+/// What the device worker did, summed (read by [`HybridExecutor::stats`]).
+#[derive(Debug, Default, Clone)]
+struct DeviceCounters {
     uploads: usize,
     bytes: u64,
+    prefetched: usize,
     time: Duration,
+}
+
+/// A job of the device worker; jobs run in the order sent.
+enum Job {
+    /// One layer's device work; the result goes back on `reply`.
+    Layer {
+        plan: GpuPlan,
+        x: Vec<f32>,
+        t: usize,
+        reply: mpsc::SyncSender<Result<GpuDone>>,
+    },
+    /// Copies for later layers or steps, nobody waiting; a failure is reported with the
+    /// next layer's result.
+    Copies(Vec<SlotCopy>),
+    /// Answers once every job sent before it has run.
+    Flush(mpsc::SyncSender<()>),
+}
+
+/// The persistent device worker: the sending end of its jobs and its thread.
+struct Worker {
+    jobs: mpsc::Sender<Job>,
+    thread: Option<JoinHandle<()>>,
+    counters: Arc<Mutex<DeviceCounters>>,
+}
+
+impl Worker {
+    fn start(side: DeviceSide) -> Result<Worker> {
+        let (jobs, rx) = mpsc::channel();
+        let counters = side.counters.clone();
+        let thread = std::thread::Builder::new()
+            .name("strata-exec-device".into())
+            .spawn(move || side.serve(&rx))
+            .map_err(|e| Error::Config(format!("cannot start the device worker: {e}")))?;
+        Ok(Worker {
+            jobs,
+            thread: Some(thread),
+            counters,
+        })
+    }
+
+    fn send(&self, job: Job) -> Result<()> {
+        self.jobs.send(job).map_err(|_| stopped())
+    }
+
+    /// Queues `plan`'s layer work on `x: [t, hidden]`; the result comes on the receiver.
+    fn layer(
+        &self,
+        plan: GpuPlan,
+        x: Vec<f32>,
+        t: usize,
+    ) -> Result<mpsc::Receiver<Result<GpuDone>>> {
+        let (reply, rx) = mpsc::sync_channel(1);
+        self.send(Job::Layer { plan, x, t, reply })?;
+        Ok(rx)
+    }
+
+    /// Waits until every job sent so far has run.
+    fn flush(&self) -> Result<()> {
+        let (tx, rx) = mpsc::sync_channel(1);
+        self.send(Job::Flush(tx))?;
+        rx.recv().map_err(|_| stopped())
+    }
+
+    fn counters(&self) -> DeviceCounters {
+        lock(&self.counters).clone()
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        // Closing the channel ends the worker once its queue is done.
+        drop(std::mem::replace(&mut self.jobs, mpsc::channel().0));
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn stopped() -> Error {
+    Error::Config("the device worker stopped".into())
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panic mid-layer leaves counters, not memory, inconsistent: keep going.
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl HybridExecutor {
@@ -256,9 +373,19 @@ impl HybridExecutor {
                 host.n_experts()
             )));
         }
-        let mut st = State {
+        let host = Arc::new(host);
+        let slot_bytes = slots.as_ref().map_or(0, ExpertSlots::slot_bytes);
+        let worker = Worker::start(DeviceSide {
+            held: vec![None; slots.as_ref().map_or(0, |s| s.n_slots as usize)],
             dev,
             slots,
+            host: host.clone(),
+            counters: Arc::default(),
+            failed: None,
+        })?;
+        let mut st = State {
+            worker,
+            slot_bytes,
             cache,
             host,
             policy,
@@ -274,19 +401,17 @@ impl HybridExecutor {
             log: opts.record.then(Vec::new),
         };
         let initial = st.policy.initial_residency(&st.cost);
-        let mut plan = GpuPlan::default();
+        let mut copies = Vec::new();
         for (layer, expert) in initial {
             match st.cache.insert(layer, expert) {
-                Some(s) => plan.uploads.push((s, layer, expert)),
+                Some(s) => copies.push((s, layer, expert)),
                 None => st.stats.refused_transfers += 1,
             }
         }
-        if !plan.uploads.is_empty() {
-            let done = run_gpu(st.device_side(), &plan, &[], 0)?;
-            st.stats.uploads += done.uploads;
-            st.stats.initial_uploads += done.uploads;
-            st.stats.upload_bytes += done.bytes;
-            st.stats.gpu_time += done.time;
+        if !copies.is_empty() {
+            // In the background, ahead of every layer's job.
+            st.stats.initial_uploads = copies.len();
+            st.worker.send(Job::Copies(copies))?;
         }
         st.stats.peak_resident = st.cache.len();
         Ok(HybridExecutor {
@@ -308,9 +433,19 @@ impl HybridExecutor {
         n.saturating_sub(2) * slot
     }
 
-    /// Statistics so far.
+    /// Statistics so far (once the copies in flight are done).
     pub fn stats(&self) -> ExecStats {
-        self.lock().stats.clone()
+        let st = self.lock();
+        // A stopped worker has nothing in flight: its counters are final.
+        let _ = st.worker.flush();
+        let dev = st.worker.counters();
+        ExecStats {
+            uploads: dev.uploads,
+            upload_bytes: dev.bytes,
+            prefetched: dev.prefetched,
+            gpu_time: dev.time,
+            ..st.stats.clone()
+        }
     }
 
     /// The layers executed since the last call (empty unless [`ExecOptions::record`]).
@@ -328,8 +463,7 @@ impl HybridExecutor {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        // A panic mid-layer leaves counters, not memory, inconsistent: keep going.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.state)
     }
 }
 
@@ -373,13 +507,14 @@ impl State {
             self.pending = None;
         }
         self.calls += 1;
-        let phase = self.phase.unwrap_or(if t == 1 {
+        let decode = call.is_decode().unwrap_or(t == 1);
+        let phase = self.phase.unwrap_or(if decode {
             Phase::Decode
         } else {
             Phase::Prefill
         });
         let resident = self.cache.resident(l, n);
-        let slot_bytes = self.slots.as_ref().map_or(0, ExpertSlots::slot_bytes);
+        let slot_bytes = self.slot_bytes;
         let view = LayerView {
             layer: l,
             n_moe_layers: self.host.n_layers(),
@@ -401,6 +536,7 @@ impl State {
             },
             cpu_busy_s: 0.0,
             pcie_busy_s: 0.0,
+            context: None,
         };
         let decision = self.policy.decide(&view, &self.cost);
 
@@ -529,6 +665,7 @@ impl State {
                     pairs.extend(task.rows.iter().zip(&w).map(|(&row, &weight)| Pair {
                         row,
                         slot,
+                        expert: (l, task.expert),
                         weight,
                         deferred: task.deferred,
                     }));
@@ -558,38 +695,52 @@ impl State {
         cpu_now.sort_by_key(|b| b.expert);
         cpu_later.sort_by_key(|b| b.expert);
 
-        // Run both devices at once: the device thread here, the CPU kernels on the pool.
-        let any_gpu = !plan.uploads.is_empty()
-            || !plan.later.is_empty()
-            || plan.rounds.iter().any(|r| !r.1.is_empty());
-        let mut later = vec![0.0f32; if cpu_later.is_empty() { 0 } else { t * h }];
-        let (gpu, cpu_time) = std::thread::scope(|s| -> Result<_> {
-            let side = self.device_side();
-            let plan = &plan;
-            let device = any_gpu.then(|| s.spawn(move || run_gpu(side, plan, call.x, t)));
-            let started = Instant::now();
-            let cpu =
-                call.experts
-                    .run_batches(call.x, &cpu_now, out)
-                    .and_then(|()| match cpu_later.is_empty() {
-                        true => Ok(()),
-                        false => call.experts.run_batches(call.x, &cpu_later, &mut later),
-                    });
-            let cpu_time = started.elapsed();
-            let gpu = match device {
-                Some(d) => d
-                    .join()
-                    .map_err(|_| Error::Config("the device thread panicked".into()))??,
-                None => GpuDone::default(),
-            };
-            cpu?;
-            Ok((gpu, cpu_time))
-        })?;
-        self.stats.cpu_time += cpu_time;
-        self.stats.gpu_time += gpu.time;
-        self.stats.uploads += gpu.uploads;
-        self.stats.upload_bytes += gpu.bytes;
+        // Run both devices at once: the worker the device's share, this thread the CPU's on
+        // the kernels' pool; the prefetches queue behind the layer and run in the background.
+        let mut log_uploads: Vec<(usize, u32)> = Vec::new();
+        if self.log.is_some() {
+            log_uploads.extend(
+                plan.uploads
+                    .iter()
+                    .chain(&plan.later)
+                    .map(|&(_, l, e)| (l, e)),
+            );
+            log_uploads.extend(
+                plan.rounds
+                    .iter()
+                    .flat_map(|r| r.0.iter().map(|&(_, l, e)| (l, e))),
+            );
+        }
         self.stats.staged += plan.rounds.iter().map(|r| r.0.len()).sum::<usize>();
+        let later_copies = std::mem::take(&mut plan.later);
+        let device = if plan.has_layer_work() {
+            let x = if plan.rounds.iter().any(|r| !r.1.is_empty()) {
+                call.x.to_vec()
+            } else {
+                Vec::new()
+            };
+            Some(self.worker.layer(plan, x, t)?)
+        } else {
+            None
+        };
+        if !later_copies.is_empty() {
+            self.worker.send(Job::Copies(later_copies))?;
+        }
+        let mut later = vec![0.0f32; if cpu_later.is_empty() { 0 } else { t * h }];
+        let started = Instant::now();
+        let cpu = call
+            .experts
+            .run_batches(call.x, &cpu_now, out)
+            .and_then(|()| match cpu_later.is_empty() {
+                true => Ok(()),
+                false => call.experts.run_batches(call.x, &cpu_later, &mut later),
+            });
+        self.stats.cpu_time += started.elapsed();
+        let gpu = match device {
+            Some(rx) => rx.recv().map_err(|_| stopped())??,
+            None => GpuDone::default(),
+        };
+        cpu?;
         add(out, &gpu.out);
         if let Some((from, def)) = self.pending.take() {
             if from + 1 != l || def.len() != out.len() {
@@ -618,47 +769,19 @@ impl State {
         self.stats.steps = self.step + 1;
         self.stats.peak_resident = self.stats.peak_resident.max(self.cache.len());
         if let Some(log) = &mut self.log {
-            let mut uploads: Vec<(usize, u32)> = plan
-                .uploads
-                .iter()
-                .chain(&plan.later)
-                .map(|&(_, l, e)| (l, e))
-                .collect();
-            uploads.extend(
-                plan.rounds
-                    .iter()
-                    .flat_map(|r| r.0.iter().map(|&(_, l, e)| (l, e))),
-            );
             log.push(LayerRecord {
                 step: self.step,
                 moe_layer: l,
                 phase,
+                seqs: call.n_seqs(),
                 decision,
                 gpu_tasks: record_gpu,
                 cpu_tasks: record_cpu,
-                uploads,
+                uploads: log_uploads,
                 resident: self.cache.len(),
             });
         }
         Ok(())
-    }
-}
-
-/// What the device thread may touch (the policy stays on the calling thread).
-#[derive(Clone, Copy)]
-struct DeviceSide<'a> {
-    dev: &'a dyn Device,
-    slots: Option<&'a ExpertSlots>,
-    host: &'a HostExperts,
-}
-
-impl State {
-    fn device_side(&self) -> DeviceSide<'_> {
-        DeviceSide {
-            dev: &*self.dev,
-            slots: self.slots.as_ref(),
-            host: &self.host,
-        }
     }
 }
 
@@ -669,92 +792,156 @@ fn add(a: &mut [f32], b: &[f32]) {
     }
 }
 
-/// The device's share of a layer: copies, then per round the staged copies and the two
-/// expert kernels, then the copies for later layers, then the per-pair outputs read back
-/// and combined on the host.
-fn run_gpu(st: DeviceSide<'_>, plan: &GpuPlan, x: &[f32], t: usize) -> Result<GpuDone> {
-    let started = Instant::now();
-    let mut done = GpuDone::default();
-    let Some(slots) = st.slots else {
-        return Ok(done);
-    };
-    let dev = st.dev;
-    let mut copy = |slot: u32, layer: usize, expert: u32| -> Result<()> {
-        let bytes = st.host.slot_bytes(layer, expert, slots)?;
-        slots.refill_bytes(dev, slot, &bytes)?;
-        done.uploads += 1;
-        done.bytes += bytes.len() as u64;
+/// What the device worker owns: the device, the slots, what each slot holds.
+struct DeviceSide {
+    dev: Arc<dyn Device>,
+    slots: Option<ExpertSlots>,
+    host: Arc<HostExperts>,
+    /// `(moe_layer, expert)` copied into each slot, as far as the worker knows.
+    held: Vec<Option<(usize, u32)>>,
+    counters: Arc<Mutex<DeviceCounters>>,
+    /// A background copy's failure, reported with the next layer's result.
+    failed: Option<Error>,
+}
+
+impl DeviceSide {
+    /// Runs jobs until the executor is dropped.
+    fn serve(mut self, jobs: &mpsc::Receiver<Job>) {
+        for job in jobs {
+            let started = Instant::now();
+            match job {
+                Job::Layer { plan, x, t, reply } => {
+                    let done = match self.failed.take() {
+                        Some(e) => Err(e),
+                        None => self.layer(&plan, &x, t),
+                    };
+                    self.counted(started);
+                    // The executor waits on the reply; if it is gone, so is the work.
+                    let _ = reply.send(done);
+                }
+                Job::Copies(copies) => {
+                    for &(slot, layer, expert) in &copies {
+                        match self.copy(slot, layer, expert) {
+                            Ok(()) => lock(&self.counters).prefetched += 1,
+                            Err(e) => {
+                                self.failed.get_or_insert(e);
+                            }
+                        }
+                    }
+                    self.counted(started);
+                }
+                Job::Flush(reply) => {
+                    let _ = reply.send(());
+                }
+            }
+        }
+    }
+
+    fn counted(&self, started: Instant) {
+        lock(&self.counters).time += started.elapsed();
+    }
+
+    /// Copies `expert` of `layer` from the host into `slot`.
+    fn copy(&mut self, slot: u32, layer: usize, expert: u32) -> Result<()> {
+        let slots = self.slots.as_ref().ok_or_else(no_slots)?;
+        let held = self.held.get_mut(slot as usize).ok_or_else(no_slots)?;
+        // Until the copy succeeds the slot holds nothing usable.
+        *held = None;
+        let bytes = self.host.slot_bytes(layer, expert, slots)?;
+        slots.refill_bytes(&*self.dev, slot, &bytes)?;
+        *held = Some((layer, expert));
+        let mut c = lock(&self.counters);
+        c.uploads += 1;
+        c.bytes += bytes.len() as u64;
         Ok(())
-    };
-    for &(slot, layer, expert) in &plan.uploads {
-        copy(slot, layer, expert)?;
     }
-    let h = slots.hidden as usize;
-    let inter = slots.inter as usize;
-    let mut reads = Vec::new();
-    let mut x_buf = None;
-    for (copies, pairs) in &plan.rounds {
-        for &(slot, layer, expert) in copies {
-            copy(slot, layer, expert)?;
+
+    /// The device's share of a layer: copies, then per round the staged copies and the two
+    /// expert kernels, then the per-pair outputs read back and combined on the host.
+    fn layer(&mut self, plan: &GpuPlan, x: &[f32], t: usize) -> Result<GpuDone> {
+        let mut done = GpuDone::default();
+        for &(slot, layer, expert) in &plan.uploads {
+            self.copy(slot, layer, expert)?;
         }
-        if pairs.is_empty() {
-            continue;
-        }
-        if x_buf.is_none() {
-            let b = dev.alloc((t * h * 4) as u64, 0, "hybrid expert input")?;
-            dev.upload(&b, 0, &f32_bytes(x))?;
-            x_buf = Some(b);
-        }
-        let Some(xb) = &x_buf else { continue };
-        let mut pairs = pairs.clone();
-        pairs.sort_by_key(|p| (p.slot, p.row));
-        let p = pairs.len();
-        let idx: Vec<u8> = pairs
-            .iter()
-            .flat_map(|q| [q.row, q.slot])
-            .flat_map(u32::to_le_bytes)
-            .collect();
-        let pairs_buf = dev.alloc(idx.len() as u64, 0, "hybrid expert pairs")?;
-        dev.upload(&pairs_buf, 0, &idx)?;
-        let act = dev.alloc((p * inter * 4) as u64, 0, "hybrid expert activations")?;
-        let y = dev.alloc((p * h * 4) as u64, 0, "hybrid expert outputs")?;
-        for (stage, input, output) in [(0, xb, &act), (1, &act, &y)] {
-            dev.enqueue(&Op::ExpertFfn {
-                x: input,
-                slots,
-                pairs: &pairs_buf,
-                out: output,
-                n_pairs: p as u32,
-                stage,
-            })?;
-        }
-        dev.submit()?;
-        let read = dev.download_async(&y, 0, (p * h * 4) as u64)?;
-        reads.push((read, pairs, [pairs_buf, act, y]));
-    }
-    for &(slot, layer, expert) in &plan.later {
-        copy(slot, layer, expert)?;
-    }
-    for (read, pairs, bufs) in reads {
-        let bytes = read.wait()?;
-        drop::<[Buffer; 3]>(bufs);
-        for (q, yr) in pairs.iter().zip(bytes.chunks_exact(4 * h)) {
-            let target = if q.deferred {
-                &mut done.deferred
-            } else {
-                &mut done.out
-            };
-            if target.is_empty() {
-                *target = vec![0.0f32; t * h];
+        let mut reads = Vec::new();
+        let mut x_buf = None;
+        for (copies, pairs) in &plan.rounds {
+            for &(slot, layer, expert) in copies {
+                self.copy(slot, layer, expert)?;
             }
-            let row = &mut target[q.row as usize * h..][..h];
-            for (o, c) in row.iter_mut().zip(yr.chunks_exact(4)) {
-                *o += q.weight * f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            if pairs.is_empty() {
+                continue;
+            }
+            // The copies before this job ran in order: each slot must hold its expert now.
+            for q in pairs {
+                let held = self.held.get(q.slot as usize).copied().flatten();
+                if held != Some(q.expert) {
+                    return Err(Error::Config(format!(
+                        "slot {} holds {held:?} when moe layer {} expert {} runs on it",
+                        q.slot, q.expert.0, q.expert.1
+                    )));
+                }
+            }
+            let slots = self.slots.as_ref().ok_or_else(no_slots)?;
+            let dev = &*self.dev;
+            let h = slots.hidden as usize;
+            let inter = slots.inter as usize;
+            if x_buf.is_none() {
+                let b = dev.alloc((t * h * 4) as u64, 0, "hybrid expert input")?;
+                dev.upload(&b, 0, &f32_bytes(x))?;
+                x_buf = Some(b);
+            }
+            let Some(xb) = &x_buf else { continue };
+            let mut pairs = pairs.clone();
+            pairs.sort_by_key(|p| (p.slot, p.row));
+            let p = pairs.len();
+            let idx: Vec<u8> = pairs
+                .iter()
+                .flat_map(|q| [q.row, q.slot])
+                .flat_map(u32::to_le_bytes)
+                .collect();
+            let pairs_buf = dev.alloc(idx.len() as u64, 0, "hybrid expert pairs")?;
+            dev.upload(&pairs_buf, 0, &idx)?;
+            let act = dev.alloc((p * inter * 4) as u64, 0, "hybrid expert activations")?;
+            let y = dev.alloc((p * h * 4) as u64, 0, "hybrid expert outputs")?;
+            for (stage, input, output) in [(0, xb, &act), (1, &act, &y)] {
+                dev.enqueue(&Op::ExpertFfn {
+                    x: input,
+                    slots,
+                    pairs: &pairs_buf,
+                    out: output,
+                    n_pairs: p as u32,
+                    stage,
+                })?;
+            }
+            dev.submit()?;
+            let read = dev.download_async(&y, 0, (p * h * 4) as u64)?;
+            reads.push((read, pairs, [pairs_buf, act, y], h));
+        }
+        for (read, pairs, bufs, h) in reads {
+            let bytes = read.wait()?;
+            drop::<[Buffer; 3]>(bufs);
+            for (q, yr) in pairs.iter().zip(bytes.chunks_exact(4 * h)) {
+                let target = if q.deferred {
+                    &mut done.deferred
+                } else {
+                    &mut done.out
+                };
+                if target.is_empty() {
+                    *target = vec![0.0f32; t * h];
+                }
+                let row = &mut target[q.row as usize * h..][..h];
+                for (o, c) in row.iter_mut().zip(yr.chunks_exact(4)) {
+                    *o += q.weight * f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                }
             }
         }
+        Ok(done)
     }
-    done.time = started.elapsed();
-    Ok(done)
+}
+
+fn no_slots() -> Error {
+    Error::Config("a copy or kernel names a slot the device does not have".into())
 }
 
 fn f32_bytes(v: &[f32]) -> Vec<u8> {

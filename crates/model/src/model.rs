@@ -296,7 +296,7 @@ impl Model {
                 Ffn::Moe(moe) => {
                     let routing = moe.route(&hs, t);
                     observer.on_routing(li, &spans, &routing, &hs);
-                    moe.forward_routed(&hs, t, &routing)?
+                    moe.forward_routed(&hs, t, &routing, &spans)?
                 }
                 dense => dense.forward(&hs, t)?,
             };

@@ -16,6 +16,7 @@ use strata_kernels::moe::{ExpertBatch, MoeOptions, fused_moe_grouped};
 use strata_kernels::{Expert, MoeExperts, PackedFormat, dense_mlp, fused_moe};
 
 use crate::Result;
+use crate::attention::SeqSpan;
 use crate::config::{GroupScore, MoeConfig, RouterConfig, Scoring};
 use crate::linear::{Linear, Loader};
 use crate::ops::{sigmoid, silu_mul};
@@ -404,6 +405,25 @@ pub struct ExpertCall<'a> {
     pub routing: &'a Routing,
     /// The block's routed experts in the CPU's executable form.
     pub experts: &'a ExpertSet,
+    /// The batch layout of the forward pass: each sequence's rows and the position of its
+    /// first new token. Empty when the block runs outside a model's forward pass.
+    pub spans: &'a [SeqSpan],
+}
+
+impl ExpertCall<'_> {
+    /// Sequences with tokens in this step.
+    pub fn n_seqs(&self) -> usize {
+        self.spans.iter().filter(|s| s.len > 0).count()
+    }
+
+    /// Whether this step decodes: every sequence in it adds exactly one token after tokens
+    /// already in its cache. `None` when the batch layout is unknown (empty
+    /// [`ExpertCall::spans`]). A step that mixes decodes with prompt chunks is not a decode.
+    pub fn is_decode(&self) -> Option<bool> {
+        let mut seqs = self.spans.iter().filter(|s| s.len > 0).peekable();
+        seqs.peek()?;
+        Some(seqs.all(|s| s.len == 1 && s.start_pos > 0))
+    }
 }
 
 /// Computes the routed experts of MoE blocks in place of the fused CPU path: given the
@@ -550,8 +570,9 @@ impl MoeBlock {
         )
     }
 
-    /// Weighted sum of the routed experts' outputs, `[T, hidden]`.
-    pub fn run_experts(&self, x: &[f32], routing: &Routing) -> Result<Vec<f32>> {
+    /// Weighted sum of the routed experts' outputs, `[T, hidden]`, for a batch laid out as
+    /// `spans` (which the executor sees; may be empty).
+    pub fn run_experts(&self, x: &[f32], routing: &Routing, spans: &[SeqSpan]) -> Result<Vec<f32>> {
         let Some((moe_layer, exec)) = &self.executor else {
             return self.experts.run(x, routing);
         };
@@ -561,6 +582,7 @@ impl MoeBlock {
             x,
             routing,
             experts: &self.experts,
+            spans,
         };
         exec.run(call, &mut out)?;
         Ok(out)
@@ -569,12 +591,19 @@ impl MoeBlock {
     /// The whole block: routed experts plus shared experts, `[T, hidden]`.
     pub fn forward(&self, x: &[f32], t: usize) -> Result<Vec<f32>> {
         let routing = self.route(x, t);
-        self.forward_routed(x, t, &routing)
+        self.forward_routed(x, t, &routing, &[])
     }
 
-    /// The whole block with the routing already decided (by [`MoeBlock::route`]).
-    pub fn forward_routed(&self, x: &[f32], t: usize, routing: &Routing) -> Result<Vec<f32>> {
-        let mut out = self.run_experts(x, routing)?;
+    /// The whole block with the routing already decided (by [`MoeBlock::route`]), for a
+    /// batch laid out as `spans` (may be empty: unknown).
+    pub fn forward_routed(
+        &self,
+        x: &[f32],
+        t: usize,
+        routing: &Routing,
+        spans: &[SeqSpan],
+    ) -> Result<Vec<f32>> {
+        let mut out = self.run_experts(x, routing, spans)?;
         if let Some(shared) = &self.shared {
             let y = shared.dense(x, t)?;
             let hidden = self.router.k_in;
@@ -768,5 +797,38 @@ mod tests {
             }];
             assert!(set.run_batches(&x, &bad, &mut got).is_err());
         }
+    }
+
+    #[test]
+    fn a_step_is_a_decode_when_every_sequence_adds_one_token_to_its_cache() {
+        let set = ExpertSet::new(mlps(2, 4, 3), 4, 3, None).unwrap();
+        let routing = Routing {
+            top_k: 1,
+            ids: vec![],
+            weights: vec![],
+            candidates: None,
+        };
+        let span = |row, len, start_pos| SeqSpan {
+            row,
+            len,
+            start_pos,
+        };
+        let call = |spans: &[SeqSpan]| {
+            let c = ExpertCall {
+                moe_layer: 0,
+                x: &[],
+                routing: &routing,
+                experts: &set,
+                spans,
+            };
+            (c.is_decode(), c.n_seqs())
+        };
+        let decodes = [span(0, 1, 7), span(1, 0, 3), span(1, 1, 12), span(2, 1, 1)];
+        assert_eq!(call(&decodes), (Some(true), 3));
+        // A one-token prompt, a prompt chunk beside decodes, an unknown layout.
+        assert_eq!(call(&[span(0, 1, 0)]), (Some(false), 1));
+        assert_eq!(call(&[span(0, 1, 5), span(1, 4, 0)]), (Some(false), 2));
+        assert_eq!(call(&[]), (None, 0));
+        assert_eq!(call(&[span(0, 0, 4)]), (None, 0));
     }
 }
