@@ -24,7 +24,7 @@ use strata_model::config::{
 };
 use strata_model::model::open;
 use strata_model::rope::Rope;
-use strata_model::source::Source;
+use strata_model::source::{Source, Tensor};
 
 use crate::device::{Buffer, Device, ExpertSlots, Op, RopeKind, TopKParams, WeightType};
 use crate::{Error, Result};
@@ -170,13 +170,87 @@ pub struct GpuModel {
     eps: f32,
 }
 
-/// Storage type that holds a stored dtype exactly.
+/// Storage type that holds a stored dtype exactly (a converted model's packed BF16 is
+/// BF16; its int8/int4 matrices are dequantized, which f32 holds exactly).
 fn wtype_of(dtype: &str) -> WeightType {
     match dtype {
-        "BF16" => WeightType::Bf16,
+        "BF16" | "packed bf16" => WeightType::Bf16,
         "F16" => WeightType::F16,
         _ => WeightType::F32,
     }
+}
+
+/// The values of `t` and the storage type that holds them exactly: a converted model's
+/// packed matrices are dequantized (the values its CPU kernels use), others read as
+/// stored.
+fn stored_values(t: &Tensor) -> Result<(Vec<f32>, WeightType)> {
+    let wtype = wtype_of(&t.dtype_name());
+    match t.stored_packed() {
+        Some(p) => Ok((p?.dequantize(), wtype)),
+        None => Ok((t.to_f32()?, wtype)),
+    }
+}
+
+/// Rows of one gate or up strip in the fused gate/up matrix of a packed expert
+/// (`strata_kernels::Expert::pack`: row `32 b + c` is gate row `16 b + c`, row
+/// `32 b + 16 + c` is up row `16 b + c`).
+const STRIP: usize = 16;
+
+/// One expert's weights as f32 values, and the storage type that holds them exactly.
+#[derive(Debug, Clone)]
+pub struct ExpertValues {
+    /// Gate projection `[inter, hidden]`.
+    pub gate: Vec<f32>,
+    /// Up projection `[inter, hidden]`.
+    pub up: Vec<f32>,
+    /// Down projection `[hidden, inter]`.
+    pub down: Vec<f32>,
+    /// Storage type on the device.
+    pub wtype: WeightType,
+}
+
+/// Expert `e` of the set `prefix` (`model.layers.3.mlp.experts`, or a dense MLP / shared
+/// expert as a set of one: `model.layers.0.mlp`) of a converted model (`strata convert`):
+/// packed `{prefix}.{e}.gate_up` (gate and up strips interleaved) and `{prefix}.{e}.down`,
+/// or plain `{prefix}.{e}.gate`, `.up`, `.down`. Other sources have no such tensors.
+pub fn converted_expert(
+    src: &Source,
+    prefix: &str,
+    e: usize,
+    hidden: usize,
+    inter: usize,
+) -> Result<ExpertValues> {
+    let get = |part: &str, shape: [usize; 2]| -> Result<(Vec<f32>, WeightType)> {
+        let t = src.tensor(&format!("{prefix}.{e}.{part}"))?;
+        t.expect_shape(&shape)?;
+        stored_values(&t)
+    };
+    let (down, _) = get("down", [hidden, inter])?;
+    if !src.has(&format!("{prefix}.{e}.gate_up")) {
+        let (gate, wtype) = get("gate", [inter, hidden])?;
+        let (up, _) = get("up", [inter, hidden])?;
+        return Ok(ExpertValues {
+            gate,
+            up,
+            down,
+            wtype,
+        });
+    }
+    let i_pad = inter.div_ceil(STRIP) * STRIP;
+    let (gu, wtype) = get("gate_up", [2 * i_pad, hidden])?;
+    let mut gate = Vec::with_capacity(inter * hidden);
+    let mut up = Vec::with_capacity(inter * hidden);
+    for i in 0..inter {
+        let row = 2 * (i / STRIP) * STRIP + i % STRIP;
+        gate.extend_from_slice(&gu[row * hidden..][..hidden]);
+        up.extend_from_slice(&gu[(row + STRIP) * hidden..][..hidden]);
+    }
+    Ok(ExpertValues {
+        gate,
+        up,
+        down,
+        wtype,
+    })
 }
 
 fn to_bytes(v: &[f32]) -> Vec<u8> {
@@ -229,12 +303,9 @@ impl<'a> Loader<'a> {
         let name = format!("{prefix}.weight");
         let t = self.tensor(&name)?;
         t.expect_shape(&[n, k])?;
-        let wtype = if force_f32 {
-            WeightType::F32
-        } else {
-            wtype_of(&t.dtype_name())
-        };
-        let buf = self.values(&t.to_f32()?, wtype, k, &name)?;
+        let (values, stored) = stored_values(&t)?;
+        let wtype = if force_f32 { WeightType::F32 } else { stored };
+        let buf = self.values(&values, wtype, k, &name)?;
         let bias = if bias {
             Some(self.vector(&format!("{prefix}.bias"), n)?)
         } else {
@@ -321,6 +392,23 @@ impl<'a> Loader<'a> {
     }
 
     fn mlp(&self, prefix: &str, h: usize, inter: usize) -> Result<Mlp> {
+        if let Source::Strata(_) = self.src {
+            let x = converted_expert(self.src, prefix, 0, h, inter)?;
+            let m = |v: &[f32], n: usize, k: usize, part: &str| -> Result<Matrix> {
+                Ok(Matrix {
+                    buf: self.values(v, x.wtype, k, &format!("{prefix}.{part}"))?,
+                    wtype: x.wtype,
+                    n,
+                    k,
+                    bias: None,
+                })
+            };
+            return Ok(Mlp {
+                gate: m(&x.gate, inter, h, "gate")?,
+                up: m(&x.up, inter, h, "up")?,
+                down: m(&x.down, h, inter, "down")?,
+            });
+        }
         Ok(Mlp {
             gate: self.matrix(&format!("{prefix}.gate_proj"), inter, h, false, false)?,
             up: self.matrix(&format!("{prefix}.up_proj"), inter, h, false, false)?,
@@ -339,6 +427,28 @@ impl<'a> Loader<'a> {
     ) -> Result<ExpertSlots> {
         let stacked = format!("{mlp}.experts.gate_up_proj");
         let hi = h * inter;
+        if let Source::Strata(_) = self.src {
+            let prefix = format!("{mlp}.experts");
+            let mut slots = None;
+            for e in 0..n {
+                let x = converted_expert(self.src, &prefix, e, h, inter)?;
+                let s = match &slots {
+                    Some(s) => s,
+                    None => slots.insert(ExpertSlots::new(
+                        self.dev,
+                        n as u32,
+                        h as u32,
+                        inter as u32,
+                        x.wtype,
+                    )?),
+                };
+                s.refill(self.dev, e as u32, &x.gate, &x.up, &x.down)?;
+            }
+            return slots.ok_or_else(|| Error::Shape {
+                op: "experts",
+                message: format!("{mlp}: a mixture of experts with no experts"),
+            });
+        }
         if self.src.has(&stacked) {
             let gu = self.tensor(&stacked)?;
             gu.expect_shape(&[n, 2 * inter, h])?;
@@ -395,7 +505,11 @@ impl<'a> Loader<'a> {
 }
 
 impl GpuModel {
-    /// Loads a Hugging Face directory or GGUF file onto `dev`.
+    /// Loads a Hugging Face directory, GGUF file or converted model (`strata convert`)
+    /// onto `dev`. A converted model's weights are those its CPU kernels use: packed
+    /// BF16 stays BF16, int8/int4 matrices are dequantized to f32 once at load (the
+    /// device has no kernels for them; activations stay f32, so results differ from the
+    /// CPU's per-token activation quantization by that rounding only).
     pub fn load(dev: Arc<dyn Device>, path: &Path) -> Result<GpuModel> {
         let (config, src) = open(path)?;
         GpuModel::from_source(dev, config, &src)

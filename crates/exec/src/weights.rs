@@ -1,5 +1,7 @@
 //! The host copy of the routed experts that transfers read from: the checkpoint itself,
-//! mapped, read one expert at a time in the slot's storage type.
+//! mapped, read one expert at a time in the slot's storage type. A converted model
+//! (`strata convert`) is read from its packed experts: BF16 ones stay BF16, int8/int4
+//! ones are dequantized to f32 (the values the CPU kernels use).
 //!
 //! A key design decision: weights are read from the mapped checkpoint (the same bytes the
 //! CPU path was built from) at the moment of each transfer instead of keeping a second
@@ -21,6 +23,9 @@ enum Layout {
     Stacked(String),
     /// `{mlp}.experts.{e}.{gate,up,down}.weight` with these three names.
     PerExpert(String, [&'static str; 3]),
+    /// A converted model's `{mlp}.experts.{e}.gate_up` and `.down` (packed) or `.gate`,
+    /// `.up`, `.down` (plain), read by [`strata_accel::model::converted_expert`].
+    Converted(String),
 }
 
 /// The routed experts of every MoE layer, readable one expert at a time.
@@ -36,7 +41,7 @@ pub struct HostExperts {
 }
 
 impl HostExperts {
-    /// Opens the checkpoint at `path` (a model directory or `.gguf`).
+    /// Opens the checkpoint at `path` (a model directory, `.gguf` or converted model).
     pub fn open(path: &Path) -> Result<HostExperts> {
         let (config, src) = strata_model::model::open(path)?;
         HostExperts::from_source(&config, src)
@@ -56,7 +61,9 @@ impl HostExperts {
             } else {
                 format!("{p}.mlp")
             };
-            layers.push(if src.has(&format!("{mlp}.experts.gate_up_proj")) {
+            layers.push(if let Source::Strata(_) = src {
+                Layout::Converted(mlp)
+            } else if src.has(&format!("{mlp}.experts.gate_up_proj")) {
                 Layout::Stacked(mlp)
             } else if src.has(&format!("{mlp}.experts.0.w1.weight")) {
                 Layout::PerExpert(mlp, ["w1", "w3", "w2"])
@@ -80,7 +87,7 @@ impl HostExperts {
             wtype: WeightType::F32,
         };
         host.wtype = match host.first_tensor_dtype()?.as_str() {
-            "BF16" => WeightType::Bf16,
+            "BF16" | "packed bf16" => WeightType::Bf16,
             "F16" => WeightType::F16,
             _ => WeightType::F32,
         };
@@ -91,6 +98,14 @@ impl HostExperts {
         let name = match &self.layers[0] {
             Layout::Stacked(mlp) => format!("{mlp}.experts.gate_up_proj"),
             Layout::PerExpert(mlp, names) => format!("{mlp}.experts.0.{}.weight", names[0]),
+            Layout::Converted(mlp) => {
+                let packed = format!("{mlp}.experts.0.gate_up");
+                if self.src.has(&packed) {
+                    packed
+                } else {
+                    format!("{mlp}.experts.0.gate")
+                }
+            }
         };
         Ok(self.src.tensor(&name)?.dtype_name())
     }
@@ -156,6 +171,18 @@ impl HostExperts {
                     t.expect_shape(&shape)?;
                     all.extend(t.to_f32()?);
                 }
+            }
+            Layout::Converted(mlp) => {
+                let x = strata_accel::model::converted_expert(
+                    &self.src,
+                    &format!("{mlp}.experts"),
+                    e,
+                    h,
+                    i,
+                )?;
+                all.extend(x.gate);
+                all.extend(x.up);
+                all.extend(x.down);
             }
         }
         all.resize(slots.slot_elems() as usize, 0.0);
