@@ -13,12 +13,11 @@ use std::time::Instant;
 
 use anyhow::Context;
 use clap::Args;
-use strata_runtime::engine::Engine;
 use strata_server::AppState;
 use strata_server::offline::{Offline, custom_id};
 
 use crate::model_arg::ModelArgs;
-use crate::serve::{SchedArgs, model_id};
+use crate::serve::{SchedArgs, load_engine, model_id};
 
 /// Arguments of `strata batch`.
 #[derive(Debug, Args)]
@@ -87,10 +86,7 @@ pub fn run(args: BatchArgs) -> anyhow::Result<()> {
     }
 
     let path = args.model.dir()?;
-    let engine = Arc::new(
-        Engine::load(&path, args.model.load_options())
-            .with_context(|| format!("loading {}", path.display()))?,
-    );
+    let engine = Arc::new(load_engine(&args.model, &path)?);
     let config = args.sched.config(&engine)?;
     let state = Arc::new(AppState::new(engine, config, model_id(&path)));
     let offline = Offline::new(state)?;

@@ -10,7 +10,7 @@ use strata_runtime::engine::Engine;
 use strata_runtime::scheduler::SchedulerConfig;
 use strata_server::AppState;
 
-use crate::model_arg::ModelArgs;
+use crate::model_arg::{Device, ModelArgs};
 
 /// Arguments of `strata serve`.
 #[derive(Debug, Args)]
@@ -86,6 +86,24 @@ pub fn model_id(path: &Path) -> String {
     name.map_or_else(|| "model".into(), |n| n.to_string_lossy().into_owned())
 }
 
+/// Loads the engine for `serve` and `batch`: on the CPU, or with a hybrid executor for
+/// the routed experts (`--device hybrid`). The scheduler does not know which: the executor
+/// sits behind the model's MoE blocks.
+pub fn load_engine(model: &ModelArgs, path: &Path) -> anyhow::Result<Engine> {
+    if model.device == Device::Gpu {
+        bail!(
+            "--device gpu runs one sequence (generate, logits); serve and batch take cpu or hybrid"
+        );
+    }
+    let mut engine = Engine::load(path, model.load_options())
+        .with_context(|| format!("loading {}", path.display()))?;
+    if model.device == Device::Hybrid {
+        let exec = model.hybrid(path, &mut engine.model)?;
+        tracing::info!(policy = %exec.policy_name(), "routed experts on the hybrid executor");
+    }
+    Ok(engine)
+}
+
 /// Logs to stderr at info level (once per process).
 pub fn init_logging() {
     let _ = tracing_subscriber::fmt()
@@ -97,10 +115,7 @@ pub fn init_logging() {
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     init_logging();
     let path = args.model.dir()?;
-    let engine = Arc::new(
-        Engine::load(&path, args.model.load_options())
-            .with_context(|| format!("loading {}", path.display()))?,
-    );
+    let engine = Arc::new(load_engine(&args.model, &path)?);
     let config = args.sched.config(&engine)?;
     let id = args.served_model_name.unwrap_or_else(|| model_id(&path));
     let state = Arc::new(AppState::new(engine, config, id));

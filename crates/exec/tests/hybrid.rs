@@ -1,7 +1,9 @@
 //! The hybrid executor against the CPU path: every policy, the shipped trained model and
 //! the test fixtures, prefill then token-by-token decode, within 2e-5 x max|ref|; the
 //! decisions executed as made (tasks per device, copies only as asked, the budget never
-//! exceeded); expert deferral against a reference written here from the paper's equation.
+//! exceeded); expert deferral against a reference written here from the paper's equation;
+//! the phase each step is told from its batch layout; the continuous-batching scheduler
+//! with an executor installed gives the CPU path's greedy tokens.
 //!
 //! These tests need an accelerator (Mesa's lavapipe in CI): without one they are skipped,
 //! unless `STRATA_GPU_TESTS=1` makes that a failure.
@@ -448,4 +450,139 @@ fn a_decision_that_drops_routed_experts_is_an_error() {
     }];
     let e = model.forward(&mut seqs).unwrap_err().to_string();
     assert!(e.contains("forgetful") && e.contains("not assigned"), "{e}");
+}
+
+/// One forward pass: each sequence's new tokens and the index of its cache.
+type Step<'a> = &'a [(&'a [u32], usize)];
+
+/// Runs `seqs` as one forward pass with last-token logits.
+fn step(model: &Model, caches: &mut [strata_model::KvCache], seqs: Step) {
+    let mut caches: Vec<Option<&mut strata_model::KvCache>> = caches.iter_mut().map(Some).collect();
+    let mut inputs: Vec<SeqInput> = seqs
+        .iter()
+        .map(|&(tokens, c)| SeqInput {
+            tokens,
+            cache: caches[c].take().unwrap(),
+            logits: LogitsWanted::Last,
+        })
+        .collect();
+    model.forward(&mut inputs).unwrap();
+}
+
+#[test]
+fn a_batch_of_decoding_sequences_is_told_decode() {
+    let Some(dev) = gpu() else { return };
+    let setup = Setup::new(repo("tests/fixtures/qwen3_moe"), PolicyKind::Smoe, 6);
+    let (model, exec) = setup.load(&dev, Precision::F32);
+    let mut caches: Vec<_> = (0..3).map(|_| model.new_cache()).collect();
+    let cases: [(Step, Phase, usize); 5] = [
+        // Two prompts together, then both decode together.
+        (&[(&[3, 17, 42], 0), (&[8, 99], 1)], Phase::Prefill, 2),
+        (&[(&[5], 0), (&[61], 1)], Phase::Decode, 2),
+        // A decode beside a one-token prompt, then beside a prompt chunk.
+        (&[(&[12], 0), (&[4], 2)], Phase::Prefill, 2),
+        (&[(&[80], 1), (&[7, 9, 11], 2)], Phase::Prefill, 2),
+        // All three decode.
+        (&[(&[2], 0), (&[6], 1), (&[10], 2)], Phase::Decode, 3),
+    ];
+    for (i, &(seqs, phase, n)) in cases.iter().enumerate() {
+        step(&model, &mut caches, seqs);
+        let log = exec.take_log();
+        assert!(!log.is_empty(), "step {i}");
+        for r in &log {
+            assert_eq!((r.step, r.phase, r.seqs), (i, phase, n), "step {i}");
+        }
+    }
+    // Without a batch layout (a block run on its own) one token still reads as decode.
+    let block = model
+        .layers
+        .iter()
+        .find_map(|l| match &l.ffn {
+            strata_model::moe::Ffn::Moe(b) => Some(b),
+            _ => None,
+        })
+        .unwrap();
+    let h = model.config.hidden_size;
+    let x: Vec<f32> = (0..h).map(|i| (i as f32 * 0.1).sin()).collect();
+    block.forward(&x, 1).unwrap();
+    let r = exec.take_log().pop().unwrap();
+    assert_eq!((r.phase, r.seqs), (Phase::Decode, 0));
+}
+
+#[test]
+fn the_scheduler_with_an_executor_gives_the_cpu_paths_greedy_tokens() {
+    use std::sync::mpsc;
+    use std::time::Duration;
+    use strata_runtime::engine::{Engine, load_tokenizer};
+    use strata_runtime::sampling::SamplingParams;
+    use strata_runtime::scheduler::{Event, GenRequest, Scheduler, SchedulerConfig};
+
+    let Some(dev) = gpu() else { return };
+    let dir = repo("models/strata-tiny-moe");
+    let config = SchedulerConfig {
+        max_batch: 4,
+        max_queue: 16,
+        // Small steps: chunked prompts beside running decodes, and batches of decodes.
+        step_tokens: 20,
+        ctx_size: 256,
+    };
+    let run_all = |engine: Arc<Engine>, reqs: &[GenRequest]| -> Vec<Vec<u32>> {
+        let s = Scheduler::start(engine, config);
+        let rxs: Vec<_> = reqs
+            .iter()
+            .map(|r| {
+                let (tx, rx) = mpsc::channel();
+                s.submit(r.clone(), Box::new(move |e| tx.send(e).is_ok()))
+                    .unwrap();
+                rx
+            })
+            .collect();
+        rxs.into_iter()
+            .map(|rx| {
+                let mut tokens = Vec::new();
+                loop {
+                    match rx.recv_timeout(Duration::from_secs(60)).unwrap() {
+                        Event::Token { id, .. } => tokens.push(id),
+                        Event::Done { .. } => return tokens,
+                        Event::Failed(e) => panic!("{e}"),
+                    }
+                }
+            })
+            .collect()
+    };
+    let cpu = Arc::new(Engine::load(&dir, Precision::F32).unwrap());
+    let reqs: Vec<GenRequest> = [
+        "Hello, how are you?",
+        "Tell me a story about a dragon.",
+        "the quick brown fox jumps over the lazy dog. the quick brown fox",
+        "What is",
+        "1 2 3 4 5",
+    ]
+    .iter()
+    .enumerate()
+    .map(|(i, t)| GenRequest {
+        prompt: cpu.text_prompt(t).unwrap(),
+        max_tokens: 6 + 2 * i,
+        sampling: SamplingParams::greedy(),
+        stop: Vec::new(),
+        top_logprobs: None,
+        ignore_eos: true,
+    })
+    .collect();
+    let want = run_all(cpu, &reqs);
+    for policy in [PolicyKind::GpuLru, PolicyKind::Smoe, PolicyKind::HybriMoE] {
+        let (model, exec) = Setup::new(dir.clone(), policy, 20).load(&dev, Precision::F32);
+        let engine = Arc::new(Engine::new(model, load_tokenizer(&dir).unwrap()).unwrap());
+        let got = run_all(engine, &reqs);
+        assert_eq!(got, want, "{policy}");
+        let stats = exec.stats();
+        assert!(stats.gpu_experts > 0, "{policy}: {stats}");
+        assert_eq!(stats.fallbacks, 0, "{policy}: {stats}");
+        let log = exec.take_log();
+        check_log(&policy.to_string(), &log, 18);
+        assert!(
+            log.iter().any(|r| r.phase == Phase::Decode && r.seqs > 1),
+            "{policy}: no batched decode step"
+        );
+    }
 }
