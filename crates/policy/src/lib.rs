@@ -103,6 +103,9 @@ pub struct LayerView<'a> {
     pub cpu_busy_s: f64,
     /// Seconds of copies queued on PCIe.
     pub pcie_busy_s: f64,
+    /// Tokens in the KV cache that this step's attention reads, when the caller knows it
+    /// (the simulator passes the context it prices attention with); `None` otherwise.
+    pub context: Option<usize>,
 }
 
 /// Each token's `per_token` best-scored experts, best first, with their router scores
@@ -199,6 +202,10 @@ pub struct Decision {
     pub predicted: Option<Vec<u32>>,
     /// Layout changes over the DIMM-Link, in order (machines with NDP DIMMs).
     pub migrations: Vec<Migration>,
+    /// Predicted tokens per expert of this layer at the next step, `[n_experts]`, when the
+    /// policy predicts loads (TriMoE's EMA); the simulator scores it against the loads
+    /// that step realises.
+    pub predicted_load: Option<Vec<f64>>,
 }
 
 /// A placement policy.

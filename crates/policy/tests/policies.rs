@@ -70,6 +70,7 @@ impl View {
             },
             cpu_busy_s: 0.0,
             pcie_busy_s: 0.0,
+            context: None,
         }
     }
 }

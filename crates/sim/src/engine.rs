@@ -89,6 +89,20 @@ impl Sim {
         name: String,
         weights_ready: f64,
     ) -> f64 {
+        self.run_flops(lane, ready, dur, name, weights_ready, 0.0)
+    }
+
+    /// [`Sim::run_op`] for an operation that executes `flops` (the expert matmuls, which
+    /// the FLOP utilisation counts).
+    fn run_flops(
+        &mut self,
+        lane: Lane,
+        ready: f64,
+        dur: f64,
+        name: String,
+        weights_ready: f64,
+        flops: f64,
+    ) -> f64 {
         let i = Lanes::idx(lane);
         let start = self.lanes.free[i].max(ready);
         let end = start + dur.max(0.0);
@@ -101,6 +115,7 @@ impl Sim {
             step: self.step,
             layer: self.layer,
             weights_ready,
+            flops,
         });
         end
     }
@@ -225,6 +240,9 @@ pub fn simulate(policy: &mut dyn Policy, cost: &CostModel, workload: &Workload) 
         _ => Lane::Cpu,
     };
     let mut pending_pred: Vec<Option<(usize, Vec<u32>)>> = vec![None; n_moe];
+    let mut pending_load: Vec<Option<(usize, Vec<f64>)>> = vec![None; n_moe];
+    // A routed expert's matmuls: gate, up and down projections, 2 FLOPs per weight.
+    let expert_flops = |tokens: usize| 2.0 * m.expert_params() as f64 * tokens as f64;
     let mut resident_now = vec![false; n];
     for (si, step) in workload.steps.iter().enumerate() {
         sim.step = si;
@@ -280,6 +298,7 @@ pub fn simulate(policy: &mut dyn Policy, cost: &CostModel, workload: &Workload) 
                 },
                 cpu_busy_s: now(Lane::Cpu, &sim),
                 pcie_busy_s: now(Lane::Pcie, &sim),
+                context: Some(ctx),
             };
             let d = policy.decide(&view, cost);
             check_coverage(&d, &r.ids, workload.top_k, n).map_err(|msg| sim.err(&name, msg))?;
@@ -296,6 +315,22 @@ pub fn simulate(policy: &mut dyn Policy, cost: &CostModel, workload: &Workload) 
             }
             if let Some(p) = &d.predicted {
                 pending_pred[l] = Some((step.request, p.clone()));
+            }
+            // Predicted loads against the loads this step realised.
+            if let Some((req, pred)) = pending_load[l].take()
+                && req == step.request
+                && step.phase == Phase::Decode
+            {
+                let mut loads = vec![0u32; n];
+                for &e in &r.ids {
+                    if let Some(x) = loads.get_mut(e as usize) {
+                        *x += 1;
+                    }
+                }
+                report.add_load_prediction(&pred, &loads);
+            }
+            if let Some(p) = &d.predicted_load {
+                pending_load[l] = Some((step.request, p.clone()));
             }
             // Hits: activations whose expert was on the GPU when the layer was decided.
             for task in &d.tasks {
@@ -370,12 +405,13 @@ pub fn simulate(policy: &mut dyn Policy, cost: &CostModel, workload: &Workload) 
                 );
             }
             if m.n_shared > 0 {
-                gpu_imm = sim.run_op(
+                gpu_imm = sim.run_flops(
                     host,
                     attn_end,
                     cost.shared_time(step.tokens),
                     "shared experts".into(),
                     0.0,
+                    m.n_shared as f64 * expert_flops(step.tokens),
                 );
             }
             // Copies and GPU experts, each lane in its own order.
@@ -401,8 +437,14 @@ pub fn simulate(policy: &mut dyn Policy, cost: &CostModel, workload: &Workload) 
                     };
                     if let Some(w) = weights {
                         let dur = cost.expert_time(Device::Gpu, task.rows.len() as u32);
-                        let end =
-                            sim.run_op(Lane::Gpu, attn_end.max(w), dur, format!("expert {e}"), w);
+                        let end = sim.run_flops(
+                            Lane::Gpu,
+                            attn_end.max(w),
+                            dur,
+                            format!("expert {e}"),
+                            w,
+                            expert_flops(task.rows.len()),
+                        );
                         if task.deferred {
                             gpu_def = gpu_def.max(end);
                         } else {
@@ -502,12 +544,13 @@ pub fn simulate(policy: &mut dyn Policy, cost: &CostModel, workload: &Workload) 
                         }
                         None => cost.expert_time(Device::Cpu, tokens),
                     };
-                    let end = sim.run_op(
+                    let end = sim.run_flops(
                         Lane::Cpu,
                         attn_end,
                         dur,
                         format!("expert {}", task.expert),
                         0.0,
+                        expert_flops(task.rows.len()),
                     );
                     let slot = if deferred { &mut cpu_def } else { &mut cpu_imm };
                     *slot = Some(slot.map_or(end, |x: f64| x.max(end)));
@@ -572,12 +615,13 @@ pub fn simulate(policy: &mut dyn Policy, cost: &CostModel, workload: &Workload) 
                     }
                 }
                 let dur = cost.expert_time(task.device, task.rows.len() as u32);
-                let end = sim.run_op(
+                let end = sim.run_flops(
                     Lane::Ndp(u),
                     ready,
                     dur,
                     format!("expert {}", task.expert),
                     0.0,
+                    expert_flops(task.rows.len()),
                 );
                 let slot = if task.deferred {
                     &mut ndp_def

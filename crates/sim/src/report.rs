@@ -43,6 +43,8 @@ pub struct Op {
     pub layer: usize,
     /// For GPU experts: when their weights were on the GPU (0 otherwise).
     pub weights_ready: f64,
+    /// FLOPs it executed: the matmuls of routed and shared experts, 0 for other work.
+    pub flops: f64,
 }
 
 /// Per-phase totals.
@@ -89,6 +91,10 @@ pub struct Report {
     pub pcie_bytes: u64,
     /// Predicted experts found among the next step's experts / next step's experts.
     pub predictor_accuracy: Option<f64>,
+    /// Hot-expert accuracy of a load predictor ([`hot_overlap`]), over every scored
+    /// (decode step, MoE layer): realised hot experts also predicted hot / realised hot
+    /// experts. `None` when the policy predicts no loads.
+    pub hot_expert_accuracy: Option<f64>,
     /// Peak GPU memory used by routed experts, bytes.
     pub peak_expert_bytes: u64,
     /// The GPU's budget for routed experts, bytes.
@@ -100,6 +106,8 @@ pub struct Report {
     phases: Vec<(Phase, f64, f64)>,
     #[serde(skip)]
     pred: (u64, u64),
+    #[serde(skip)]
+    hot: (u64, u64),
     #[serde(skip)]
     layer_sums: Vec<f64>,
 }
@@ -115,11 +123,13 @@ impl Report {
             decode_layer_latency_s: vec![0.0; n_moe],
             pcie_bytes: 0,
             predictor_accuracy: None,
+            hot_expert_accuracy: None,
             peak_expert_bytes: 0,
             expert_budget_bytes: 0,
             ops: Vec::new(),
             phases: Vec::new(),
             pred: (0, 0),
+            hot: (0, 0),
             layer_sums: vec![0.0; n_moe],
         }
     }
@@ -134,6 +144,12 @@ impl Report {
     pub(crate) fn add_prediction(&mut self, hit: usize, of: usize) {
         self.pred.0 += hit as u64;
         self.pred.1 += of as u64;
+    }
+
+    pub(crate) fn add_load_prediction(&mut self, predicted: &[f64], loads: &[u32]) {
+        let (hit, of) = hot_overlap(predicted, loads);
+        self.hot.0 += hit as u64;
+        self.hot.1 += of as u64;
     }
 
     pub(crate) fn add_activations(&mut self, phase: Phase, n: usize, hit: bool, on_gpu: bool) {
@@ -170,6 +186,9 @@ impl Report {
         }
         if self.pred.1 > 0 {
             self.predictor_accuracy = Some(self.pred.0 as f64 / self.pred.1 as f64);
+        }
+        if self.hot.1 > 0 {
+            self.hot_expert_accuracy = Some(self.hot.0 as f64 / self.hot.1 as f64);
         }
         // Busy time per lane inside each phase's step windows.
         let mut busy = [[0.0f64; 3]; 2];
@@ -248,5 +267,75 @@ impl Report {
             }));
         }
         serde_json::json!({ "traceEvents": events, "displayTimeUnit": "ms" })
+    }
+}
+
+/// Share of a layer's experts that are hot: the complement of the coldest 70% (seed 000
+/// figure 3, where the coldest 70% of experts take about 8% of the tokens).
+pub const HOT_SHARE: f64 = 0.3;
+
+/// How many of one layer's realised hot experts a load prediction also calls hot:
+/// `(hits, hot)`.
+///
+/// `hot` is the number of hot experts, `n - floor(0.7 n)` of the `n` experts (see
+/// [`HOT_SHARE`]) but at most the number that received tokens; the realised hot set is the
+/// `hot` busiest experts of `loads`, the predicted one the `hot` largest of `predicted`
+/// (ties by lower id; experts predicted at zero are never hot). Realised ties at the cut count in the prediction's favour: any
+/// predicted expert as busy as the `hot`-th busiest is a hit while hot slots remain, so
+/// the score is the best over every valid realised hot set.
+pub fn hot_overlap(predicted: &[f64], loads: &[u32]) -> (usize, usize) {
+    let n = loads.len();
+    let active = loads.iter().filter(|&&x| x > 0).count();
+    let hot = (n - (n as f64 * (1.0 - HOT_SHARE)) as usize).min(active);
+    if hot == 0 {
+        return (0, 0);
+    }
+    let mut real: Vec<u32> = loads.to_vec();
+    real.sort_unstable_by(|a, b| b.cmp(a));
+    let cut = real[hot - 1];
+    let above = loads.iter().filter(|&&x| x > cut).count();
+    let mut ids: Vec<usize> = (0..n).collect();
+    let p = |e: usize| predicted.get(e).copied().unwrap_or(0.0);
+    ids.sort_by(|&a, &b| p(b).total_cmp(&p(a)).then(a.cmp(&b)));
+    let (mut sure, mut tied) = (0, 0);
+    for &e in ids[..hot].iter().filter(|&&e| p(e) > 0.0) {
+        if loads[e] > cut {
+            sure += 1;
+        } else if loads[e] == cut {
+            tied += 1;
+        }
+    }
+    (sure + tied.min(hot - above), hot)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hot_overlap_scores_the_top_30_percent() {
+        // Ten experts: the hot set is the 3 busiest.
+        let loads = [9, 8, 7, 1, 1, 1, 0, 0, 0, 0];
+        assert_eq!(
+            hot_overlap(&[9.0, 8.0, 7.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0], &loads),
+            (3, 3)
+        );
+        // Predicting expert 3 instead of 2 misses one.
+        assert_eq!(
+            hot_overlap(&[9.0, 8.0, 0.0, 7.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0], &loads),
+            (2, 3)
+        );
+        // Ties at the cut: 5 and 9 both hold 4 tokens; either fills the third slot, but
+        // predicting both still gives only one slot.
+        let tied = [9, 8, 0, 0, 0, 4, 0, 0, 0, 4];
+        let both = [0.0, 0.0, 0.0, 0.0, 0.0, 5.0, 0.0, 0.0, 0.0, 5.0];
+        assert_eq!(hot_overlap(&both, &tied), (1, 3));
+        let mut good = both;
+        good[0] = 6.0;
+        assert_eq!(hot_overlap(&good, &tied), (2, 3));
+        // Fewer active experts than hot slots: only the active ones are scored.
+        let sparse = [0, 0, 5, 0, 0, 0, 0, 0, 0, 0];
+        assert_eq!(hot_overlap(&[1.0; 10], &sparse), (0, 1));
+        assert_eq!(hot_overlap(&[], &[0; 4]), (0, 0));
     }
 }

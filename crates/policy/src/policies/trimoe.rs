@@ -23,7 +23,8 @@
 //!    experts from the busiest to the idlest DIMM. Each candidate's benefit is the predicted
 //!    makespan reduction (then the reduction of the summed device time), and candidates run
 //!    in benefit order while their summed time fits the overlap window: the layer's GPU
-//!    work (attention, shared experts, its GPU experts).
+//!    work (attention at the view's context length, shared experts, its GPU experts).
+//!    The decision carries the predicted loads, which the simulator scores.
 //!
 //! A key design decision: the offline layout is the same algorithm run on the offline
 //! profile ([`TriMoE::new`]), localizing the coldest experts one at a time on the least
@@ -720,8 +721,11 @@ impl Policy for TriMoE {
             let loads: Vec<u32> = rows.iter().map(|r| r.len() as u32).collect();
             self.ema.update(view.layer, &loads);
             let resident: Vec<bool> = (0..n as u32).map(|e| view.is_resident(e)).collect();
-            let window =
-                cost.attention_time(view.tokens(), 0) + cost.shared_time(view.tokens()) + s.gpu();
+            // The overlap window: this layer's GPU work, attention at the context the
+            // caller states (zero when it states none).
+            let window = cost.attention_time(view.tokens(), view.context.unwrap_or(0))
+                + cost.shared_time(view.tokens())
+                + s.gpu();
             let slots = cost.cache_slots_per_layer();
             let moves: Vec<Move> = self
                 .plan(&nc, view.layer, &resident, &busy_gpu, window, slots)
@@ -729,6 +733,7 @@ impl Policy for TriMoE {
                 .map(|m| m.0)
                 .collect();
             self.apply(view, cost, &moves, &resident, &busy_gpu, &mut d);
+            d.predicted_load = Some(self.ema.predicted(view.layer).to_vec());
         }
         d
     }

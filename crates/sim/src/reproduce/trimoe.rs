@@ -84,6 +84,9 @@ const TABLE3: [(&str, [Option<f64>; 3]); 4] = [
     ("trimoe", [Some(0.66), Some(0.749), Some(0.878)]),
 ];
 
+/// Seed 000 section 4.2: the EMA predictor's "> 78%" accuracy.
+const PAPER_EMA_ACCURACY: f64 = 0.78;
+
 /// A decode workload of `batch` sequences for `steps` steps: sequence slot `r` follows
 /// dataset A (popularity draw `model_seed` 1) until a share of the batch growing linearly
 /// to `drift` has switched to dataset B (draw 2).
@@ -180,6 +183,11 @@ struct Measured {
     decode_tps: f64,
     /// Busy fractions of GPU, CPU and the mean NDP unit over the MoE time.
     util: [f64; 3],
+    /// Expert FLOPs of GPU, CPU and all NDP units over their peak FLOP/s times the MoE
+    /// time.
+    flop_util: [f64; 3],
+    /// The simulator's score of the policy's load predictions, when it makes them.
+    hot_acc: Option<f64>,
 }
 
 fn measure(r: &Report, c: &CostModel, steps: usize) -> Measured {
@@ -194,15 +202,18 @@ fn measure(r: &Report, c: &CostModel, steps: usize) -> Measured {
         .sum();
     let layer_sum: f64 = r.decode_layer_latency_s.iter().sum::<f64>() * steps as f64;
     let moe_total = (layer_sum - attn).max(1e-30);
-    let busy = |f: &dyn Fn(Lane) -> bool| -> f64 {
+    let sum = |f: &dyn Fn(Lane) -> bool, x: &dyn Fn(&crate::Op) -> f64| -> f64 {
         r.ops
             .iter()
             .filter(|o| f(o.lane) && is_moe(o.layer))
             .filter(|o| o.name.starts_with("expert") || o.name == "shared experts")
-            .map(|o| o.end - o.start)
+            .map(x)
             .sum()
     };
+    let busy = |f: &dyn Fn(Lane) -> bool| sum(f, &|o| o.end - o.start);
+    let flops = |f: &dyn Fn(Lane) -> bool| sum(f, &|o| o.flops);
     let units = c.hw.ndp.as_ref().map_or(1, |n| n.units.max(1)) as f64;
+    let ndp_peak = c.hw.ndp.as_ref().map_or(f64::INFINITY, |n| n.flops);
     Measured {
         policy: r.policy.clone(),
         moe_s: moe_total / (steps * n_moe) as f64,
@@ -212,6 +223,12 @@ fn measure(r: &Report, c: &CostModel, steps: usize) -> Measured {
             busy(&|l| l == Lane::Cpu) / moe_total,
             busy(&|l| matches!(l, Lane::Ndp(_))) / moe_total / units,
         ],
+        flop_util: [
+            flops(&|l| l == Lane::Gpu) / (c.hw.gpu.flops * moe_total),
+            flops(&|l| l == Lane::Cpu) / (c.hw.cpu.matmul_flops * moe_total),
+            flops(&|l| matches!(l, Lane::Ndp(_))) / (ndp_peak * units * moe_total),
+        ],
+        hot_acc: r.hot_expert_accuracy,
     }
 }
 
@@ -307,13 +324,25 @@ fn compare(
             );
             let paper = TABLE3.iter().find(|t| t.0 == m.policy).map(|t| t.1);
             for (i, dom) in ["gpu", "cpu", "ndp"].into_iter().enumerate() {
+                for (kind, v) in [("busy", m.util[i]), ("flop", m.flop_util[i])] {
+                    out.push(
+                        &m.policy,
+                        model,
+                        batch,
+                        &format!("moe_{dom}_{kind}_utilisation"),
+                        v,
+                        paper.and_then(|p| p[i]),
+                    );
+                }
+            }
+            if let Some(acc) = m.hot_acc {
                 out.push(
                     &m.policy,
                     model,
                     batch,
-                    &format!("moe_{dom}_utilisation"),
-                    m.util[i],
-                    paper.and_then(|p| p[i]),
+                    "ema_hot_expert_accuracy",
+                    acc,
+                    Some(PAPER_EMA_ACCURACY),
                 );
             }
         }
@@ -469,4 +498,64 @@ pub fn trimoe() -> Result<Reproduction> {
         reproduce: "trimoe".into(),
         rows: out.rows,
     })
+}
+
+/// The decode steps of a recorded workload, batched: consecutive groups of `batch`
+/// requests decode together, step `i` of a group holding step `i` of each of its requests
+/// still decoding (prefill steps are dropped). Each group is one request of the result.
+pub fn batch_decode(w: &Workload, batch: usize) -> Workload {
+    let mut per_req: Vec<Vec<&Step>> = Vec::new();
+    for s in w.steps.iter().filter(|s| s.phase == Phase::Decode) {
+        if per_req.len() <= s.request {
+            per_req.resize(s.request + 1, Vec::new());
+        }
+        per_req[s.request].push(s);
+    }
+    per_req.retain(|r| !r.is_empty());
+    let n_moe = w.moe_layers();
+    let mut steps = Vec::new();
+    for (g, group) in per_req.chunks(batch.max(1)).enumerate() {
+        let len = group.iter().map(|r| r.len()).max().unwrap_or(0);
+        for i in 0..len {
+            let mut layers: Vec<LayerRouting> = (0..n_moe)
+                .map(|_| LayerRouting {
+                    ids: Vec::new(),
+                    weights: Vec::new(),
+                    hidden: None,
+                    candidates: None,
+                })
+                .collect();
+            let (mut tokens, mut context) = (0, 0);
+            for s in group.iter().filter_map(|r| r.get(i)) {
+                tokens += s.tokens;
+                context = context.max(s.context);
+                for (dst, l) in layers.iter_mut().zip(&s.layers) {
+                    dst.ids.extend_from_slice(&l.ids);
+                    dst.weights.extend_from_slice(&l.weights);
+                }
+            }
+            steps.push(Step {
+                request: g,
+                phase: Phase::Decode,
+                tokens,
+                context,
+                layers,
+            });
+        }
+    }
+    Workload {
+        n_experts: w.n_experts,
+        top_k: w.top_k,
+        hidden_dim: 0,
+        steps,
+    }
+}
+
+/// TriMoE's EMA hot-expert accuracy (`Report::hot_expert_accuracy`) on a decode
+/// workload of a model of shape `model` on `trimoe-h100`, with no offline profile: the
+/// averages start at the first step each layer sees.
+pub fn ema_hot_accuracy(model: ModelShape, w: &Workload) -> Result<Option<f64>> {
+    let c = CostModel::new(Hardware::load(HW)?, model, 16.0, 16.0)?;
+    let r = simulate(&mut TriMoE::new(TriMoEConfig::FULL, Vec::new()), &c, w)?;
+    Ok(r.hot_expert_accuracy)
 }
