@@ -1,10 +1,12 @@
 //! The `--model` and `--dtype` options shared by the subcommands.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
+use strata_formats::strata_file::StrataFile;
 use strata_kernels::PackedFormat;
+use strata_model::model::STRATA_FILE;
 use strata_model::{LoadOptions, Precision};
 
 /// The model that ships with the repository: `strata-tiny-moe`, a 24M-parameter Qwen3-MoE
@@ -16,20 +18,21 @@ pub const DEFAULT_MODEL: &str =
 #[derive(Debug, Args)]
 pub struct ModelArgs {
     /// Model: a Hugging Face model directory (config.json, *.safetensors, tokenizer.json),
-    /// a .gguf file, a converted .strata file or directory (`strata convert`; it keeps the
-    /// `--dtype` and `--weights` it was converted with), or a hub id (`org/name`, cached
-    /// under HF_HOME).
+    /// a .gguf file, a converted .strata file or directory (`strata convert`; it runs with
+    /// the `--dtype` and `--weights` it was converted with, and other values given here
+    /// are an error), or a hub id (`org/name`, cached under HF_HOME).
     /// Defaults to the strata-tiny-moe model shipped in the repository.
     #[arg(long, short = 'm', value_name = "PATH")]
     pub model: Option<PathBuf>,
-    /// Numeric mode: `fast` (BF16 weights, f32 activations) or `f32` (everything in f32,
-    /// the reference path).
-    #[arg(long, value_enum, default_value_t = DType::Fast)]
-    pub dtype: DType,
-    /// Packed format of the routed experts on the fast path: `bf16`, `int8` (one scale per
-    /// row), or `int4` (one scale per 32 values).
-    #[arg(long, value_enum, default_value_t = Weights::Bf16)]
-    pub weights: Weights,
+    /// Numeric mode: `fast` (BF16 weights, f32 activations; the default) or `f32`
+    /// (everything in f32, the reference path). A converted model: its own.
+    #[arg(long, value_enum)]
+    pub dtype: Option<DType>,
+    /// Packed format of the routed experts on the fast path: `bf16` (the default), `int8`
+    /// (one scale per row), or `int4` (one scale per 32 values). A converted model: its
+    /// own.
+    #[arg(long, value_enum)]
+    pub weights: Option<Weights>,
     /// Where the model runs: `cpu`, `gpu` (the whole model on the first accelerator,
     /// weights in the checkpoint's own precision; `--dtype` and `--weights` do not apply),
     /// or `hybrid` (routed experts placed by `--policy` on the CPU and the accelerator).
@@ -108,7 +111,8 @@ pub enum DType {
 
 impl ModelArgs {
     /// The model: a directory or `.gguf` file, checked to exist, or a hub id (`org/name`)
-    /// found in the Hugging Face cache or downloaded into it.
+    /// found in the Hugging Face cache or downloaded into it. A converted model is checked
+    /// against an explicit `--dtype` or `--weights` (an error when they differ).
     pub fn dir(&self) -> anyhow::Result<PathBuf> {
         let dir = self
             .model
@@ -121,7 +125,7 @@ impl ModelArgs {
             }
             bail!("{}: no such model directory or file", dir.display());
         }
-        let converted = dir.join(strata_model::model::STRATA_FILE).is_file();
+        let converted = dir.join(STRATA_FILE).is_file();
         if dir.is_dir() && !converted && !dir.join("config.json").exists() {
             bail!(
                 "{}: not a Hugging Face model directory (no config.json) nor a converted one (no model.strata)",
@@ -135,8 +139,61 @@ impl ModelArgs {
                 dir.display()
             );
         }
-        dir.canonicalize()
-            .with_context(|| format!("{}: cannot resolve path", dir.display()))
+        let dir = dir
+            .canonicalize()
+            .with_context(|| format!("{}: cannot resolve path", dir.display()))?;
+        self.check_converted(&dir)?;
+        Ok(dir)
+    }
+
+    /// Fails when `path` is a converted model and `--dtype` or `--weights` ask for other
+    /// weights than it holds: a converted model runs as converted, and silently ignoring
+    /// an explicit option would run something the user did not ask for.
+    fn check_converted(&self, path: &Path) -> anyhow::Result<()> {
+        if self.dtype.is_none() && self.weights.is_none() {
+            return Ok(());
+        }
+        let file = if path.is_dir() {
+            path.join(STRATA_FILE)
+        } else {
+            path.to_owned()
+        };
+        if !file.is_file() || !StrataFile::sniff(&file) {
+            return Ok(());
+        }
+        let f = StrataFile::open(&file)?;
+        let stored = LoadOptions::stored(&f)?;
+        let (dtype, weights) = (self.dtype.map(DType::precision), self.weights);
+        let dtype_differs = dtype.is_some_and(|d| d != stored.precision);
+        let weights_differ = weights.is_some_and(|w| {
+            let fast = dtype.unwrap_or(stored.precision) == Precision::Fast;
+            // `--weights` applies to the fast path only, as for any other model.
+            fast && (stored.precision != Precision::Fast || w.format() != stored.experts)
+        });
+        if !dtype_differs && !weights_differ {
+            return Ok(());
+        }
+        let holds = match stored.precision {
+            Precision::F32 => "--dtype f32".to_owned(),
+            Precision::Fast => format!("--dtype fast --weights {}", cli_name(stored.experts)),
+        };
+        let mut asked = Vec::new();
+        if let Some(d) = self.dtype {
+            asked.push(format!("--dtype {}", d.name()));
+        }
+        if let Some(w) = self.weights {
+            asked.push(format!("--weights {}", w.name()));
+        }
+        let asked = asked.join(" ");
+        let source = f.metadata()["source"]
+            .as_str()
+            .unwrap_or("<original model>");
+        bail!(
+            "{}: converted with {holds}, but {asked} was given; a converted model runs only as \
+             converted: leave the option out, or convert again from the original with \
+             `strata convert --model {source} {asked} --out <path>`",
+            file.display()
+        )
     }
 
     /// Loads the model onto the accelerator (`--device gpu`).
@@ -225,18 +282,54 @@ impl ModelArgs {
         Ok(exec)
     }
 
-    /// How to load the weights.
+    /// How to load the weights (`fast` and `bf16` where not given; a converted model
+    /// ignores them, see [`ModelArgs::dir`]).
     pub fn load_options(&self) -> LoadOptions {
         LoadOptions {
-            precision: match self.dtype {
-                DType::Fast => Precision::Fast,
-                DType::F32 => Precision::F32,
-            },
-            experts: match self.weights {
-                Weights::Bf16 => PackedFormat::Bf16,
-                Weights::Int8 => PackedFormat::Int8 { group: None },
-                Weights::Int4 => PackedFormat::Int4 { group: 32 },
-            },
+            precision: self.dtype.unwrap_or(DType::Fast).precision(),
+            experts: self.weights.unwrap_or(Weights::Bf16).format(),
         }
     }
+}
+
+impl DType {
+    fn precision(self) -> Precision {
+        match self {
+            DType::Fast => Precision::Fast,
+            DType::F32 => Precision::F32,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            DType::Fast => "fast",
+            DType::F32 => "f32",
+        }
+    }
+}
+
+impl Weights {
+    fn format(self) -> PackedFormat {
+        match self {
+            Weights::Bf16 => PackedFormat::Bf16,
+            Weights::Int8 => PackedFormat::Int8 { group: None },
+            Weights::Int4 => PackedFormat::Int4 { group: 32 },
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Weights::Bf16 => "bf16",
+            Weights::Int8 => "int8",
+            Weights::Int4 => "int4",
+        }
+    }
+}
+
+/// The `--weights` value that gives `fmt`, or its format name when none does.
+fn cli_name(fmt: PackedFormat) -> String {
+    [Weights::Bf16, Weights::Int8, Weights::Int4]
+        .into_iter()
+        .find(|w| w.format() == fmt)
+        .map_or_else(|| fmt.name(), |w| w.name().to_owned())
 }

@@ -30,9 +30,10 @@ use strata_policy::stratify::{
     SplitMix, hit_ratio, kmeans, pin_order, pin_per_layer, prototypes, random_per_layer,
     random_pins,
 };
-use strata_runtime::text::Tokenizer;
+use strata_runtime::engine::load_tokenizer;
 
 use crate::model_arg::ModelArgs;
+use crate::trace::read_prompts;
 
 /// Arguments of `strata stratify`.
 #[derive(Debug, Args)]
@@ -137,39 +138,6 @@ fn prefill(model: &Model, prompts: &[&[u32]], n_experts: usize) -> anyhow::Resul
     Ok(p)
 }
 
-fn read_prompts(path: &std::path::Path) -> anyhow::Result<Vec<String>> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let mut out = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        let line = line.trim();
-        if line.is_empty() {
-            continue;
-        }
-        if line.starts_with('{') || line.starts_with('"') {
-            let v: serde_json::Value = serde_json::from_str(line)
-                .with_context(|| format!("{}: line {}: not JSON", path.display(), i + 1))?;
-            match v
-                .as_str()
-                .or_else(|| v.get("prompt").and_then(|p| p.as_str()))
-            {
-                Some(p) => out.push(p.to_string()),
-                None => bail!(
-                    "{}: line {}: expected a string or {{\"prompt\": ...}}",
-                    path.display(),
-                    i + 1
-                ),
-            }
-        } else {
-            out.push(line.to_string());
-        }
-    }
-    if out.is_empty() {
-        bail!("{}: no prompts", path.display());
-    }
-    Ok(out)
-}
-
 /// Sum of per-sequence counts over `which`.
 fn total(
     counts: &[Vec<Vec<u64>>],
@@ -249,8 +217,7 @@ fn stratify(
 pub fn run(args: StratifyArgs) -> anyhow::Result<()> {
     let dir = args.model.dir()?;
     let prompts = read_prompts(&args.prompts)?;
-    let tok =
-        Tokenizer::from_dir(&dir).with_context(|| format!("tokenizer of {}", dir.display()))?;
+    let tok = load_tokenizer(&dir).with_context(|| format!("tokenizer of {}", dir.display()))?;
     let ids = prompts
         .iter()
         .map(|p| tok.encode(p, true))
@@ -259,8 +226,7 @@ pub fn run(args: StratifyArgs) -> anyhow::Result<()> {
         bail!("prompt {} has no tokens", i + 1);
     }
     let model = Model::load(&dir, args.model.load_options())?;
-    let shape = strata_policy::ModelShape::load(&dir.to_string_lossy())
-        .context("reading the model's expert count from config.json")?;
+    let shape = strata_exec::model_shape(&model.config)?;
     let (layers, n_exp) = (shape.moe_layers(), shape.n_experts);
     let all: Vec<&[u32]> = ids.iter().map(Vec::as_slice).collect();
     let n_proto = args

@@ -14,7 +14,7 @@ use clap::Args;
 use strata_model::attention::SeqSpan;
 use strata_model::moe::Routing;
 use strata_model::{ForwardObserver, LogitsWanted, Model, SeqInput};
-use strata_runtime::text::Tokenizer;
+use strata_runtime::engine::load_tokenizer;
 use strata_sim::trace::{FORMAT, Header, Record, VERSION, Writer};
 
 use crate::model_arg::ModelArgs;
@@ -130,8 +130,9 @@ impl ForwardObserver for Recorder {
     }
 }
 
-/// Reads prompts: text lines, or JSON lines holding a string or `{"prompt": ...}`.
-fn read_prompts(path: &std::path::Path) -> anyhow::Result<Vec<String>> {
+/// Reads prompts: text lines, or JSON lines holding a string or `{"prompt": ...}`
+/// (`strata trace` and `strata stratify`).
+pub(crate) fn read_prompts(path: &std::path::Path) -> anyhow::Result<Vec<String>> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let mut out = Vec::new();
@@ -219,17 +220,14 @@ pub fn record(
 pub fn run(args: TraceArgs) -> anyhow::Result<()> {
     let dir = args.model.dir()?;
     let prompts = read_prompts(&args.prompts)?;
-    let tok =
-        Tokenizer::from_dir(&dir).with_context(|| format!("tokenizer of {}", dir.display()))?;
+    let tok = load_tokenizer(&dir).with_context(|| format!("tokenizer of {}", dir.display()))?;
     let ids = prompts
         .iter()
         .map(|p| tok.encode(p, true))
         .collect::<Result<Vec<_>, _>>()?;
     let mut model = Model::load(&dir, args.model.load_options())?;
     keep_candidates(&mut model);
-    let n_experts = strata_policy::ModelShape::load(&dir.to_string_lossy())
-        .map(|m| m.n_experts)
-        .context("reading the model's expert count from config.json")?;
+    let n_experts = strata_exec::model_shape(&model.config)?.n_experts;
     let mut rec = Recorder::new(!args.no_hidden);
     record(&model, &ids, args.decode, &mut rec)?;
     let f = std::fs::File::create(&args.out)

@@ -164,3 +164,158 @@ fn failures_are_clear_and_leave_nothing_behind() {
         "{e}"
     );
 }
+
+#[test]
+fn converted_model_traces_stratifies_and_refuses_other_options() {
+    let src = root().join("models/strata-tiny-moe");
+    let src = src.to_str().unwrap();
+    let canonical = Path::new(src).canonicalize().unwrap();
+    let canonical = canonical.display();
+    let out = tmp("tiny-int8.strata");
+    let out_s = out.to_str().unwrap();
+    ok(&[
+        "convert",
+        "--model",
+        src,
+        "--out",
+        out_s,
+        "--weights",
+        "int8",
+    ]);
+    let prompts = tmp("prompts.txt");
+    std::fs::write(
+        &prompts,
+        "Write a poem about the sea\nHow do engines work?\n{\"prompt\": \"Tell me a joke\"}\n\"What is rust?\"\n",
+    )
+    .unwrap();
+    let p = prompts.to_str().unwrap();
+    // The tokenizer and the expert count come from inside the converted file.
+    let trace = tmp("tiny.trace");
+    ok(&[
+        "trace",
+        "--model",
+        out_s,
+        "--prompts",
+        p,
+        "--out",
+        trace.to_str().unwrap(),
+        "--decode",
+        "2",
+    ]);
+    let text = std::fs::read_to_string(&trace).unwrap();
+    assert!(
+        text.lines().count() > 4 * 6,
+        "{} lines",
+        text.lines().count()
+    );
+    let table = ok(&[
+        "stratify",
+        "--model",
+        out_s,
+        "--prompts",
+        p,
+        "--budget-experts",
+        "24",
+        "--clusters",
+        "2",
+        "--random-trials",
+        "2",
+        "--json",
+    ]);
+    assert!(table.trim_start().starts_with('{'), "{table}");
+    // Options it was not converted with are an error naming what it holds and the fix.
+    for asked in [
+        &["--dtype", "f32"][..],
+        &["--weights", "int4"],
+        &["--dtype", "fast", "--weights", "bf16"],
+    ] {
+        let mut args = vec![
+            "generate",
+            "--model",
+            out_s,
+            "--prompt",
+            "Hi",
+            "--max-tokens",
+            "1",
+        ];
+        args.extend_from_slice(asked);
+        let e = fail(&args);
+        assert!(
+            e.contains("--dtype fast --weights int8")
+                && e.contains(&asked.join(" "))
+                && e.contains(&format!("strata convert --model {canonical}")),
+            "{e}"
+        );
+    }
+    // The options it holds, given explicitly, are fine.
+    ok(&[
+        "generate",
+        "--model",
+        out_s,
+        "--prompt",
+        "Hi",
+        "--max-tokens",
+        "1",
+        "--dtype",
+        "fast",
+        "--weights",
+        "int8",
+    ]);
+    for f in [&out, &prompts, &trace] {
+        std::fs::remove_file(f).unwrap();
+    }
+}
+
+/// `--device gpu` and `--device hybrid` on a converted model score as the CPU does on the
+/// same file. Runs when `STRATA_GPU_TESTS=1` (CI installs Mesa's lavapipe and sets it).
+#[test]
+fn converted_model_runs_on_gpu_and_hybrid() {
+    if std::env::var("STRATA_GPU_TESTS").as_deref() != Ok("1") {
+        eprintln!("skipping: STRATA_GPU_TESTS is not 1");
+        return;
+    }
+    let src = root().join("tests/fixtures/qwen3_moe");
+    let conv = tmp("qwen3-f32.strata");
+    let conv_s = conv.to_str().unwrap();
+    ok(&[
+        "convert",
+        "--model",
+        src.to_str().unwrap(),
+        "--out",
+        conv_s,
+        "--dtype",
+        "f32",
+    ]);
+    let logits = |device: &str| {
+        let out = tmp(&format!("conv-{device}.npy"));
+        ok(&[
+            "logits",
+            "--model",
+            conv_s,
+            "--tokens",
+            "3,1,4,1,5,9,2,6",
+            "--out",
+            out.to_str().unwrap(),
+            "--device",
+            device,
+        ]);
+        let v = strata_formats::npy::read_f32(&out).unwrap().data;
+        std::fs::remove_file(&out).unwrap();
+        v
+    };
+    let want = logits("cpu");
+    let max_ref = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    for device in ["gpu", "hybrid"] {
+        let got = logits(device);
+        assert_eq!(got.len(), want.len(), "{device}");
+        let err = got
+            .iter()
+            .zip(&want)
+            .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(
+            err <= 1e-3 * max_ref,
+            "{device}: error {err} vs max {max_ref}"
+        );
+    }
+    std::fs::remove_file(&conv).unwrap();
+}
