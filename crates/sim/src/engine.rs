@@ -18,6 +18,12 @@
 //! another on the DIMM-Link lane and take effect when they land (an NDP expert waits for
 //! its move to its DIMM, host reads use the old layout until then).
 //!
+//! Metrics beyond time: each expert operation records the FLOPs it executes (for FLOP
+//! utilisation), and when a decision carries predicted per-expert loads
+//! (`Decision::predicted_load`) they are scored against the loads the same layer realises
+//! at the request's next decode step ([`crate::report::hot_overlap`]). Views state the
+//! attention context the step is priced with.
+//!
 //! A key design decision: the simulator checks every decision instead of trusting it: each
 //! routed (token, expert) pair computed exactly once, GPU experts resident or copied,
 //! expert memory never over the budget. A policy bug is an error naming the step and layer.

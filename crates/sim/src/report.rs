@@ -1,7 +1,9 @@
 //! What a simulation run measured, and its timeline.
 //!
 //! Key types: [`Report`] (latencies, tokens/s, utilisation, PCIe bytes, hit rate,
-//! predictor accuracy) and [`Op`] (one operation on one device lane). The timeline is
+//! predictor accuracy, a load predictor's hot-expert accuracy) and [`Op`] (one operation
+//! on one device lane, with the FLOPs it executed). [`hot_overlap`] scores one layer's
+//! predicted loads. The timeline is
 //! written in the Chrome trace event format, which Perfetto opens.
 //!
 //! A key design decision: utilisation is measured per phase over the wall time of that
