@@ -86,7 +86,8 @@ pub fn run(args: BatchArgs) -> anyhow::Result<()> {
     }
 
     let path = args.model.dir()?;
-    let engine = Arc::new(load_engine(&args.model, &path)?);
+    let (engine, exec) = load_engine(&args.model, &path)?;
+    let engine = Arc::new(engine);
     let config = args.sched.config(&engine)?;
     let state = Arc::new(AppState::new(engine, config, model_id(&path)));
     let offline = Offline::new(state)?;
@@ -132,5 +133,8 @@ pub fn run(args: BatchArgs) -> anyhow::Result<()> {
         prompt_tokens as f64 / secs,
         gen_tokens as f64 / secs,
     );
+    if let Some(exec) = exec {
+        eprintln!("hybrid, policy {}: {}", exec.policy_name(), exec.stats());
+    }
     Ok(())
 }

@@ -6,9 +6,11 @@ use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use clap::Args;
+use strata_exec::HybridExecutor;
 use strata_runtime::engine::Engine;
 use strata_runtime::scheduler::SchedulerConfig;
 use strata_server::AppState;
+use strata_server::metrics::MetricsSource;
 
 use crate::model_arg::{Device, ModelArgs};
 
@@ -87,9 +89,12 @@ pub fn model_id(path: &Path) -> String {
 }
 
 /// Loads the engine for `serve` and `batch`: on the CPU, or with a hybrid executor for
-/// the routed experts (`--device hybrid`). The scheduler does not know which: the executor
-/// sits behind the model's MoE blocks.
-pub fn load_engine(model: &ModelArgs, path: &Path) -> anyhow::Result<Engine> {
+/// the routed experts (`--device hybrid`, returned for its statistics). The scheduler does
+/// not know which: the executor sits behind the model's MoE blocks.
+pub fn load_engine(
+    model: &ModelArgs,
+    path: &Path,
+) -> anyhow::Result<(Engine, Option<Arc<HybridExecutor>>)> {
     if model.device == Device::Gpu {
         bail!(
             "--device gpu runs one sequence (generate, logits); serve and batch take cpu or hybrid"
@@ -97,11 +102,81 @@ pub fn load_engine(model: &ModelArgs, path: &Path) -> anyhow::Result<Engine> {
     }
     let mut engine = Engine::load(path, model.load_options())
         .with_context(|| format!("loading {}", path.display()))?;
-    if model.device == Device::Hybrid {
-        let exec = model.hybrid(path, &mut engine.model)?;
-        tracing::info!(policy = %exec.policy_name(), "routed experts on the hybrid executor");
+    let exec = match model.device {
+        Device::Hybrid => {
+            let exec = model.hybrid(path, &mut engine.model)?;
+            tracing::info!(policy = %exec.policy_name(), "routed experts on the hybrid executor");
+            Some(exec)
+        }
+        _ => None,
+    };
+    Ok((engine, exec))
+}
+
+/// The hybrid executor's counters on `/metrics`, per device where they are.
+#[derive(Debug)]
+struct ExecMetrics(Arc<HybridExecutor>);
+
+impl MetricsSource for ExecMetrics {
+    fn render(&self, out: &mut String) {
+        use std::fmt::Write;
+        let s = self.0.stats();
+        let mut metric = |name: &str, kind: &str, help: &str, values: &[(&str, f64)]| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+            for (labels, v) in values {
+                let _ = writeln!(out, "{name}{labels} {v}");
+            }
+        };
+        let (gpu, cpu) = ("{device=\"gpu\"}", "{device=\"cpu\"}");
+        metric(
+            "strata_hybrid_experts_total",
+            "counter",
+            "Routed expert tasks run, by device.",
+            &[(gpu, s.gpu_experts as f64), (cpu, s.cpu_experts as f64)],
+        );
+        metric(
+            "strata_hybrid_expert_pairs_total",
+            "counter",
+            "(token, expert) pairs computed, by device.",
+            &[(gpu, s.gpu_pairs as f64), (cpu, s.cpu_pairs as f64)],
+        );
+        metric(
+            "strata_hybrid_busy_seconds_total",
+            "counter",
+            "Time each device spent on routed experts (the gpu's includes copies).",
+            &[
+                (gpu, s.gpu_time.as_secs_f64()),
+                (cpu, s.cpu_time.as_secs_f64()),
+            ],
+        );
+        metric(
+            "strata_hybrid_cache_lookups_total",
+            "counter",
+            "GPU expert tasks whose weights were resident (hit) or had to be copied (miss).",
+            &[
+                ("{result=\"hit\"}", s.hits as f64),
+                ("{result=\"miss\"}", s.misses as f64),
+            ],
+        );
+        metric(
+            "strata_hybrid_upload_bytes_total",
+            "counter",
+            "Bytes of expert weights copied to the device.",
+            &[("", s.upload_bytes as f64)],
+        );
+        metric(
+            "strata_hybrid_evictions_total",
+            "counter",
+            "Experts the policy evicted from the device cache.",
+            &[("", s.evictions as f64)],
+        );
+        metric(
+            "strata_hybrid_fallbacks_total",
+            "counter",
+            "GPU tasks run on the CPU because their weights were not on the device.",
+            &[("", s.fallbacks as f64)],
+        );
     }
-    Ok(engine)
 }
 
 /// Logs to stderr at info level (once per process).
@@ -115,10 +190,13 @@ pub fn init_logging() {
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     init_logging();
     let path = args.model.dir()?;
-    let engine = Arc::new(load_engine(&args.model, &path)?);
+    let (engine, exec) = load_engine(&args.model, &path)?;
+    let engine = Arc::new(engine);
     let config = args.sched.config(&engine)?;
     let id = args.served_model_name.unwrap_or_else(|| model_id(&path));
-    let state = Arc::new(AppState::new(engine, config, id));
+    let mut state = AppState::new(engine, config, id);
+    state.extra_metrics = exec.map(|e| Arc::new(ExecMetrics(e)) as Arc<dyn MetricsSource>);
+    let state = Arc::new(state);
     let addr = SocketAddr::new(args.host, args.port);
     strata_server::run(addr, state, strata_server::shutdown_signal())?;
     Ok(())

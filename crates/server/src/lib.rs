@@ -53,6 +53,8 @@ pub struct AppState {
     pub created: u64,
     /// Largest request body, in bytes.
     pub max_body: usize,
+    /// More metrics for `/metrics` (the hybrid executor's); `None` by default.
+    pub extra_metrics: Option<Arc<dyn metrics::MetricsSource>>,
 }
 
 impl AppState {
@@ -66,6 +68,7 @@ impl AppState {
             model_id,
             created: unix_now(),
             max_body: DEFAULT_MAX_BODY,
+            extra_metrics: None,
         }
     }
 }
@@ -122,9 +125,12 @@ async fn health() -> Response {
 }
 
 async fn metrics_text(State(st): State<Arc<AppState>>) -> Response {
-    let text = st
+    let mut text = st
         .metrics
         .render(st.scheduler.queued(), st.scheduler.active());
+    if let Some(extra) = &st.extra_metrics {
+        extra.render(&mut text);
+    }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 

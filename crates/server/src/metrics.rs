@@ -4,7 +4,7 @@
 //! of pulling in a metrics crate: the exposition format is a handful of lines, and the
 //! server's hot path only increments integers.
 
-use std::fmt::Write;
+use std::fmt::{self, Write};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -45,6 +45,13 @@ impl Histogram {
         let sum = self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
         let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {acc}");
     }
+}
+
+/// Metrics the server does not keep itself (the hybrid executor's per-device counters),
+/// appended to `/metrics` at every scrape.
+pub trait MetricsSource: Send + Sync + fmt::Debug {
+    /// Appends Prometheus text exposition lines, `# HELP` and `# TYPE` included, to `out`.
+    fn render(&self, out: &mut String);
 }
 
 /// The server's metrics.

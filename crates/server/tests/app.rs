@@ -116,6 +116,40 @@ async fn health_models_and_metrics() {
     }
 }
 
+/// A stand-in for the hybrid executor's counters.
+#[derive(Debug)]
+struct Extra;
+
+impl strata_server::metrics::MetricsSource for Extra {
+    fn render(&self, out: &mut String) {
+        out.push_str("# HELP x_total X.\n# TYPE x_total counter\nx_total{device=\"gpu\"} 3\n");
+    }
+}
+
+#[tokio::test]
+async fn metrics_carry_an_extra_source() {
+    let mut st = AppState::new(
+        engine(),
+        SchedulerConfig {
+            max_batch: 1,
+            max_queue: 1,
+            step_tokens: 8,
+            ctx_size: CTX,
+        },
+        MODEL.into(),
+    );
+    st.extra_metrics = Some(Arc::new(Extra));
+    let (s, body) = call(
+        &Arc::new(st),
+        Request::get("/metrics").body(Body::empty()).unwrap(),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+    let text = String::from_utf8(body).unwrap();
+    assert!(text.contains("strata_queue_depth 0\n"), "{text}");
+    assert!(text.ends_with("x_total{device=\"gpu\"} 3\n"), "{text}");
+}
+
 #[tokio::test]
 async fn chat_streamed_equals_non_streamed() {
     let st = state();
