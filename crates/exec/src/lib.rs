@@ -8,10 +8,13 @@
 //! fixed number of slots from `--vram-budget`) and the free bytes; asks the
 //! [`strata_policy::Policy`]; applies the evictions; uploads what the transfers name
 //! ([`HostExperts`] reads them from the mapped checkpoint); runs the GPU's experts on the
-//! device from a scoped thread while the CPU's run on the kernels' pool; and combines both in
-//! f32. Deferred experts (KTransformers) are computed at their layer and their output is
-//! added at the next MoE layer. Attention, dense layers, shared experts, the router and the
-//! LM head stay on the CPU for now.
+//! device through its persistent worker thread while the CPU's run on the kernels' pool;
+//! and combines both in f32. Copies for later layers (prefetches) run on the worker in the
+//! background, ordered before any kernel that reads them. Deferred experts (KTransformers)
+//! are computed at their layer and their output is added at the next MoE layer. The phase a
+//! policy is told comes from the step's batch layout (every sequence adding one token:
+//! decode), so a continuous-batching scheduler's steps are told apart. Attention, dense
+//! layers, shared experts, the router and the LM head stay on the CPU for now.
 //!
 //! A key design decision: this is a crate of its own rather than a module of
 //! `strata-runtime`, because it is the one place where the model, the policies and the
