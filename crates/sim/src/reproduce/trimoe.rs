@@ -62,10 +62,10 @@
 //!   KTransformers is busy ~100% of the time (memory-bound), which the paper counts as
 //!   42% compute utilisation. FLOPs: GPU 0.2-3% (idle most of the time, and memory-bound
 //!   below ~380 tokens per expert when busy), CPU 10-19% (busy 86-100%, but an expert is
-//!   memory-bound below ~70 tokens and gets ~10-20), NDP 4-6% for MoNDE and 45-48% for
-//!   TriMoE against 70.1% and 87.8%: at 256 GFLOPS against 153.6 GB/s an NDP unit is
-//!   compute-bound from one token, so its FLOP and busy rows agree, and TriMoE's units
-//!   idle half the time because its CPU is the bottleneck (first point above). Neither
+//!   memory-bound below ~70 tokens and gets ~10 on average), NDP 4-6% for MoNDE and
+//!   45-48% for TriMoE against 70.1% and 87.8%: at 256 GFLOPS against 153.6 GB/s an NDP
+//!   unit is compute-bound from two tokens, so its FLOP and busy rows agree; TriMoE's
+//!   units idle half the time because its CPU is the bottleneck (first point above). Neither
 //!   sense reproduces table 3; the paper's measurement method is not given.
 //! - EMA hot-expert accuracy: 0.88-0.89 on the synthetic workload against "> 78%". On a
 //!   trace recorded from the real engine (`strata trace` of strata-tiny-moe, 32 experts
@@ -242,7 +242,9 @@ fn measure(r: &Report, c: &CostModel, steps: usize) -> Measured {
             .filter(|o| f(o.lane) && is_moe(o.layer))
             .filter(|o| o.name.starts_with("expert") || o.name == "shared experts")
             .map(x)
-            .sum()
+            .sum::<f64>()
+            // An empty sum is -0.0; print idle domains as 0.
+            + 0.0
     };
     let busy = |f: &dyn Fn(Lane) -> bool| sum(f, &|o| o.end - o.start);
     let flops = |f: &dyn Fn(Lane) -> bool| sum(f, &|o| o.flops);
