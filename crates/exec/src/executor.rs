@@ -82,7 +82,8 @@ pub struct ExecStats {
     pub initial_uploads: usize,
     /// Copies through the staging slots.
     pub staged: usize,
-    /// Copies for later layers or steps, run by the device worker in the background.
+    /// Copies the device worker ran in the background, with no layer waiting on them:
+    /// prefetches for later layers or steps, and the initial residency.
     pub prefetched: usize,
     /// Experts the policy evicted.
     pub evictions: usize,
@@ -111,7 +112,8 @@ impl fmt::Display for ExecStats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "gpu hit rate {:.1}% ({} hits, {} misses), uploads {} ({:.2} MiB, {} initial, {} staged), \
+            "gpu hit rate {:.1}% ({} hits, {} misses), uploads {} ({:.2} MiB, {} initial, {} staged, \
+             {} in the background), \
              evictions {}, experts gpu {} / cpu {} ({} deferred), pairs gpu {} / cpu {}, \
              time gpu {:.1} ms / cpu {:.1} ms, refused {}, fallbacks {}",
             100.0 * self.hit_rate(),
@@ -121,6 +123,7 @@ impl fmt::Display for ExecStats {
             self.upload_bytes as f64 / (1 << 20) as f64,
             self.initial_uploads,
             self.staged,
+            self.prefetched,
             self.evictions,
             self.gpu_experts,
             self.cpu_experts,
