@@ -1012,6 +1012,47 @@ mod tests {
     }
 
     #[test]
+    fn the_window_grows_with_the_attention_context() {
+        let c = cost();
+        // Every expert localized on DIMM 0: striping or spreading them all would help, and
+        // the overlap window decides how many moves run.
+        let moves = |context: Option<usize>| {
+            let mut p = policy(&c, vec![Layout::Localized(0); 8], vec![64.0; 8]);
+            let tokens = 64;
+            let ids: Vec<u32> = (0..tokens).flat_map(|_| 0..8u32).collect();
+            let weights = vec![0.125f32; ids.len()];
+            let resident = vec![false; 8];
+            let view = LayerView {
+                layer: 0,
+                n_moe_layers: 1,
+                phase: Phase::Decode,
+                step: 1,
+                top_k: 8,
+                ids: &ids,
+                weights: &weights,
+                hidden: None,
+                candidates: None,
+                gpu: crate::GpuView {
+                    resident: &resident,
+                    free_bytes: 0,
+                    busy_s: 0.0,
+                },
+                cpu_busy_s: 0.0,
+                pcie_busy_s: 0.0,
+                context,
+            };
+            let d = p.decide(&view, &c);
+            assert!(d.predicted_load.is_some());
+            d.migrations.len()
+        };
+        let (none, long) = (moves(None), moves(Some(1 << 20)));
+        assert!(
+            long > none,
+            "{none} moves at no context, {long} at 1M tokens"
+        );
+    }
+
+    #[test]
     fn relayouts_run_in_order_of_benefit_within_the_window() {
         let c = cost();
         let nc = NdpCosts::new(&c);
