@@ -22,8 +22,10 @@
 //! byte strings (`tokenizer.json`).
 //!
 //! Key types: [`StrataWriter`] (streams tensors to a temporary file and renames it into
-//! place at [`StrataWriter::finish`]; dropping it unfinished removes the temporary file) and
-//! [`StrataFile`] (maps a file and validates every entry before anything is used).
+//! place at [`StrataWriter::finish`]; dropping it unfinished removes the temporary file),
+//! [`parse_header`] (validates the header and directory against a file's bytes: what the
+//! `strata_header` fuzz target drives) and [`StrataFile`] (maps a file, then builds views
+//! on what `parse_header` validated).
 //!
 //! A key design decision: the directory sits after the data (its offset in the fixed
 //! header) so the writer streams each tensor to disk as it comes, holding at most one in
@@ -31,7 +33,7 @@
 //! 64-byte aligned in the file, and a mapping is page aligned, so packed matrices are used
 //! in place by the kernels with the alignment their loads want.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::io::{BufWriter, Seek, SeekFrom, Write};
 use std::ops::Range;
@@ -375,6 +377,197 @@ fn le_u64(b: &[u8]) -> u64 {
     u64::from_le_bytes(b.try_into().expect("8 bytes"))
 }
 
+/// One tensor entry of a [`StrataHeader`], validated.
+#[derive(Debug, Clone)]
+pub struct HeaderTensor {
+    /// Name.
+    pub name: String,
+    /// Element kind.
+    pub kind: StoredKind,
+    /// Shape (`[n, k]` for packed matrices).
+    pub shape: Vec<usize>,
+    /// Byte range of the values in the file (64-byte aligned).
+    pub data: Range<usize>,
+    /// Byte range of a packed matrix's f32 scales (empty for plain tensors).
+    pub scales: Range<usize>,
+}
+
+/// The fixed header and directory of a `.strata` file, every entry checked against the
+/// file's bytes: what [`StrataFile::open`] maps.
+#[derive(Debug, Clone)]
+pub struct StrataHeader {
+    /// The model configuration stored at conversion.
+    pub config: Value,
+    /// Free-form metadata stored at conversion.
+    pub metadata: Value,
+    /// Tensors in file order, names unique.
+    pub tensors: Vec<HeaderTensor>,
+    /// Named blobs and their byte ranges, names unique.
+    pub blobs: Vec<(String, Range<usize>)>,
+}
+
+/// Parses and validates the `.strata` file held in `bytes` (the whole file); `path` names
+/// it in errors. Every range it returns lies inside `bytes`, starts at a multiple of
+/// [`ALIGN`] and is exactly as long as its kind and shape need.
+pub fn parse_header(path: &Path, b: &[u8]) -> Result<StrataHeader> {
+    let bad = |m: String| Error::malformed(path, m);
+    if b.len() >= MAGIC.len() && b[..8] != MAGIC {
+        return Err(bad(format!(
+            "not a .strata file: magic {:?}, expected {:?}",
+            String::from_utf8_lossy(&b[..8]),
+            String::from_utf8_lossy(&MAGIC)
+        )));
+    }
+    if b.len() < HEADER as usize {
+        return Err(bad(format!(
+            "truncated: {} bytes, shorter than the {HEADER}-byte header",
+            b.len()
+        )));
+    }
+    let version = le_u32(&b[8..12]);
+    if version != VERSION {
+        return Err(bad(format!(
+            "file format version {version}, this build reads version {VERSION}; re-run `strata convert`"
+        )));
+    }
+    let layout = le_u32(&b[12..16]);
+    if layout != LAYOUT_VERSION {
+        return Err(bad(format!(
+            "packed layout version {layout}, this build's kernels use version {LAYOUT_VERSION}; re-run `strata convert` on the original model"
+        )));
+    }
+    let len = b.len() as u64;
+    let (dir_off, dir_len) = (le_u64(&b[16..24]), le_u64(&b[24..32]));
+    let in_file = |off: u64, n: u64| off.checked_add(n).is_some_and(|end| end <= len);
+    if !in_file(dir_off, dir_len) || dir_off < HEADER {
+        return Err(bad(format!(
+            "directory at {dir_off}..+{dir_len} is outside the file's {len} bytes (truncated?)"
+        )));
+    }
+    let dir: Directory = serde_json::from_slice(&b[dir_off as usize..(dir_off + dir_len) as usize])
+        .map_err(|e| bad(format!("invalid directory JSON: {e}")))?;
+    let region = |what: &str, name: &str, off: u64, n: u64| -> Result<Range<usize>> {
+        let err = |m: String| Error::BadTensor {
+            path: path.to_owned(),
+            name: name.to_owned(),
+            message: format!("{what} {m}"),
+        };
+        if !in_file(off, n) || off < HEADER {
+            return Err(err(format!(
+                "bytes {off}..+{n} are outside the file's data ({len} bytes)"
+            )));
+        }
+        if !off.is_multiple_of(ALIGN) {
+            return Err(err(format!("offset {off} is not a multiple of {ALIGN}")));
+        }
+        Ok(off as usize..(off + n) as usize)
+    };
+    let mut tensors: Vec<HeaderTensor> = Vec::with_capacity(dir.tensors.len());
+    let mut names = HashSet::with_capacity(dir.tensors.len());
+    for e in dir.tensors {
+        let name = e.name.as_str();
+        let bad_tensor = |message: String| Error::BadTensor {
+            path: path.to_owned(),
+            name: name.to_owned(),
+            message,
+        };
+        let data = region("data", name, e.offset, e.length)?;
+        let numel = e
+            .shape
+            .iter()
+            .try_fold(1usize, |a, &d| a.checked_mul(d))
+            .ok_or_else(|| bad_tensor(format!("shape {:?} overflows", e.shape)))?;
+        let (kind, scales) = match (e.kind.as_str(), &e.packed) {
+            (k @ ("f32" | "bf16"), None) => {
+                let (kind, size) = if k == "f32" {
+                    (StoredKind::F32, 4)
+                } else {
+                    (StoredKind::Bf16, 2)
+                };
+                if numel.checked_mul(size) != Some(data.len()) {
+                    return Err(bad_tensor(format!(
+                        "{k} shape {:?} needs {} bytes, the directory says {}",
+                        e.shape,
+                        numel.saturating_mul(size),
+                        data.len()
+                    )));
+                }
+                (kind, 0..0)
+            }
+            ("packed", Some(p)) => {
+                let fmt = parse_packed_format(&p.format)
+                    .ok_or_else(|| bad_tensor(format!("unknown packed format `{}`", p.format)))?;
+                if e.shape != [p.n, p.k] {
+                    return Err(bad_tensor(format!(
+                        "shape {:?} disagrees with packed [{}, {}]",
+                        e.shape, p.n, p.k
+                    )));
+                }
+                let scales = region("scales", name, p.scales_offset, p.scales_length)?;
+                // Values take at least half a byte each (int4), so a matrix inside the file
+                // has `n * k <= 2 * len`; bounding `n` and `k` so also keeps the layout's
+                // padded sizes (rows to 32, columns to 128) far from overflowing.
+                let most = (len as usize).saturating_mul(2);
+                if p.n > most || p.k > most || numel > most {
+                    return Err(bad_tensor(format!(
+                        "packed [{}, {}] cannot fit in the file's {len} bytes",
+                        p.n, p.k
+                    )));
+                }
+                let layout =
+                    PackedLayout::new(fmt, p.n, p.k).map_err(|err| bad_tensor(err.to_string()))?;
+                if layout.data_bytes != data.len() || layout.scales * 4 != scales.len() {
+                    return Err(bad_tensor(format!(
+                        "{} [{}, {}] needs {} value bytes and {} scale bytes, the directory says {} and {}",
+                        p.format,
+                        p.n,
+                        p.k,
+                        layout.data_bytes,
+                        layout.scales * 4,
+                        data.len(),
+                        scales.len()
+                    )));
+                }
+                (StoredKind::Packed(fmt), scales)
+            }
+            (k, _) => {
+                return Err(bad_tensor(format!(
+                    "unknown tensor kind `{k}` (expected f32, bf16 or packed with its packed entry)"
+                )));
+            }
+        };
+        if !names.insert(e.name.clone()) {
+            return Err(bad_tensor("listed twice".into()));
+        }
+        tensors.push(HeaderTensor {
+            name: e.name,
+            kind,
+            shape: e.shape,
+            data,
+            scales,
+        });
+    }
+    let mut blobs = Vec::with_capacity(dir.blobs.len());
+    let mut blob_names = HashSet::with_capacity(dir.blobs.len());
+    for bl in dir.blobs {
+        let r = region("blob", &bl.name, bl.offset, bl.length)?;
+        if !blob_names.insert(bl.name.clone()) {
+            return Err(Error::BadTensor {
+                path: path.to_owned(),
+                name: bl.name,
+                message: "blob listed twice".into(),
+            });
+        }
+        blobs.push((bl.name, r));
+    }
+    Ok(StrataHeader {
+        config: dir.config,
+        metadata: dir.metadata,
+        tensors,
+        blobs,
+    })
+}
+
 impl StrataFile {
     /// Whether `path` starts with the `.strata` magic (false when it cannot be read).
     pub fn sniff(path: &Path) -> bool {
@@ -388,163 +581,47 @@ impl StrataFile {
     /// Maps and validates `path`.
     pub fn open(path: &Path) -> Result<Self> {
         let map = MappedFile::open(path)?;
-        let bad = |m: String| Error::malformed(path, m);
-        let b = map.bytes();
-        if b.len() >= MAGIC.len() && b[..8] != MAGIC {
-            return Err(bad(format!(
-                "not a .strata file: magic {:?}, expected {:?}",
-                String::from_utf8_lossy(&b[..8]),
-                String::from_utf8_lossy(&MAGIC)
-            )));
-        }
-        if b.len() < HEADER as usize {
-            return Err(bad(format!(
-                "truncated: {} bytes, shorter than the {HEADER}-byte header",
-                b.len()
-            )));
-        }
-        let version = le_u32(&b[8..12]);
-        if version != VERSION {
-            return Err(bad(format!(
-                "file format version {version}, this build reads version {VERSION}; re-run `strata convert`"
-            )));
-        }
-        let layout = le_u32(&b[12..16]);
-        if layout != LAYOUT_VERSION {
-            return Err(bad(format!(
-                "packed layout version {layout}, this build's kernels use version {LAYOUT_VERSION}; re-run `strata convert` on the original model"
-            )));
-        }
-        let len = b.len() as u64;
-        let (dir_off, dir_len) = (le_u64(&b[16..24]), le_u64(&b[24..32]));
-        let in_file = |off: u64, n: u64| off.checked_add(n).is_some_and(|end| end <= len);
-        if !in_file(dir_off, dir_len) || dir_off < HEADER {
-            return Err(bad(format!(
-                "directory at {dir_off}..+{dir_len} is outside the file's {len} bytes (truncated?)"
-            )));
-        }
-        let dir: Directory =
-            serde_json::from_slice(&b[dir_off as usize..(dir_off + dir_len) as usize])
-                .map_err(|e| bad(format!("invalid directory JSON: {e}")))?;
-        let region = |what: &str, name: &str, off: u64, n: u64| -> Result<Range<usize>> {
-            let err = |m: String| Error::BadTensor {
-                path: path.to_owned(),
-                name: name.to_owned(),
-                message: format!("{what} {m}"),
-            };
-            if !in_file(off, n) || off < HEADER {
-                return Err(err(format!(
-                    "bytes {off}..+{n} are outside the file's data ({len} bytes)"
-                )));
-            }
-            if !off.is_multiple_of(ALIGN) {
-                return Err(err(format!("offset {off} is not a multiple of {ALIGN}")));
-            }
-            Ok(off as usize..(off + n) as usize)
-        };
+        let header = parse_header(path, map.bytes())?;
         let owner: Arc<dyn StableBytes> = Arc::new(map.clone());
-        let mut tensors = Vec::with_capacity(dir.tensors.len());
-        let mut index = HashMap::with_capacity(dir.tensors.len());
-        for e in dir.tensors {
-            let name = e.name.as_str();
-            let bad_tensor = |message: String| Error::BadTensor {
-                path: path.to_owned(),
-                name: name.to_owned(),
-                message,
-            };
-            let data = region("data", name, e.offset, e.length)?;
-            let numel = e
-                .shape
-                .iter()
-                .try_fold(1usize, |a, &d| a.checked_mul(d))
-                .ok_or_else(|| bad_tensor(format!("shape {:?} overflows", e.shape)))?;
-            let (kind, scales, view) = match (e.kind.as_str(), &e.packed) {
-                (k @ ("f32" | "bf16"), None) => {
-                    let (dtype, size) = if k == "f32" {
-                        (DType::F32, 4)
-                    } else {
-                        (DType::BF16, 2)
-                    };
-                    if numel.checked_mul(size) != Some(data.len()) {
-                        return Err(bad_tensor(format!(
-                            "{k} shape {:?} needs {} bytes, the directory says {}",
-                            e.shape,
-                            numel.saturating_mul(size),
-                            data.len()
-                        )));
-                    }
-                    let kind = if k == "f32" {
-                        StoredKind::F32
-                    } else {
-                        StoredKind::Bf16
-                    };
-                    let view = TensorView::new(
+        let mut index = HashMap::with_capacity(header.tensors.len());
+        let tensors = header
+            .tensors
+            .into_iter()
+            .enumerate()
+            .map(|(i, t)| {
+                index.insert(t.name.clone(), i);
+                let dtype = match t.kind {
+                    StoredKind::F32 => Some(DType::F32),
+                    StoredKind::Bf16 => Some(DType::BF16),
+                    StoredKind::Packed(_) => None,
+                };
+                let view = dtype.map(|d| {
+                    TensorView::new(
                         map.clone(),
-                        e.name.clone(),
-                        dtype,
-                        e.shape.clone(),
-                        data.clone(),
-                    );
-                    (kind, 0..0, Some(view))
+                        t.name.clone(),
+                        d,
+                        t.shape.clone(),
+                        t.data.clone(),
+                    )
+                });
+                StoredTensor {
+                    name: t.name,
+                    kind: t.kind,
+                    shape: t.shape,
+                    data: t.data,
+                    scales: t.scales,
+                    view,
                 }
-                ("packed", Some(p)) => {
-                    let fmt = parse_packed_format(&p.format).ok_or_else(|| {
-                        bad_tensor(format!("unknown packed format `{}`", p.format))
-                    })?;
-                    if e.shape != [p.n, p.k] {
-                        return Err(bad_tensor(format!(
-                            "shape {:?} disagrees with packed [{}, {}]",
-                            e.shape, p.n, p.k
-                        )));
-                    }
-                    let scales = region("scales", name, p.scales_offset, p.scales_length)?;
-                    let layout = PackedLayout::new(fmt, p.n, p.k)
-                        .map_err(|err| bad_tensor(err.to_string()))?;
-                    if layout.data_bytes != data.len() || layout.scales * 4 != scales.len() {
-                        return Err(bad_tensor(format!(
-                            "{} [{}, {}] needs {} value bytes and {} scale bytes, the directory says {} and {}",
-                            p.format,
-                            p.n,
-                            p.k,
-                            layout.data_bytes,
-                            layout.scales * 4,
-                            data.len(),
-                            scales.len()
-                        )));
-                    }
-                    (StoredKind::Packed(fmt), scales, None)
-                }
-                (k, _) => {
-                    return Err(bad_tensor(format!(
-                        "unknown tensor kind `{k}` (expected f32, bf16 or packed with its packed entry)"
-                    )));
-                }
-            };
-            if index.insert(e.name.clone(), tensors.len()).is_some() {
-                return Err(bad_tensor("listed twice".into()));
-            }
-            tensors.push(StoredTensor {
-                name: e.name,
-                kind,
-                shape: e.shape,
-                data,
-                scales,
-                view,
-            });
-        }
-        let mut blobs = HashMap::new();
-        for bl in dir.blobs {
-            let r = region("blob", &bl.name, bl.offset, bl.length)?;
-            blobs.insert(bl.name, r);
-        }
+            })
+            .collect();
         Ok(StrataFile {
             map,
             owner,
-            config: dir.config,
-            metadata: dir.metadata,
+            config: header.config,
+            metadata: header.metadata,
             tensors,
             index,
-            blobs,
+            blobs: header.blobs.into_iter().collect(),
         })
     }
 
