@@ -8,8 +8,10 @@
 //! the device worker (uploads, `ExpertFfn` kernels, read back the per-pair outputs) while
 //! the calling thread runs the CPU's tasks with the fused kernel, and add both into the
 //! output in f32. Copies for later layers or steps (prefetches) go to the worker after the
-//! layer's job and run in the background while the model goes on. Deferred tasks accumulate into a side buffer that joins the output of the next
-//! MoE layer (KTransformers, seed 003 section 4.1: `O_k = I_k + S_k + R_{k-1}^def + R_k^imm`).
+//! layer's job and run in the background while the model goes on (at most a step's worth
+//! of jobs queued). Deferred tasks accumulate into a side buffer that joins the output of
+//! the next MoE layer (KTransformers, seed 003 section 4.1: `O_k = I_k + S_k +
+//! R_{k-1}^def + R_k^imm`).
 //!
 //! A key design decision: the executor never decides. Whatever the policy returns is
 //! executed as is, and what cannot be (a copy that the fixed slot count cannot hold, a GPU
@@ -267,14 +269,17 @@ enum Job {
 
 /// The persistent device worker: the sending end of its jobs and its thread.
 struct Worker {
-    jobs: mpsc::Sender<Job>,
+    /// Bounded: a layer waits to queue more once a step's worth of jobs (a layer's job
+    /// and its prefetches, per MoE layer) is queued, so prefetches the device cannot keep
+    /// up with slow the model down instead of piling up.
+    jobs: mpsc::SyncSender<Job>,
     thread: Option<JoinHandle<()>>,
     counters: Arc<Mutex<DeviceCounters>>,
 }
 
 impl Worker {
     fn start(side: DeviceSide) -> Result<Worker> {
-        let (jobs, rx) = mpsc::channel();
+        let (jobs, rx) = mpsc::sync_channel(2 * side.host.n_layers().max(1));
         let counters = side.counters.clone();
         let thread = std::thread::Builder::new()
             .name("strata-exec-device".into())
@@ -318,7 +323,7 @@ impl Worker {
 impl Drop for Worker {
     fn drop(&mut self) {
         // Closing the channel ends the worker once its queue is done.
-        drop(std::mem::replace(&mut self.jobs, mpsc::channel().0));
+        drop(std::mem::replace(&mut self.jobs, mpsc::sync_channel(0).0));
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }

@@ -586,3 +586,31 @@ fn the_scheduler_with_an_executor_gives_the_cpu_paths_greedy_tokens() {
         );
     }
 }
+
+#[test]
+fn prefetched_experts_are_copied_in_the_background_and_used_correctly() {
+    let Some(dev) = gpu() else { return };
+    let dir = repo("models/strata-tiny-moe");
+    let cpu = Model::load(&dir, Precision::F32).unwrap();
+    let want = run(&cpu, TINY_PROMPT, TINY_NEXT);
+    // HybriMoE prefetches one expert of the next layer; with a fast GPU it runs them there.
+    let setup = Setup::new(dir, PolicyKind::HybriMoE, 40);
+    let (model, exec) = setup.load(&dev, Precision::F32);
+    let got = run(&model, TINY_PROMPT, TINY_NEXT);
+    let err = rel_err(&got, &want);
+    assert!(err < 2e-5, "logits differ by {err} x max|ref|");
+    let stats = exec.stats();
+    assert!(stats.prefetched > 0, "{stats}");
+    assert_eq!(stats.fallbacks, 0, "{stats}");
+    let log = exec.take_log();
+    check_log("prefetch", &log, 38);
+    // Some expert copied for layer l + 1 while layer l ran was computed on the GPU there.
+    let used = log.windows(2).any(|w| {
+        w[0].step == w[1].step
+            && w[0]
+                .uploads
+                .iter()
+                .any(|&(l, e)| l == w[1].moe_layer && w[1].gpu_tasks.iter().any(|t| t.0 == e))
+    });
+    assert!(used, "no prefetched expert was used: {stats}");
+}
