@@ -2,11 +2,13 @@
 //!
 //! [`fused_moe`] takes hidden states `[T, H]` and the router's top-k ids and weights `[T, k]`
 //! and computes, for every token, `Σ_j w_j · down_e(SiLU(gate_e(x)) * up_e(x))` over its
-//! experts `e = ids[j]`. Steps: group tokens by expert ([`group_by_expert`]); convert each
-//! expert's rows once for its format; one task set over (expert, row chunk, column block) for
-//! gate and up together with SiLU(gate) * up in the task's epilogue; convert the intermediate
-//! rows; one task set over (expert, row chunk, column block) for down; the weighted combine in
-//! f32, in a fixed expert order per token so results do not depend on thread timing.
+//! experts `e = ids[j]`. Steps: group tokens by expert ([`group_by_expert`]); then, wave by
+//! wave (a few thousand (token, expert) rows, so that a long prompt's scratch stays small and
+//! is reused across calls): convert each expert's rows once for its format; one task set over
+//! (expert, row chunk, column block) for gate and up together with SiLU(gate) * up in the
+//! task's epilogue; convert the intermediate rows; one task set over (expert, row chunk, column
+//! block) for down; the weighted combine in f32, token by token in a fixed expert order so
+//! results do not depend on thread timing or wave boundaries.
 //!
 //! Gate and up are packed as one matrix whose 16-column strips alternate gate and up for the
 //! same intermediate columns, so a task owns matching gate and up outputs and applies the
