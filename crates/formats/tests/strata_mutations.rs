@@ -6,6 +6,7 @@
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde_json::{Value, json};
 use strata_formats::strata_file::{ALIGN, StoredKind, StrataHeader, StrataWriter, parse_header};
@@ -34,7 +35,12 @@ impl Rng {
 
 /// A valid file holding every kind: f32, bf16, packed bf16 / int8 / int4, a blob.
 fn valid_file() -> Vec<u8> {
-    let path = tmp("valid.strata");
+    // Tests run in parallel: one file each.
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let path = tmp(&format!(
+        "valid-{}.strata",
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
     let w: Vec<f32> = (0..5 * 70).map(|i| (i % 13) as f32 / 7.0 - 0.9).collect();
     let mut wr = StrataWriter::create(&path).unwrap();
     wr.add_f32("norm", &[3], &[1.0, 2.0, 3.0]).unwrap();
