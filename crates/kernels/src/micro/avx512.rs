@@ -45,20 +45,27 @@ struct Tile {
     out: *mut f32,
     ldo: usize,
     /// Lines of the next `k` block (same strips) this tile helps prefetch: line `klines + p`
-    /// of each strip at step `p` when `p < pf_lines` and `p % pf_every == pf_phase`.
+    /// of each strip at steps `p = pf_phase + j * pf_every` below `pf_lines`.
     pf_lines: usize,
     pf_every: usize,
     pf_phase: usize,
 }
 
 impl Tile {
-    /// Prefetches line `klines + p` of each of the `NS` strips if step `p` is this tile's.
+    /// Prefetches line `klines + p` of each of the `NS` strips if step `p` is this tile's
+    /// next one, `*next` (start it at `pf_phase`; steps must be visited in increasing order).
+    /// A running step instead of `p % pf_every`: an integer division per step cost more than
+    /// the prefetch saved.
     ///
     /// # Safety
     /// `pf_lines` must count lines that exist after the block in every strip of the tile.
     #[inline(always)]
-    unsafe fn prefetch<const NS: usize>(&self, klines: usize, p: usize) {
-        if p < self.pf_lines && p % self.pf_every == self.pf_phase {
+    unsafe fn prefetch<const NS: usize>(&self, klines: usize, p: usize, next: &mut usize) {
+        if p != *next {
+            return;
+        }
+        *next += self.pf_every;
+        if p < self.pf_lines {
             for s in 0..NS {
                 // SAFETY: line `klines + p` of strip `s` lies within the packed data (caller);
                 // a prefetch does not fault in any case.
@@ -202,10 +209,11 @@ fn as_bh(v: __m512i) -> __m512bh {
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 unsafe fn bf16_tile<const MR: usize, const NS: usize, const PF: bool>(t: &Tile) {
     let mut acc = [[_mm512_setzero_ps(); NS]; MR];
+    let mut next_pf = t.pf_phase;
     for p in 0..t.klen / 2 {
         if PF {
             // SAFETY: `pf_lines` counts lines after the block (`block_impl`).
-            unsafe { t.prefetch::<NS>(t.klen / 2, p) };
+            unsafe { t.prefetch::<NS>(t.klen / 2, p, &mut next_pf) };
         }
         let mut wv = [_mm512_setzero_si512(); NS];
         for (s, wv) in wv.iter_mut().enumerate() {
@@ -281,13 +289,14 @@ unsafe fn store<const MR: usize, const NS: usize>(t: &Tile, accf: &[[__m512; NS]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 unsafe fn int8_tile<const MR: usize, const NS: usize, const PF: bool>(t: &Tile, it: &IntTile) {
     let mut accf = [[_mm512_setzero_ps(); NS]; MR];
+    let mut next_pf = t.pf_phase;
     let mut f = 0;
     while f < t.klen {
         let mut acc = [[_mm512_setzero_si512(); NS]; MR];
         for q in f / 4..(f + it.fs) / 4 {
             if PF {
                 // SAFETY: `pf_lines` counts lines after the block (`block_impl`).
-                unsafe { t.prefetch::<NS>(t.klen / 4, q) };
+                unsafe { t.prefetch::<NS>(t.klen / 4, q, &mut next_pf) };
             }
             let mut wv = [_mm512_setzero_si512(); NS];
             for (s, wv) in wv.iter_mut().enumerate() {
@@ -316,13 +325,14 @@ unsafe fn int8_tile<const MR: usize, const NS: usize, const PF: bool>(t: &Tile, 
 unsafe fn int4_tile<const MR: usize, const NS: usize, const PF: bool>(t: &Tile, it: &IntTile) {
     let nib = _mm512_set1_epi8(0x0f);
     let mut accf = [[_mm512_setzero_ps(); NS]; MR];
+    let mut next_pf = t.pf_phase;
     let mut f = 0;
     while f < t.klen {
         let mut acc = [[_mm512_setzero_si512(); NS]; MR];
         for l in f / 8..(f + it.fs) / 8 {
             if PF {
                 // SAFETY: `pf_lines` counts lines after the block (`block_impl`).
-                unsafe { t.prefetch::<NS>(t.klen / 8, l) };
+                unsafe { t.prefetch::<NS>(t.klen / 8, l, &mut next_pf) };
             }
             let mut lo = [_mm512_setzero_si512(); NS];
             let mut hi = [_mm512_setzero_si512(); NS];
