@@ -34,7 +34,8 @@ pub struct ModelArgs {
     #[arg(long, value_enum)]
     pub weights: Option<Weights>,
     /// Where the model runs: `cpu`, `gpu` (the whole model on the first accelerator,
-    /// weights in the checkpoint's own precision; `--dtype` and `--weights` do not apply),
+    /// weights in the checkpoint's own precision, a converted model's int8/int4 experts
+    /// dequantized to f32; `--dtype` and `--weights` do not apply),
     /// or `hybrid` (routed experts placed by `--policy` on the CPU and the accelerator).
     #[arg(long, value_enum, default_value_t = Device::Cpu)]
     pub device: Device,
