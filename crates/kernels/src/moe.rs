@@ -185,7 +185,8 @@ pub struct MoeOptions<'a> {
     pub expert_mask: Option<&'a [bool]>,
     /// Add into `out` instead of overwriting it (partial sums from other devices or nodes).
     pub accumulate: bool,
-    /// Force one instruction set for every expert (capped to what the CPU has).
+    /// Force one instruction set for every expert (capped to [`Isa::selected`]: what the CPU
+    /// has, and `STRATA_KERNEL`).
     pub isa: Option<Isa>,
     /// Experts with at least this many tokens use AMX.
     pub amx_min_tokens: usize,
@@ -457,7 +458,8 @@ fn run_wave(
 ) {
     let (h, inter) = (experts.hidden, experts.inter);
     let isa_of = |m: usize| -> Isa {
-        let best = crate::isa::detected();
+        // `STRATA_KERNEL` caps the path here too (`Isa::selected` is at most what the CPU has).
+        let best = Isa::selected();
         match opts.isa {
             Some(forced) => forced.min(best),
             None if m >= opts.amx_min_tokens => best,

@@ -159,7 +159,7 @@ unsafe fn to_bf16_avx512(src: &[f32], dst: &mut [u16]) {
 /// Writes `src` as BF16 (round to nearest even) into the first `src.len()` values of `dst`.
 pub(crate) fn to_bf16(src: &[f32], dst: &mut [u16]) {
     #[cfg(target_arch = "x86_64")]
-    if crate::isa::detected() >= Isa::Avx512 {
+    if Isa::selected() >= Isa::Avx512 {
         // SAFETY: AVX-512 F/BW were detected.
         return unsafe { to_bf16_avx512(src, dst) };
     }
@@ -229,7 +229,7 @@ unsafe fn quantize_i8_avx512(src: &[f32], dst: &mut [u8], xsum: &mut [i32]) -> f
 /// `xsum`, and returns the scale.
 pub(crate) fn quantize_i8(src: &[f32], dst: &mut [u8], xsum: &mut [i32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if crate::isa::detected() >= Isa::Avx512 {
+    if Isa::selected() >= Isa::Avx512 {
         // SAFETY: AVX-512 F/BW were detected.
         return unsafe { quantize_i8_avx512(src, dst, xsum) };
     }
@@ -287,7 +287,7 @@ unsafe fn silu_mul_avx512(g: &[f32], u: &[f32], out: &mut [f32]) {
 /// `out[c] = SiLU(g[c]) · u[c]`, the gated activation of an expert's intermediate row.
 pub(crate) fn silu_mul(g: &[f32], u: &[f32], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if crate::isa::detected() >= Isa::Avx512 {
+    if Isa::selected() >= Isa::Avx512 {
         // SAFETY: AVX-512 F/BW were detected.
         return unsafe { silu_mul_avx512(g, u, out) };
     }
@@ -312,7 +312,7 @@ unsafe fn axpy_avx512(out: &mut [f32], a: f32, x: &[f32]) {
 /// `out += a · x` (the weighted combine of expert outputs), element by element.
 pub(crate) fn axpy(out: &mut [f32], a: f32, x: &[f32]) {
     #[cfg(target_arch = "x86_64")]
-    if crate::isa::detected() >= Isa::Avx512 {
+    if Isa::selected() >= Isa::Avx512 {
         // SAFETY: AVX-512 F was detected.
         return unsafe { axpy_avx512(out, a, x) };
     }
