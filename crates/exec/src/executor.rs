@@ -151,6 +151,8 @@ pub struct LayerRecord {
     pub phase: Phase,
     /// Sequences with tokens in the step (0: the model gave no batch layout).
     pub seqs: usize,
+    /// The attention context the policy was told (`None`: no batch layout).
+    pub context: Option<usize>,
     /// The policy's decision.
     pub decision: Decision,
     /// `(expert, deferred)` of the tasks run on the GPU.
@@ -523,6 +525,8 @@ impl State {
         });
         let resident = self.cache.resident(l, n);
         let slot_bytes = self.slot_bytes;
+        // The longest sequence's: the attention that bounds this step.
+        let context = call.spans.iter().map(|s| s.start_pos + s.len).max();
         let view = LayerView {
             layer: l,
             n_moe_layers: self.host.n_layers(),
@@ -544,7 +548,7 @@ impl State {
             },
             cpu_busy_s: 0.0,
             pcie_busy_s: 0.0,
-            context: None,
+            context,
         };
         let decision = self.policy.decide(&view, &self.cost);
 
@@ -782,6 +786,7 @@ impl State {
                 moe_layer: l,
                 phase,
                 seqs: call.n_seqs(),
+                context,
                 decision,
                 gpu_tasks: record_gpu,
                 cpu_tasks: record_cpu,

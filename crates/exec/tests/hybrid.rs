@@ -470,7 +470,7 @@ fn step(model: &Model, caches: &mut [strata_model::KvCache], seqs: Step) {
 }
 
 #[test]
-fn a_batch_of_decoding_sequences_is_told_decode() {
+fn a_batch_of_decoding_sequences_is_told_decode_and_its_context() {
     let Some(dev) = gpu() else { return };
     let setup = Setup::new(repo("tests/fixtures/qwen3_moe"), PolicyKind::Smoe, 6);
     let (model, exec) = setup.load(&dev, Precision::F32);
@@ -485,12 +485,18 @@ fn a_batch_of_decoding_sequences_is_told_decode() {
         // All three decode.
         (&[(&[2], 0), (&[6], 1), (&[10], 2)], Phase::Decode, 3),
     ];
+    // The longest sequence's cache length after each step.
+    let contexts = [3, 4, 5, 4, 6];
     for (i, &(seqs, phase, n)) in cases.iter().enumerate() {
         step(&model, &mut caches, seqs);
         let log = exec.take_log();
         assert!(!log.is_empty(), "step {i}");
         for r in &log {
-            assert_eq!((r.step, r.phase, r.seqs), (i, phase, n), "step {i}");
+            assert_eq!(
+                (r.step, r.phase, r.seqs, r.context),
+                (i, phase, n, Some(contexts[i])),
+                "step {i}"
+            );
         }
     }
     // Without a batch layout (a block run on its own) one token still reads as decode.
@@ -506,7 +512,7 @@ fn a_batch_of_decoding_sequences_is_told_decode() {
     let x: Vec<f32> = (0..h).map(|i| (i as f32 * 0.1).sin()).collect();
     block.forward(&x, 1).unwrap();
     let r = exec.take_log().pop().unwrap();
-    assert_eq!((r.phase, r.seqs), (Phase::Decode, 0));
+    assert_eq!((r.phase, r.seqs, r.context), (Phase::Decode, 0, None));
 }
 
 #[test]
