@@ -13,17 +13,13 @@
 //! step, so the layer is bound by streaming the non-resident experts over PCIe whatever the
 //! order.
 
-use crate::policies::trimoe::top_by_profile;
-use crate::predictor::EmaPredictor;
-use crate::{
-    CostModel, Decision, Device, Eviction, LayerView, Layout, Phase, Policy, Transfer, TransferKind,
-};
+use crate::policies::hot::{HotExperts, Slots, hottest};
+use crate::{CostModel, Decision, Device, LayerView, Layout, Policy, Transfer, TransferKind};
 
 /// Klotski: GPU-only with resident hot experts.
 #[derive(Debug, Clone)]
 pub struct Klotski {
-    profile: Vec<Vec<f64>>,
-    ema: EmaPredictor,
+    hot: HotExperts,
 }
 
 impl Klotski {
@@ -31,8 +27,7 @@ impl Klotski {
     /// (`[layer][expert]` tokens per step).
     pub fn new(profile: Vec<Vec<f64>>) -> Self {
         Self {
-            ema: EmaPredictor::from_profile(EmaPredictor::ALPHA, profile.clone()),
-            profile,
+            hot: HotExperts::new(profile),
         }
     }
 }
@@ -43,7 +38,7 @@ impl Policy for Klotski {
     }
 
     fn initial_residency(&mut self, cost: &CostModel) -> Vec<(usize, u32)> {
-        top_by_profile(&self.profile, cost.cache_slots_per_layer())
+        self.hot.initial_residency(cost)
     }
 
     fn initial_layout(&mut self, _cost: &CostModel) -> Option<Vec<(usize, u32, Layout)>> {
@@ -53,43 +48,22 @@ impl Policy for Klotski {
     fn decide(&mut self, view: &LayerView, cost: &CostModel) -> Decision {
         let n = cost.model.n_experts;
         let rows = view.rows_per_expert(n);
-        if view.phase == Phase::Decode {
-            let loads: Vec<u32> = rows.iter().map(|r| r.len() as u32).collect();
-            self.ema.update(view.layer, &loads);
-        }
-        let pred = self.ema.predicted(view.layer);
-        let p = |e: usize| pred.get(e).copied().unwrap_or(0.0);
-        let mut hot: Vec<usize> = (0..n).collect();
-        hot.sort_by(|&a, &b| p(b).total_cmp(&p(a)).then(a.cmp(&b)));
-        hot.truncate(cost.cache_slots_per_layer());
+        let pred = self.hot.observe(view, &rows);
+        let hot = hottest(pred, n, cost.cache_slots_per_layer());
         let mut misses: Vec<usize> = (0..n)
             .filter(|&e| !rows[e].is_empty() && !view.is_resident(e as u32))
             .collect();
         misses.sort_by_key(|&e| (std::cmp::Reverse(rows[e].len()), e));
-        let mut victims: Vec<usize> = (0..n)
-            .filter(|&e| view.is_resident(e as u32) && rows[e].is_empty() && !hot.contains(&e))
-            .collect();
-        victims.sort_by(|&a, &b| p(a).total_cmp(&p(b)).then(a.cmp(&b)));
-        let mut victims = victims.into_iter();
-        let mut free = (view.gpu.free_bytes / cost.expert_bytes().max(1)) as usize;
+        let mut slots = Slots::new(view, cost, pred, n, |e| {
+            rows[e].is_empty() && !hot.contains(&e)
+        });
         let mut d = Decision::default();
         for &e in &misses {
-            let mut kind = TransferKind::Staged;
-            if hot.contains(&e) {
-                if free == 0
-                    && let Some(v) = victims.next()
-                {
-                    d.evictions.push(Eviction {
-                        layer: view.layer,
-                        expert: v as u32,
-                    });
-                    free += 1;
-                }
-                if free > 0 {
-                    free -= 1;
-                    kind = TransferKind::OnDemand;
-                }
-            }
+            let kind = if hot.contains(&e) && slots.keep(&mut d) {
+                TransferKind::OnDemand
+            } else {
+                TransferKind::Staged
+            };
             d.transfers.push(Transfer {
                 layer: view.layer,
                 expert: e as u32,

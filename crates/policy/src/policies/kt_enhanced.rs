@@ -14,18 +14,15 @@
 //! warm and cold experts both on the CPU) rather than the predictor.
 
 use crate::layout::NdpCosts;
-use crate::policies::trimoe::top_by_profile;
-use crate::predictor::EmaPredictor;
+use crate::policies::hot::{HotExperts, Slots, hottest, predicted};
 use crate::{
-    CostModel, Decision, Device, Eviction, LayerView, Layout, Phase, Policy, Task, Transfer,
-    TransferKind,
+    CostModel, Decision, Device, LayerView, Layout, Phase, Policy, Task, Transfer, TransferKind,
 };
 
 /// Enhanced KTransformers.
 #[derive(Debug, Clone)]
 pub struct KtEnhanced {
-    profile: Vec<Vec<f64>>,
-    ema: EmaPredictor,
+    hot: HotExperts,
 }
 
 impl KtEnhanced {
@@ -33,8 +30,7 @@ impl KtEnhanced {
     /// (`[layer][expert]` tokens per step).
     pub fn new(profile: Vec<Vec<f64>>) -> Self {
         Self {
-            ema: EmaPredictor::from_profile(EmaPredictor::ALPHA, profile.clone()),
-            profile,
+            hot: HotExperts::new(profile),
         }
     }
 }
@@ -45,7 +41,7 @@ impl Policy for KtEnhanced {
     }
 
     fn initial_residency(&mut self, cost: &CostModel) -> Vec<(usize, u32)> {
-        top_by_profile(&self.profile, cost.cache_slots_per_layer())
+        self.hot.initial_residency(cost)
     }
 
     fn initial_layout(&mut self, _cost: &CostModel) -> Option<Vec<(usize, u32, Layout)>> {
@@ -56,15 +52,8 @@ impl Policy for KtEnhanced {
         let nc = NdpCosts::new(cost);
         let n = cost.model.n_experts;
         let rows = view.rows_per_expert(n);
-        if view.phase == Phase::Decode {
-            let loads: Vec<u32> = rows.iter().map(|r| r.len() as u32).collect();
-            self.ema.update(view.layer, &loads);
-        }
-        let pred = self.ema.predicted(view.layer);
-        let p = |e: usize| pred.get(e).copied().unwrap_or(0.0);
-        let mut hot: Vec<usize> = (0..n).collect();
-        hot.sort_by(|&a, &b| p(b).total_cmp(&p(a)).then(a.cmp(&b)));
-        hot.truncate(cost.cache_slots_per_layer());
+        let pred = self.hot.observe(view, &rows);
+        let hot = hottest(pred, n, cost.cache_slots_per_layer());
         let mut on_gpu = vec![false; n];
         let mut loads: Vec<usize> = Vec::new();
         let mut cpu_time = 0.0;
@@ -83,33 +72,11 @@ impl Policy for KtEnhanced {
             }
         }
         loads.sort_by_key(|&e| (std::cmp::Reverse(rows[e].len()), e));
-        let mut victims: Vec<usize> = (0..n)
-            .filter(|&e| view.is_resident(e as u32) && !on_gpu[e] && !hot.contains(&e))
-            .collect();
-        victims.sort_by(|&a, &b| p(a).total_cmp(&p(b)).then(a.cmp(&b)));
-        let mut victims = victims.into_iter();
-        let mut free = (view.gpu.free_bytes / cost.expert_bytes().max(1)) as usize;
+        let mut slots = Slots::new(view, cost, pred, n, |e| !on_gpu[e] && !hot.contains(&e));
         let mut d = Decision::default();
-        let mut keep = |d: &mut Decision| {
-            if free == 0
-                && let Some(v) = victims.next()
-            {
-                d.evictions.push(Eviction {
-                    layer: view.layer,
-                    expert: v as u32,
-                });
-                free += 1;
-            }
-            if free > 0 {
-                free -= 1;
-                true
-            } else {
-                false
-            }
-        };
         let mut pcie_used = 0.0;
         for &e in &loads {
-            let kind = if hot.contains(&e) && keep(&mut d) {
+            let kind = if hot.contains(&e) && slots.keep(&mut d) {
                 TransferKind::OnDemand
             } else {
                 TransferKind::Staged
@@ -124,10 +91,10 @@ impl Policy for KtEnhanced {
         }
         if view.phase == Phase::Decode {
             for &e in &hot {
-                if view.is_resident(e as u32) || on_gpu[e] || p(e) <= 0.0 {
+                if view.is_resident(e as u32) || on_gpu[e] || predicted(pred, e) <= 0.0 {
                     continue;
                 }
-                if pcie_used + nc.copy(Layout::Striped) > cpu_time || !keep(&mut d) {
+                if pcie_used + nc.copy(Layout::Striped) > cpu_time || !slots.keep(&mut d) {
                     break;
                 }
                 pcie_used += nc.copy(Layout::Striped);

@@ -15,6 +15,7 @@
 
 mod fiddler;
 mod gpu_lru;
+mod hot;
 mod hybrimoe;
 mod klotski;
 mod kt_enhanced;
