@@ -356,10 +356,17 @@ struct Seq<'e> {
     /// The last sampled id, fed in the next step (decode phase).
     feed: [u32; 1],
     decoding: bool,
-    /// Set when the sequence is finished: `Some(event)` is its last event, sent
-    /// only after it has left the batch so that a client that sees the end
-    /// never sees itself still counted as active.
-    finished: Option<Option<Event>>,
+    /// Set when the sequence is finished.
+    finished: Option<Finished>,
+}
+
+/// How a sequence ended.
+enum Finished {
+    /// With this last event, sent only after the sequence has left the batch so that a
+    /// client that sees the end never sees itself still counted as active.
+    Tell(Event),
+    /// Its receiver is gone: nobody to tell.
+    Abandoned,
 }
 
 /// Work of one sequence in one step.
@@ -410,7 +417,7 @@ fn run(engine: &Engine, cfg: SchedulerConfig, rx: &mpsc::Receiver<Command>, shar
         let finished: Vec<Seq<'_>> = running.extract_if(.., |s| s.finished.is_some()).collect();
         shared.active.store(running.len(), Ordering::Release);
         for mut seq in finished {
-            if let Some(Some(last)) = seq.finished.take() {
+            if let Some(Finished::Tell(last)) = seq.finished.take() {
                 seq.sink.send(last);
             }
         }
@@ -530,7 +537,7 @@ fn step(engine: &Engine, cfg: SchedulerConfig, running: &mut [Seq<'_>]) -> u64 {
         Err(e) => {
             let msg = format!("forward pass failed: {e}");
             for &i in &who {
-                running[i].finished = Some(Some(Event::Failed(msg.clone())));
+                running[i].finished = Some(Finished::Tell(Event::Failed(msg.clone())));
             }
             return 0;
         }
@@ -592,8 +599,7 @@ fn sample_next(seq: &mut Seq<'_>, logits: &[f32], ctx_size: usize) {
             logprobs,
         };
         if !seq.sink.send(event) {
-            // The receiver is gone: nobody to tell.
-            seq.finished = Some(None);
+            seq.finished = Some(Finished::Abandoned);
             return;
         }
     }
@@ -615,7 +621,7 @@ fn sample_next(seq: &mut Seq<'_>, logits: &[f32], ctx_size: usize) {
                     Err(e) => return fail(seq, format!("detokenizing failed: {e}")),
                 }
             }
-            seq.finished = Some(Some(Event::Done {
+            seq.finished = Some(Finished::Tell(Event::Done {
                 finish,
                 text: tail,
                 prompt_tokens: seq.req.prompt.len(),
@@ -626,7 +632,7 @@ fn sample_next(seq: &mut Seq<'_>, logits: &[f32], ctx_size: usize) {
 }
 
 fn fail(seq: &mut Seq<'_>, msg: String) {
-    seq.finished = Some(Some(Event::Failed(msg)));
+    seq.finished = Some(Finished::Tell(Event::Failed(msg)));
 }
 
 #[cfg(test)]
