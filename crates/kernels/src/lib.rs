@@ -9,6 +9,7 @@
 //! - [`gemm`]: `y = x · Wᵀ` for row-major weights in f32 or BF16, the layout checkpoints use.
 //! - [`packed`]: weights packed once at load as BF16, INT8 or INT4 ([`PackedMatrix`]) in a
 //!   layout that AMX tiles and AVX-512 registers read alike; [`isa`] picks the path.
+//! - [`ggml`]: ggml's quantized block formats (GGUF tensors) and their kernels.
 //! - [`moe`]: the fused MoE operator ([`moe::fused_moe`]) and dense MLPs on the same kernels;
 //!   [`numa`] splits experts across NUMA nodes.
 //!
@@ -19,6 +20,7 @@
 mod buf;
 mod error;
 pub mod gemm;
+pub mod ggml;
 pub mod isa;
 mod micro;
 pub mod moe;

@@ -18,15 +18,12 @@
 //! string lengths, nesting and dims, overflow-checked sizes, aligned in-file non-overlapping
 //! tensor data) so that every later access is a plain slice of the mapping that cannot fail.
 
-mod dequant;
 pub mod tokenizer;
-mod types;
 
 use std::collections::HashMap;
 use std::path::Path;
 
-pub use dequant::{QuantError, dequantize_row, dequantize_row_bf16};
-pub use types::{GgmlType, QK_K};
+pub use strata_kernels::ggml::{GgmlType, QK_K, QuantError, dequantize_row, dequantize_row_bf16};
 
 use crate::{Error, MappedFile, Result};
 

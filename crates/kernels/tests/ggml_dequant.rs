@@ -1,8 +1,8 @@
-//! Dequantization: known answers from gguf-py's numpy dequantizers (tests/data/gguf, made by
+//! Dequantization: known answers from gguf-py's numpy dequantizers (tests/data/ggml, made by
 //! make_kat.py there) and round trips through simple quantizers written here.
 
 use half::{bf16, f16};
-use strata_formats::gguf::{GgmlType, QuantError, dequantize_row, dequantize_row_bf16};
+use strata_kernels::ggml::{GgmlType, QuantError, dequantize_row, dequantize_row_bf16};
 
 const KAT_TYPES: [GgmlType; 16] = [
     GgmlType::F32,
@@ -24,7 +24,7 @@ const KAT_TYPES: [GgmlType; 16] = [
 ];
 
 fn kat(ty: GgmlType) -> (Vec<u8>, Vec<f32>) {
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/gguf/");
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/ggml/");
     let blocks = std::fs::read(format!("{dir}{ty}.bin")).unwrap();
     let want = std::fs::read(format!("{dir}{ty}.f32"))
         .unwrap()

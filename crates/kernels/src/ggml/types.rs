@@ -150,7 +150,7 @@ impl GgmlType {
         self.geometry().3
     }
 
-    /// Whether [`crate::gguf::dequantize_row`] supports this type.
+    /// Whether [`crate::ggml::dequantize_row`] supports this type.
     pub fn can_dequantize(self) -> bool {
         use GgmlType::*;
         matches!(

@@ -1,11 +1,11 @@
-"""Known-answer vectors for strata-formats' GGUF dequantizers.
+"""Known-answer vectors for strata-kernels' ggml dequantizers.
 
 For every block type: random block bytes (scale fields replaced by finite random values) and
 what the `gguf` PyPI package's numpy dequantizer (gguf/quants.py, an independent
 implementation of ggml's dequantize_row_*) makes of them. Q8_K, which gguf-py does not
 dequantize, is computed here from its layout (f32 d, then 256 int8).
 
-    /work/venv-gguf/bin/python crates/formats/tests/data/gguf/make_kat.py
+    /work/venv-gguf/bin/python crates/kernels/tests/data/ggml/make_kat.py
 
 Writes <TYPE>.bin (blocks) and <TYPE>.f32 (little-endian f32) next to this file.
 """
