@@ -153,7 +153,7 @@ impl Peaks {
             (Isa::Amx, false) => self.amx_int8,
             (Isa::Avx512, true) => self.avx512_bf16,
             (Isa::Avx512, false) => self.avx512_vnni,
-            (Isa::Portable, _) => None,
+            (Isa::Avx2 | Isa::Portable, _) => None,
         }
     }
 }

@@ -1,4 +1,4 @@
-//! Which instruction-set path the kernels run: AMX, AVX-512 or portable Rust.
+//! Which instruction-set path the kernels run: AMX, AVX-512, AVX2 or portable Rust.
 //!
 //! Features are detected once and cached. AMX needs three things: the CPU bits (CPUID leaf 7,
 //! EDX bits 22 AMX-BF16, 24 AMX-TILE, 25 AMX-INT8), the OS enabling tile state in XCR0 (bits 17
@@ -7,7 +7,10 @@
 //! the permission is per process and valid for all its threads, so the pool's workers need no
 //! request of their own.
 //!
-//! `STRATA_KERNEL=portable|avx512|amx` forces a path (for tests and benchmarks); a forced path
+//! AVX2 (with FMA) serves the kernels on ggml's block formats (`crate::ggml`); the packed
+//! BF16/INT8/INT4 kernels have no AVX2 version and run their portable code there.
+//!
+//! `STRATA_KERNEL=portable|avx2|avx512|amx` forces a path (for tests and benchmarks); a forced path
 //! the CPU lacks falls back to the best available one below it, never to a SIGILL.
 
 use std::sync::OnceLock;
@@ -17,6 +20,8 @@ use std::sync::OnceLock;
 pub enum Isa {
     /// Plain Rust, correct on any CPU.
     Portable,
+    /// AVX2 with FMA (`vpmaddubsw` int8 dot products, 256-bit f32 FMA).
+    Avx2,
     /// AVX-512 F/BW with BF16 (`vdpbf16ps`) and VNNI (`vpdpbusd`).
     Avx512,
     /// AMX tiles (`tdpbf16ps`, `tdpbsud`); implies [`Isa::Avx512`].
@@ -28,6 +33,7 @@ impl Isa {
     pub fn name(self) -> &'static str {
         match self {
             Isa::Portable => "portable",
+            Isa::Avx2 => "avx2",
             Isa::Avx512 => "avx512",
             Isa::Amx => "amx",
         }
@@ -37,6 +43,7 @@ impl Isa {
     pub fn from_name(s: &str) -> Option<Isa> {
         match s {
             "portable" => Some(Isa::Portable),
+            "avx2" => Some(Isa::Avx2),
             "avx512" => Some(Isa::Avx512),
             "amx" => Some(Isa::Amx),
             _ => None,
@@ -50,7 +57,7 @@ impl Isa {
 
     /// Every path this machine can run, most portable first.
     pub fn available() -> Vec<Isa> {
-        [Isa::Portable, Isa::Avx512, Isa::Amx]
+        [Isa::Portable, Isa::Avx2, Isa::Avx512, Isa::Amx]
             .into_iter()
             .filter(|i| i.is_available())
             .collect()
@@ -82,7 +89,9 @@ fn detect() -> Isa {
         && std::arch::is_x86_feature_detected!("avx512bf16")
         && std::arch::is_x86_feature_detected!("avx512vnni");
     if !avx512 {
-        return Isa::Portable;
+        let avx2 = std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma");
+        return if avx2 { Isa::Avx2 } else { Isa::Portable };
     }
     if amx_cpu_and_os() && request_amx_permission() {
         Isa::Amx
@@ -167,7 +176,7 @@ mod tests {
 
     #[test]
     fn names_round_trip_and_selection_is_available() {
-        for isa in [Isa::Portable, Isa::Avx512, Isa::Amx] {
+        for isa in [Isa::Portable, Isa::Avx2, Isa::Avx512, Isa::Amx] {
             assert_eq!(Isa::from_name(isa.name()), Some(isa));
         }
         assert_eq!(Isa::from_name("sse"), None);

@@ -3,9 +3,80 @@
 //! - [`GgmlType`]: every element type a GGUF may declare, with its block geometry.
 //! - [`dequantize_row`] / [`dequantize_row_bf16`]: the scalar reference decoders, bit for bit
 //!   what ggml's `dequantize_row_*` compute.
+//! - [`GgmlMatrix`]: a `[n, k]` matrix of blocks viewed in place (a mapped file's bytes) with
+//!   `y = x · Wᵀ` on int8 kernels (AVX2 and portable) for the integer types and a generic
+//!   dequantizing path for the rest.
+//! - [`GgmlExperts`] and [`fused_moe_ggml`]: a MoE layer's experts as three stacked block
+//!   tensors, each expert addressed in place.
+//!
+//! A key design decision made here is that weights are never converted at load: llama.cpp's
+//! files are used as they are, so a model takes the memory it takes on disk and its pages
+//! stay file-backed. Decoding happens per row block inside the kernels, in cache.
 
 mod dequant;
+mod dot;
+mod matrix;
+mod moe;
 mod types;
+mod unpack;
 
 pub use dequant::{QuantError, dequantize_row, dequantize_row_bf16};
+pub use matrix::GgmlMatrix;
+pub use moe::{GgmlExperts, fused_moe_ggml, fused_moe_ggml_ref};
 pub use types::{GgmlType, QK_K};
+
+#[cfg(test)]
+mod tests;
+
+#[cfg(test)]
+pub(crate) mod test_util {
+    use half::f16;
+
+    use super::GgmlType;
+
+    /// `n_blocks` random blocks of `ty` whose f16 scale fields hold small finite values.
+    pub(crate) fn random_blocks(ty: GgmlType, n_blocks: usize, seed: &mut u64) -> Vec<u8> {
+        let bb = ty.block_bytes();
+        let mut v: Vec<u8> = (0..n_blocks * bb)
+            .map(|_| {
+                *seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                (*seed >> 33) as u8
+            })
+            .collect();
+        let f16_fields: &[usize] = match ty {
+            GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::IQ4_NL => &[0],
+            GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
+            GgmlType::IQ4_XS => &[0],
+            GgmlType::Q2_K => &[80, 82],
+            GgmlType::Q3_K => &[108],
+            GgmlType::Q6_K => &[208],
+            GgmlType::F16 => &[0],
+            _ => &[],
+        };
+        for b in 0..n_blocks {
+            for (i, &off) in f16_fields.iter().enumerate() {
+                let val = f16::from_f32(0.01 + 0.003 * ((b + i) % 7) as f32);
+                v[b * bb + off..b * bb + off + 2].copy_from_slice(&val.to_le_bytes());
+            }
+        }
+        match ty {
+            // Finite values: random f32 / bf16 bits include NaN and huge exponents.
+            GgmlType::F32 => {
+                for c in v.chunks_exact_mut(4) {
+                    let x = (c[0] as f32 - 128.0) / 256.0;
+                    c.copy_from_slice(&x.to_le_bytes());
+                }
+            }
+            GgmlType::BF16 => {
+                for c in v.chunks_exact_mut(2) {
+                    let x = half::bf16::from_f32((c[0] as f32 - 128.0) / 256.0);
+                    c.copy_from_slice(&x.to_le_bytes());
+                }
+            }
+            _ => {}
+        }
+        v
+    }
+}

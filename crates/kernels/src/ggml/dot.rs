@@ -1,0 +1,230 @@
+//! Int8 dot products between unpacked weight rows (`super::unpack`) and activations
+//! quantized per 32 values, on AVX2 or in portable Rust.
+//!
+//! Activations ([`Q8Rows`]) hold, per token, int8 values with one f32 scale `s` per 32 and,
+//! per 16, `s · Σ q` (the term a weight min multiplies). A weight row holds int8 values with
+//! a scale `d` and a min `m` per 16. Then
+//!
+//! `w · x = Σ_32-blocks s_b Σ_units d_u Σ q_w q_x + Σ_units m_u (s_b Σ q_x)`
+//!
+//! The inner sums are exact in integers; only the scales are applied in f32. ggml rounds
+//! activations to int8 the same way for its quantized matmuls (`Q8_0`, `Q8_K`), so the
+//! results sit as close to llama.cpp's as two int8 roundings can. A key design decision:
+//! one activation block of 32 for every weight type (ggml uses 256 for k-quants), which
+//! rounds more finely and lets rows whose length is not a multiple of 256 (Q8_0, Q4_0 ...)
+//! share the code.
+
+use crate::Isa;
+use crate::buf::AlignedBuf;
+
+use super::unpack::UNIT;
+
+/// Activation values per scale.
+pub(crate) const QBLOCK: usize = 32;
+
+/// `m` rows of `k` activations quantized for the int8 kernels.
+pub(crate) struct Q8Rows {
+    pub k: usize,
+    /// `[m, k]` int8 values, 32-byte aligned rows.
+    q: AlignedBuf,
+    /// `[m, k / 32]` scales.
+    s: Vec<f32>,
+    /// `[m, k / 16]`: `s · Σ q` over each unit.
+    sums: Vec<f32>,
+}
+
+impl Q8Rows {
+    /// Quantizes rows `row(0) .. row(m - 1)` (each `k` values, `k` a multiple of 32).
+    pub(crate) fn quantize<'x>(k: usize, m: usize, row: impl Fn(usize) -> &'x [f32]) -> Q8Rows {
+        debug_assert!(k.is_multiple_of(QBLOCK));
+        let mut q = AlignedBuf::zeroed(m * k);
+        let mut s = vec![0.0f32; m * k / QBLOCK];
+        let mut sums = vec![0.0f32; m * k / UNIT];
+        let bytes = q.as_mut_slice();
+        for r in 0..m {
+            let x = row(r);
+            let qr = &mut bytes[r * k..(r + 1) * k];
+            for (b, xb) in x.chunks_exact(QBLOCK).enumerate() {
+                let amax = xb.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+                let scale = amax / 127.0;
+                let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+                let mut unit_sum = [0i32; 2];
+                for (j, &v) in xb.iter().enumerate() {
+                    let qi = (v * inv).round() as i32;
+                    qr[b * QBLOCK + j] = qi as i8 as u8;
+                    unit_sum[j / UNIT] += qi;
+                }
+                s[r * k / QBLOCK + b] = scale;
+                for (u, &us) in unit_sum.iter().enumerate() {
+                    sums[r * k / UNIT + 2 * b + u] = scale * us as f32;
+                }
+            }
+        }
+        Q8Rows { k, q, s, sums }
+    }
+
+    fn q(&self, r: usize) -> &[i8] {
+        let b = &self.q.as_slice()[r * self.k..(r + 1) * self.k];
+        // SAFETY: i8 and u8 have the same size, alignment and every bit pattern is valid.
+        unsafe { std::slice::from_raw_parts(b.as_ptr().cast(), b.len()) }
+    }
+
+    fn s(&self, r: usize) -> &[f32] {
+        &self.s[r * self.k / QBLOCK..(r + 1) * self.k / QBLOCK]
+    }
+
+    fn sums(&self, r: usize) -> &[f32] {
+        &self.sums[r * self.k / UNIT..(r + 1) * self.k / UNIT]
+    }
+
+    /// The value the kernels multiply at `(r, p)`, as f32 (for reference computations).
+    pub(crate) fn value(&self, r: usize, p: usize) -> f32 {
+        self.q(r)[p] as f32 * self.s(r)[p / QBLOCK]
+    }
+}
+
+/// One unpacked weight row: values, and a scale and a min per 16 (`m` empty: no mins).
+pub(crate) struct WRow<'a> {
+    pub q: &'a [i8],
+    pub d: &'a [f32],
+    pub m: &'a [f32],
+}
+
+/// `out[j] = w · x[t0 + j]` for `out.len()` consecutive activation rows from `t0`.
+pub(crate) fn dot_rows(isa: Isa, w: &WRow, a: &Q8Rows, t0: usize, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx2 {
+        for (c, o) in out.chunks_mut(4).enumerate() {
+            let t = t0 + 4 * c;
+            // SAFETY: `Isa::Avx2` or better is only selected when the CPU has AVX2 and FMA.
+            unsafe {
+                match o.len() {
+                    4 => avx2::dot::<4>(w, a, t, o),
+                    3 => avx2::dot::<3>(w, a, t, o),
+                    2 => avx2::dot::<2>(w, a, t, o),
+                    _ => avx2::dot::<1>(w, a, t, o),
+                }
+            }
+        }
+        return;
+    }
+    let _ = isa;
+    for (j, o) in out.iter_mut().enumerate() {
+        *o = dot_portable(w, a, t0 + j);
+    }
+}
+
+/// Plain twin of the AVX2 kernel: exact integer sums per unit, scales in f32.
+pub(crate) fn dot_portable(w: &WRow, a: &Q8Rows, t: usize) -> f32 {
+    let (aq, s) = (a.q(t), a.s(t));
+    let mut acc = 0.0f32;
+    for (u, (wq, xq)) in
+        w.q.chunks_exact(UNIT)
+            .zip(aq.chunks_exact(UNIT))
+            .enumerate()
+    {
+        let isum: i32 = wq.iter().zip(xq).map(|(&p, &q)| p as i32 * q as i32).sum();
+        acc += w.d[u] * s[u / 2] * isum as f32;
+    }
+    acc + min_term(w, a.sums(t))
+}
+
+/// `Σ_u m_u · s Σ q_x`: the mins' share of a dot product (zero for types without mins).
+fn min_term(w: &WRow, sums: &[f32]) -> f32 {
+    w.m.iter().zip(sums).map(|(m, s)| m * s).sum()
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use super::{Q8Rows, QBLOCK, WRow, min_term};
+
+    /// `N` dot products of one weight row with activation rows `t .. t + N`.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn dot<const N: usize>(w: &WRow, a: &Q8Rows, t: usize, out: &mut [f32]) {
+        let k = w.q.len();
+        let xq: [&[i8]; N] = std::array::from_fn(|j| a.q(t + j));
+        let xs: [&[f32]; N] = std::array::from_fn(|j| a.s(t + j));
+        let mut acc = [_mm256_setzero_ps(); N];
+        let ones = _mm256_set1_epi16(1);
+        for b in 0..k / QBLOCK {
+            // SAFETY: `w.q` and every `xq[j]` hold `k` values, so 32 bytes from `32 b` are in
+            // bounds; unaligned loads.
+            let wv = unsafe { _mm256_loadu_si256(w.q.as_ptr().add(b * QBLOCK).cast()) };
+            let wa = _mm256_abs_epi8(wv);
+            // Lanes 0-3 come from unit 2 b, lanes 4-7 from unit 2 b + 1.
+            let dv = _mm256_set_m128(_mm_set1_ps(w.d[2 * b + 1]), _mm_set1_ps(w.d[2 * b]));
+            for j in 0..N {
+                // SAFETY: as above.
+                let xv = unsafe { _mm256_loadu_si256(xq[j].as_ptr().add(b * QBLOCK).cast()) };
+                // |w| (unsigned) times x with w's sign: the pair sums stay within i16 since
+                // |x| <= 127 and |w| <= 128.
+                let p16 = _mm256_maddubs_epi16(wa, _mm256_sign_epi8(xv, wv));
+                let p32 = _mm256_madd_epi16(p16, ones);
+                let scale = _mm256_mul_ps(dv, _mm256_set1_ps(xs[j][b]));
+                acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p32), scale, acc[j]);
+            }
+        }
+        for j in 0..N {
+            let lo = _mm256_castps256_ps128(acc[j]);
+            let hi = _mm256_extractf128_ps::<1>(acc[j]);
+            let s4 = _mm_add_ps(lo, hi);
+            let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+            let s1 = _mm_add_ss(s2, _mm_shuffle_ps::<1>(s2, s2));
+            out[j] = _mm_cvtss_f32(s1) + min_term(w, a.sums(t + j));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lcg(seed: &mut u64) -> u64 {
+        *seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        *seed >> 33
+    }
+
+    #[test]
+    fn every_path_matches_the_portable_dot() {
+        let mut seed = 7;
+        for k in [32, 64, 96, 256, 288] {
+            let wq: Vec<i8> = (0..k).map(|_| lcg(&mut seed) as u8 as i8).collect();
+            let d: Vec<f32> = (0..k / UNIT)
+                .map(|i| 0.01 * (i % 5) as f32 - 0.02)
+                .collect();
+            let m: Vec<f32> = (0..k / UNIT).map(|i| 0.003 * (i % 3) as f32).collect();
+            let x: Vec<f32> = (0..7 * k)
+                .map(|_| (lcg(&mut seed) % 2001) as f32 / 1000.0 - 1.0)
+                .collect();
+            let a = Q8Rows::quantize(k, 7, |r| &x[r * k..(r + 1) * k]);
+            for mins in [&m[..], &[][..]] {
+                let w = WRow {
+                    q: &wq,
+                    d: &d,
+                    m: mins,
+                };
+                let want: Vec<f32> = (0..7).map(|t| dot_portable(&w, &a, t)).collect();
+                for isa in Isa::available() {
+                    let mut got = vec![f32::NAN; 7];
+                    dot_rows(isa, &w, &a, 0, &mut got);
+                    for (g, wv) in got.iter().zip(&want) {
+                        let tol = 1e-5 * (1.0 + wv.abs());
+                        assert!((g - wv).abs() <= tol, "{isa:?} k {k}: {g} vs {wv}");
+                    }
+                }
+                // The quantized activations round within half a step of the inputs.
+                for p in 0..k {
+                    let step = a.s(0)[p / QBLOCK];
+                    assert!((a.value(0, p) - x[p]).abs() <= 0.5 * step + 1e-7);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,417 @@
+//! [`GgmlMatrix`]: a weight matrix `[n, k]` in one of ggml's block formats, computed where it
+//! lies (usually a memory-mapped GGUF file), and `y = x · Wᵀ` on it.
+//!
+//! Two paths, chosen by the type:
+//! - **integer** (Q4_0 ... Q8_0, Q2_K ... Q6_K, IQ4_NL, IQ4_XS): each task decodes a block of
+//!   weight rows into int8 values with per-16 scales in a per-thread scratch (`super::unpack`),
+//!   then takes int8 dot products with activations quantized per 32 (`super::dot`) for a chunk
+//!   of tokens. A row is decoded once per token chunk, so many tokens amortise the decoding and
+//!   one token reads each weight byte once.
+//! - **generic** (F32, F16, BF16 and any other type the reference dequantizer reads, such as
+//!   the grid-based i-quants): rows are dequantized to f32 in scratch and multiplied in f32.
+//!   [`GgmlMatrix::has_fast_kernel`] tells them apart (`strata info` names the slow ones).
+//!
+//! Nothing is copied or repacked at load: a matrix is a byte range of its owner, so a mapped
+//! file's pages stay shared and evictable, and experts that are never routed are never read.
+
+use std::cell::Cell;
+use std::ops::Range;
+use std::sync::Arc;
+
+use crate::buf::SharedMut;
+use crate::error::check_len;
+use crate::packed::StableBytes;
+use crate::{Isa, KernelError, parallel_for};
+
+use super::dot::{Q8Rows, WRow, dot_rows};
+use super::unpack::{Decoder, UNIT, decoder, unpack_row};
+use super::{GgmlType, dequantize_row};
+
+/// Weight rows decoded per task.
+const ROW_BLOCK: usize = 16;
+/// Tokens per task: a task's activations (`TOKEN_CHUNK · k` bytes) stay in L2 while its
+/// decoded rows (`ROW_BLOCK · k` bytes plus scales) stay in L1/L2.
+const TOKEN_CHUNK: usize = 64;
+
+/// Bytes owned by a matrix built from a vector (tests, weights derived at load).
+struct OwnedBytes(Vec<u8>);
+
+// SAFETY: the vector is never modified or reallocated after construction.
+unsafe impl StableBytes for OwnedBytes {
+    fn stable_bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+/// A `[n, k]` matrix of ggml blocks (row-major, each row `k / block_size` whole blocks).
+#[derive(Clone)]
+pub struct GgmlMatrix {
+    ty: GgmlType,
+    n: usize,
+    k: usize,
+    owner: Arc<dyn StableBytes>,
+    range: Range<usize>,
+    decoder: Option<(Decoder, bool)>,
+}
+
+impl std::fmt::Debug for GgmlMatrix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GgmlMatrix")
+            .field("ty", &self.ty)
+            .field("n", &self.n)
+            .field("k", &self.k)
+            .field("bytes", &self.range.len())
+            .finish()
+    }
+}
+
+impl GgmlMatrix {
+    /// The matrix stored in `owner`'s bytes `range` (exactly `n` rows of `k` values of `ty`).
+    /// Fails, naming what is wrong, unless the type can be computed, `k` is a whole number
+    /// of blocks and the range holds exactly the matrix.
+    pub fn from_stored(
+        owner: Arc<dyn StableBytes>,
+        ty: GgmlType,
+        n: usize,
+        k: usize,
+        range: Range<usize>,
+    ) -> Result<Self, KernelError> {
+        const OP: &str = "ggml matrix";
+        let bad = |what: String| KernelError::Mismatch { op: OP, what };
+        if !ty.can_dequantize() {
+            return Err(bad(format!("tensor type {ty} has no kernel")));
+        }
+        let row_bytes = ty
+            .row_bytes(k as u64)
+            .ok_or_else(|| bad(format!("rows of {k} values are not whole {ty} blocks")))?;
+        let want = (row_bytes as usize)
+            .checked_mul(n)
+            .ok_or_else(|| bad(format!("[{n}, {k}] {ty} overflows")))?;
+        let have = owner.stable_bytes().len();
+        if range.start > range.end || range.end > have {
+            return Err(bad(format!(
+                "bytes {}..{} past the end of {have}",
+                range.start, range.end
+            )));
+        }
+        if range.len() != want {
+            return Err(bad(format!(
+                "[{n}, {k}] {ty} needs {want} bytes, got {}",
+                range.len()
+            )));
+        }
+        Ok(Self {
+            ty,
+            n,
+            k,
+            owner,
+            range,
+            decoder: decoder(ty),
+        })
+    }
+
+    /// A matrix owning `bytes`.
+    pub fn from_vec(ty: GgmlType, n: usize, k: usize, bytes: Vec<u8>) -> Result<Self, KernelError> {
+        let len = bytes.len();
+        Self::from_stored(Arc::new(OwnedBytes(bytes)), ty, n, k, 0..len)
+    }
+
+    /// Rows `rows` of this matrix as a matrix of their own (one expert of a stacked tensor),
+    /// sharing the bytes.
+    pub fn rows(&self, rows: Range<usize>) -> Result<Self, KernelError> {
+        if rows.start > rows.end || rows.end > self.n {
+            return Err(KernelError::Mismatch {
+                op: "ggml matrix rows",
+                what: format!("rows {}..{} of {}", rows.start, rows.end, self.n),
+            });
+        }
+        let rb = self.row_bytes();
+        let start = self.range.start + rows.start * rb;
+        Ok(Self {
+            n: rows.len(),
+            range: start..start + rows.len() * rb,
+            owner: self.owner.clone(),
+            ..*self
+        })
+    }
+
+    /// Block type.
+    pub fn ty(&self) -> GgmlType {
+        self.ty
+    }
+
+    /// Rows (output features).
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    /// Columns (input features).
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// Whether the int8 kernels compute this type (otherwise it is dequantized to f32 per
+    /// row block, several times slower).
+    pub fn has_fast_kernel(&self) -> bool {
+        self.decoder.is_some()
+    }
+
+    /// The stored bytes.
+    pub fn bytes(&self) -> &[u8] {
+        &self.owner.stable_bytes()[self.range.clone()]
+    }
+
+    fn row_bytes(&self) -> usize {
+        self.k / self.ty.block_size() * self.ty.block_bytes()
+    }
+
+    /// Row `i` dequantized into `out` (`k` values): an embedding lookup.
+    pub fn dequantize_row(&self, i: usize, out: &mut [f32]) -> Result<(), KernelError> {
+        check_len("ggml row", "out", self.k, out.len())?;
+        if i >= self.n {
+            return Err(KernelError::Mismatch {
+                op: "ggml row",
+                what: format!("row {i} of {}", self.n),
+            });
+        }
+        let rb = self.row_bytes();
+        dequantize_row(self.ty, &self.bytes()[i * rb..(i + 1) * rb], out).map_err(|e| {
+            KernelError::Mismatch {
+                op: "ggml row",
+                what: e.to_string(),
+            }
+        })
+    }
+
+    /// All values as f32 (tests and weights the model derives at load).
+    pub fn dequantize(&self) -> Vec<f32> {
+        let mut out = vec![0.0f32; self.n * self.k];
+        if self.k > 0 {
+            for (i, row) in out.chunks_exact_mut(self.k).enumerate() {
+                self.dequantize_row(i, row)
+                    .expect("validated at construction");
+            }
+        }
+        out
+    }
+
+    /// `out[m, n] = x[m, k] · Wᵀ` on the selected instruction-set path.
+    pub fn matmul(&self, x: &[f32], m: usize, out: &mut [f32]) -> Result<(), KernelError> {
+        self.matmul_with(Isa::selected(), x, m, out)
+    }
+
+    /// [`GgmlMatrix::matmul`] on `isa` (capped to what the CPU has).
+    pub fn matmul_with(
+        &self,
+        isa: Isa,
+        x: &[f32],
+        m: usize,
+        out: &mut [f32],
+    ) -> Result<(), KernelError> {
+        check_len("ggml matmul", "x", m * self.k, x.len())?;
+        check_len("ggml matmul", "out", m * self.n, out.len())?;
+        let isa = isa.min(crate::isa::detected());
+        let input = self.input(m, |r| &x[r * self.k..(r + 1) * self.k]);
+        let out_w = SharedMut::new(out);
+        let n_blocks = self.n.div_ceil(ROW_BLOCK);
+        let chunks = m.div_ceil(TOKEN_CHUNK);
+        parallel_for(n_blocks * chunks, |task| {
+            let (c, b) = (task / n_blocks, task % n_blocks);
+            let rows = b * ROW_BLOCK..((b + 1) * ROW_BLOCK).min(self.n);
+            let tokens = c * TOKEN_CHUNK..((c + 1) * TOKEN_CHUNK).min(m);
+            self.block(isa, &input, rows.clone(), tokens.clone(), |t, vals| {
+                // SAFETY: task (c, b) alone writes rows `rows` of the tokens of chunk `c`.
+                let dst = unsafe { out_w.part(t * self.n + rows.start, rows.len()) };
+                dst.copy_from_slice(vals);
+            });
+        });
+        Ok(())
+    }
+
+    /// Activations converted for this matrix's path.
+    pub(crate) fn input<'x>(&self, m: usize, row: impl Fn(usize) -> &'x [f32]) -> Input {
+        match self.decoder {
+            Some(_) => Input::Q8(Q8Rows::quantize(self.k, m, row)),
+            None => Input::F32((0..m).flat_map(|r| row(r).iter().copied()).collect()),
+        }
+    }
+
+    /// Rows `rows` of `W` times the activation rows `tokens` of `input`; `emit(t, values)`
+    /// receives each token's results for those rows.
+    pub(crate) fn block(
+        &self,
+        isa: Isa,
+        input: &Input,
+        rows: Range<usize>,
+        tokens: Range<usize>,
+        mut emit: impl FnMut(usize, &[f32]),
+    ) {
+        let (k, nr, nt) = (self.k, rows.len(), tokens.len());
+        let rb = self.row_bytes();
+        let src = &self.bytes()[rows.start * rb..rows.end * rb];
+        with_scratch(|s| {
+            s.tile.clear();
+            s.tile.resize(nt * nr, 0.0);
+            match (input, self.decoder) {
+                (Input::Q8(a), Some((dec, mins))) => {
+                    s.q.resize(nr * k, 0);
+                    s.d.resize(nr * k / UNIT, 0.0);
+                    s.m.resize(nr * k / UNIT, 0.0);
+                    unpack_rows(isa, dec, self.ty, src, &mut s.q, &mut s.d, &mut s.m);
+                    let mut col = vec![0.0f32; nt];
+                    for r in 0..nr {
+                        let w = WRow {
+                            q: &s.q[r * k..(r + 1) * k],
+                            d: &s.d[r * k / UNIT..(r + 1) * k / UNIT],
+                            m: if mins {
+                                &s.m[r * k / UNIT..(r + 1) * k / UNIT]
+                            } else {
+                                &[]
+                            },
+                        };
+                        dot_rows(isa, &w, a, tokens.start, &mut col);
+                        for (j, v) in col.iter().enumerate() {
+                            s.tile[j * nr + r] = *v;
+                        }
+                    }
+                }
+                (Input::F32(x), _) => {
+                    s.f.resize(nr * k, 0.0);
+                    dequantize_row(self.ty, src, &mut s.f).expect("validated at construction");
+                    for (j, t) in tokens.clone().enumerate() {
+                        let xr = &x[t * k..(t + 1) * k];
+                        for r in 0..nr {
+                            s.tile[j * nr + r] = dot_f32(isa, &s.f[r * k..(r + 1) * k], xr);
+                        }
+                    }
+                }
+                (Input::Q8(_), None) => unreachable!("inputs are made by `input` for this type"),
+            }
+            for (j, t) in tokens.enumerate() {
+                emit(t, &s.tile[j * nr..(j + 1) * nr]);
+            }
+        });
+    }
+
+    /// Plain reference for [`GgmlMatrix::matmul`]: the same activation rounding, then f32
+    /// dot products with the reference dequantizer's weights, in order.
+    pub fn matmul_ref(&self, x: &[f32], m: usize, out: &mut [f32]) -> Result<(), KernelError> {
+        check_len("ggml matmul_ref", "x", m * self.k, x.len())?;
+        check_len("ggml matmul_ref", "out", m * self.n, out.len())?;
+        let input = self.input(m, |r| &x[r * self.k..(r + 1) * self.k]);
+        let w = self.dequantize();
+        for t in 0..m {
+            let xt: Vec<f32> = match &input {
+                Input::Q8(a) => (0..self.k).map(|p| a.value(t, p)).collect(),
+                Input::F32(v) => v[t * self.k..(t + 1) * self.k].to_vec(),
+            };
+            for j in 0..self.n {
+                let wj = &w[j * self.k..(j + 1) * self.k];
+                out[t * self.n + j] = xt.iter().zip(wj).map(|(a, b)| a * b).sum();
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Activations converted for a [`GgmlMatrix`]: int8 for the integer path, f32 otherwise.
+pub(crate) enum Input {
+    Q8(Q8Rows),
+    F32(Vec<f32>),
+}
+
+/// Per-thread scratch: decoded rows, dequantized rows and the output tile.
+#[derive(Default)]
+struct Scratch {
+    q: Vec<i8>,
+    d: Vec<f32>,
+    m: Vec<f32>,
+    f: Vec<f32>,
+    tile: Vec<f32>,
+}
+
+fn with_scratch<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
+    thread_local! {
+        static SCRATCH: Cell<Scratch> = Cell::new(Scratch::default());
+    }
+    let mut s = SCRATCH.take();
+    let r = f(&mut s);
+    SCRATCH.set(s);
+    r
+}
+
+/// Decodes rows of blocks, vectorised for AVX2 where the CPU has it.
+fn unpack_rows(
+    isa: Isa,
+    dec: Decoder,
+    ty: GgmlType,
+    src: &[u8],
+    q: &mut [i8],
+    d: &mut [f32],
+    m: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx2 {
+        // SAFETY: `Isa::Avx2` or better is only selected when the CPU has AVX2.
+        unsafe { unpack_rows_avx2(dec, ty, src, q, d, m) };
+        return;
+    }
+    let _ = isa;
+    unpack_row(dec, ty, src, q, d, m);
+}
+
+/// [`unpack_row`] compiled with AVX2 enabled (the decoders are inlined and vectorised).
+///
+/// # Safety
+/// The CPU must support AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn unpack_rows_avx2(
+    dec: Decoder,
+    ty: GgmlType,
+    src: &[u8],
+    q: &mut [i8],
+    d: &mut [f32],
+    m: &mut [f32],
+) {
+    unpack_row(dec, ty, src, q, d, m);
+}
+
+/// f32 dot product with 8 independent partial sums (vectorised where AVX2 is enabled).
+fn dot_f32(isa: Isa, w: &[f32], x: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx2 {
+        // SAFETY: `Isa::Avx2` or better is only selected when the CPU has AVX2.
+        return unsafe { dot_f32_avx2(w, x) };
+    }
+    let _ = isa;
+    dot_f32_lanes(w, x)
+}
+
+#[inline(always)]
+fn dot_f32_lanes(w: &[f32], x: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let (wc, xc) = (w.chunks_exact(8), x.chunks_exact(8));
+    let tail: f32 = wc
+        .remainder()
+        .iter()
+        .zip(xc.remainder())
+        .map(|(a, b)| a * b)
+        .sum();
+    for (a8, b8) in wc.zip(xc) {
+        for l in 0..8 {
+            acc[l] += a8[l] * b8[l];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+/// [`dot_f32_lanes`] compiled with AVX2 enabled.
+///
+/// # Safety
+/// The CPU must support AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn dot_f32_avx2(w: &[f32], x: &[f32]) -> f32 {
+    dot_f32_lanes(w, x)
+}

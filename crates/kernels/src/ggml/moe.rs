@@ -1,0 +1,387 @@
+//! The fused MoE operator on experts stored as ggml blocks ([`GgmlExperts`]): a GGUF's
+//! stacked `ffn_{gate,up,down}_exps` tensors, each expert a row range of them, read in place.
+//!
+//! Steps per wave of (expert, token) rows, each one task set over all the wave's experts so a
+//! skewed routing keeps every core busy: convert each expert's token rows once (int8 or f32,
+//! by the weights' type); gate and up for a block of intermediate rows in one task, with
+//! `SiLU(gate) · up` in its epilogue; convert the intermediate rows; down; then the weighted
+//! combine in f32, token by token in batch order, so results do not depend on thread timing
+//! or wave boundaries. Experts without tokens are never read, which is what keeps a mapped
+//! model's untouched experts out of memory.
+
+use std::ops::Range;
+
+use crate::buf::SharedMut;
+use crate::error::check_len;
+use crate::moe::{ExpertBatch, MoeOptions};
+use crate::{Isa, KernelError, parallel_for};
+
+use super::GgmlMatrix;
+use super::matrix::Input;
+
+/// Weight rows per task.
+const ROW_BLOCK: usize = 16;
+/// Tokens per task.
+const TOKEN_CHUNK: usize = 64;
+/// (expert, token) rows per wave: bounds the intermediate buffers of a long prompt.
+const WAVE_ROWS: usize = 2048;
+
+/// A MoE layer's SwiGLU experts of one shape, as ggml block matrices.
+#[derive(Debug, Clone)]
+pub struct GgmlExperts {
+    gate: Vec<GgmlMatrix>,
+    up: Vec<GgmlMatrix>,
+    down: Vec<GgmlMatrix>,
+    hidden: usize,
+    inter: usize,
+}
+
+impl GgmlExperts {
+    /// Experts from per-expert matrices: `gate[e]`, `up[e]` `[inter, hidden]`, `down[e]`
+    /// `[hidden, inter]`.
+    pub fn new(
+        gate: Vec<GgmlMatrix>,
+        up: Vec<GgmlMatrix>,
+        down: Vec<GgmlMatrix>,
+        hidden: usize,
+        inter: usize,
+    ) -> Result<Self, KernelError> {
+        let bad = |what: String| KernelError::Mismatch {
+            op: "ggml experts",
+            what,
+        };
+        if gate.len() != up.len() || gate.len() != down.len() {
+            return Err(bad(format!(
+                "{} gate, {} up and {} down matrices",
+                gate.len(),
+                up.len(),
+                down.len()
+            )));
+        }
+        for (e, ((g, u), d)) in gate.iter().zip(&up).zip(&down).enumerate() {
+            let shapes = [(g.n(), g.k()), (u.n(), u.k()), (d.n(), d.k())];
+            if shapes != [(inter, hidden), (inter, hidden), (hidden, inter)] {
+                return Err(bad(format!(
+                    "expert {e}: gate, up, down are {shapes:?}, expected [{inter}, {hidden}] twice and [{hidden}, {inter}]"
+                )));
+            }
+        }
+        Ok(Self {
+            gate,
+            up,
+            down,
+            hidden,
+            inter,
+        })
+    }
+
+    /// Experts from stacked tensors (`[E · inter, hidden]` twice and `[E · hidden, inter]`),
+    /// expert `e` being rows `e · inter ..` and `e · hidden ..`: nothing is copied.
+    pub fn from_stacked(
+        gate: &GgmlMatrix,
+        up: &GgmlMatrix,
+        down: &GgmlMatrix,
+        n_experts: usize,
+        hidden: usize,
+        inter: usize,
+    ) -> Result<Self, KernelError> {
+        let split = |m: &GgmlMatrix, rows: usize| {
+            (0..n_experts)
+                .map(|e| m.rows(e * rows..(e + 1) * rows))
+                .collect::<Result<Vec<_>, _>>()
+        };
+        Self::new(
+            split(gate, inter)?,
+            split(up, inter)?,
+            split(down, hidden)?,
+            hidden,
+            inter,
+        )
+    }
+
+    /// Number of experts.
+    pub fn len(&self) -> usize {
+        self.gate.len()
+    }
+
+    /// True when there is no expert.
+    pub fn is_empty(&self) -> bool {
+        self.gate.is_empty()
+    }
+
+    /// Hidden size.
+    pub fn hidden(&self) -> usize {
+        self.hidden
+    }
+
+    /// Intermediate size.
+    pub fn inter(&self) -> usize {
+        self.inter
+    }
+
+    /// Expert `e`'s gate, up and down matrices.
+    pub fn expert(&self, e: usize) -> (&GgmlMatrix, &GgmlMatrix, &GgmlMatrix) {
+        (&self.gate[e], &self.up[e], &self.down[e])
+    }
+
+    /// Bytes of all experts' blocks.
+    pub fn bytes(&self) -> usize {
+        [&self.gate, &self.up, &self.down]
+            .iter()
+            .flat_map(|v| v.iter())
+            .map(|m| m.bytes().len())
+            .sum()
+    }
+}
+
+/// A run of one batch's rows inside a wave.
+struct Segment<'b> {
+    batch: &'b ExpertBatch,
+    rows: Range<usize>,
+}
+
+/// One task: rows `tokens` of segment `s`, weight rows `rows`.
+struct Task {
+    s: usize,
+    tokens: Range<usize>,
+    rows: Range<usize>,
+}
+
+fn tasks(segs: &[Segment], n_rows: usize) -> Vec<Task> {
+    let mut v = Vec::new();
+    for (s, seg) in segs.iter().enumerate() {
+        let m = seg.rows.len();
+        for t0 in (0..m).step_by(TOKEN_CHUNK) {
+            for r0 in (0..n_rows).step_by(ROW_BLOCK) {
+                v.push(Task {
+                    s,
+                    tokens: t0..(t0 + TOKEN_CHUNK).min(m),
+                    rows: r0..(r0 + ROW_BLOCK).min(n_rows),
+                });
+            }
+        }
+    }
+    v
+}
+
+/// The MoE layer on block-format experts: `out[t] (+)= Σ w · expert(hidden[t])` over the
+/// routing grouped by expert (`batches`, see [`crate::moe::group_by_expert`]).
+/// `opts.expert_mask` and `opts.accumulate` apply as in [`crate::moe::fused_moe_with`];
+/// `opts.isa` caps the path.
+pub fn fused_moe_ggml(
+    experts: &GgmlExperts,
+    hidden: &[f32],
+    batches: &[ExpertBatch],
+    out: &mut [f32],
+    opts: &MoeOptions,
+) -> Result<(), KernelError> {
+    const OP: &str = "fused moe (ggml)";
+    let h = experts.hidden;
+    let t = hidden.len() / h.max(1);
+    check_len(OP, "hidden", t * h, hidden.len())?;
+    check_len(OP, "out", t * h, out.len())?;
+    let mut active = Vec::with_capacity(batches.len());
+    for b in batches {
+        let bad = |what: String| KernelError::Mismatch { op: OP, what };
+        if b.expert >= experts.len() {
+            return Err(bad(format!("expert {} of {}", b.expert, experts.len())));
+        }
+        check_len(OP, "batch weights", b.tokens.len(), b.weights.len())?;
+        if let Some(&tok) = b.tokens.iter().find(|&&x| x as usize >= t) {
+            return Err(bad(format!("token {tok} routed, expected below {t}")));
+        }
+        let selected = opts
+            .expert_mask
+            .is_none_or(|m| m.get(b.expert) == Some(&true));
+        if selected && !b.tokens.is_empty() {
+            active.push(b);
+        }
+    }
+    if !opts.accumulate {
+        out.fill(0.0);
+    }
+    let isa = opts.isa.unwrap_or(Isa::selected()).min(Isa::selected());
+    for wave in waves(&active) {
+        run_wave(experts, hidden, &wave, out, isa);
+    }
+    Ok(())
+}
+
+fn waves<'b>(active: &[&'b ExpertBatch]) -> Vec<Vec<Segment<'b>>> {
+    let mut all = Vec::new();
+    let mut cur = Vec::new();
+    let mut used = 0;
+    for &batch in active {
+        let mut r = 0;
+        while r < batch.tokens.len() {
+            if used == WAVE_ROWS {
+                all.push(std::mem::take(&mut cur));
+                used = 0;
+            }
+            let n = (batch.tokens.len() - r).min(WAVE_ROWS - used);
+            cur.push(Segment {
+                batch,
+                rows: r..r + n,
+            });
+            used += n;
+            r += n;
+        }
+    }
+    if !cur.is_empty() {
+        all.push(cur);
+    }
+    all
+}
+
+fn run_wave(experts: &GgmlExperts, hidden: &[f32], segs: &[Segment], out: &mut [f32], isa: Isa) {
+    let (h, inter) = (experts.hidden, experts.inter);
+    let mut row0 = vec![0usize];
+    for s in segs {
+        row0.push(row0[row0.len() - 1] + s.rows.len());
+    }
+    let rows_total = row0[segs.len()];
+    let tok = |s: usize, r: usize| segs[s].batch.tokens[segs[s].rows.start + r] as usize;
+    let expert = |s: usize| experts.expert(segs[s].batch.expert);
+
+    // 1. Each segment's token rows, converted for gate (and for up when its type differs).
+    let x_row = |s: usize| move |r: usize| &hidden[tok(s, r) * h..(tok(s, r) + 1) * h];
+    let x_in: Vec<(Input, Option<Input>)> = convert_all(segs.len(), |s| {
+        let (g, u, _) = expert(s);
+        let m = segs[s].rows.len();
+        let gi = g.input(m, x_row(s));
+        let ui = (g.has_fast_kernel() != u.has_fast_kernel()).then(|| u.input(m, x_row(s)));
+        (gi, ui)
+    });
+
+    // 2. SiLU(gate) · up into `mid: [rows_total, inter]`.
+    let mut mid = vec![0.0f32; rows_total * inter];
+    {
+        let mid_w = SharedMut::new(&mut mid);
+        let list = tasks(segs, inter);
+        parallel_for(list.len(), |i| {
+            let task = &list[i];
+            let (g, u, _) = expert(task.s);
+            let (gi, ui) = &x_in[task.s];
+            let nr = task.rows.len();
+            let mut gate = vec![0.0f32; task.tokens.len() * nr];
+            g.block(isa, gi, task.rows.clone(), task.tokens.clone(), |t, v| {
+                let j = t - task.tokens.start;
+                gate[j * nr..(j + 1) * nr].copy_from_slice(v);
+            });
+            u.block(
+                isa,
+                ui.as_ref().unwrap_or(gi),
+                task.rows.clone(),
+                task.tokens.clone(),
+                |t, v| {
+                    let j = t - task.tokens.start;
+                    let row = row0[task.s] + t;
+                    // SAFETY: this task alone writes these columns of this row.
+                    let dst = unsafe { mid_w.part(row * inter + task.rows.start, nr) };
+                    for ((d, &gv), &uv) in dst.iter_mut().zip(&gate[j * nr..]).zip(v) {
+                        *d = gv / (1.0 + (-gv).exp()) * uv;
+                    }
+                },
+            );
+        });
+    }
+
+    // 3. The intermediate rows converted for down; 4. down into `y: [rows_total, h]`.
+    let m_in: Vec<Input> = convert_all(segs.len(), |s| {
+        let base = row0[s] * inter;
+        expert(s)
+            .2
+            .input(segs[s].rows.len(), |r| &mid[base + r * inter..][..inter])
+    });
+    let mut y = vec![0.0f32; rows_total * h];
+    {
+        let y_w = SharedMut::new(&mut y);
+        let list = tasks(segs, h);
+        parallel_for(list.len(), |i| {
+            let task = &list[i];
+            let d = expert(task.s).2;
+            d.block(
+                isa,
+                &m_in[task.s],
+                task.rows.clone(),
+                task.tokens.clone(),
+                |t, v| {
+                    let row = row0[task.s] + t;
+                    // SAFETY: this task alone writes these columns of this row.
+                    let dst = unsafe { y_w.part(row * h + task.rows.start, v.len()) };
+                    dst.copy_from_slice(v);
+                },
+            );
+        });
+    }
+
+    // 5. Weighted combine, each token's experts in batch order.
+    let mut entries: Vec<(u32, u32, f32)> = Vec::with_capacity(rows_total);
+    for (s, seg) in segs.iter().enumerate() {
+        for r in 0..seg.rows.len() {
+            let w = seg.batch.weights[seg.rows.start + r];
+            entries.push((tok(s, r) as u32, (row0[s] + r) as u32, w));
+        }
+    }
+    entries.sort_by_key(|e| e.0);
+    for &(t, row, w) in &entries {
+        let (t, row) = (t as usize, row as usize);
+        for (o, v) in out[t * h..(t + 1) * h]
+            .iter_mut()
+            .zip(&y[row * h..(row + 1) * h])
+        {
+            *o += w * v;
+        }
+    }
+}
+
+/// Runs `convert(s)` for every segment in parallel and collects the results in order.
+fn convert_all<T: Send>(n: usize, convert: impl Fn(usize) -> T + Sync) -> Vec<T> {
+    let mut slots: Vec<Option<T>> = (0..n).map(|_| None).collect();
+    {
+        let w = SharedMut::new(&mut slots);
+        parallel_for(n, |b| {
+            let value = Some(convert(b));
+            // SAFETY: task `b` alone writes slot `b`.
+            let slot = unsafe { w.part(b, 1) };
+            slot[0] = value;
+        });
+    }
+    slots
+        .into_iter()
+        .map(|s| s.expect("every slot converted"))
+        .collect()
+}
+
+/// Plain reference for [`fused_moe_ggml`]: token by token, expert by expert, with
+/// [`GgmlMatrix::matmul_ref`] (the same activation rounding as the fast path).
+pub fn fused_moe_ggml_ref(
+    experts: &GgmlExperts,
+    hidden: &[f32],
+    batches: &[ExpertBatch],
+    out: &mut [f32],
+) -> Result<(), KernelError> {
+    let (h, inter) = (experts.hidden, experts.inter);
+    check_len("fused moe (ggml) ref", "out", hidden.len(), out.len())?;
+    out.fill(0.0);
+    for b in batches {
+        let (g, u, d) = experts.expert(b.expert);
+        for (&t, &w) in b.tokens.iter().zip(&b.weights) {
+            let x = &hidden[t as usize * h..(t as usize + 1) * h];
+            let (mut gv, mut uv) = (vec![0.0; inter], vec![0.0; inter]);
+            g.matmul_ref(x, 1, &mut gv)?;
+            u.matmul_ref(x, 1, &mut uv)?;
+            let mid: Vec<f32> = gv
+                .iter()
+                .zip(&uv)
+                .map(|(&g, &u)| g / (1.0 + (-g).exp()) * u)
+                .collect();
+            let mut y = vec![0.0; h];
+            d.matmul_ref(&mid, 1, &mut y)?;
+            for (o, v) in out[t as usize * h..(t as usize + 1) * h].iter_mut().zip(&y) {
+                *o += w * v;
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,222 @@
+//! Every block type's kernels against their plain twins (`matmul_ref`, `fused_moe_ggml_ref`)
+//! and against f32 arithmetic on the dequantized weights, on every instruction-set path.
+
+use half::f16;
+
+use super::test_util::random_blocks;
+use super::*;
+use crate::moe::{ExpertBatch, MoeOptions, group_by_expert};
+use crate::{Isa, KernelError};
+
+const INTEGER: [GgmlType; 12] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+    GgmlType::IQ4_NL,
+    GgmlType::IQ4_XS,
+];
+const GENERIC: [GgmlType; 3] = [GgmlType::F32, GgmlType::F16, GgmlType::BF16];
+
+fn rand_x(n: usize, seed: &mut u64) -> Vec<f32> {
+    (0..n)
+        .map(|_| {
+            *seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((*seed >> 33) % 2001) as f32 / 1000.0 - 1.0
+        })
+        .collect()
+}
+
+fn matrix(ty: GgmlType, n: usize, k: usize, seed: &mut u64) -> GgmlMatrix {
+    let blocks = n * k / ty.block_size();
+    GgmlMatrix::from_vec(ty, n, k, random_blocks(ty, blocks, seed)).expect("valid matrix")
+}
+
+/// `|got - want| <= tol · (Σ_p |x_p w_p| + 1e-6)` per output: error relative to the terms'
+/// magnitude, which is what both roundings scale with.
+fn check(ty: GgmlType, what: &str, got: &[f32], want: &[f32], mag: &[f32], tol: f32) {
+    for (i, ((g, w), m)) in got.iter().zip(want).zip(mag).enumerate() {
+        assert!(
+            (g - w).abs() <= tol * (m + 1e-6),
+            "{ty} {what} output {i}: {g} vs {w} (magnitude {m})"
+        );
+    }
+}
+
+/// `Σ_p |x_p| |w_p|` per output.
+fn magnitudes(x: &[f32], w: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {
+    let mut out = vec![0.0; m * n];
+    for t in 0..m {
+        for j in 0..n {
+            out[t * n + j] = (0..k).map(|p| (x[t * k + p] * w[j * k + p]).abs()).sum();
+        }
+    }
+    out
+}
+
+#[test]
+fn matmul_matches_its_twin_and_f32_on_every_type_and_path() {
+    let mut seed = 42;
+    for ty in INTEGER.into_iter().chain(GENERIC) {
+        let bs = ty.block_size().max(32);
+        for &(m, n, k) in &[
+            (1, 1, bs),
+            (3, 17, 2 * bs),
+            (0, 5, bs),
+            (70, 33, 256),
+            (5, 40, 512),
+        ] {
+            if k % ty.block_size() != 0 {
+                continue;
+            }
+            let w = matrix(ty, n, k, &mut seed);
+            let x = rand_x(m * k, &mut seed);
+            let wf = w.dequantize();
+            let mag = magnitudes(&x, &wf, m, n, k);
+            let mut want = vec![0.0; m * n];
+            w.matmul_ref(&x, m, &mut want).expect("shapes agree");
+            let mut exact = vec![0.0; m * n];
+            crate::gemm::matmul_f32_ref(&x, &wf, &mut exact, m, n, k);
+            // Int8 activations round each value by at most half a step of amax / 127.
+            let act_tol = if w.has_fast_kernel() {
+                0.5 / 127.0 * 2.0
+            } else {
+                1e-5
+            };
+            check(ty, "twin vs f32", &want, &exact, &mag, act_tol);
+            for isa in Isa::available() {
+                let mut got = vec![f32::NAN; m * n];
+                w.matmul_with(isa, &x, m, &mut got).expect("shapes agree");
+                check(ty, &format!("{isa:?} {m}x{n}x{k}"), &got, &want, &mag, 1e-5);
+            }
+        }
+    }
+}
+
+#[test]
+fn zero_and_extreme_scales() {
+    for ty in INTEGER {
+        let k = ty.block_size().max(256);
+        let mut seed = 5;
+        let mut bytes = random_blocks(ty, 2 * k / ty.block_size(), &mut seed);
+        // Row 0 all zero bytes (zero scales), row 1 scales at f16's largest finite value.
+        let half = bytes.len() / 2;
+        bytes[..half].fill(0);
+        let big = f16::from_f32(60000.0).to_le_bytes();
+        for b in bytes[half..].chunks_exact_mut(ty.block_bytes()) {
+            let off = match ty {
+                GgmlType::Q2_K => 80,
+                GgmlType::Q3_K => 108,
+                GgmlType::Q6_K => 208,
+                _ => 0,
+            };
+            b[off..off + 2].copy_from_slice(&big);
+        }
+        let w = GgmlMatrix::from_vec(ty, 2, k, bytes).expect("valid matrix");
+        let x = rand_x(3 * k, &mut seed);
+        let mut want = vec![0.0; 6];
+        w.matmul_ref(&x, 3, &mut want).expect("shapes agree");
+        let mag = magnitudes(&x, &w.dequantize(), 3, 2, k);
+        for isa in Isa::available() {
+            let mut got = vec![f32::NAN; 6];
+            w.matmul_with(isa, &x, 3, &mut got).expect("shapes agree");
+            assert!(got.iter().step_by(2).all(|&v| v == 0.0), "{ty} zero row");
+            check(ty, "extreme", &got, &want, &mag, 1e-5);
+        }
+    }
+}
+
+#[test]
+fn fused_moe_matches_its_twin() {
+    let (h, inter, n_exp, k) = (256, 256, 6, 2);
+    let mut seed = 9;
+    for (tg, td) in [
+        (GgmlType::Q4_K, GgmlType::Q6_K),
+        (GgmlType::Q8_0, GgmlType::Q4_0),
+        (GgmlType::F16, GgmlType::IQ4_XS),
+    ] {
+        let gate = matrix(tg, n_exp * inter, h, &mut seed);
+        let up = matrix(tg, n_exp * inter, h, &mut seed);
+        let down = matrix(td, n_exp * h, inter, &mut seed);
+        let experts =
+            GgmlExperts::from_stacked(&gate, &up, &down, n_exp, h, inter).expect("valid experts");
+        for t in [1usize, 3, 37] {
+            let x = rand_x(t * h, &mut seed);
+            // Expert 5 gets no token; expert 0 all of them.
+            let ids: Vec<u32> = (0..t).flat_map(|i| [0, 1 + (i % 4) as u32]).collect();
+            let weights: Vec<f32> = (0..t * k).map(|i| 0.25 + 0.1 * (i % 3) as f32).collect();
+            let batches = group_by_expert(n_exp, &ids, &weights, k).expect("valid routing");
+            let mut want = vec![0.0; t * h];
+            fused_moe_ggml_ref(&experts, &x, &batches, &mut want).expect("shapes agree");
+            let scale = want.iter().fold(0.0f32, |a, v| a.max(v.abs())).max(1e-3);
+            for isa in Isa::available() {
+                let opts = MoeOptions {
+                    isa: Some(isa),
+                    ..MoeOptions::default()
+                };
+                let mut got = vec![f32::NAN; t * h];
+                fused_moe_ggml(&experts, &x, &batches, &mut got, &opts).expect("runs");
+                for (g, w) in got.iter().zip(&want) {
+                    assert!(
+                        (g - w).abs() <= 1e-4 * scale,
+                        "{tg}/{td} {isa:?} t {t}: {g} vs {w}"
+                    );
+                }
+            }
+            // Masked experts are skipped and accumulate adds.
+            let mask: Vec<bool> = (0..n_exp).map(|e| e != 0).collect();
+            let opts = MoeOptions {
+                expert_mask: Some(&mask),
+                accumulate: true,
+                ..MoeOptions::default()
+            };
+            let only0: Vec<ExpertBatch> =
+                batches.iter().filter(|b| b.expert == 0).cloned().collect();
+            let mut got = vec![0.0; t * h];
+            fused_moe_ggml(&experts, &x, &only0, &mut got, &MoeOptions::default()).expect("runs");
+            fused_moe_ggml(&experts, &x, &batches, &mut got, &opts).expect("runs");
+            for (g, w) in got.iter().zip(&want) {
+                assert!(
+                    (g - w).abs() <= 1e-4 * scale,
+                    "mask + accumulate: {g} vs {w}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn bad_matrices_are_errors_naming_the_problem() {
+    let err = |r: Result<GgmlMatrix, KernelError>| r.expect_err("refused").to_string();
+    let bytes = vec![0u8; 2 * 144];
+    assert!(
+        err(GgmlMatrix::from_vec(
+            GgmlType::Q4_K,
+            2,
+            256,
+            bytes[..287].to_vec()
+        ))
+        .contains("needs 288 bytes, got 287")
+    );
+    assert!(
+        err(GgmlMatrix::from_vec(GgmlType::Q4_K, 1, 100, bytes.clone()))
+            .contains("not whole Q4_K blocks")
+    );
+    assert!(
+        err(GgmlMatrix::from_vec(GgmlType::TQ1_0, 1, 256, vec![0; 54]))
+            .contains("TQ1_0 has no kernel")
+    );
+    let w = GgmlMatrix::from_vec(GgmlType::Q4_K, 2, 256, bytes).expect("valid");
+    assert!(w.rows(1..3).is_err());
+    let mut out = vec![0.0; 2];
+    assert!(w.matmul(&[0.0; 255], 1, &mut out).is_err());
+    assert!(w.dequantize_row(2, &mut [0.0; 256]).is_err());
+}
