@@ -5,6 +5,7 @@
 //!   what ggml's `dequantize_row_*` compute.
 
 mod dequant;
+mod iq;
 mod types;
 
 pub use dequant::{QuantError, dequantize_row, dequantize_row_bf16};
