@@ -4,7 +4,7 @@
 use half::{bf16, f16};
 use strata_kernels::ggml::{GgmlType, QuantError, dequantize_row, dequantize_row_bf16};
 
-const KAT_TYPES: [GgmlType; 16] = [
+const KAT_TYPES: [GgmlType; 26] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
@@ -21,6 +21,30 @@ const KAT_TYPES: [GgmlType; 16] = [
     GgmlType::Q8_K,
     GgmlType::IQ4_NL,
     GgmlType::IQ4_XS,
+    GgmlType::IQ2_XXS,
+    GgmlType::IQ2_XS,
+    GgmlType::IQ2_S,
+    GgmlType::IQ3_XXS,
+    GgmlType::IQ3_S,
+    GgmlType::IQ1_S,
+    GgmlType::IQ1_M,
+    GgmlType::TQ1_0,
+    GgmlType::TQ2_0,
+    GgmlType::MXFP4,
+];
+
+/// The i-quant, ternary and MXFP4 types (the grid-based decoders in `ggml/iq.rs`).
+const IQ_TYPES: [GgmlType; 10] = [
+    GgmlType::IQ2_XXS,
+    GgmlType::IQ2_XS,
+    GgmlType::IQ2_S,
+    GgmlType::IQ3_XXS,
+    GgmlType::IQ3_S,
+    GgmlType::IQ1_S,
+    GgmlType::IQ1_M,
+    GgmlType::TQ1_0,
+    GgmlType::TQ2_0,
+    GgmlType::MXFP4,
 ];
 
 fn kat(ty: GgmlType) -> (Vec<u8>, Vec<f32>) {
@@ -83,14 +107,64 @@ fn rejects_bad_lengths_and_unsupported_types() {
         e.to_string(),
         "32 values is not a multiple of the Q4_K block size 256"
     );
-    assert_eq!(
-        dequantize_row(GgmlType::IQ2_XXS, &[], &mut []),
-        Err(QuantError::Unsupported(GgmlType::IQ2_XXS))
-    );
+    for ty in GgmlType::ALL.into_iter().filter(|t| !t.can_dequantize()) {
+        assert_eq!(
+            dequantize_row(ty, &[], &mut []),
+            Err(QuantError::Unsupported(ty))
+        );
+    }
     let mut b = [bf16::ZERO; 31];
     assert!(dequantize_row_bf16(GgmlType::Q4_0, &[0; 18], &mut b).is_err());
     // Zero values is a valid (empty) row.
     dequantize_row(GgmlType::Q6_K, &[], &mut []).unwrap();
+}
+
+#[test]
+fn iq_types_reject_truncated_and_overlong_rows() {
+    for ty in IQ_TYPES {
+        let (bs, bb) = (ty.block_size(), ty.block_bytes());
+        let mut out = vec![0f32; 2 * bs];
+        for got in [0, bb, 2 * bb - 1, 2 * bb + 1] {
+            assert_eq!(
+                dequantize_row(ty, &vec![0; got], &mut out),
+                Err(QuantError::Length {
+                    ty,
+                    n: 2 * bs,
+                    want: 2 * bb,
+                    got
+                }),
+                "{ty}"
+            );
+        }
+        let mut b = vec![bf16::ZERO; 2 * bs];
+        assert!(dequantize_row_bf16(ty, &vec![0; 2 * bb - 1], &mut b).is_err());
+        let mut part = vec![0f32; bs + 1];
+        assert_eq!(
+            dequantize_row(ty, &vec![0; bb + 1], &mut part),
+            Err(QuantError::PartialBlock {
+                ty,
+                n: bs + 1,
+                block: bs
+            })
+        );
+    }
+}
+
+#[test]
+fn iq_types_decode_any_bytes_without_panicking() {
+    let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+    for ty in IQ_TYPES {
+        let (bs, bb) = (ty.block_size(), ty.block_bytes());
+        for fill in [Some(0x00u8), Some(0xff), None] {
+            let src: Vec<u8> = (0..5 * bb)
+                .map(|_| fill.unwrap_or(rng.next() as u8))
+                .collect();
+            let mut out = vec![0f32; 5 * bs];
+            dequantize_row(ty, &src, &mut out).unwrap();
+            let mut b = vec![bf16::ZERO; 5 * bs];
+            dequantize_row_bf16(ty, &src, &mut b).unwrap();
+        }
+    }
 }
 
 /// Deterministic xorshift values in [-amp, amp).

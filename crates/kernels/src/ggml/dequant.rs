@@ -8,6 +8,7 @@
 
 use half::{bf16, f16};
 
+use super::iq;
 use super::types::{GgmlType, QK_K};
 
 /// The non-linear 4-bit grid of IQ4_NL and IQ4_XS (`kvalues_iq4nl`).
@@ -88,6 +89,16 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), Q
         GgmlType::Q8_K => block_q8_k,
         GgmlType::IQ4_NL => block_iq4_nl,
         GgmlType::IQ4_XS => block_iq4_xs,
+        GgmlType::IQ2_XXS => iq::block_iq2_xxs,
+        GgmlType::IQ2_XS => iq::block_iq2_xs,
+        GgmlType::IQ2_S => iq::block_iq2_s,
+        GgmlType::IQ3_XXS => iq::block_iq3_xxs,
+        GgmlType::IQ3_S => iq::block_iq3_s,
+        GgmlType::IQ1_S => iq::block_iq1_s,
+        GgmlType::IQ1_M => iq::block_iq1_m,
+        GgmlType::TQ1_0 => iq::block_tq1_0,
+        GgmlType::TQ2_0 => iq::block_tq2_0,
+        GgmlType::MXFP4 => iq::block_mxfp4,
         other => return Err(QuantError::Unsupported(other)),
     };
     for (x, y) in src.chunks_exact(bb).zip(dst.chunks_exact_mut(bs)) {

@@ -15,6 +15,7 @@
 
 mod dequant;
 mod dot;
+mod iq;
 mod matrix;
 mod moe;
 mod types;

@@ -170,6 +170,16 @@ impl GgmlType {
                 | Q8_K
                 | IQ4_NL
                 | IQ4_XS
+                | IQ2_XXS
+                | IQ2_XS
+                | IQ2_S
+                | IQ3_XXS
+                | IQ3_S
+                | IQ1_S
+                | IQ1_M
+                | TQ1_0
+                | TQ2_0
+                | MXFP4
         )
     }
 
