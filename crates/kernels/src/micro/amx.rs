@@ -12,7 +12,7 @@
 //! A key design decision: the tile program is written once, against [`TileUnit`] (configure,
 //! zero, load, dot product, store, release), and runs on two units: the hardware
 //! ([`super::amx_hw`], stable `asm!`, only where [`crate::isa::detected`] found AMX) and a
-//! software model of the tiles ([`super::amx_soft`], any CPU). The tests run every format
+//! software model of the tiles (`amx_soft`, test builds, any CPU). The tests run every format
 //! through the software unit, so the tiling, packing, strides and edge handling below are
 //! checked on machines without AMX; only the instruction encoding and the hardware's own
 //! arithmetic are left to an AMX machine. Every operand is a slice that ends where the

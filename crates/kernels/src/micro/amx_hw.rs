@@ -13,7 +13,7 @@
 //! against the configured shape and its operand slice, so no tile instruction touches memory
 //! outside a slice it was given. Dot products are not checked here: a bad shape raises #UD,
 //! which kills the process without touching memory, and the tests run the same program through
-//! [`super::amx_soft`], which refuses it.
+//! `amx_soft`, which refuses it.
 
 use std::arch::asm;
 use std::marker::PhantomData;

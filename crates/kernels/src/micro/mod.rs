@@ -16,7 +16,7 @@
 //! so a path is chosen per call (AMX for many rows, AVX-512 for few) without repacking.
 //!
 //! The AMX tile program runs on the hardware, or, in test builds, on a software model of the
-//! tiles ([`Kernel::AmxSoft`], `amx_soft`), so that the AMX path is tested on every machine.
+//! tiles (`Kernel::AmxSoft`, `amx_soft`), so that the AMX path is tested on every machine.
 
 use std::ops::Range;
 
