@@ -28,7 +28,7 @@ use std::ops::Range;
 use crate::buf::SharedMut;
 use crate::error::{KernelError, check_len};
 use crate::isa::Isa;
-use crate::micro::{self, M_CHUNK, N_BLOCK_STRIPS};
+use crate::micro::{self, Kernel, M_CHUNK, N_BLOCK_STRIPS};
 use crate::packed::{Activations, PackSource, PackedFormat, PackedMatrix, STRIP};
 use crate::parallel_for;
 
@@ -426,22 +426,32 @@ pub fn fused_moe_grouped(
         return Ok(());
     }
     let wave_rows = (WAVE_SCRATCH_BYTES / (4 * (h + inter)) / M_CHUNK).max(1) * M_CHUNK;
-    run_waves(experts, hidden, &active, out, opts, wave_rows);
+    // `STRATA_KERNEL` caps the path here too (`Isa::selected` is at most what the CPU has).
+    let best = Isa::selected();
+    let pick = |m: usize| {
+        Kernel::Isa(match opts.isa {
+            Some(forced) => forced.min(best),
+            None if m >= opts.amx_min_tokens => best,
+            None => best.min(Isa::Avx512),
+        })
+    };
+    run_waves(experts, hidden, &active, out, &pick, wave_rows);
     Ok(())
 }
 
-/// Runs the active batches wave by wave on this thread's reused scratch.
-fn run_waves(
+/// Runs the active batches wave by wave on this thread's reused scratch, each expert on kernel
+/// `pick(its token count)`.
+pub(crate) fn run_waves(
     experts: &MoeExperts,
     hidden: &[f32],
     active: &[&ExpertBatch],
     out: &mut [f32],
-    opts: &MoeOptions,
+    pick: &(impl Fn(usize) -> Kernel + Sync),
     wave_rows: usize,
 ) {
     let (mut mid, mut y) = SCRATCH.take();
     for wave in waves(active, wave_rows) {
-        run_wave(experts, hidden, &wave, out, opts, &mut mid, &mut y);
+        run_wave(experts, hidden, &wave, out, pick, &mut mid, &mut y);
     }
     SCRATCH.set((mid, y));
 }
@@ -452,20 +462,14 @@ fn run_wave(
     hidden: &[f32],
     segs: &[Segment],
     out: &mut [f32],
-    opts: &MoeOptions,
+    pick: &(impl Fn(usize) -> Kernel + Sync),
     mid: &mut Vec<f32>,
     y: &mut Vec<f32>,
 ) {
     let (h, inter) = (experts.hidden, experts.inter);
-    let isa_of = |m: usize| -> Isa {
-        // `STRATA_KERNEL` caps the path here too (`Isa::selected` is at most what the CPU has).
-        let best = Isa::selected();
-        match opts.isa {
-            Some(forced) => forced.min(best),
-            None if m >= opts.amx_min_tokens => best,
-            None => best.min(Isa::Avx512),
-        }
-    };
+    // Each segment's kernel, from its expert's token count: its activations are converted
+    // (and padded) for it.
+    let kernel: Vec<Kernel> = segs.iter().map(|s| pick(s.batch.tokens.len())).collect();
     // Row offset of each segment in the wave's stacked buffers.
     let mut row0 = Vec::with_capacity(segs.len() + 1);
     row0.push(0usize);
@@ -478,7 +482,7 @@ fn run_wave(
 
     // 1. Convert each segment's token rows for gate/up.
     let x_act: Vec<Activations> = convert_all(segs.len(), |s| {
-        Activations::quantize(&expert(s).gate_up, segs[s].rows.len(), |r| {
+        Activations::quantize(&expert(s).gate_up, segs[s].rows.len(), kernel[s], |r| {
             let tk = tok(s, r);
             &hidden[tk * h..(tk + 1) * h]
         })
@@ -495,9 +499,8 @@ fn run_wave(
             let w = &expert(task.s).gate_up;
             let ldo = task.strips.len() * STRIP;
             with_tile(task.rows.len() * ldo, |tile| {
-                let isa = isa_of(segs[task.s].batch.tokens.len());
                 micro::run_block(
-                    isa,
+                    kernel[task.s],
                     w,
                     &x_act[task.s],
                     task.rows.clone(),
@@ -524,7 +527,7 @@ fn run_wave(
     // 3. Convert the intermediate rows for down.
     let m_act: Vec<Activations> = convert_all(segs.len(), |s| {
         let base = row0[s] * inter;
-        Activations::quantize(&expert(s).down, segs[s].rows.len(), |r| {
+        Activations::quantize(&expert(s).down, segs[s].rows.len(), kernel[s], |r| {
             &mid[base + r * inter..base + (r + 1) * inter]
         })
     });
@@ -539,9 +542,8 @@ fn run_wave(
             let w = &expert(task.s).down;
             let ldo = task.strips.len() * STRIP;
             with_tile(task.rows.len() * ldo, |tile| {
-                let isa = isa_of(segs[task.s].batch.tokens.len());
                 micro::run_block(
-                    isa,
+                    kernel[task.s],
                     w,
                     &m_act[task.s],
                     task.rows.clone(),
@@ -665,7 +667,7 @@ pub fn fused_moe_ref(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::packed::tests::{FORMATS, rand_vec};
+    use crate::packed::tests::{FORMATS, kernels, rand_vec};
 
     fn make_experts(
         n: usize,
@@ -753,17 +755,13 @@ mod tests {
         fused_moe_ref(&ex, &x, &ids, &wts, &mut want).expect("valid");
         let batches = group_by_expert(4, &ids, &wts, k).expect("valid");
         let active: Vec<&ExpertBatch> = batches.iter().collect();
-        for wave_rows in [1, 5, 7, 1000] {
-            let mut got = vec![0.0; t * h];
-            run_waves(
-                &ex,
-                &x,
-                &active,
-                &mut got,
-                &MoeOptions::default(),
-                wave_rows,
-            );
-            assert_moe_close(&want, &got, &format!("waves of {wave_rows} rows"));
+        for kernel in kernels() {
+            for wave_rows in [1, 5, 7, 1000] {
+                let mut got = vec![0.0; t * h];
+                run_waves(&ex, &x, &active, &mut got, &|_| kernel, wave_rows);
+                let what = format!("{kernel:?}, waves of {wave_rows} rows");
+                assert_moe_close(&want, &got, &what);
+            }
         }
     }
 

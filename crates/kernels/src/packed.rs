@@ -37,7 +37,7 @@ use half::bf16;
 use crate::buf::{ALIGN, AlignedBuf, SharedMut};
 use crate::error::{KernelError, check_len};
 use crate::isa::Isa;
-use crate::micro;
+use crate::micro::{self, Kernel};
 use crate::parallel_for;
 
 /// Output columns per strip (one AMX tile / one zmm of f32).
@@ -527,8 +527,13 @@ impl PackedMatrix {
         out: &mut [f32],
     ) -> Result<(), KernelError> {
         self.check_args("matmul", x, m, out)?;
-        let isa = isa.min(crate::isa::detected());
-        let a = Activations::quantize(self, m, |r| &x[r * self.k..(r + 1) * self.k]);
+        self.matmul_on(Kernel::Isa(isa.min(crate::isa::detected())), x, m, out);
+        Ok(())
+    }
+
+    /// [`PackedMatrix::matmul_with`] on `kernel` (available), arguments checked.
+    pub(crate) fn matmul_on(&self, kernel: Kernel, x: &[f32], m: usize, out: &mut [f32]) {
+        let a = Activations::quantize(self, m, kernel, |r| &x[r * self.k..(r + 1) * self.k]);
         let n_blocks = self.strips().div_ceil(micro::N_BLOCK_STRIPS);
         let m_chunks = m.div_ceil(micro::M_CHUNK);
         let out_w = SharedMut::new(out);
@@ -539,7 +544,7 @@ impl PackedMatrix {
             let strips = s0..(s0 + micro::N_BLOCK_STRIPS).min(self.strips());
             let ldo = strips.len() * STRIP;
             let mut tile = vec![0.0f32; rows.len() * ldo];
-            micro::run_block(isa, self, &a, rows.clone(), strips, &mut tile, ldo);
+            micro::run_block(kernel, self, &a, rows.clone(), strips, &mut tile, ldo);
             let c0 = s0 * STRIP;
             let cols = ldo.min(self.n - c0);
             for (i, r) in rows.enumerate() {
@@ -549,14 +554,15 @@ impl PackedMatrix {
                 dst.copy_from_slice(&tile[i * ldo..i * ldo + cols]);
             }
         });
-        Ok(())
     }
 
     /// Plain reference for [`PackedMatrix::matmul`]: the same activation rounding, then f32
     /// dot products with the dequantized weights.
     pub fn matmul_ref(&self, x: &[f32], m: usize, out: &mut [f32]) -> Result<(), KernelError> {
         self.check_args("matmul_ref", x, m, out)?;
-        let a = Activations::quantize(self, m, |r| &x[r * self.k..(r + 1) * self.k]);
+        let a = Activations::quantize(self, m, Kernel::Isa(Isa::Portable), |r| {
+            &x[r * self.k..(r + 1) * self.k]
+        });
         let w = self.dequantize();
         for i in 0..m {
             let xi: Vec<f32> = (0..self.k).map(|p| a.value(i, p)).collect();
@@ -657,9 +663,9 @@ pub(crate) struct Activations {
     pub(crate) k_pad: usize,
     /// Bytes per row of `data`.
     pub(crate) lda: usize,
-    /// Rows of `data`: `m` rounded up to a multiple of [`M_ALIGN`] where AMX can run (its
-    /// tiles read whole 32-row blocks), else `m` (at least 1): decode converts one row per
-    /// expert, and zeroing 31 unused rows cost more than converting the one.
+    /// Rows of `data`: `m` rounded up to a multiple of [`M_ALIGN`] for a kernel that runs AMX
+    /// tile programs (they read whole 32-row blocks), else `m` (at least 1): decode converts
+    /// one row per expert, and zeroing 31 unused rows cost more than converting the one.
     pub(crate) m_pad: usize,
     /// `[m_pad, k_pad]` bf16 or i8, rows beyond `m` zero.
     pub(crate) data: AlignedBuf,
@@ -670,14 +676,16 @@ pub(crate) struct Activations {
 }
 
 impl Activations {
-    /// Converts `m` rows (row `r` given by `row(r)`, `k` values each) for `w`'s format.
+    /// Converts `m` rows (row `r` given by `row(r)`, `k` values each) for `w`'s format, padded
+    /// for `kernel`.
     pub(crate) fn quantize<'x>(
         w: &PackedMatrix,
         m: usize,
+        kernel: Kernel,
         row: impl Fn(usize) -> &'x [f32],
     ) -> Self {
         let k_pad = w.k_pad;
-        let m_pad = if crate::isa::detected() == Isa::Amx {
+        let m_pad = if kernel.uses_tiles() {
             m.div_ceil(M_ALIGN).max(1) * M_ALIGN
         } else {
             m.max(1)
@@ -752,6 +760,14 @@ pub(crate) mod tests {
         PackedFormat::Int4 { group: 128 },
     ];
 
+    /// Every kernel the sweeps run: the CPU's instruction-set paths and the AMX tile program on
+    /// the software tile unit.
+    pub(crate) fn kernels() -> Vec<Kernel> {
+        let mut v: Vec<Kernel> = Isa::available().into_iter().map(Kernel::Isa).collect();
+        v.push(Kernel::AmxSoft);
+        v
+    }
+
     /// Asserts `got` matches `want` within f32 rounding of a `k`-term dot product.
     pub(crate) fn assert_close(want: &[f32], got: &[f32], what: &str) {
         assert_eq!(want.len(), got.len(), "{what}: lengths");
@@ -783,10 +799,11 @@ pub(crate) mod tests {
                 let p = PackedMatrix::pack(&w, n, k, fmt).expect("valid format");
                 let mut want = vec![0.0; m * n];
                 p.matmul_ref(&x, m, &mut want).expect("shapes agree");
-                for isa in Isa::available() {
+                for kernel in kernels() {
                     let mut got = vec![f32::NAN; m * n];
-                    p.matmul_with(isa, &x, m, &mut got).expect("shapes agree");
-                    assert_close(&want, &got, &format!("{} {isa:?} {m}x{n}x{k}", fmt.name()));
+                    p.matmul_on(kernel, &x, m, &mut got);
+                    let what = format!("{} {kernel:?} {m}x{n}x{k}", fmt.name());
+                    assert_close(&want, &got, &what);
                 }
             }
         }

@@ -1,18 +1,23 @@
 //! AMX micro-kernel: 32x32 output blocks from two A tiles (token rows) and two B tiles
 //! (strips), `tdpbf16ps` for BF16 and `tdpbsud` (signed activations x unsigned weights) for
-//! INT8 and INT4, through stable `asm!`.
+//! INT8 and INT4.
 //!
 //! Tile registers: `tmm0..3` accumulators (16 x 16 f32/i32), `tmm4..5` activations (16 rows x
 //! one `k` step), `tmm6..7` weights (one `k` step x 16 columns, the packed lines as they are).
-//! The whole `k` loop of a block runs inside one `asm!` so the accumulators never leave the
-//! tiles; they are stored once per block (BF16, per-row INT8) or per scale group.
-//! INT4 panels are first unpacked to the INT8 line layout in a per-thread scratch buffer,
-//! once per panel, and then reused by every 32-row block of the task.
+//! The accumulators stay in the tiles for a whole `k` run and are stored once per block (BF16,
+//! per-row INT8) or per scale group. INT4 panels are first unpacked to the INT8 line layout in
+//! a per-thread scratch buffer, once per panel, and then reused by every 32-row block of the
+//! task.
 //!
-//! The tile configuration is loaded at the start of each call and released at its end; the
-//! compiler never touches tile registers, so state survives between the `asm!` blocks within.
+//! A key design decision: the tile program is written once, against [`TileUnit`] (configure,
+//! zero, load, dot product, store, release), and runs on two units: the hardware
+//! ([`super::amx_hw`], stable `asm!`, only where [`crate::isa::detected`] found AMX) and a
+//! software model of the tiles (`amx_soft`, test builds, any CPU). The tests run every format
+//! through the software unit, so the tiling, packing, strides and edge handling below are
+//! checked on machines without AMX; only the instruction encoding and the hardware's own
+//! arithmetic are left to an AMX machine. Every operand is a slice that ends where the
+//! program means the tile's data to end, so a unit can check each load and store against it.
 
-use std::arch::asm;
 use std::cell::RefCell;
 use std::ops::Range;
 
@@ -20,18 +25,27 @@ use super::{correction, flush_span};
 use crate::buf::AlignedBuf;
 use crate::packed::{Activations, Kind, LINE, PackedMatrix, STRIP};
 
-/// The 64-byte `ldtilecfg` operand (palette 1).
+/// Tile registers of palette 1.
+pub(super) const TILES: usize = 8;
+/// Rows of a tile register.
+pub(super) const MAX_ROWS: usize = 16;
+/// Bytes per tile row.
+pub(super) const MAX_COLSB: usize = 64;
+
+/// The 64-byte `ldtilecfg` operand: palette, start row, then bytes per row and rows of each
+/// tile (16 slots, of which palette 1 names 8; the others must stay zero).
 #[repr(C, align(64))]
-struct TileCfg {
-    palette: u8,
-    start_row: u8,
-    reserved: [u8; 14],
-    colsb: [u16; 16],
-    rows: [u8; 16],
+pub(super) struct TileCfg {
+    pub(super) palette: u8,
+    pub(super) start_row: u8,
+    pub(super) reserved: [u8; 14],
+    pub(super) colsb: [u16; 16],
+    pub(super) rows: [u8; 16],
 }
 
 impl TileCfg {
-    /// Configuration for a `k` step of `kstep_bytes` bytes per activation row (64 or 32).
+    /// The kernel's configuration for a `k` step of `kstep_bytes` bytes per activation row
+    /// (64, or 32 for INT groups of 32).
     fn new(kstep_bytes: usize) -> Self {
         let mut c = TileCfg {
             palette: 1,
@@ -56,102 +70,172 @@ impl TileCfg {
     }
 }
 
-/// One 32x32 block of f32 or i32 results, row stride 128 bytes.
-#[repr(C, align(64))]
-struct CBlock([u32; 32 * 32]);
-
-macro_rules! tile_loop {
-    ($name:ident, $op0:literal, $op1:literal, $op2:literal, $op3:literal) => {
-        /// Zeroes the accumulators, runs `steps` `k` steps over A rows `a`, `a + 16 lda` and
-        /// B panels `b0`, `b1`, and stores the 32x32 result to `c`.
-        ///
-        /// # Safety
-        /// AMX must be enabled for the process and a [`TileCfg`] matching `astep` loaded;
-        /// `steps >= 1`; `a` must be readable for 32 rows of `lda` bytes covering `steps *
-        /// astep` bytes each, `b0`/`b1` for `steps * bstep` bytes, `c` writable for 4 KiB.
-        #[allow(clippy::too_many_arguments)]
-        unsafe fn $name(
-            a: *const u8,
-            lda: usize,
-            b0: *const u8,
-            b1: *const u8,
-            steps: usize,
-            astep: usize,
-            bstep: usize,
-            c: *mut CBlock,
-        ) {
-            debug_assert!(steps >= 1);
-            // SAFETY: the caller guarantees the configuration, the permission and the extent
-            // of every buffer; the asm touches only tile registers, the listed general
-            // registers and flags, and the memory the caller described.
-            unsafe {
-                asm!(
-                    "tilezero tmm0",
-                    "tilezero tmm1",
-                    "tilezero tmm2",
-                    "tilezero tmm3",
-                    "2:",
-                    "tileloadd tmm4, [{a0} + {lda}*1]",
-                    "tileloadd tmm5, [{a1} + {lda}*1]",
-                    "tileloadd tmm6, [{b0} + {s}*1]",
-                    "tileloadd tmm7, [{b1} + {s}*1]",
-                    $op0,
-                    $op1,
-                    $op2,
-                    $op3,
-                    "add {a0}, {astep}",
-                    "add {a1}, {astep}",
-                    "add {b0}, {bstep}",
-                    "add {b1}, {bstep}",
-                    "dec {n}",
-                    "jnz 2b",
-                    "add {s}, 64",
-                    "tilestored [{c} + {s}*1], tmm0",
-                    "add {c}, 64",
-                    "tilestored [{c} + {s}*1], tmm1",
-                    "add {c}, 1984",
-                    "tilestored [{c} + {s}*1], tmm2",
-                    "add {c}, 64",
-                    "tilestored [{c} + {s}*1], tmm3",
-                    a0 = inout(reg) a => _,
-                    a1 = inout(reg) a.add(16 * lda) => _,
-                    lda = in(reg) lda,
-                    b0 = inout(reg) b0 => _,
-                    b1 = inout(reg) b1 => _,
-                    s = inout(reg) 64usize => _,
-                    n = inout(reg) steps => _,
-                    astep = in(reg) astep,
-                    bstep = in(reg) bstep,
-                    c = inout(reg) c => _,
-                    options(nostack),
-                );
-            }
-        }
-    };
+/// The shape of each tile under a loaded configuration (rows 0: not configured).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Shape {
+    pub(super) rows: [u8; TILES],
+    pub(super) colsb: [u16; TILES],
 }
 
-tile_loop!(
-    tiles_bf16,
-    "tdpbf16ps tmm0, tmm4, tmm6",
-    "tdpbf16ps tmm1, tmm4, tmm7",
-    "tdpbf16ps tmm2, tmm5, tmm6",
-    "tdpbf16ps tmm3, tmm5, tmm7"
-);
-tile_loop!(
-    tiles_s8u8,
-    "tdpbsud tmm0, tmm4, tmm6",
-    "tdpbsud tmm1, tmm4, tmm7",
-    "tdpbsud tmm2, tmm5, tmm6",
-    "tdpbsud tmm3, tmm5, tmm7"
-);
+impl Shape {
+    /// No configuration loaded (the init state).
+    pub(super) const NONE: Shape = Shape {
+        rows: [0; TILES],
+        colsb: [0; TILES],
+    };
+
+    /// Decodes `cfg`, panicking where `ldtilecfg` would raise #GP (as we read the SDM): a
+    /// palette other than 1 (we never load palette 0), a non-zero start row or reserved byte,
+    /// more than 16 rows or 64 bytes per row, rows without bytes or bytes without rows, and any
+    /// setting for slots 8..15, which palette 1 does not have.
+    pub(super) fn of(cfg: &TileCfg) -> Shape {
+        assert!(
+            cfg.palette == 1,
+            "tile program: ldtilecfg with palette {}, expected 1",
+            cfg.palette
+        );
+        assert!(
+            cfg.start_row == 0 && cfg.reserved.iter().all(|&b| b == 0),
+            "tile program: ldtilecfg with a start row or reserved bytes set"
+        );
+        let mut s = Shape::NONE;
+        for t in 0..16 {
+            let (rows, colsb) = (cfg.rows[t], cfg.colsb[t]);
+            assert!(
+                t < TILES || (rows == 0 && colsb == 0),
+                "tile program: ldtilecfg sets slot {t}, palette 1 has {TILES} tiles"
+            );
+            assert!(
+                usize::from(rows) <= MAX_ROWS
+                    && usize::from(colsb) <= MAX_COLSB
+                    && (rows == 0) == (colsb == 0),
+                "tile program: ldtilecfg gives tmm{t} {rows} rows of {colsb} bytes, expected \
+                 both zero or at most {MAX_ROWS} rows of at most {MAX_COLSB} bytes"
+            );
+            if t < TILES {
+                s.rows[t] = rows;
+                s.colsb[t] = colsb;
+            }
+        }
+        s
+    }
+
+    /// Checks a `tileloadd` / `tilestored` (`op`) of tile `t` with row `stride` on an operand
+    /// slice of `len` bytes: panics if `t` is not configured or if its rows x bytes per row at
+    /// `stride` do not lie within the slice. The panic is out of line, so on the hardware the
+    /// check costs a multiply, an add and two compares.
+    #[inline(always)]
+    pub(super) fn check_span(&self, op: &'static str, t: usize, stride: usize, len: usize) {
+        let (rows, colsb) = (usize::from(self.rows[t]), usize::from(self.colsb[t]));
+        if rows == 0 || (rows - 1) * stride + colsb > len {
+            span_error(op, t, rows, colsb, stride, len);
+        }
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn span_error(op: &str, t: usize, rows: usize, colsb: usize, stride: usize, len: usize) -> ! {
+    if rows == 0 {
+        panic!("tile program: {op} tmm{t}, which is not configured");
+    }
+    panic!(
+        "tile program: {op} tmm{t} ({rows} rows of {colsb} bytes, stride {stride}) spans {} \
+         bytes, the operand has {len}",
+        (rows - 1) * stride + colsb
+    );
+}
+
+/// The tile operations the kernel uses. The tile numbers are constants, as in the instruction
+/// encodings. Loads and stores take the operand as a slice from its first byte: a unit checks
+/// that the configured rows and bytes per row, at `stride`, lie within it.
+pub(super) trait TileUnit {
+    /// `ldtilecfg`: loads a palette-1 configuration.
+    fn configure(&mut self, cfg: &TileCfg);
+    /// `tilezero tmmT`.
+    fn zero<const T: u8>(&mut self);
+    /// `tileloadd tmmT, [src + stride]`.
+    fn load<const T: u8>(&mut self, src: &[u8], stride: usize);
+    /// `tdpbf16ps tmmC, tmmA, tmmB`.
+    fn dpbf16ps<const C: u8, const A: u8, const B: u8>(&mut self);
+    /// `tdpbsud tmmC, tmmA, tmmB`.
+    fn dpbsud<const C: u8, const A: u8, const B: u8>(&mut self);
+    /// `tilestored [dst + stride], tmmT`.
+    fn store<const T: u8>(&mut self, dst: &mut [u8], stride: usize);
+    /// `tilerelease`.
+    fn release(&mut self);
+}
+
+/// Bytes per row of [`CBlock`]: 32 f32 or i32.
+const C_STRIDE: usize = 128;
+
+/// One 32x32 block of f32 or i32 results (as their bits), row stride [`C_STRIDE`].
+#[repr(C, align(64))]
+struct CBlock([u8; 32 * C_STRIDE]);
+
+impl CBlock {
+    /// The 32 elements of row `i`.
+    #[inline(always)]
+    fn row(&self, i: usize) -> impl Iterator<Item = u32> + '_ {
+        self.0[i * C_STRIDE..][..C_STRIDE]
+            .chunks_exact(4)
+            .map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+    }
+}
+
+/// Zeroes the accumulators, runs `steps` `k` steps over the A tiles `a` (16 rows each, row
+/// stride `lda`, step `astep` bytes) and the B panels `b` (step `bstep` bytes), with
+/// `tdpbf16ps` if `BF16` else `tdpbsud`, and stores the 32x32 result to `c`.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn tile_loop<U: TileUnit, const BF16: bool>(
+    u: &mut U,
+    a: [&[u8]; 2],
+    lda: usize,
+    b: [&[u8]; 2],
+    steps: usize,
+    astep: usize,
+    bstep: usize,
+    c: &mut CBlock,
+) {
+    u.zero::<0>();
+    u.zero::<1>();
+    u.zero::<2>();
+    u.zero::<3>();
+    for s in 0..steps {
+        u.load::<4>(&a[0][s * astep..], lda);
+        u.load::<5>(&a[1][s * astep..], lda);
+        u.load::<6>(&b[0][s * bstep..], LINE);
+        u.load::<7>(&b[1][s * bstep..], LINE);
+        if BF16 {
+            u.dpbf16ps::<0, 4, 6>();
+            u.dpbf16ps::<1, 4, 7>();
+            u.dpbf16ps::<2, 5, 6>();
+            u.dpbf16ps::<3, 5, 7>();
+        } else {
+            u.dpbsud::<0, 4, 6>();
+            u.dpbsud::<1, 4, 7>();
+            u.dpbsud::<2, 5, 6>();
+            u.dpbsud::<3, 5, 7>();
+        }
+    }
+    let c = &mut c.0;
+    u.store::<0>(c, C_STRIDE);
+    u.store::<1>(&mut c[64..], C_STRIDE);
+    u.store::<2>(&mut c[16 * C_STRIDE..], C_STRIDE);
+    u.store::<3>(&mut c[16 * C_STRIDE + 64..], C_STRIDE);
+}
 
 thread_local! {
     /// INT4 panels unpacked to INT8 lines, reused across calls on this thread.
     static SCRATCH: RefCell<AlignedBuf> = RefCell::new(AlignedBuf::zeroed(0));
 }
 
-/// Safe entry point; see [`super::run_block`] for the contract (plus `rows.start.is_multiple_of(32)`).
-pub(super) fn block(
+/// Runs one `k` block on tile unit `u`; see [`super::run_block`] for the contract, plus:
+/// `rows.start` a multiple of 32 and the activations padded to whole 32-row blocks.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn block<U: TileUnit>(
+    u: &mut U,
     w: &PackedMatrix,
     a: &Activations,
     rows: Range<usize>,
@@ -160,109 +244,90 @@ pub(super) fn block(
     out: &mut [f32],
     ldo: usize,
 ) {
-    assert!(crate::isa::detected() == crate::isa::Isa::Amx && rows.start.is_multiple_of(32));
+    assert!(
+        rows.start.is_multiple_of(32) && a.m_pad.is_multiple_of(32),
+        "AMX blocks read whole 32-row blocks: rows {rows:?}, activations padded to {} rows",
+        a.m_pad
+    );
     let kstep_bytes = match w.kind {
         Kind::Bf16 => 64,
         _ => w.group.min(64),
     };
-    let cfg = TileCfg::new(kstep_bytes);
-    // SAFETY: AMX was detected, which includes the granted permission; `cfg` is a valid
-    // 64-byte palette-1 configuration.
-    unsafe { asm!("ldtilecfg [{}]", in(reg) &cfg as *const TileCfg, options(nostack, readonly)) };
-    let mut c = CBlock([0; 32 * 32]);
+    u.configure(&TileCfg::new(kstep_bytes));
+    let mut c = CBlock([0; 32 * C_STRIDE]);
     let elem = if w.kind == Kind::Bf16 { 2 } else { 1 };
+    let (act, lda) = (a.data.as_slice(), a.lda);
     SCRATCH.with_borrow_mut(|scratch| {
-        let mut sp = strips.start;
-        while sp < strips.end {
-            // B panels for strips `sp` and `sp + 1` at `k = ks.start`, with the distance
-            // between the two panels.
-            let (b, bstride) = if w.kind == Kind::Int4 {
+        for sp in strips.clone().step_by(2) {
+            // The lines of strips `sp` and `sp + 1` over `ks`, as the B tiles read them.
+            let b: [&[u8]; 2] = if w.kind == Kind::Int4 {
+                let len = ks.len() / 4 * LINE;
                 unpack_int4(w, sp, &ks, scratch);
-                (scratch.as_ptr(), ks.len() / 4 * LINE)
+                let (b0, rest) = scratch.as_slice().split_at(len);
+                [b0, &rest[..len]]
             } else {
                 let k_per_line = if w.kind == Kind::Bf16 { 2 } else { 4 };
-                // SAFETY: strip `sp` and the line of `ks.start` lie within the packed data.
-                let p = unsafe {
-                    w.data
-                        .as_ptr()
-                        .add(sp * w.strip_bytes + ks.start / k_per_line * LINE)
-                };
-                (p, w.strip_bytes)
+                let lines = ks.start / k_per_line * LINE..ks.end / k_per_line * LINE;
+                let data = w.data.as_slice();
+                [
+                    &data[sp * w.strip_bytes..][lines.clone()],
+                    &data[(sp + 1) * w.strip_bytes..][lines],
+                ]
             };
-            let mut r0 = rows.start;
-            while r0 < rows.end {
-                // SAFETY: rows `r0 .. r0 + 32` lie within the activations' padded rows
-                // (`r0` is a multiple of 32 below `m_pad`, itself a multiple of 32).
-                let ap = unsafe { a.data.as_ptr().add(r0 * a.lda + ks.start * elem) };
+            for r0 in rows.clone().step_by(32) {
+                // The two A tiles: 16 rows each from `k = ks.start` to the end of their rows.
+                let k0 = ks.start * elem;
+                let at = [
+                    &act[r0 * lda + k0..(r0 + 16) * lda],
+                    &act[(r0 + 16) * lda + k0..(r0 + 32) * lda],
+                ];
                 let nrows = (rows.end - r0).min(32);
                 if w.kind == Kind::Bf16 {
-                    // SAFETY: configuration loaded above for 64-byte steps; A covers 32 rows of
-                    // `ks.len()` bf16, each B panel `ks.len() / 2` lines; `c` is 4 KiB.
-                    unsafe {
-                        tiles_bf16(
-                            ap,
-                            a.lda,
-                            b,
-                            b.add(bstride),
-                            ks.len() / 32,
-                            64,
-                            1024,
-                            &mut c,
-                        )
-                    };
+                    tile_loop::<U, true>(u, at, lda, b, ks.len() / 32, 64, 1024, &mut c);
                     for i in 0..nrows {
                         let o = &mut out
                             [(r0 + i - rows.start) * ldo + (sp - strips.start) * STRIP..]
                             [..2 * STRIP];
-                        for (o, v) in o.iter_mut().zip(&c.0[i * 32..i * 32 + 32]) {
-                            *o += f32::from_bits(*v);
+                        for (o, v) in o.iter_mut().zip(c.row(i)) {
+                            *o += f32::from_bits(v);
                         }
                     }
-                } else {
-                    let fs = flush_span(w, &ks);
-                    let mut f0 = ks.start;
-                    while f0 < ks.end {
-                        let rel = f0 - ks.start;
-                        // SAFETY: configuration loaded for `kstep_bytes`; the span `f0 .. f0 +
-                        // fs` lies within `ks`, so A and both B panels cover it; `c` is 4 KiB.
-                        unsafe {
-                            tiles_s8u8(
-                                ap.add(rel),
-                                a.lda,
-                                b.add(rel / 4 * LINE),
-                                b.add(bstride + rel / 4 * LINE),
-                                fs / kstep_bytes,
-                                kstep_bytes,
-                                kstep_bytes / 4 * LINE,
-                                &mut c,
-                            )
-                        };
-                        let g = f0 / w.group;
-                        for i in 0..nrows {
-                            let r = r0 + i;
-                            let corr = correction(w, a, r, f0, fs);
-                            let xs = a.scale[r];
-                            for h in 0..2 {
-                                let sc = &w.scales[((sp + h) * w.groups + g) * STRIP..][..STRIP];
-                                let o = &mut out
-                                    [(r - rows.start) * ldo + (sp + h - strips.start) * STRIP..]
-                                    [..STRIP];
-                                let ci = &c.0[i * 32 + h * STRIP..][..STRIP];
-                                for j in 0..STRIP {
-                                    o[j] += (ci[j] as i32 - corr) as f32 * sc[j] * xs;
-                                }
+                    continue;
+                }
+                let fs = flush_span(w, &ks);
+                for f0 in ks.clone().step_by(fs) {
+                    let rel = f0 - ks.start;
+                    let span = rel / 4 * LINE..(rel + fs) / 4 * LINE;
+                    tile_loop::<U, false>(
+                        u,
+                        [&at[0][rel..], &at[1][rel..]],
+                        lda,
+                        [&b[0][span.clone()], &b[1][span]],
+                        fs / kstep_bytes,
+                        kstep_bytes,
+                        kstep_bytes / 4 * LINE,
+                        &mut c,
+                    );
+                    let g = f0 / w.group;
+                    for i in 0..nrows {
+                        let r = r0 + i;
+                        let corr = correction(w, a, r, f0, fs);
+                        let xs = a.scale[r];
+                        for h in 0..2 {
+                            let sc = &w.scales[((sp + h) * w.groups + g) * STRIP..][..STRIP];
+                            let o = &mut out
+                                [(r - rows.start) * ldo + (sp + h - strips.start) * STRIP..]
+                                [..STRIP];
+                            for ((o, v), s) in o.iter_mut().zip(c.row(i).skip(h * STRIP)).zip(sc) {
+                                *o += (v as i32 - corr) as f32 * s * xs;
                             }
                         }
-                        f0 += fs;
                     }
                 }
-                r0 += 32;
             }
-            sp += 2;
         }
     });
-    // SAFETY: releases the tile state configured above; no tile instruction follows.
-    unsafe { asm!("tilerelease", options(nostack, nomem)) };
+    u.release();
 }
 
 /// Unpacks the INT4 lines of strips `sp`, `sp + 1` over `ks` into INT8 lines in `scratch`:

@@ -14,14 +14,23 @@
 //!
 //! A key design decision: all paths take the same arguments and read the same packed bytes,
 //! so a path is chosen per call (AMX for many rows, AVX-512 for few) without repacking.
+//!
+//! The AMX tile program runs on the hardware, or, in test builds, on a software model of the
+//! tiles (`Kernel::AmxSoft`, `amx_soft`), so that the AMX path is tested on every machine.
 
 use std::ops::Range;
 
 use crate::isa::Isa;
 use crate::packed::{Activations, Kind, PackedMatrix, STRIP};
 
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", test))]
 mod amx;
+#[cfg(target_arch = "x86_64")]
+mod amx_hw;
+#[cfg(test)]
+mod amx_soft;
+#[cfg(test)]
+mod amx_tests;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 mod portable;
@@ -39,6 +48,38 @@ const PANEL_BYTES_AMX: usize = 512 * 1024;
 /// for both, 2026-11-21).
 const PANEL_BYTES_VEC: usize = 32 * 1024;
 
+/// What runs a block: an instruction-set path of this CPU or, in tests, the AMX tile program on
+/// the software tile unit, which any CPU can run (slowly: it is a scalar model).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kernel {
+    /// An instruction-set path the CPU has (AMX: the tile program on the hardware).
+    Isa(Isa),
+    /// The AMX tile program on the software tile unit (`amx_soft`).
+    #[cfg(test)]
+    AmxSoft,
+}
+
+impl Kernel {
+    /// Whether blocks run as AMX tile programs, which read the activations in whole 32-row
+    /// blocks (see [`Activations::m_pad`]).
+    pub(crate) fn uses_tiles(self) -> bool {
+        match self {
+            Kernel::Isa(isa) => isa == Isa::Amx,
+            #[cfg(test)]
+            Kernel::AmxSoft => true,
+        }
+    }
+
+    /// Whether this machine can run it.
+    fn is_available(self) -> bool {
+        match self {
+            Kernel::Isa(isa) => isa.is_available(),
+            #[cfg(test)]
+            Kernel::AmxSoft => true,
+        }
+    }
+}
+
 /// Weight offset of the unsigned storage (see the `packed` module docs).
 pub(crate) fn offset(kind: Kind) -> i32 {
     match kind {
@@ -49,12 +90,13 @@ pub(crate) fn offset(kind: Kind) -> i32 {
 }
 
 /// Accumulates `x[rows] · W[strips]ᵀ` into `out` (`[rows.len(), ldo]`, strip `s` at column
-/// `(s - strips.start) * 16`) on path `isa` (which must be available).
+/// `(s - strips.start) * 16`) on `kernel` (an instruction-set path must be available).
 ///
 /// `strips` must start at an even strip and hold an even count; `rows` must lie within the
-/// activations' padded rows (`Activations::m_pad`, a multiple of 32 where AMX runs).
+/// activations' padded rows (`Activations::m_pad`, a multiple of 32 for tile programs: convert
+/// the activations for the same kernel).
 pub(crate) fn run_block(
-    isa: Isa,
+    kernel: Kernel,
     w: &PackedMatrix,
     a: &Activations,
     rows: Range<usize>,
@@ -76,14 +118,14 @@ pub(crate) fn run_block(
     assert!(
         ldo >= strips.len() * STRIP && out.len() >= (rows.len() - 1) * ldo + strips.len() * STRIP
     );
-    debug_assert!(isa.is_available());
+    debug_assert!(kernel.is_available());
     let unit = match w.kind {
         Kind::Bf16 => 32,
         _ if w.group < w.k_pad => w.group,
         _ => 64,
     };
     let bytes_per_k = w.strip_bytes * strips.len() / w.k_pad;
-    let panel = if isa == Isa::Amx {
+    let panel = if kernel.uses_tiles() {
         PANEL_BYTES_AMX
     } else {
         PANEL_BYTES_VEC
@@ -92,16 +134,24 @@ pub(crate) fn run_block(
     let mut k0 = 0;
     while k0 < w.k_pad {
         let ks = k0..(k0 + kb).min(w.k_pad);
-        match isa {
+        let (rows, strips) = (rows.clone(), strips.clone());
+        let whole = rows.start.is_multiple_of(32);
+        match kernel {
             #[cfg(target_arch = "x86_64")]
-            Isa::Amx if rows.start.is_multiple_of(32) => {
-                amx::block(w, a, rows.clone(), strips.clone(), ks.clone(), out, ldo)
+            Kernel::Isa(Isa::Amx) if whole => {
+                let mut tiles = amx_hw::HwTiles::new();
+                amx::block(&mut tiles, w, a, rows, strips, ks.clone(), out, ldo);
+            }
+            #[cfg(test)]
+            Kernel::AmxSoft if whole => {
+                let mut tiles = amx_soft::SoftTiles::new();
+                amx::block(&mut tiles, w, a, rows, strips, ks.clone(), out, ldo);
             }
             #[cfg(target_arch = "x86_64")]
-            Isa::Amx | Isa::Avx512 => {
-                avx512::block(w, a, rows.clone(), strips.clone(), ks.clone(), out, ldo)
+            Kernel::Isa(Isa::Amx | Isa::Avx512) => {
+                avx512::block(w, a, rows, strips, ks.clone(), out, ldo)
             }
-            _ => portable::block(w, a, rows.clone(), strips.clone(), ks.clone(), out, ldo),
+            _ => portable::block(w, a, rows, strips, ks.clone(), out, ldo),
         }
         k0 = ks.end;
     }
@@ -336,10 +386,10 @@ mod tests {
             let p = PackedMatrix::pack(&w, n, k, fmt).expect("valid format");
             let mut want = vec![0.0; m * n];
             p.matmul_ref(&x, m, &mut want).expect("shapes agree");
-            for isa in Isa::available() {
+            for kernel in crate::packed::tests::kernels() {
                 let mut got = vec![f32::NAN; m * n];
-                p.matmul_with(isa, &x, m, &mut got).expect("shapes agree");
-                let what = format!("{} {isa:?}", fmt.name());
+                p.matmul_on(kernel, &x, m, &mut got);
+                let what = format!("{} {kernel:?}", fmt.name());
                 crate::packed::tests::assert_close(&want, &got, &what);
             }
         }
