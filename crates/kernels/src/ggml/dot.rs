@@ -14,6 +14,9 @@
 //! rounds more finely and lets rows whose length is not a multiple of 256 (Q8_0, Q4_0 ...)
 //! share the code.
 
+// Block layouts read best as index loops over the positions ggml's headers name.
+#![allow(clippy::needless_range_loop)]
+
 use crate::Isa;
 use crate::buf::AlignedBuf;
 

@@ -54,6 +54,7 @@ pub(crate) mod test_util {
             GgmlType::Q3_K => &[108],
             GgmlType::Q6_K => &[208],
             GgmlType::F16 => &[0],
+            GgmlType::IQ2_XXS | GgmlType::IQ2_S | GgmlType::IQ3_S | GgmlType::IQ1_S => &[0],
             _ => &[],
         };
         for b in 0..n_blocks {

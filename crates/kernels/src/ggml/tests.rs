@@ -22,7 +22,16 @@ const INTEGER: [GgmlType; 12] = [
     GgmlType::IQ4_NL,
     GgmlType::IQ4_XS,
 ];
-const GENERIC: [GgmlType; 3] = [GgmlType::F32, GgmlType::F16, GgmlType::BF16];
+/// Types computed by dequantizing to f32 (the grid-based i-quants among them).
+const GENERIC: [GgmlType; 7] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::IQ2_XXS,
+    GgmlType::IQ2_S,
+    GgmlType::IQ3_S,
+    GgmlType::IQ1_S,
+];
 
 fn rand_x(n: usize, seed: &mut u64) -> Vec<f32> {
     (0..n)
@@ -211,8 +220,8 @@ fn bad_matrices_are_errors_naming_the_problem() {
             .contains("not whole Q4_K blocks")
     );
     assert!(
-        err(GgmlMatrix::from_vec(GgmlType::TQ1_0, 1, 256, vec![0; 54]))
-            .contains("TQ1_0 has no kernel")
+        err(GgmlMatrix::from_vec(GgmlType::NVFP4, 1, 64, vec![0; 36]))
+            .contains("NVFP4 has no kernel")
     );
     let w = GgmlMatrix::from_vec(GgmlType::Q4_K, 2, 256, bytes).expect("valid");
     assert!(w.rows(1..3).is_err());

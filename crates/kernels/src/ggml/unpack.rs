@@ -10,6 +10,9 @@
 //! Types without such a form (F16, BF16, F32, the grid-based i-quants) take the generic path
 //! (`super::matrix`), which dequantizes to f32.
 
+// Block layouts read best as index loops over the positions ggml's headers name.
+#![allow(clippy::needless_range_loop)]
+
 use half::f16;
 
 use super::types::{GgmlType, QK_K};
