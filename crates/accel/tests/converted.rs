@@ -100,6 +100,7 @@ fn packed(name: &str, experts: PackedFormat, bound: f32) {
     let opts = LoadOptions {
         precision: Precision::Fast,
         experts,
+        keep_blocks: false,
     };
     let Some((e_file, e_src)) = errors(name, opts, &experts.name()) else {
         return;

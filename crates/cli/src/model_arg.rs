@@ -24,13 +24,15 @@ pub struct ModelArgs {
     /// Defaults to the strata-tiny-moe model shipped in the repository.
     #[arg(long, short = 'm', value_name = "PATH")]
     pub model: Option<PathBuf>,
-    /// Numeric mode: `fast` (BF16 weights, f32 activations; the default) or `f32`
-    /// (everything in f32, the reference path). A converted model: its own.
+    /// Numeric mode: `fast` (the default: a GGUF's tensors computed in their own block
+    /// types, other checkpoints' weights in BF16; f32 activations) or `f32` (everything in
+    /// f32, the reference path). A converted model: its own.
     #[arg(long, value_enum)]
     pub dtype: Option<DType>,
     /// Packed format of the routed experts on the fast path: `bf16` (the default), `int8`
-    /// (one scale per row), or `int4` (one scale per 32 values). A converted model: its
-    /// own.
+    /// (one scale per row), or `int4` (one scale per 32 values). A GGUF runs as stored
+    /// unless this is given, which dequantizes and repacks its weights (more memory). A
+    /// converted model: its own.
     #[arg(long, value_enum)]
     pub weights: Option<Weights>,
     /// Where the model runs: `cpu`, `gpu` (the whole model on the first accelerator,
@@ -289,6 +291,7 @@ impl ModelArgs {
         LoadOptions {
             precision: self.dtype.unwrap_or(DType::Fast).precision(),
             experts: self.weights.unwrap_or(Weights::Bf16).format(),
+            keep_blocks: self.weights.is_none(),
         }
     }
 }

@@ -123,6 +123,7 @@ fn packed_converted_experts_match_the_cpu() {
     let fast = |experts| LoadOptions {
         precision: Precision::Fast,
         experts,
+        keep_blocks: false,
     };
     check("qwen3_moe_bf16", fast(PackedFormat::Bf16), 1e-2);
     check("qwen2_moe", fast(PackedFormat::Int8 { group: None }), 1e-2);

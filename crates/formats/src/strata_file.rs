@@ -42,6 +42,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use strata_kernels::ggml::{GgmlMatrix, GgmlType};
 use strata_kernels::packed::{LAYOUT_VERSION, PackedLayout, StableBytes};
 use strata_kernels::{PackedFormat, PackedMatrix};
 
@@ -65,6 +66,9 @@ pub enum StoredKind {
     Bf16,
     /// A [`PackedMatrix`] in this format (values then scales).
     Packed(PackedFormat),
+    /// A `[n, k]` matrix of ggml blocks of this type, as a GGUF stores them (kind
+    /// `ggml:<TYPE>` in the directory).
+    Ggml(GgmlType),
 }
 
 /// A [`PackedFormat`] from its [`PackedFormat::name`].
@@ -261,6 +265,21 @@ impl StrataWriter {
                 scales_offset,
                 scales_length: scales.len() as u64,
             }),
+        });
+        Ok(())
+    }
+
+    /// Adds a matrix of ggml blocks as they are (a GGUF tensor kept in its own format).
+    pub fn add_ggml(&mut self, name: &str, m: &GgmlMatrix) -> Result<()> {
+        self.check_name(name)?;
+        let offset = self.region(m.bytes())?;
+        self.tensors.push(TensorEntry {
+            name: name.to_owned(),
+            kind: format!("ggml:{}", m.ty().name()),
+            shape: vec![m.n(), m.k()],
+            offset,
+            length: m.bytes().len() as u64,
+            packed: None,
         });
         Ok(())
     }
@@ -530,9 +549,35 @@ pub fn parse_header(path: &Path, b: &[u8]) -> Result<StrataHeader> {
                 }
                 (StoredKind::Packed(fmt), scales)
             }
+            (k, None) if k.starts_with("ggml:") => {
+                let name = &k["ggml:".len()..];
+                let ty = GgmlType::ALL
+                    .into_iter()
+                    .find(|t| t.name() == name)
+                    .ok_or_else(|| bad_tensor(format!("unknown ggml type `{name}`")))?;
+                let [n, k] = e.shape[..] else {
+                    return Err(bad_tensor(format!(
+                        "ggml blocks need a shape [n, k], got {:?}",
+                        e.shape
+                    )));
+                };
+                let want = ty
+                    .row_bytes(k as u64)
+                    .and_then(|r| r.checked_mul(n as u64))
+                    .ok_or_else(|| {
+                        bad_tensor(format!("rows of {k} values are not whole {ty} blocks"))
+                    })?;
+                if want != data.len() as u64 {
+                    return Err(bad_tensor(format!(
+                        "{ty} [{n}, {k}] needs {want} bytes, the directory says {}",
+                        data.len()
+                    )));
+                }
+                (StoredKind::Ggml(ty), 0..0)
+            }
             (k, _) => {
                 return Err(bad_tensor(format!(
-                    "unknown tensor kind `{k}` (expected f32, bf16 or packed with its packed entry)"
+                    "unknown tensor kind `{k}` (expected f32, bf16, ggml:<TYPE> or packed with its packed entry)"
                 )));
             }
         };
@@ -593,7 +638,7 @@ impl StrataFile {
                 let dtype = match t.kind {
                     StoredKind::F32 => Some(DType::F32),
                     StoredKind::Bf16 => Some(DType::BF16),
-                    StoredKind::Packed(_) => None,
+                    StoredKind::Packed(_) | StoredKind::Ggml(_) => None,
                 };
                 let view = dtype.map(|d| {
                     TensorView::new(
@@ -658,6 +703,26 @@ impl StrataFile {
     /// Bytes a tensor occupies in the file (values and scales).
     pub fn stored_bytes(&self, t: &StoredTensor) -> usize {
         t.data.len() + t.scales.len()
+    }
+
+    /// A tensor of ggml blocks as a matrix viewing the mapped bytes (nothing is copied).
+    pub fn ggml(&self, t: &StoredTensor) -> Result<GgmlMatrix> {
+        let bad = |message: String| Error::BadTensor {
+            path: self.path().to_owned(),
+            name: t.name.clone(),
+            message,
+        };
+        let StoredKind::Ggml(ty) = t.kind else {
+            return Err(bad("expected ggml blocks".into()));
+        };
+        GgmlMatrix::from_stored(
+            self.owner.clone(),
+            ty,
+            t.shape[0],
+            t.shape[1],
+            t.data.clone(),
+        )
+        .map_err(|e| bad(e.to_string()))
     }
 
     /// A packed tensor as a matrix viewing the mapped bytes (nothing is copied).

@@ -84,6 +84,11 @@ fn check(h: &StrataHeader, data: &[u8]) {
                 inside(&t.scales);
                 assert_eq!(t.shape.len(), 2);
             }
+            StoredKind::Ggml(ty) => {
+                assert_eq!(t.shape.len(), 2);
+                let row = ty.row_bytes(t.shape[1] as u64).expect("whole blocks");
+                assert_eq!(t.data.len() as u64, row * t.shape[0] as u64);
+            }
         }
     }
     for (_, r) in &h.blobs {

@@ -19,6 +19,7 @@ use half::bf16;
 use serde_json::{Value, json};
 use strata_formats::TensorView;
 use strata_formats::strata_file::{StrataFile, StrataWriter, parse_packed_format};
+use strata_kernels::ggml::GgmlMatrix;
 use strata_kernels::{Expert, MoeExperts, PackedFormat, PackedMatrix};
 
 use crate::moe::{ExpertSet, Mlp};
@@ -51,6 +52,8 @@ pub enum Weight {
     Bf16(Vec<bf16>),
     /// Packed for the CPU kernels (AMX / AVX-512 / portable).
     Packed(PackedMatrix),
+    /// ggml blocks computed in place (a GGUF tensor, mapped).
+    Ggml(GgmlMatrix),
 }
 
 /// `y = x · Wᵀ (+ b)` with `W: [n_out, k_in]`.
@@ -83,12 +86,24 @@ impl Linear {
                 .as_bf16()
                 .map(|s| &s[*offset..*offset + self.n_out * self.k_in]),
             Weight::Bf16(v) => Some(v),
-            Weight::F32(_) | Weight::Packed(_) => None,
+            Weight::F32(_) | Weight::Packed(_) | Weight::Ggml(_) => None,
         }
     }
 
-    /// This layer with its weights packed in `fmt` for the CPU kernels.
+    /// The weights as ggml blocks, when they are stored so.
+    pub fn ggml(&self) -> Option<&GgmlMatrix> {
+        match &self.weight {
+            Weight::Ggml(m) => Some(m),
+            _ => None,
+        }
+    }
+
+    /// This layer with its weights packed in `fmt` for the CPU kernels; ggml blocks stay as
+    /// they are (their kernels read them in place).
     pub fn packed(self, fmt: PackedFormat) -> Result<Linear> {
+        if matches!(self.weight, Weight::Ggml(_)) {
+            return Ok(self);
+        }
         let packed = self.pack_matrix(fmt)?;
         Ok(Linear {
             weight: Weight::Packed(packed),
@@ -108,6 +123,7 @@ impl Linear {
         match &self.weight {
             Weight::F32(w) => w.clone(),
             Weight::Packed(p) => p.dequantize(),
+            Weight::Ggml(m) => m.dequantize(),
             _ => self
                 .bf16_slice()
                 .expect("bf16 weights")
@@ -126,6 +142,9 @@ impl Linear {
             Weight::Packed(_) => {
                 unreachable!("row access to a packed matrix (embeddings stay unpacked)")
             }
+            Weight::Ggml(m) => m
+                .dequantize_row(i, out)
+                .expect("rows are checked against the vocabulary"),
             _ => {
                 let w = self.bf16_slice().expect("bf16 weights");
                 for (o, v) in out.iter_mut().zip(&w[i * k..(i + 1) * k]) {
@@ -140,6 +159,7 @@ impl Linear {
         match &self.weight {
             Weight::F32(w) => w.len() * 4,
             Weight::Packed(p) => p.bytes(),
+            Weight::Ggml(m) => m.bytes().len(),
             _ => self.n_out * self.k_in * 2,
         }
     }
@@ -159,6 +179,9 @@ impl Linear {
             Weight::Packed(p) => p
                 .matmul(x, m, out)
                 .expect("packed matmul shapes are checked at load"),
+            Weight::Ggml(g) => g
+                .matmul(x, m, out)
+                .expect("ggml matmul shapes are checked at load"),
             _ => {
                 let w = self.bf16_slice().expect("bf16 weights");
                 gemm::matmul_bf16(x, w, out, m, self.n_out, self.k_in)
@@ -179,6 +202,10 @@ pub struct LoadOptions {
     pub precision: Precision,
     /// Packed format of routed experts in the fast path (`--weights`).
     pub experts: PackedFormat,
+    /// Fast path on a GGUF: run quantized tensors as the file stores them (the default).
+    /// `false` dequantizes and repacks them like any other checkpoint (`experts` then
+    /// applies).
+    pub keep_blocks: bool,
 }
 
 impl LoadOptions {
@@ -187,6 +214,7 @@ impl LoadOptions {
         LoadOptions {
             precision,
             experts: PackedFormat::Bf16,
+            keep_blocks: true,
         }
     }
 }
@@ -225,7 +253,11 @@ impl LoadOptions {
             .as_str()
             .and_then(parse_packed_format)
             .ok_or_else(|| bad("experts"))?;
-        Ok(LoadOptions { precision, experts })
+        Ok(LoadOptions {
+            precision,
+            experts,
+            keep_blocks: true,
+        })
     }
 }
 
@@ -263,6 +295,7 @@ impl Recording {
                     match &l.weight {
                         Weight::F32(v) => w.add_f32(name, &shape, v)?,
                         Weight::Packed(p) => w.add_packed(name, p)?,
+                        Weight::Ggml(m) => w.add_ggml(name, m)?,
                         _ => w.add_bf16(name, &shape, l.bf16_slice().expect("bf16 weights"))?,
                     }
                 }
@@ -287,6 +320,7 @@ pub struct Loader<'a> {
     src: &'a Source,
     precision: Precision,
     experts: PackedFormat,
+    keep_blocks: bool,
     fp8_block: Option<[usize; 2]>,
     /// Everything handed out, when converting.
     record: Option<RefCell<Recording>>,
@@ -301,6 +335,7 @@ impl<'a> Loader<'a> {
             src,
             precision: opts.precision,
             experts: opts.experts,
+            keep_blocks: opts.keep_blocks,
             fp8_block: None,
             record: None,
             quiet: Cell::new(0),
@@ -508,6 +543,20 @@ impl<'a> Loader<'a> {
                     self.keep(format!("{prefix}.{e}.down"), Built::Packed(down.clone()));
                 }
             }
+            ExpertSet::Ggml(g) => {
+                for e in 0..g.len() {
+                    let (gate, up, down) = g.expert(e);
+                    for (part, m) in [("gate", gate), ("up", up), ("down", down)] {
+                        let l = Linear {
+                            n_out: m.n(),
+                            k_in: m.k(),
+                            weight: Weight::Ggml(m.clone()),
+                            bias: None,
+                        };
+                        self.keep(format!("{prefix}.{e}.{part}"), Built::Linear(l));
+                    }
+                }
+            }
             ExpertSet::Plain(mlps) => {
                 for (e, m) in mlps.iter().enumerate() {
                     for (part, l) in [("gate", &m.gate), ("up", &m.up), ("down", &m.down)] {
@@ -552,7 +601,7 @@ impl<'a> Loader<'a> {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(ExpertSet::Plain(mlps))
+        ExpertSet::new(mlps, hidden, inter, None)
     }
 
     /// An expert's projection `{prefix}.weight` `[n_out, k_in]`, in the expert format.
@@ -575,6 +624,17 @@ impl<'a> Loader<'a> {
         bias: Option<Vec<f32>>,
         expert: bool,
     ) -> Result<Linear> {
+        if self.precision == Precision::Fast
+            && self.keep_blocks
+            && let Some(m) = t.ggml_rows(row0, n_out)?
+        {
+            return Ok(Linear {
+                n_out,
+                k_in,
+                weight: Weight::Ggml(m),
+                bias,
+            });
+        }
         let weight = match (self.precision, t.mapped_bf16()) {
             (Precision::Fast, Some((view, offset))) => Weight::MappedBf16 {
                 view: view.clone(),

@@ -167,7 +167,9 @@ impl Model {
         let tied = config.tie_word_embeddings && !ld.has("lm_head.weight");
         let lm_head = if tied {
             match ld.dense_format("model.embed_tokens.weight") {
-                // The kernels need their own layout: pack a copy of the embedding.
+                // ggml blocks serve both row lookups and the head's kernels in place.
+                _ if embed.ggml().is_some() => None,
+                // The packed kernels need their own layout: pack a copy of the embedding.
                 Some(fmt) => Some(ld.packed_copy("model.embed_tokens", &embed, fmt)?),
                 None => None,
             }

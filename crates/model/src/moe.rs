@@ -12,7 +12,8 @@
 use std::fmt;
 use std::sync::Arc;
 
-use strata_kernels::moe::{ExpertBatch, MoeOptions, fused_moe_grouped};
+use strata_kernels::ggml::{GgmlExperts, fused_moe_ggml};
+use strata_kernels::moe::{ExpertBatch, MoeOptions, fused_moe_grouped, group_by_expert};
 use strata_kernels::{Expert, MoeExperts, PackedFormat, dense_mlp, fused_moe};
 
 use crate::Result;
@@ -87,16 +88,30 @@ pub enum ExpertSet {
     Plain(Vec<Mlp>),
     /// Packed for the fused CPU MoE kernel (BF16, INT8 or INT4).
     Packed(MoeExperts),
+    /// ggml blocks read in place by the fused ggml MoE kernel (a GGUF's experts).
+    Ggml(GgmlExperts),
 }
 
 impl ExpertSet {
     /// Keeps `mlps` as they are (`fmt` is `None`) or packs them, dropping the originals.
+    /// MLPs whose weights are all ggml blocks become a [`ExpertSet::Ggml`] set whatever
+    /// `fmt` says: their kernels read the blocks in place.
     pub fn new(
         mlps: Vec<Mlp>,
         hidden: usize,
         inter: usize,
         fmt: Option<PackedFormat>,
     ) -> Result<ExpertSet> {
+        let blocks = |f: fn(&Mlp) -> &Linear| mlps.iter().map(|m| f(m).ggml().cloned()).collect();
+        let (gate, up, down): (Option<Vec<_>>, Option<Vec<_>>, Option<Vec<_>>) =
+            (blocks(|m| &m.gate), blocks(|m| &m.up), blocks(|m| &m.down));
+        if let (Some(gate), Some(up), Some(down)) = (gate, up, down)
+            && !mlps.is_empty()
+        {
+            return Ok(ExpertSet::Ggml(GgmlExperts::new(
+                gate, up, down, hidden, inter,
+            )?));
+        }
         let Some(fmt) = fmt else {
             return Ok(ExpertSet::Plain(mlps));
         };
@@ -124,6 +139,7 @@ impl ExpertSet {
         match self {
             ExpertSet::Plain(v) => v.len(),
             ExpertSet::Packed(p) => p.len(),
+            ExpertSet::Ggml(g) => g.len(),
         }
     }
 
@@ -137,6 +153,7 @@ impl ExpertSet {
         match self {
             ExpertSet::Plain(v) => v.iter().map(Mlp::weight_bytes).sum(),
             ExpertSet::Packed(p) => p.experts().iter().map(|e| e.bytes()).sum(),
+            ExpertSet::Ggml(g) => g.bytes(),
         }
     }
 
@@ -147,6 +164,11 @@ impl ExpertSet {
         let mut out = vec![0.0f32; x.len()];
         match self {
             ExpertSet::Packed(p) => fused_moe(p, x, &routing.ids, &routing.weights, &mut out)?,
+            ExpertSet::Ggml(g) => {
+                let batches =
+                    group_by_expert(g.len(), &routing.ids, &routing.weights, routing.top_k)?;
+                fused_moe_ggml(g, x, &batches, &mut out, &MoeOptions::default())?;
+            }
             ExpertSet::Plain(experts) => {
                 let k = routing.top_k;
                 let mut rows_of: Vec<Vec<(usize, f32)>> = vec![Vec::new(); experts.len()];
@@ -183,6 +205,13 @@ impl ExpertSet {
                     ..MoeOptions::default()
                 };
                 fused_moe_grouped(p, x, batches, out, &opts)?;
+            }
+            ExpertSet::Ggml(g) => {
+                let opts = MoeOptions {
+                    accumulate: true,
+                    ..MoeOptions::default()
+                };
+                fused_moe_ggml(g, x, batches, out, &opts)?;
             }
             ExpertSet::Plain(experts) => {
                 let hidden = experts.first().map_or(0, |m| m.gate.k_in);
@@ -235,6 +264,16 @@ impl ExpertSet {
             ExpertSet::Packed(p) => {
                 let mut out = vec![0.0f32; x.len()];
                 dense_mlp(p, x, &mut out, false)?;
+                Ok(out)
+            }
+            ExpertSet::Ggml(g) => {
+                let all = ExpertBatch {
+                    expert: 0,
+                    tokens: (0..t as u32).collect(),
+                    weights: vec![1.0; t],
+                };
+                let mut out = vec![0.0f32; x.len()];
+                fused_moe_ggml(g, x, &[all], &mut out, &MoeOptions::default())?;
                 Ok(out)
             }
         }

@@ -17,6 +17,8 @@ use strata_formats::gguf::{GgmlType, GgufFile, TensorInfo, dequantize_row};
 use strata_formats::safetensors::Checkpoint;
 use strata_formats::strata_file::{StoredKind, StoredTensor, StrataFile};
 use strata_formats::{DType, TensorView};
+use strata_kernels::ggml::GgmlMatrix;
+use strata_kernels::packed::StableBytes;
 
 use crate::{Error, Result};
 
@@ -190,6 +192,7 @@ fn stored_kind_name(kind: StoredKind) -> String {
         StoredKind::F32 => "F32".into(),
         StoredKind::Bf16 => "BF16".into(),
         StoredKind::Packed(fmt) => format!("packed {}", fmt.name()),
+        StoredKind::Ggml(ty) => ty.name().to_owned(),
     }
 }
 
@@ -345,8 +348,43 @@ impl Tensor<'_> {
     /// The packed matrix a converted model stores under this name, mapped in place.
     pub fn stored_packed(&self) -> Option<Result<strata_kernels::PackedMatrix>> {
         match &self.kind {
-            Kind::Packed(f, t) => Some(f.packed(t).map_err(Error::Format)),
+            Kind::Packed(f, t) if matches!(t.kind, StoredKind::Packed(_)) => {
+                Some(f.packed(t).map_err(Error::Format))
+            }
             _ => None,
         }
+    }
+
+    /// Rows `row0 .. row0 + n_rows` as ggml blocks viewed in the mapped file, when the
+    /// tensor is a GGUF tensor in any type but F32 (the fast path keeps F32 weights as f32)
+    /// or ggml blocks of a converted model; `None` otherwise. A type without a kernel is
+    /// an error naming the tensor.
+    pub fn ggml_rows(&self, row0: usize, n_rows: usize) -> Result<Option<GgmlMatrix>> {
+        let k = self.row_len();
+        let (matrix, first) = match &self.kind {
+            Kind::Gguf(g, info) if info.ggml_type != GgmlType::F32 => {
+                let bytes = g.data(info);
+                let start = bytes.as_ptr() as usize - g.file().bytes().as_ptr() as usize;
+                let rows = info.n_rows() as usize;
+                let owner: Arc<dyn StableBytes> = Arc::new(g.file().clone());
+                let m = GgmlMatrix::from_stored(
+                    owner,
+                    info.ggml_type,
+                    rows,
+                    k,
+                    start..start + bytes.len(),
+                );
+                (m.map_err(|e| self.bad(e.to_string()))?, self.row_offset)
+            }
+            Kind::Packed(f, t) if matches!(t.kind, StoredKind::Ggml(_)) => {
+                (f.ggml(t).map_err(Error::Format)?, self.row_offset)
+            }
+            _ => return Ok(None),
+        };
+        let rows = first + row0..first + row0 + n_rows;
+        matrix
+            .rows(rows)
+            .map(Some)
+            .map_err(|e| self.bad(e.to_string()))
     }
 }

@@ -110,6 +110,7 @@ fn every_fixture_converts_bit_identically() {
     let int4 = LoadOptions {
         precision: Precision::Fast,
         experts: PackedFormat::Int4 { group: 32 },
+        keep_blocks: false,
     };
     for name in [
         "tests/fixtures/qwen3_moe",
@@ -128,6 +129,7 @@ fn tiny_moe_converts_to_a_directory_and_maps_its_weights() {
     let opts = LoadOptions {
         precision: Precision::Fast,
         experts: PackedFormat::Int8 { group: None },
+        keep_blocks: false,
     };
     convert(&src, opts, &dir.join(strata_model::model::STRATA_FILE));
     let (_, source) = open(&dir).expect("the directory opens");

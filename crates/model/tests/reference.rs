@@ -216,6 +216,7 @@ fn quantized_experts_agree_with_f32() {
                 LoadOptions {
                     precision: Precision::Fast,
                     experts: fmt,
+                    keep_blocks: false,
                 },
             )
             .unwrap();
