@@ -33,6 +33,9 @@ pub enum Error {
     /// A request to the model is invalid (token ids out of range, too long, ...).
     #[error("{0}")]
     Input(String),
+    /// The run would not fit in the memory available (see [`crate::memory`]).
+    #[error("{0}")]
+    Memory(String),
 }
 
 /// Result alias for this crate.

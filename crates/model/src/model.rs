@@ -11,6 +11,7 @@ use crate::attention::{Attention, SeqSpan};
 use crate::cache::KvCache;
 use crate::config::{Arch, AttentionConfig, FfnConfig, ModelConfig, RopeScaling, yarn_mscale};
 use crate::linear::{Linear, LoadOptions, Loader, Precision, Recording};
+use crate::memory::MemoryPlan;
 use crate::moe::{Ffn, MoeBlock, Routing};
 use crate::ops::{add_assign, rms_norm};
 use crate::rope::Rope;
@@ -94,6 +95,7 @@ pub struct Model {
     rope: Rope,
     attn_scale: f32,
     precision: Precision,
+    memory: MemoryPlan,
 }
 
 impl Model {
@@ -117,8 +119,21 @@ impl Model {
             Source::Strata(f) => LoadOptions::stored(f)?,
             _ => opts,
         };
+        let memory = MemoryPlan::of(&config, src, opts);
+        memory.check(
+            0,
+            "run a quantized GGUF (its blocks are used in place, not copied), leave out \
+             --weights on a GGUF, or pick a smaller --weights",
+        )?;
         let ld = Loader::new(src, opts).with_fp8_block(config.fp8_block);
-        Model::build(config, &ld, opts.precision)
+        let mut model = Model::build(config, &ld, opts.precision)?;
+        model.memory = memory;
+        Ok(model)
+    }
+
+    /// The model's memory plan: private and mapped weights, KV cache per position.
+    pub fn memory(&self) -> MemoryPlan {
+        self.memory
     }
 
     /// Builds a model from `src` as [`Model::from_source`] does, recording what the loader
@@ -188,6 +203,7 @@ impl Model {
             rope,
             attn_scale,
             precision,
+            memory: MemoryPlan::default(),
         })
     }
 

@@ -1,0 +1,186 @@
+//! Memory admission: what a model needs that the OS cannot page back to its file, checked
+//! against what is available before anything is loaded, so a run that cannot fit is refused
+//! with a message instead of being killed by the kernel's OOM killer halfway through.
+//!
+//! A key design decision: weights used in place from a mapped file (GGUF blocks, BF16
+//! safetensors, converted models) are *not* counted as needed. Their pages are shared and
+//! clean; the kernel evicts and re-reads them under pressure, so a model larger than RAM
+//! still runs (slower). What counts is private memory: weights the loader converts or
+//! repacks, the KV cache of the sequences to be run, and a fixed scratch reserve.
+
+use crate::config::{AttentionConfig, ModelConfig};
+use crate::linear::{LoadOptions, Precision};
+use crate::source::Source;
+use crate::{Error, Result};
+
+/// Scratch the kernels and activations may use (per-thread tiles, MoE wave buffers, logits).
+pub const SCRATCH_BYTES: u64 = 512 << 20;
+
+/// A model's memory, estimated from its config and stored tensors without loading them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MemoryPlan {
+    /// Weight bytes the loader copies into private memory (converted, repacked or f32).
+    pub private_weights: u64,
+    /// Weight bytes used in place from the mapped file (page cache: shared, evictable).
+    pub mapped_weights: u64,
+    /// KV cache bytes per position of one sequence (f32 keys and values, or MLA latents).
+    pub kv_per_token: u64,
+}
+
+impl MemoryPlan {
+    /// The plan of `config` loaded from `src` with `opts`.
+    pub fn of(config: &ModelConfig, src: &Source, opts: LoadOptions) -> MemoryPlan {
+        let (private, mapped) = weight_bytes(src, opts);
+        MemoryPlan {
+            private_weights: private,
+            mapped_weights: mapped,
+            kv_per_token: kv_bytes_per_token(config),
+        }
+    }
+
+    /// Private bytes a run of `positions` cached positions in all (context x sequences)
+    /// needs: copied weights, KV cache and scratch.
+    pub fn needs(&self, positions: u64) -> u64 {
+        self.private_weights + self.kv_per_token.saturating_mul(positions) + SCRATCH_BYTES
+    }
+
+    /// Fails unless [`MemoryPlan::needs`]`(positions)` fits in the memory available now;
+    /// `lower` says which options lower the need. Passes when the available memory cannot
+    /// be read (not Linux).
+    pub fn check(&self, positions: u64, lower: &str) -> Result<()> {
+        let Some(available) = available_bytes() else {
+            return Ok(());
+        };
+        let needs = self.needs(positions);
+        if needs <= available {
+            return Ok(());
+        }
+        Err(Error::Memory(format!(
+            "not enough memory: this run needs {} of private memory ({} of converted weights, \
+             {} of KV cache for {positions} positions, {} of scratch) and {} is available; \
+             {lower}",
+            gib(needs),
+            gib(self.private_weights),
+            gib(self.kv_per_token.saturating_mul(positions)),
+            gib(SCRATCH_BYTES),
+            gib(available),
+        )))
+    }
+}
+
+fn gib(b: u64) -> String {
+    format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
+}
+
+/// KV cache bytes per position of one sequence.
+pub fn kv_bytes_per_token(cfg: &ModelConfig) -> u64 {
+    let per_layer = match &cfg.attention {
+        AttentionConfig::Gqa {
+            n_kv_heads,
+            head_dim,
+            ..
+        } => 2 * n_kv_heads * head_dim,
+        AttentionConfig::Mla {
+            kv_lora_rank,
+            qk_rope_head_dim,
+            ..
+        } => kv_lora_rank + qk_rope_head_dim,
+    };
+    (per_layer * cfg.n_layers() * 4) as u64
+}
+
+/// `(private, mapped)` weight bytes: which stored tensors the loader copies under `opts`.
+fn weight_bytes(src: &Source, opts: LoadOptions) -> (u64, u64) {
+    let fast = opts.precision == Precision::Fast;
+    // Bytes per value of a repacked routed expert.
+    let expert_bytes = |elems: u64| match opts.experts {
+        strata_kernels::PackedFormat::Bf16 => 2 * elems,
+        strata_kernels::PackedFormat::Int8 { .. } => elems + elems / 16,
+        strata_kernels::PackedFormat::Int4 { .. } => elems / 2 + elems / 8,
+    };
+    let (mut private, mut mapped) = (0u64, 0u64);
+    match src {
+        Source::Gguf(g) => {
+            for t in g.tensors() {
+                let elems = t.n_elements();
+                let f32_stored = t.ggml_type == strata_kernels::ggml::GgmlType::F32;
+                if !fast {
+                    private += 4 * elems;
+                } else if opts.keep_blocks && !f32_stored {
+                    mapped += t.n_bytes;
+                } else if f32_stored {
+                    private += t.n_bytes;
+                } else if t.name.contains("_exps.") {
+                    private += expert_bytes(elems);
+                } else {
+                    private += 2 * elems;
+                }
+            }
+        }
+        Source::Safetensors(ck) => {
+            for t in ck.tensors() {
+                let elems = t.numel() as u64;
+                let bytes = t.bytes().len() as u64;
+                if !fast {
+                    private += 4 * elems;
+                } else if t.name().contains(".experts.") {
+                    private += expert_bytes(elems);
+                } else if t.name().contains("embed_tokens") && t.as_bf16().is_some() {
+                    mapped += bytes;
+                } else if t.dtype() == strata_formats::DType::F32 {
+                    private += bytes;
+                } else {
+                    // Projections are packed for the kernels: a BF16 copy.
+                    private += 2 * elems;
+                }
+            }
+        }
+        Source::Strata(f) => {
+            for t in f.tensors() {
+                mapped += f.stored_bytes(t) as u64;
+            }
+        }
+    }
+    (private, mapped)
+}
+
+/// `MemAvailable` from `/proc/meminfo`: what can be allocated without swapping, page cache
+/// that can be dropped included. `None` where it cannot be read.
+pub fn available_bytes() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_that_cannot_fit_is_refused_with_what_it_needs() {
+        let plan = MemoryPlan {
+            private_weights: 1 << 30,
+            mapped_weights: 1 << 40,
+            kv_per_token: 1 << 20,
+        };
+        assert_eq!(plan.needs(10), (1 << 30) + (10 << 20) + SCRATCH_BYTES);
+        if available_bytes().is_some() {
+            let err = plan.check(1 << 30, "use fewer positions").unwrap_err();
+            let msg = err.to_string();
+            assert!(msg.starts_with("not enough memory"), "{msg}");
+            assert!(msg.contains("1024.00 GiB of KV cache for 1073741824 positions"), "{msg}");
+            assert!(msg.ends_with("use fewer positions"), "{msg}");
+            // Mapped weights are not counted: a small run of a huge mapped model passes.
+            plan.check(16, "").expect("fits");
+        }
+    }
+
+    #[test]
+    fn available_memory_is_read_on_linux() {
+        if cfg!(target_os = "linux") {
+            let a = available_bytes().expect("MemAvailable");
+            assert!(a > 1 << 20, "{a}");
+        }
+    }
+}
