@@ -68,6 +68,10 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         Some(p) => engine.text_prompt(p)?,
         None => engine.chat_prompt(&messages(&args))?,
     };
+    engine.model.memory().check(
+        (prompt.len() + args.max_tokens) as u64,
+        "lower --max-tokens or shorten the prompt",
+    )?;
     let request = Request {
         prompt,
         max_tokens: args.max_tokens,

@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 
 use clap::Args;
-use strata_model::Model;
+use strata_model::{MemoryPlan, Model};
 use strata_model::config::{AttentionConfig, FfnConfig, ModelConfig, Scoring};
 use strata_model::source::Source;
 
@@ -141,6 +141,7 @@ pub fn run(args: InfoArgs) -> anyhow::Result<()> {
             Some(model.param_counts().weight_bytes)
         }
     };
+    let plan = MemoryPlan::of(&config, &src, args.model.load_options());
     let cfg = &config;
     let (total, active) = config_params(cfg);
     let kv_per_token = kv_floats_per_token(cfg) * 4;
@@ -216,6 +217,13 @@ pub fn run(args: InfoArgs) -> anyhow::Result<()> {
             "weight_bytes_on_disk": file_bytes,
             "weight_bytes_loaded": loaded,
             "kv_cache_bytes_per_token": kv_per_token,
+            "memory": {
+                "private_weight_bytes": plan.private_weights,
+                "mapped_weight_bytes": plan.mapped_weights,
+                "needs_bytes_at_context": plan.needs(cfg.max_position_embeddings as u64),
+                "available_bytes": strata_model::memory::available_bytes(),
+            },
+            "slow_types": slow_types(&dtypes),
             "max_position_embeddings": cfg.max_position_embeddings,
         });
         println!("{}", serde_json::to_string_pretty(&doc)?);
@@ -257,8 +265,42 @@ pub fn run(args: InfoArgs) -> anyhow::Result<()> {
             format!("{:.1} KiB", kv_per_token as f64 / 1024.0)
         }
     );
+    println!(
+        "resident       {} copied into memory, {} used in place from the file (page cache)",
+        bytes(plan.private_weights as usize),
+        bytes(plan.mapped_weights as usize)
+    );
+    let available = strata_model::memory::available_bytes()
+        .map_or("unknown".into(), |a| bytes(a as usize));
+    println!(
+        "a full context  needs {} of private memory for one sequence of {} positions (available: {available})",
+        bytes(plan.needs(cfg.max_position_embeddings as u64) as usize),
+        cfg.max_position_embeddings
+    );
+    let slow = slow_types(&dtypes);
+    if !slow.is_empty() {
+        println!(
+            "kernels        {} dequantized per row block to f32 (no int8 kernel yet, slower)",
+            slow.join(", ")
+        );
+    }
     println!("context        {} positions", cfg.max_position_embeddings);
     Ok(())
+}
+
+/// Stored quantized types that have no int8 kernel (they run on the generic path).
+fn slow_types(dtypes: &BTreeMap<String, (usize, usize)>) -> Vec<String> {
+    dtypes
+        .keys()
+        .filter(|name| {
+            strata_kernels::ggml::GgmlType::ALL.iter().any(|t| {
+                t.name() == name.as_str()
+                    && t.block_size() > 1
+                    && !strata_kernels::ggml::has_fast_kernel(*t)
+            })
+        })
+        .cloned()
+        .collect()
 }
 
 #[cfg(test)]

@@ -24,7 +24,7 @@ use crate::packed::StableBytes;
 use crate::{Isa, KernelError, parallel_for};
 
 use super::dot::{Q8Rows, WRow, dot_rows};
-use super::unpack::{Decoder, UNIT, decoder, unpack_row};
+use super::unpack::{UNIT, decoder, unpack_row};
 use super::{GgmlType, dequantize_row};
 
 /// Weight rows decoded per task.
@@ -51,7 +51,8 @@ pub struct GgmlMatrix {
     k: usize,
     owner: Arc<dyn StableBytes>,
     range: Range<usize>,
-    decoder: Option<(Decoder, bool)>,
+    /// `Some(has_mins)` for types with an integer form.
+    decoder: Option<bool>,
 }
 
 impl std::fmt::Debug for GgmlMatrix {
@@ -253,11 +254,11 @@ impl GgmlMatrix {
             s.tile.clear();
             s.tile.resize(nt * nr, 0.0);
             match (input, self.decoder) {
-                (Input::Q8(a), Some((dec, mins))) => {
+                (Input::Q8(a), Some(mins)) => {
                     s.q.resize(nr * k, 0);
                     s.d.resize(nr * k / UNIT, 0.0);
                     s.m.resize(nr * k / UNIT, 0.0);
-                    unpack_rows(isa, dec, self.ty, src, &mut s.q, &mut s.d, &mut s.m);
+                    unpack_rows(isa, self.ty, src, &mut s.q, &mut s.d, &mut s.m);
                     let mut col = vec![0.0f32; nt];
                     for r in 0..nr {
                         let w = WRow {
@@ -341,23 +342,15 @@ fn with_scratch<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
 }
 
 /// Decodes rows of blocks, vectorised for AVX2 where the CPU has it.
-fn unpack_rows(
-    isa: Isa,
-    dec: Decoder,
-    ty: GgmlType,
-    src: &[u8],
-    q: &mut [i8],
-    d: &mut [f32],
-    m: &mut [f32],
-) {
+fn unpack_rows(isa: Isa, ty: GgmlType, src: &[u8], q: &mut [i8], d: &mut [f32], m: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx2 {
         // SAFETY: `Isa::Avx2` or better is only selected when the CPU has AVX2.
-        unsafe { unpack_rows_avx2(dec, ty, src, q, d, m) };
+        unsafe { unpack_rows_avx2(ty, src, q, d, m) };
         return;
     }
     let _ = isa;
-    unpack_row(dec, ty, src, q, d, m);
+    unpack_row(ty, src, q, d, m);
 }
 
 /// [`unpack_row`] compiled with AVX2 enabled (the decoders are inlined and vectorised).
@@ -366,15 +359,8 @@ fn unpack_rows(
 /// The CPU must support AVX2.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn unpack_rows_avx2(
-    dec: Decoder,
-    ty: GgmlType,
-    src: &[u8],
-    q: &mut [i8],
-    d: &mut [f32],
-    m: &mut [f32],
-) {
-    unpack_row(dec, ty, src, q, d, m);
+unsafe fn unpack_rows_avx2(ty: GgmlType, src: &[u8], q: &mut [i8], d: &mut [f32], m: &mut [f32]) {
+    unpack_row(ty, src, q, d, m);
 }
 
 /// f32 dot product with 8 independent partial sums (vectorised where AVX2 is enabled).

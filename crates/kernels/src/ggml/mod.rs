@@ -26,6 +26,12 @@ pub use matrix::GgmlMatrix;
 pub use moe::{GgmlExperts, fused_moe_ggml, fused_moe_ggml_ref};
 pub use types::{GgmlType, QK_K};
 
+/// Whether the int8 kernels compute `ty` in place; other readable types are dequantized to
+/// f32 per row block (several times slower, named so by `strata info`).
+pub fn has_fast_kernel(ty: GgmlType) -> bool {
+    unpack::decoder(ty).is_some()
+}
+
 #[cfg(test)]
 mod tests;
 

@@ -25,35 +25,23 @@ pub(crate) const KVALUES_IQ4NL: [i8; 16] = [
     -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
 ];
 
-/// One decoded block: `q` holds `block_size` values, `d` and `m` one entry per [`UNIT`].
-pub(crate) struct Out<'a> {
-    pub q: &'a mut [i8],
-    pub d: &'a mut [f32],
-    pub m: &'a mut [f32],
+/// One decoded block: `q` holds its `B` values, `d` and `m` one entry per [`UNIT`] (`U`).
+/// Fixed sizes let the compiler drop bounds checks and vectorise the decoders.
+pub(crate) struct Out<'a, const B: usize, const U: usize> {
+    pub q: &'a mut [i8; B],
+    pub d: &'a mut [f32; U],
+    pub m: &'a mut [f32; U],
 }
 
-/// A block decoder: the block's bytes into [`Out`].
-pub(crate) type Decoder = fn(&[u8], Out<'_>);
-
-/// The decoder of `ty`, and whether its blocks have mins (`m` nonzero); `None` when the
-/// type has no integer form.
-pub(crate) fn decoder(ty: GgmlType) -> Option<(Decoder, bool)> {
+/// Whether `ty` has an integer form (`Some`), and whether its blocks have mins (`m`
+/// nonzero).
+pub(crate) fn decoder(ty: GgmlType) -> Option<bool> {
     use GgmlType::*;
-    Some(match ty {
-        Q4_0 => (q4_0, false),
-        Q4_1 => (q4_1, true),
-        Q5_0 => (q5_0, false),
-        Q5_1 => (q5_1, true),
-        Q8_0 => (q8_0, false),
-        Q2_K => (q2_k, true),
-        Q3_K => (q3_k, false),
-        Q4_K => (q4_k, true),
-        Q5_K => (q5_k, true),
-        Q6_K => (q6_k, false),
-        IQ4_NL => (iq4_nl, false),
-        IQ4_XS => (iq4_xs, false),
-        _ => return None,
-    })
+    match ty {
+        Q4_1 | Q5_1 | Q2_K | Q4_K | Q5_K => Some(true),
+        Q4_0 | Q5_0 | Q8_0 | Q3_K | Q6_K | IQ4_NL | IQ4_XS => Some(false),
+        _ => None,
+    }
 }
 
 #[inline(always)]
@@ -63,13 +51,13 @@ fn f16_at(b: &[u8], i: usize) -> f32 {
 
 /// Writes one scale and min for `units` consecutive units starting at `u`.
 #[inline(always)]
-fn set(o: &mut Out, u: usize, units: usize, d: f32, m: f32) {
+fn set<const B: usize, const U: usize>(o: &mut Out<B, U>, u: usize, units: usize, d: f32, m: f32) {
     o.d[u..u + units].fill(d);
     o.m[u..u + units].fill(m);
 }
 
 #[inline(always)]
-fn q4_0(x: &[u8], o: Out) {
+fn q4_0(x: &[u8; 18], o: Out<32, 2>) {
     let mut o = o;
     let qs = &x[2..18];
     for j in 0..16 {
@@ -80,7 +68,7 @@ fn q4_0(x: &[u8], o: Out) {
 }
 
 #[inline(always)]
-fn q4_1(x: &[u8], o: Out) {
+fn q4_1(x: &[u8; 20], o: Out<32, 2>) {
     let mut o = o;
     let qs = &x[4..20];
     for j in 0..16 {
@@ -91,7 +79,7 @@ fn q4_1(x: &[u8], o: Out) {
 }
 
 #[inline(always)]
-fn q5_0(x: &[u8], o: Out) {
+fn q5_0(x: &[u8; 22], o: Out<32, 2>) {
     let mut o = o;
     let qh = u32::from_le_bytes([x[2], x[3], x[4], x[5]]);
     let qs = &x[6..22];
@@ -105,7 +93,7 @@ fn q5_0(x: &[u8], o: Out) {
 }
 
 #[inline(always)]
-fn q5_1(x: &[u8], o: Out) {
+fn q5_1(x: &[u8; 24], o: Out<32, 2>) {
     let mut o = o;
     let qh = u32::from_le_bytes([x[4], x[5], x[6], x[7]]);
     let qs = &x[8..24];
@@ -119,7 +107,7 @@ fn q5_1(x: &[u8], o: Out) {
 }
 
 #[inline(always)]
-fn q8_0(x: &[u8], o: Out) {
+fn q8_0(x: &[u8; 34], o: Out<32, 2>) {
     let mut o = o;
     for (q, &b) in o.q.iter_mut().zip(&x[2..34]) {
         *q = b as i8;
@@ -128,7 +116,7 @@ fn q8_0(x: &[u8], o: Out) {
 }
 
 #[inline(always)]
-fn q2_k(x: &[u8], o: Out) {
+fn q2_k(x: &[u8; 84], o: Out<256, 16>) {
     let mut o = o;
     let scales = &x[0..16];
     let (d, min) = (f16_at(x, 80), f16_at(x, 82));
@@ -155,7 +143,7 @@ fn q2_k(x: &[u8], o: Out) {
 }
 
 #[inline(always)]
-fn q3_k(x: &[u8], o: Out) {
+fn q3_k(x: &[u8; 110], o: Out<256, 16>) {
     let mut o = o;
     let hmask = &x[0..32];
     let s = &x[96..108];
@@ -194,7 +182,7 @@ fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
 
 /// Scales and mins of the 8 sub-blocks of 32 of a Q4_K / Q5_K block.
 #[inline(always)]
-fn k4_scales(x: &[u8], o: &mut Out) {
+fn k4_scales(x: &[u8], o: &mut Out<256, 16>) {
     let (d, min) = (f16_at(x, 0), f16_at(x, 2));
     for j in 0..8 {
         let (sc, m) = scale_min_k4(j, &x[4..16]);
@@ -203,7 +191,7 @@ fn k4_scales(x: &[u8], o: &mut Out) {
 }
 
 #[inline(always)]
-fn q4_k(x: &[u8], o: Out) {
+fn q4_k(x: &[u8; 144], o: Out<256, 16>) {
     let mut o = o;
     for c in 0..4 {
         let q = &x[16 + 32 * c..48 + 32 * c];
@@ -216,7 +204,7 @@ fn q4_k(x: &[u8], o: Out) {
 }
 
 #[inline(always)]
-fn q5_k(x: &[u8], o: Out) {
+fn q5_k(x: &[u8; 176], o: Out<256, 16>) {
     let mut o = o;
     let qh = &x[16..48];
     for c in 0..4 {
@@ -232,7 +220,7 @@ fn q5_k(x: &[u8], o: Out) {
 }
 
 #[inline(always)]
-fn q6_k(x: &[u8], o: Out) {
+fn q6_k(x: &[u8; 210], o: Out<256, 16>) {
     let mut o = o;
     let d = f16_at(x, 208);
     for half in 0..2 {
@@ -254,7 +242,7 @@ fn q6_k(x: &[u8], o: Out) {
 }
 
 #[inline(always)]
-fn iq4_nl(x: &[u8], o: Out) {
+fn iq4_nl(x: &[u8; 18], o: Out<32, 2>) {
     let mut o = o;
     let qs = &x[2..18];
     for j in 0..16 {
@@ -265,7 +253,7 @@ fn iq4_nl(x: &[u8], o: Out) {
 }
 
 #[inline(always)]
-fn iq4_xs(x: &[u8], o: Out) {
+fn iq4_xs(x: &[u8; 136], o: Out<256, 16>) {
     let mut o = o;
     let d = f16_at(x, 0);
     let scales_h = u16::from_le_bytes([x[2], x[3]]);
@@ -288,27 +276,38 @@ fn iq4_xs(x: &[u8], o: Out) {
 }
 
 /// Decodes a row of whole blocks of `ty` (`src` exactly their bytes) into `q` (one value per
-/// weight) and `d`, `m` (one per [`UNIT`]). Panics on a type without a decoder or wrong
-/// lengths: callers check both when building a matrix.
+/// weight) and `d`, `m` (one per [`UNIT`]). Panics on a type without a decoder: callers
+/// check [`decoder`] when building a matrix. Each arm calls its decoder directly, so it is
+/// inlined (and vectorised) into the caller's instruction set.
 #[inline(always)]
-pub(crate) fn unpack_row(
-    dec: Decoder,
-    ty: GgmlType,
-    src: &[u8],
-    q: &mut [i8],
-    d: &mut [f32],
-    m: &mut [f32],
-) {
-    let (bs, bb) = (ty.block_size(), ty.block_bytes());
-    let units = bs / UNIT;
-    debug_assert!(bs == 32 || bs == QK_K);
-    for (((x, q), d), m) in src
-        .chunks_exact(bb)
-        .zip(q.chunks_exact_mut(bs))
-        .zip(d.chunks_exact_mut(units))
-        .zip(m.chunks_exact_mut(units))
-    {
-        dec(x, Out { q, d, m });
+pub(crate) fn unpack_row(ty: GgmlType, src: &[u8], q: &mut [i8], d: &mut [f32], m: &mut [f32]) {
+    debug_assert!(ty.block_size() == 32 || ty.block_size() == QK_K);
+    macro_rules! each_block {
+        ($dec:ident, $bb:literal, $b:literal, $u:literal) => {{
+            let (x, _) = src.as_chunks::<$bb>();
+            let (q, _) = q.as_chunks_mut::<$b>();
+            let (d, _) = d.as_chunks_mut::<$u>();
+            let (m, _) = m.as_chunks_mut::<$u>();
+            for (((x, q), d), m) in x.iter().zip(q).zip(d).zip(m) {
+                $dec(x, Out { q, d, m });
+            }
+        }};
+    }
+    use GgmlType::*;
+    match ty {
+        Q4_0 => each_block!(q4_0, 18, 32, 2),
+        Q4_1 => each_block!(q4_1, 20, 32, 2),
+        Q5_0 => each_block!(q5_0, 22, 32, 2),
+        Q5_1 => each_block!(q5_1, 24, 32, 2),
+        Q8_0 => each_block!(q8_0, 34, 32, 2),
+        Q2_K => each_block!(q2_k, 84, 256, 16),
+        Q3_K => each_block!(q3_k, 110, 256, 16),
+        Q4_K => each_block!(q4_k, 144, 256, 16),
+        Q5_K => each_block!(q5_k, 176, 256, 16),
+        Q6_K => each_block!(q6_k, 210, 256, 16),
+        IQ4_NL => each_block!(iq4_nl, 18, 32, 2),
+        IQ4_XS => each_block!(iq4_xs, 136, 256, 16),
+        other => unreachable!("{other} has no integer decoder"),
     }
 }
 
@@ -325,13 +324,13 @@ mod tests {
         for ty in [
             Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS,
         ] {
-            let (dec, _) = decoder(ty).expect("integer type");
+            decoder(ty).expect("integer type");
             let n = 2 * QK_K;
             let src = random_blocks(ty, n / ty.block_size(), &mut seed);
             let mut want = vec![0.0f32; n];
             dequantize_row(ty, &src, &mut want).expect("valid blocks");
             let (mut q, mut d, mut m) = (vec![0i8; n], vec![0.0; n / UNIT], vec![0.0; n / UNIT]);
-            unpack_row(dec, ty, &src, &mut q, &mut d, &mut m);
+            unpack_row(ty, &src, &mut q, &mut d, &mut m);
             for i in 0..n {
                 let got = d[i / UNIT] * q[i] as f32 + m[i / UNIT];
                 assert_eq!(got, want[i], "{ty} value {i}");
