@@ -146,6 +146,8 @@ def placeholder_vocab(self) -> None:
     syms = [byte_sym[b] for b in range(256)]
     space = byte_sym[ord(" ")]
     tokens = syms[: n - 1] + [space + space]
+    # Vocabularies larger than the 256 byte symbols + 1 merge get unreachable fillers.
+    tokens += [f"<filler_{i}>" for i in range(len(tokens), n)]
     self.gguf_writer.add_tokenizer_model("gpt2")
     self.gguf_writer.add_tokenizer_pre("default")
     self.gguf_writer.add_token_list(tokens)

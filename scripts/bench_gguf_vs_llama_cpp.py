@@ -1,0 +1,307 @@
+#!/usr/bin/env python3
+"""Strata against llama.cpp on the same GGUF, side by side: time to first token, peak memory
+(private and file-backed), prefill and decode speed.
+
+    # once: llama.cpp and its venv (see the script), the Strata binary, the asset
+    scripts/setup_llama_cpp.sh
+    cargo build --release -p strata-cli
+    python scripts/make_qwen3_30b_gguf.py --out /work/bench-assets/qwen3-30b-a3b.q4_k_m.gguf
+    # then, on a quiet machine:
+    .venv-llama/bin/python scripts/bench_gguf_vs_llama_cpp.py \\
+        --model /work/bench-assets/qwen3-30b-a3b.q4_k_m.gguf --rounds 3 --json bench.json
+
+Run it with the Python of the venv scripts/setup_llama_cpp.sh made (it imports llama_cpp to
+build the prompt); LLAMA_CPP_LIB_PATH defaults to that script's build (`--llama-lib`).
+
+Both engines get the same file, the same thread count (`--threads`: STRATA_THREADS for
+Strata, n_threads / n_threads_batch for llama.cpp) and the same prompt text of exactly
+`--prompt-tokens` tokens (built from a fixed English text with llama.cpp's tokenizer of the
+file, checked to re-tokenize to that length), and generate `--gen-tokens` tokens greedily.
+Each round runs both, one after the other, in a fresh process each; the order alternates
+between rounds (on a shared host back-to-back runs drift). Reported per engine: the median
+over rounds (and the best) of
+
+- `load_s`: start of the process's model load to the model being ready (Strata: time to
+  first token minus prefill, as it prints no load time);
+- `ttft_s`: process start (llama.cpp: the `Llama(...)` call, so Python's own start-up is not
+  counted) to the first generated token: load + prefill + first sample;
+- `prefill_tps`: prompt tokens / (prefill wall time until the first token is sampled);
+- `decode_tps`: generated tokens after the first / their wall time;
+- `peak_rss_anon_mb`, `peak_rss_file_mb`: the largest RssAnon (private) and RssFile
+  (file-backed: the mapped GGUF) seen in /proc/PID/status, sampled every 20 ms;
+  `vm_hwm_mb`: VmHWM (the kernel's peak resident set) at the last sample.
+
+llama.cpp runs through llama-cpp-python in a child process (`--worker`): `eval(prompt)`, then
+one `eval([token])` per generated token with the argmax of the last logits, each step
+timed (its `generate` would re-evaluate the prompt). Loaded with use_extra_bufts=False (its
+AMX repacking dies with SIGILL on some machines here) and the default mmap. The child's
+RssAnon includes the Python interpreter and numpy (~40 MB).
+Strata runs as `strata generate --model FILE --prompt TEXT --max-tokens N --temperature 0`
+(plus `--strata-arg`s) and its statistics line on stderr is parsed:
+`[P prompt tokens at X tok/s, G generated at Y tok/s, finish: ...]`; the first byte on its
+stdout is its first token. A random model may emit its end-of-sequence token early; such a
+run is marked (`finish`).
+"""
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_LIB = ROOT / ".cache" / "llama.cpp" / "build" / "bin"
+
+# A fixed, varied English text to cut the prompt from (repeated as needed).
+TEXT = (
+    "The river town woke slowly that spring. Fishermen mended their nets along the quay while "
+    "the baker, a tall man with flour on his sleeves, argued with a merchant about the price "
+    "of rye. Children ran between the stalls, chasing a dog that had stolen a sausage. In the "
+    "council hall, the mayor read a letter from the capital: the new railway would pass north "
+    "of the hills, not through the valley as everyone had hoped. He folded it twice, put it in "
+    "his pocket and walked to the window. Below, a cart loaded with barrels turned the corner "
+    "too fast and lost one of them, which rolled all the way down to the water. Nobody moved "
+    "to stop it. Later that day the schoolteacher asked her pupils to write about the future "
+    "of their town; most wrote about trains, two wrote about the sea, and one boy wrote a long "
+    "story about a barrel that floated to America and made its owner rich. "
+)
+
+
+def proc_status(pid: int) -> dict:
+    out = {}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                if key in ("VmHWM", "RssAnon", "RssFile", "VmRSS"):
+                    out[key] = int(rest.split()[0]) / 1024.0  # kB -> MB
+    except (FileNotFoundError, ProcessLookupError):
+        pass
+    return out
+
+
+class MemSampler(threading.Thread):
+    """Samples a process's /proc/PID/status every 20 ms until it exits."""
+
+    def __init__(self, pid: int):
+        super().__init__(daemon=True)
+        self.pid, self.anon, self.file, self.hwm, self.done = pid, 0.0, 0.0, 0.0, False
+
+    def run(self) -> None:
+        while not self.done:
+            s = proc_status(self.pid)
+            if s:
+                self.anon = max(self.anon, s.get("RssAnon", 0.0))
+                self.file = max(self.file, s.get("RssFile", 0.0))
+                self.hwm = max(self.hwm, s.get("VmHWM", 0.0))
+            time.sleep(0.02)
+
+    def result(self) -> dict:
+        return {"peak_rss_anon_mb": round(self.anon, 1), "peak_rss_file_mb": round(self.file, 1),
+                "vm_hwm_mb": round(self.hwm, 1)}
+
+
+def run_llama(args, prompt: str) -> dict:
+    cmd = [sys.executable, __file__, "--worker", "--model", str(args.model),
+           "--threads", str(args.threads), "--gen-tokens", str(args.gen_tokens),
+           "--prompt-file", str(args.prompt_file)]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=llama_env(args))
+    mem = MemSampler(p.pid)
+    mem.start()
+    out, err = p.communicate()
+    mem.done = True
+    mem.join()
+    if p.returncode != 0:
+        raise RuntimeError(f"llama.cpp worker failed ({p.returncode}): {err[-2000:]}")
+    r = json.loads(out.strip().splitlines()[-1])
+    r.update(mem.result())
+    return r
+
+
+STATS = re.compile(r"\[(\d+) prompt tokens at ([\d.]+) tok/s, (\d+) generated at ([\d.]+) tok/s, "
+                   r"finish: ([^,\]]+)")
+
+
+def run_strata(args, prompt: str) -> dict:
+    cmd = [str(args.strata), "generate", "--model", str(args.model), "--prompt", prompt,
+           "--max-tokens", str(args.gen_tokens), "--temperature", "0", *args.strata_arg]
+    env = dict(os.environ, STRATA_THREADS=str(args.threads))
+    start = time.perf_counter()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    mem = MemSampler(p.pid)
+    mem.start()
+    first = p.stdout.read(1)
+    ttft = time.perf_counter() - start
+    rest = p.stdout.read()
+    err = p.stderr.read().decode(errors="replace")
+    p.wait()
+    mem.done = True
+    mem.join()
+    if p.returncode != 0:
+        raise RuntimeError(f"strata failed ({p.returncode}): {err[-2000:]}")
+    m = STATS.search(err)
+    if not m:
+        raise RuntimeError(f"no statistics line in strata's stderr: {err[-2000:]}")
+    prompt_tokens, prefill_tps = int(m[1]), float(m[2])
+    generated, decode_tps, finish = int(m[3]), float(m[4]), m[5]
+    if not first:
+        ttft = float("nan")
+    r = {"load_s": round(ttft - prompt_tokens / prefill_tps, 3), "ttft_s": round(ttft, 3),
+         "prompt_tokens": prompt_tokens, "prefill_tps": prefill_tps, "generated": generated,
+         "decode_tps": decode_tps, "finish": finish,
+         "text": (first + rest).decode(errors="replace")[:80]}
+    r.update(mem.result())
+    return r
+
+
+def worker(args) -> None:
+    """llama.cpp side, in its own process: prints one JSON line."""
+    import numpy as np
+    from llama_cpp import Llama
+
+    prompt = Path(args.prompt_file).read_text()
+
+    def last_logits():
+        # Without logits_all, Llama.eval keeps no scores: read llama.cpp's last row.
+        return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))
+
+    t0 = time.perf_counter()
+    llm = Llama(model_path=str(args.model), n_ctx=4096, n_batch=512, n_ubatch=512,
+                n_threads=args.threads, n_threads_batch=args.threads, verbose=False,
+                use_extra_bufts=False)
+    t_load = time.perf_counter()
+    tokens = llm.tokenize(prompt.encode(), add_bos=True, special=False)
+    t_tok = time.perf_counter()
+    llm.eval(tokens)
+    tok = int(np.argmax(last_logits()))
+    t_first = time.perf_counter()
+    out, steps = [tok], []
+    for _ in range(args.gen_tokens - 1):
+        s = time.perf_counter()
+        llm.eval([tok])
+        tok = int(np.argmax(last_logits()))
+        steps.append(time.perf_counter() - s)
+        out.append(tok)
+    logits = last_logits()
+    finite = bool(np.isfinite(logits).all())
+    prefill = t_first - t_tok
+    print(json.dumps({
+        "load_s": round(t_load - t0, 3),
+        "ttft_s": round(t_load - t0 + prefill, 3),
+        "prompt_tokens": len(tokens),
+        "prefill_tps": round(len(tokens) / prefill, 2),
+        "generated": len(out),
+        "decode_tps": round(len(steps) / sum(steps), 2) if steps else float("nan"),
+        "finish": "length" if finite else "non-finite logits",
+        "text": llm.detokenize(out).decode(errors="replace")[:80],
+    }))
+
+
+def llama_env(args) -> dict:
+    env = dict(os.environ)
+    env.setdefault("LLAMA_CPP_LIB_PATH", str(args.llama_lib))
+    return env
+
+
+def make_prompt(args) -> str:
+    """Text that llama.cpp's tokenizer of the file turns into exactly --prompt-tokens tokens."""
+    from llama_cpp import Llama
+
+    llm = Llama(model_path=str(args.model), vocab_only=True, verbose=False)
+    want = args.prompt_tokens
+    ids = llm.tokenize((TEXT * (want // 100 + 2)).encode(), add_bos=False, special=False)
+    for n in range(want, want - 16, -1):
+        text = llm.detokenize(ids[:n]).decode(errors="ignore")
+        if len(llm.tokenize(text.encode(), add_bos=False, special=False)) == want:
+            return text
+        # Cutting may split a merge; one token short is fixed by the next try.
+    raise SystemExit(f"could not build a prompt of exactly {want} tokens")
+
+
+def summarize(runs: list) -> dict:
+    keys = ["load_s", "ttft_s", "prefill_tps", "decode_tps", "peak_rss_anon_mb",
+            "peak_rss_file_mb", "vm_hwm_mb"]
+    out = {}
+    for k in keys:
+        vals = [r[k] for r in runs]
+        best = min(vals) if k.endswith("_s") or k.endswith("_mb") else max(vals)
+        out[k] = {"median": round(statistics.median(vals), 3), "best": round(best, 3)}
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", type=Path, required=True)
+    p.add_argument("--strata", type=Path, default=ROOT / "target" / "release" / "strata")
+    p.add_argument("--strata-arg", action="append", default=[],
+                   help="extra argument for `strata generate` (repeatable), e.g. --strata-arg=--weights=int4")
+    p.add_argument("--llama-lib", type=Path, default=Path(os.environ.get("LLAMA_CPP_LIB_PATH", DEFAULT_LIB)),
+                   help="directory holding libllama.so (default: scripts/setup_llama_cpp.sh's build)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--prompt-tokens", type=int, default=512)
+    p.add_argument("--gen-tokens", type=int, default=128)
+    p.add_argument("--only", choices=["llama.cpp", "strata"], help="run one engine")
+    p.add_argument("--json", type=Path, help="also write the results here")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--prompt-file", type=Path, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    os.environ.setdefault("LLAMA_CPP_LIB_PATH", str(args.llama_lib))
+    if args.worker:
+        worker(args)
+        return
+
+    prompt = make_prompt(args)
+    args.prompt_file = Path(f"/tmp/bench_gguf_prompt_{os.getpid()}.txt")
+    args.prompt_file.write_text(prompt)
+    engines = {"llama.cpp": run_llama, "strata": run_strata}
+    if args.only:
+        engines = {args.only: engines[args.only]}
+    runs = {e: [] for e in engines}
+    for r in range(args.rounds):
+        order = list(engines) if r % 2 == 0 else list(reversed(engines))
+        for e in order:
+            res = engines[e](args, prompt)
+            runs[e].append(res)
+            print(f"round {r + 1} {e}: " + json.dumps(res), file=sys.stderr, flush=True)
+    args.prompt_file.unlink()
+
+    summary = {e: summarize(v) for e, v in runs.items()}
+    ratios = {}
+    if len(summary) == 2:
+        s, l = summary["strata"], summary["llama.cpp"]
+        ratios = {k: round(s[k]["median"] / l[k]["median"], 3) if l[k]["median"] else None
+                  for k in s}
+    rows = [("load (s)", "load_s"), ("time to first token (s)", "ttft_s"),
+            (f"prefill tok/s ({args.prompt_tokens} tokens)", "prefill_tps"),
+            (f"decode tok/s ({args.gen_tokens} tokens)", "decode_tps"),
+            ("peak RssAnon (MB)", "peak_rss_anon_mb"), ("peak RssFile (MB)", "peak_rss_file_mb"),
+            ("VmHWM (MB)", "vm_hwm_mb")]
+    names = list(summary)
+    print(f"\n{args.model.name}: {args.threads} threads, {args.rounds} rounds, medians (best)")
+    head = f"| {'metric':<28} | " + " | ".join(f"{n:>18}" for n in names)
+    print(head + (" | strata / llama.cpp |" if ratios else " |"))
+    print("|" + "-" * 30 + "|" + "|".join("-" * 20 for _ in names) + ("|" + "-" * 20 + "|" if ratios else "|"))
+    for label, k in rows:
+        cells = " | ".join(f"{summary[n][k]['median']:>9.2f} ({summary[n][k]['best']:.2f})".rjust(18)
+                           for n in names)
+        line = f"| {label:<28} | {cells}"
+        line += f" | {ratios[k]:>18.3f} |" if ratios else " |"
+        print(line)
+    result = {"model": str(args.model), "threads": args.threads, "rounds": args.rounds,
+              "prompt_tokens": args.prompt_tokens, "gen_tokens": args.gen_tokens,
+              "strata_args": args.strata_arg, "summary": summary,
+              "ratios_strata_over_llama_cpp": ratios, "runs": runs}
+    print(json.dumps(result, indent=1))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
