@@ -9,9 +9,9 @@
 use std::collections::BTreeMap;
 
 use clap::Args;
-use strata_model::{MemoryPlan, Model};
 use strata_model::config::{AttentionConfig, FfnConfig, ModelConfig, Scoring};
 use strata_model::source::Source;
+use strata_model::{MemoryPlan, Model};
 
 use crate::model_arg::ModelArgs;
 
@@ -270,8 +270,8 @@ pub fn run(args: InfoArgs) -> anyhow::Result<()> {
         bytes(plan.private_weights as usize),
         bytes(plan.mapped_weights as usize)
     );
-    let available = strata_model::memory::available_bytes()
-        .map_or("unknown".into(), |a| bytes(a as usize));
+    let available =
+        strata_model::memory::available_bytes().map_or("unknown".into(), |a| bytes(a as usize));
     println!(
         "a full context  needs {} of private memory for one sequence of {} positions (available: {available})",
         bytes(plan.needs(cfg.max_position_embeddings as u64) as usize),

