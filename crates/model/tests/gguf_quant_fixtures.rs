@@ -170,3 +170,49 @@ quant_fixtures! {
     // reference at 0.955.
     iq2_xxs => "iq2_xxs", 0.93;
 }
+
+/// The fixture `qwen3_moe_k.q4_k.gguf` with tensor `name`'s type id replaced by `id`, written
+/// to a temporary file.
+fn with_type_id(name: &str, id: u32) -> std::path::PathBuf {
+    let src = repo_root().join("tests/fixtures-gguf/qwen3_moe_k.q4_k.gguf");
+    let mut b = std::fs::read(src).expect("fixture");
+    // A tensor info: u64 name length, name, u32 n_dims, u64 dims..., u32 type, u64 offset.
+    let mut key = (name.len() as u64).to_le_bytes().to_vec();
+    key.extend_from_slice(name.as_bytes());
+    let at = b
+        .windows(key.len())
+        .position(|w| w == key)
+        .expect("tensor info present");
+    let dims_at = at + key.len();
+    let n_dims = u32::from_le_bytes(b[dims_at..dims_at + 4].try_into().unwrap()) as usize;
+    let ty_at = dims_at + 4 + 8 * n_dims;
+    b[ty_at..ty_at + 4].copy_from_slice(&id.to_le_bytes());
+    let out = std::env::temp_dir().join(format!("strata-type-{id}-{}.gguf", std::process::id()));
+    std::fs::write(&out, b).expect("write");
+    out
+}
+
+#[test]
+fn a_type_without_a_kernel_or_an_unknown_type_is_an_error_naming_the_tensor() {
+    // NVFP4 (id 40) packs 256 values in 144 bytes like Q4_K, so the file stays consistent
+    // and only the missing kernel can refuse it.
+    let tensor = "blk.0.ffn_gate_exps.weight";
+    let nvfp4 = with_type_id(tensor, 40);
+    for p in [Precision::Fast, Precision::F32] {
+        let err = Model::load(&nvfp4, p)
+            .expect_err("no NVFP4 kernel")
+            .to_string();
+        assert!(
+            err.contains(tensor) && err.contains("NVFP4"),
+            "{p:?}: {err}"
+        );
+    }
+    let unknown = with_type_id(tensor, 99);
+    let err = Model::load(&unknown, Precision::Fast)
+        .expect_err("unknown type")
+        .to_string();
+    assert!(err.contains(tensor) && err.contains("99"), "{err}");
+    for f in [nvfp4, unknown] {
+        std::fs::remove_file(f).ok();
+    }
+}
