@@ -20,6 +20,7 @@ pub mod decision;
 pub mod layout;
 pub mod policies;
 pub mod predictor;
+pub mod rng;
 pub mod stratify;
 pub mod throughput;
 
