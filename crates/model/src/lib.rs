@@ -21,6 +21,7 @@ pub mod model;
 pub mod moe;
 pub mod ops;
 pub mod rope;
+mod shape;
 pub mod source;
 
 pub use attention::SeqSpan;
@@ -30,3 +31,4 @@ pub use error::{Error, Result};
 pub use linear::{LoadOptions, Precision};
 pub use model::{ForwardObserver, LogitsWanted, Model, NoObserver, ParamCounts, SeqInput};
 pub use moe::{ExpertCall, ExpertExecutor, Routing};
+pub use shape::MoeShape;
