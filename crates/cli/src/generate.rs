@@ -8,7 +8,8 @@ use std::time::Instant;
 
 use strata_runtime::engine::{Engine, FinishReason, Request, load_tokenizer};
 use strata_runtime::sampling::{Sampler, SamplingParams};
-use strata_runtime::text::{ChatMessage, StreamDecoder};
+use strata_runtime::step::{SequenceOptions, SequenceState};
+use strata_runtime::text::ChatMessage;
 
 use crate::model_arg::{Device, ModelArgs};
 
@@ -95,22 +96,26 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     writeln!(stdout)
         .and_then(|()| stdout.flush())
         .context("writing to stdout")?;
-    let finish = match outputs[0].finish {
-        FinishReason::Stop => "stop",
-        FinishReason::Length => "length",
-        FinishReason::ContextFull => "context full",
-    };
     eprintln!(
-        "[{} prompt tokens at {:.1} tok/s, {} generated at {:.1} tok/s, finish: {finish}]",
+        "[{} prompt tokens at {:.1} tok/s, {} generated at {:.1} tok/s, finish: {}]",
         stats.prompt_tokens,
         stats.prefill_tps(),
         outputs[0].tokens.len(),
         stats.decode_tps(),
+        finish_name(&outputs[0].finish),
     );
     if let Some(exec) = hybrid {
         eprintln!("[hybrid, policy {}: {}]", exec.policy_name(), exec.stats());
     }
     Ok(())
+}
+
+fn finish_name(finish: &FinishReason) -> &'static str {
+    match finish {
+        FinishReason::Stop => "stop",
+        FinishReason::Length => "length",
+        FinishReason::ContextFull => "context full",
+    }
 }
 
 fn messages(args: &GenerateArgs) -> Vec<ChatMessage> {
@@ -148,40 +153,41 @@ fn run_gpu(args: &GenerateArgs, dir: &std::path::Path) -> anyhow::Result<()> {
         }
     };
     let model = args.model.gpu_model(dir)?;
-    let mut cache = model.new_cache(prompt.len() + args.max_tokens)?;
-    let mut sampler = Sampler::new(sampling(args))?;
-    let mut decoder = StreamDecoder::new(&tokenizer, &args.stop, true)?;
-    let mut history = prompt.clone();
+    // The cache holds the prompt and every generated token: the length limit comes first.
+    let ctx_size = prompt.len() + args.max_tokens;
+    let mut cache = model.new_cache(ctx_size)?;
+    let opts = SequenceOptions {
+        max_tokens: args.max_tokens,
+        ctx_size,
+        stop: &args.stop,
+        ignore_eos: false,
+        top_logprobs: None,
+    };
+    let mut seq = SequenceState::new(&tokenizer, Sampler::new(sampling(args))?, &prompt, opts)?;
     let mut stdout = std::io::stdout().lock();
     let started = Instant::now();
     let mut logits = model.forward_last(&prompt, &mut cache)?;
     let prefill = started.elapsed();
-    let mut generated = 0;
     let finish = loop {
-        let id = sampler.sample(&logits, &history)?;
-        let piece = decoder.push(id)?;
+        let outcome = seq.accept(&logits)?;
         stdout
-            .write_all(piece.text.as_bytes())
+            .write_all(outcome.text.as_bytes())
+            .and_then(|()| stdout.flush())
             .context("writing to stdout")?;
-        stdout.flush().context("writing to stdout")?;
-        if piece.stop.is_some() {
-            break "stop";
+        if let Some(finish) = outcome.finish {
+            writeln!(stdout, "{}", outcome.tail).context("writing to stdout")?;
+            break finish;
         }
-        generated += 1;
-        history.push(id);
-        if generated >= args.max_tokens {
-            break "length";
-        }
-        logits = model.forward_last(&[id], &mut cache)?;
+        logits = model.forward_last(seq.next_input(), &mut cache)?;
     };
-    let tail = decoder.finish()?;
-    writeln!(stdout, "{}", tail.text).context("writing to stdout")?;
+    let generated = seq.generated().len();
     let decode = started.elapsed() - prefill;
     eprintln!(
-        "[{} prompt tokens at {:.1} tok/s, {generated} generated at {:.1} tok/s, finish: {finish}, device: gpu]",
+        "[{} prompt tokens at {:.1} tok/s, {generated} generated at {:.1} tok/s, finish: {}, device: gpu]",
         prompt.len(),
         prompt.len() as f64 / prefill.as_secs_f64().max(1e-9),
         generated.saturating_sub(1) as f64 / decode.as_secs_f64().max(1e-9),
+        finish_name(&finish),
     );
     Ok(())
 }

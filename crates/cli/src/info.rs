@@ -29,58 +29,6 @@ pub struct InfoArgs {
     load: bool,
 }
 
-/// Parameters `(total, active per token)` of a model, from its config alone: the same
-/// counts as [`Model::param_counts`] (routed experts counted top-k times in `active`).
-pub fn config_params(cfg: &ModelConfig) -> (usize, usize) {
-    let h = cfg.hidden_size;
-    let embed = cfg.vocab_size * h;
-    let head = if cfg.tie_word_embeddings { 0 } else { embed };
-    let attn = match &cfg.attention {
-        AttentionConfig::Gqa {
-            n_heads,
-            n_kv_heads,
-            head_dim,
-            ..
-        } => 2 * (n_heads + n_kv_heads) * head_dim * h,
-        AttentionConfig::Mla {
-            n_heads,
-            q_lora_rank,
-            kv_lora_rank,
-            qk_nope_head_dim,
-            qk_rope_head_dim,
-            v_head_dim,
-            ..
-        } => {
-            let qk = qk_nope_head_dim + qk_rope_head_dim;
-            let q = match q_lora_rank {
-                Some(r) => r * h + n_heads * qk * r,
-                None => n_heads * qk * h,
-            };
-            q + (kv_lora_rank + qk_rope_head_dim) * h
-                + n_heads * (qk_nope_head_dim + v_head_dim) * kv_lora_rank
-                + h * n_heads * v_head_dim
-        }
-    };
-    let (mut total, mut active) = (embed + head + h, embed + head + h);
-    for layer in &cfg.layers {
-        let (t, a) = match layer {
-            FfnConfig::Dense(inter) => (3 * h * inter, 3 * h * inter),
-            FfnConfig::Moe(m) => {
-                let r = &m.router;
-                let fixed = r.n_experts * h
-                    + m.shared
-                        .as_ref()
-                        .map_or(0, |s| 3 * s.intermediate * h + if s.gated { h } else { 0 });
-                let expert = 3 * h * m.intermediate;
-                (fixed + expert * r.n_experts, fixed + expert * r.top_k)
-            }
-        };
-        total += attn + 2 * h + t;
-        active += attn + 2 * h + a;
-    }
-    (total, active)
-}
-
 /// f32 values one cached position takes in each layer (keys and values, or MLA's latent
 /// and rotary key), as [`Model::new_cache`] allocates them.
 fn kv_floats_per_token(cfg: &ModelConfig) -> usize {
@@ -143,7 +91,7 @@ pub fn run(args: InfoArgs) -> anyhow::Result<()> {
     };
     let plan = MemoryPlan::of(&config, &src, args.model.load_options());
     let cfg = &config;
-    let (total, active) = config_params(cfg);
+    let (total, active) = cfg.param_counts();
     let kv_per_token = kv_floats_per_token(cfg) * 4;
     let n_moe = cfg
         .layers
@@ -330,7 +278,7 @@ mod tests {
             let m = Model::load(&p, Precision::Fast).expect("fixture loads");
             let c = m.param_counts();
             assert_eq!(
-                config_params(&m.config),
+                m.config.param_counts(),
                 (c.total, c.active),
                 "{}",
                 p.display()

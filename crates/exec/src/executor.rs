@@ -2,7 +2,7 @@
 //! on the CPU kernels and the accelerator concurrently.
 //!
 //! Per layer: build the [`LayerView`] (routing, cache residency, free bytes), ask the
-//! policy, check that its tasks cover every routed (token, expert) pair exactly once, apply
+//! policy, check its decision ([`Decision::check`], the simulator's check), apply
 //! its evictions, assign slots to its transfers (a kept copy takes a cache slot; a staged
 //! one goes through the ping-pong staging slots in rounds), then hand the GPU's tasks to
 //! the device worker (uploads, `ExpertFfn` kernels, read back the per-pair outputs) while
@@ -13,33 +13,30 @@
 //! the next MoE layer (KTransformers, seed 003 section 4.1: `O_k = I_k + S_k +
 //! R_{k-1}^def + R_k^imm`).
 //!
-//! A key design decision: the executor never decides. Whatever the policy returns is
-//! executed as is, and what cannot be (a copy that the fixed slot count cannot hold, a GPU
-//! task whose expert is neither resident nor copied) is not silently replaced by a guess:
-//! it is refused (the copy) or run on the CPU (the task) and counted in [`ExecStats`], which
-//! tests require to stay zero for the shipped policies.
+//! A key design decision: the executor never decides. A decision that is not executable
+//! as stated is an error; what a valid decision asks and the device cannot do (a copy that
+//! the fixed slot count cannot hold) is not silently replaced by a guess: the copy is
+//! refused and its task runs on the CPU, both counted in [`ExecStats`], which tests require
+//! to stay zero for the shipped policies.
 //!
-//! Another: the device worker is one persistent thread that owns the device, the slots and
-//! its record of what each slot holds, and runs jobs strictly in order. A prefetch copy
-//! queued before a later layer's job is therefore complete before that job's kernels read
-//! the slot, without events to track; the worker still checks, for every (token, expert)
-//! pair, that its slot holds that expert before launching a kernel on it.
+//! Another: the device work runs on one persistent worker thread, in order (see
+//! [`crate::worker`]), so a prefetch queued before a layer is done when the layer reads it.
 
 use std::fmt;
-use std::sync::{Arc, Mutex, mpsc};
-use std::thread::JoinHandle;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use strata_accel::{Buffer, Device, ExpertSlots, Op, OpKind};
+use strata_accel::{Device, ExpertSlots, OpKind};
 use strata_kernels::moe::ExpertBatch;
 use strata_model::moe::{ExpertCall, ExpertExecutor};
 use strata_policy::{
     Candidates, CostModel, Decision, Device as Place, GpuView, LayerView, Phase, Policy,
-    TransferKind,
+    TransferKind, TransferPlan,
 };
 
 use crate::cache::SlotCache;
 use crate::weights::HostExperts;
+use crate::worker::{DeviceSide, GpuDone, GpuPlan, Job, Pair, Worker, lock, stopped};
 use crate::{Error, Result};
 
 /// How the executor runs.
@@ -199,148 +196,6 @@ impl fmt::Debug for State {
     }
 }
 
-/// One (token, expert) pair computed on the device.
-#[derive(Debug, Clone, Copy)]
-struct Pair {
-    row: u32,
-    slot: u32,
-    /// `(moe_layer, expert)` the slot must hold when the kernel runs.
-    expert: (usize, u32),
-    weight: f32,
-    deferred: bool,
-}
-
-/// `(slot, moe_layer, expert)`: one expert copied into one slot.
-type SlotCopy = (u32, usize, u32);
-
-/// Device work of one layer: copies into cache slots, then rounds of staged copies and
-/// kernels (round 0 also runs every resident expert).
-#[derive(Debug, Default)]
-struct GpuPlan {
-    /// Copies into cache slots that this layer's GPU tasks read.
-    uploads: Vec<SlotCopy>,
-    /// Copies into cache slots for later layers or steps (prefetches), queued after this
-    /// layer's job so they do not delay its results.
-    later: Vec<SlotCopy>,
-    /// Per round: staged copies, then the pairs to run.
-    rounds: Vec<(Vec<SlotCopy>, Vec<Pair>)>,
-}
-
-impl GpuPlan {
-    /// Whether this layer has device work to wait for (copies it reads, or kernels).
-    fn has_layer_work(&self) -> bool {
-        !self.uploads.is_empty()
-            || self
-                .rounds
-                .iter()
-                .any(|r| !r.0.is_empty() || !r.1.is_empty())
-    }
-}
-
-/// The device's share of one layer's output.
-#[derive(Debug, Default)]
-struct GpuDone {
-    out: Vec<f32>,
-    deferred: Vec<f32>,
-}
-
-/// What the device worker did, summed (read by [`HybridExecutor::stats`]).
-#[derive(Debug, Default, Clone)]
-struct DeviceCounters {
-    uploads: usize,
-    bytes: u64,
-    prefetched: usize,
-    time: Duration,
-}
-
-/// A job of the device worker; jobs run in the order sent.
-enum Job {
-    /// One layer's device work; the result goes back on `reply`.
-    Layer {
-        plan: GpuPlan,
-        x: Vec<f32>,
-        t: usize,
-        reply: mpsc::SyncSender<Result<GpuDone>>,
-    },
-    /// Copies for later layers or steps, nobody waiting; a failure is reported with the
-    /// next layer's result.
-    Copies(Vec<SlotCopy>),
-    /// Answers once every job sent before it has run.
-    Flush(mpsc::SyncSender<()>),
-}
-
-/// The persistent device worker: the sending end of its jobs and its thread.
-struct Worker {
-    /// Bounded: a layer waits to queue more once a step's worth of jobs (a layer's job
-    /// and its prefetches, per MoE layer) is queued, so prefetches the device cannot keep
-    /// up with slow the model down instead of piling up.
-    jobs: mpsc::SyncSender<Job>,
-    thread: Option<JoinHandle<()>>,
-    counters: Arc<Mutex<DeviceCounters>>,
-}
-
-impl Worker {
-    fn start(side: DeviceSide) -> Result<Worker> {
-        let (jobs, rx) = mpsc::sync_channel(2 * side.host.n_layers().max(1));
-        let counters = side.counters.clone();
-        let thread = std::thread::Builder::new()
-            .name("strata-exec-device".into())
-            .spawn(move || side.serve(&rx))
-            .map_err(|e| Error::Config(format!("cannot start the device worker: {e}")))?;
-        Ok(Worker {
-            jobs,
-            thread: Some(thread),
-            counters,
-        })
-    }
-
-    fn send(&self, job: Job) -> Result<()> {
-        self.jobs.send(job).map_err(|_| stopped())
-    }
-
-    /// Queues `plan`'s layer work on `x: [t, hidden]`; the result comes on the receiver.
-    fn layer(
-        &self,
-        plan: GpuPlan,
-        x: Vec<f32>,
-        t: usize,
-    ) -> Result<mpsc::Receiver<Result<GpuDone>>> {
-        let (reply, rx) = mpsc::sync_channel(1);
-        self.send(Job::Layer { plan, x, t, reply })?;
-        Ok(rx)
-    }
-
-    /// Waits until every job sent so far has run.
-    fn flush(&self) -> Result<()> {
-        let (tx, rx) = mpsc::sync_channel(1);
-        self.send(Job::Flush(tx))?;
-        rx.recv().map_err(|_| stopped())
-    }
-
-    fn counters(&self) -> DeviceCounters {
-        lock(&self.counters).clone()
-    }
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        // Closing the channel ends the worker once its queue is done.
-        drop(std::mem::replace(&mut self.jobs, mpsc::sync_channel(0).0));
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-fn stopped() -> Error {
-    Error::Config("the device worker stopped".into())
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // A panic mid-layer leaves counters, not memory, inconsistent: keep going.
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 impl HybridExecutor {
     /// An executor on `dev` running `policy` (priced by `cost`, whose GPU expert budget
     /// must be the cache part of `opts.vram_budget`: see [`crate::cost_model`] and
@@ -496,12 +351,12 @@ impl State {
 
     fn run(&mut self, call: ExpertCall<'_>, out: &mut [f32]) -> Result<()> {
         let l = call.moe_layer;
-        let routing = call.routing;
-        let k = routing.top_k.max(1);
-        let t = routing.tokens();
-        let n = self.host.n_experts();
+        let t = call.routing.tokens();
         let h = self.host.hidden();
-        if call.x.len() != t * h || out.len() != t * h || routing.weights.len() != t * k {
+        if call.x.len() != t * h
+            || out.len() != t * h
+            || call.routing.weights.len() != t * call.routing.top_k.max(1)
+        {
             return Err(Error::Config(format!(
                 "moe layer {l}: {} tokens of width {h} expected, got {} inputs and {} outputs",
                 t,
@@ -523,16 +378,54 @@ impl State {
         } else {
             Phase::Prefill
         });
-        let resident = self.cache.resident(l, n);
-        let slot_bytes = self.slot_bytes;
+        let resident = self.cache.resident(l, self.host.n_experts());
         // The longest sequence's: the attention that bounds this step.
         let context = call.spans.iter().map(|s| s.start_pos + s.len).max();
+        let (decision, weights_of) = self.decide(&call, phase, &resident, context)?;
+        let mut plan = self.plan_copies(&decision, l);
+        let split = self.split_tasks(&decision, weights_of, l, &resident, &mut plan);
+        let log_uploads = match self.log.is_some() {
+            true => plan.uploads_in_order(),
+            false => Vec::new(),
+        };
+        self.execute(&call, plan, &split, out)?;
+        self.stats.layers += 1;
+        self.stats.steps = self.step + 1;
+        self.stats.peak_resident = self.stats.peak_resident.max(self.cache.len());
+        if let Some(log) = &mut self.log {
+            log.push(LayerRecord {
+                step: self.step,
+                moe_layer: l,
+                phase,
+                seqs: call.n_seqs(),
+                context,
+                decision,
+                gpu_tasks: split.record_gpu,
+                cpu_tasks: split.record_cpu,
+                uploads: log_uploads,
+                resident: self.cache.len(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Shows the policy the layer and checks its decision; returns it with each task's
+    /// combine weights (in the order of its rows).
+    fn decide(
+        &mut self,
+        call: &ExpertCall<'_>,
+        phase: Phase,
+        resident: &[bool],
+        context: Option<usize>,
+    ) -> Result<(Decision, Vec<Vec<f32>>)> {
+        let l = call.moe_layer;
+        let routing = call.routing;
         let view = LayerView {
             layer: l,
             n_moe_layers: self.host.n_layers(),
             phase,
             step: self.step,
-            top_k: k,
+            top_k: routing.top_k.max(1),
             ids: &routing.ids,
             weights: &routing.weights,
             hidden: Some(call.x),
@@ -542,8 +435,8 @@ impl State {
                 scores: &c.scores,
             }),
             gpu: GpuView {
-                resident: &resident,
-                free_bytes: self.cache.free_slots() as u64 * slot_bytes,
+                resident,
+                free_bytes: self.cache.free_slots() as u64 * self.slot_bytes,
                 busy_s: 0.0,
             },
             cpu_busy_s: 0.0,
@@ -551,40 +444,28 @@ impl State {
             context,
         };
         let decision = self.policy.decide(&view, &self.cost);
+        decision
+            .check(&view)
+            .map_err(|e| self.bad(l, e.to_string()))?;
+        let weights_of = decision
+            .tasks
+            .iter()
+            .map(|task| {
+                task.rows
+                    .iter()
+                    .filter_map(|&r| view.pair_index(r, task.expert))
+                    .map(|p| routing.weights[p])
+                    .collect()
+            })
+            .collect();
+        Ok((decision, weights_of))
+    }
 
-        // Every routed pair exactly once, with its combine weight.
-        let mut covered = vec![false; t * k];
-        let mut weights_of = Vec::with_capacity(decision.tasks.len());
-        for task in &decision.tasks {
-            let mut w = Vec::with_capacity(task.rows.len());
-            for &r in &task.rows {
-                let r = r as usize;
-                let j = (r < t)
-                    .then(|| (0..k).find(|&j| routing.ids[r * k + j] == task.expert))
-                    .flatten()
-                    .ok_or_else(|| {
-                        self.bad(
-                            l,
-                            format!("expert {} is not routed from token {r}", task.expert),
-                        )
-                    })?;
-                if std::mem::replace(&mut covered[r * k + j], true) {
-                    return Err(self.bad(
-                        l,
-                        format!("token {r} to expert {} assigned twice", task.expert),
-                    ));
-                }
-                w.push(routing.weights[r * k + j]);
-            }
-            weights_of.push(w);
-        }
-        if let Some(p) = covered.iter().position(|c| !c) {
-            return Err(self.bad(
-                l,
-                format!("token {} to expert {} not assigned", p / k, routing.ids[p]),
-            ));
-        }
-
+    /// Applies the decision's evictions and gives its copies slots, in the link's order:
+    /// a kept copy takes a cache slot, a staged one (or a kept one with no free slot) goes
+    /// through the staging slots in rounds if this layer runs its expert on the GPU.
+    /// Copies that fit nowhere are refused.
+    fn plan_copies(&mut self, decision: &Decision, l: usize) -> GpuPlan {
         for ev in &decision.evictions {
             if self.cache.evict(ev.layer, ev.expert) {
                 self.stats.evictions += 1;
@@ -596,11 +477,10 @@ impl State {
             .filter(|t| t.device == Place::Gpu)
             .map(|t| t.expert)
             .collect();
-        let mut transfers = decision.transfers.clone();
-        transfers.sort_by_key(|tr| tr.priority);
+        let order = TransferPlan::new(decision, l, self.host.n_experts()).order;
         let mut plan = GpuPlan::default();
         let mut staged: Vec<u32> = Vec::new();
-        for tr in &transfers {
+        for tr in order.into_iter().map(|i| decision.transfers[i]) {
             let now = tr.layer == l;
             let keep = match tr.kind {
                 TransferKind::Staged => false,
@@ -631,10 +511,6 @@ impl State {
             self.stats.refused_transfers += staged.len();
             staged.clear();
         }
-        let staged_slot = |e: u32| -> Option<(usize, u32)> {
-            let p = staged.iter().position(|&s| s == e)?;
-            Some((p / staging.len(), staging[p % staging.len()]))
-        };
         let n_rounds = if staged.is_empty() {
             1
         } else {
@@ -652,12 +528,23 @@ impl State {
                 (copies, Vec::new())
             })
             .collect();
+        plan.staged = staged;
+        plan.staging = staging;
+        self.stats.staged += plan.rounds.iter().map(|r| r.0.len()).sum::<usize>();
+        plan
+    }
 
-        // Split the tasks.
-        let mut cpu_now: Vec<ExpertBatch> = Vec::new();
-        let mut cpu_later: Vec<ExpertBatch> = Vec::new();
-        let mut record_gpu = Vec::new();
-        let mut record_cpu = Vec::new();
+    /// Splits the tasks: the GPU's become pairs of the plan's rounds (on the CPU when their
+    /// expert found no slot), the CPU's become kernel batches, immediate or deferred.
+    fn split_tasks(
+        &mut self,
+        decision: &Decision,
+        weights_of: Vec<Vec<f32>>,
+        l: usize,
+        resident: &[bool],
+        plan: &mut GpuPlan,
+    ) -> Split {
+        let mut split = Split::default();
         for (task, w) in decision.tasks.iter().zip(weights_of) {
             if task.deferred {
                 self.stats.deferred_experts += 1;
@@ -670,7 +557,7 @@ impl State {
                 }
                 let at = match self.cache.slot_of(l, task.expert) {
                     Some(s) => Some((0, s)),
-                    None => staged_slot(task.expert),
+                    None => plan.staged_slot(task.expert),
                 };
                 if let Some((round, slot)) = at {
                     let pairs = &mut plan.rounds[round].1;
@@ -683,14 +570,14 @@ impl State {
                     }));
                     self.stats.gpu_experts += 1;
                     self.stats.gpu_pairs += task.rows.len();
-                    record_gpu.push((task.expert, task.deferred));
+                    split.record_gpu.push((task.expert, task.deferred));
                     continue;
                 }
                 self.stats.fallbacks += 1;
             }
             self.stats.cpu_experts += 1;
             self.stats.cpu_pairs += task.rows.len();
-            record_cpu.push((task.expert, task.deferred));
+            split.record_cpu.push((task.expert, task.deferred));
             let mut rows: Vec<(u32, f32)> = task.rows.iter().copied().zip(w).collect();
             rows.sort_by_key(|&(r, _)| r);
             let batch = ExpertBatch {
@@ -699,31 +586,29 @@ impl State {
                 weights: rows.iter().map(|&(_, w)| w).collect(),
             };
             if task.deferred {
-                cpu_later.push(batch);
+                split.cpu_later.push(batch);
             } else {
-                cpu_now.push(batch);
+                split.cpu_now.push(batch);
             }
         }
-        cpu_now.sort_by_key(|b| b.expert);
-        cpu_later.sort_by_key(|b| b.expert);
+        split.cpu_now.sort_by_key(|b| b.expert);
+        split.cpu_later.sort_by_key(|b| b.expert);
+        split
+    }
 
-        // Run both devices at once: the worker the device's share, this thread the CPU's on
-        // the kernels' pool; the prefetches queue behind the layer and run in the background.
-        let mut log_uploads: Vec<(usize, u32)> = Vec::new();
-        if self.log.is_some() {
-            log_uploads.extend(
-                plan.uploads
-                    .iter()
-                    .chain(&plan.later)
-                    .map(|&(_, l, e)| (l, e)),
-            );
-            log_uploads.extend(
-                plan.rounds
-                    .iter()
-                    .flat_map(|r| r.0.iter().map(|&(_, l, e)| (l, e))),
-            );
-        }
-        self.stats.staged += plan.rounds.iter().map(|r| r.0.len()).sum::<usize>();
+    /// Runs both devices at once: the worker the device's share, this thread the CPU's on
+    /// the kernels' pool; the prefetches queue behind the layer and run in the background.
+    /// Then adds the device's share, the previous layer's deferred output, and keeps this
+    /// layer's deferred output for the next.
+    fn execute(
+        &mut self,
+        call: &ExpertCall<'_>,
+        mut plan: GpuPlan,
+        split: &Split,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let l = call.moe_layer;
+        let t = call.routing.tokens();
         let later_copies = std::mem::take(&mut plan.later);
         let device = if plan.has_layer_work() {
             let x = if plan.rounds.iter().any(|r| !r.1.is_empty()) {
@@ -738,14 +623,15 @@ impl State {
         if !later_copies.is_empty() {
             self.worker.send(Job::Copies(later_copies))?;
         }
-        let mut later = vec![0.0f32; if cpu_later.is_empty() { 0 } else { t * h }];
+        let (cpu_now, cpu_later) = (&split.cpu_now, &split.cpu_later);
+        let mut later = vec![0.0f32; if cpu_later.is_empty() { 0 } else { out.len() }];
         let started = Instant::now();
         let cpu = call
             .experts
-            .run_batches(call.x, &cpu_now, out)
+            .run_batches(call.x, cpu_now, out)
             .and_then(|()| match cpu_later.is_empty() {
                 true => Ok(()),
-                false => call.experts.run_batches(call.x, &cpu_later, &mut later),
+                false => call.experts.run_batches(call.x, cpu_later, &mut later),
             });
         self.stats.cpu_time += started.elapsed();
         let gpu = match device {
@@ -777,25 +663,19 @@ impl State {
                 self.pending = Some((l, deferred));
             }
         }
-        self.stats.layers += 1;
-        self.stats.steps = self.step + 1;
-        self.stats.peak_resident = self.stats.peak_resident.max(self.cache.len());
-        if let Some(log) = &mut self.log {
-            log.push(LayerRecord {
-                step: self.step,
-                moe_layer: l,
-                phase,
-                seqs: call.n_seqs(),
-                context,
-                decision,
-                gpu_tasks: record_gpu,
-                cpu_tasks: record_cpu,
-                uploads: log_uploads,
-                resident: self.cache.len(),
-            });
-        }
         Ok(())
     }
+}
+
+/// A layer's tasks split by where they run.
+#[derive(Debug, Default)]
+struct Split {
+    cpu_now: Vec<ExpertBatch>,
+    cpu_later: Vec<ExpertBatch>,
+    /// `(expert, deferred)` of the tasks run on the GPU, for the log.
+    record_gpu: Vec<(u32, bool)>,
+    /// `(expert, deferred)` of the tasks run on the CPU, for the log.
+    record_cpu: Vec<(u32, bool)>,
 }
 
 /// `a += b` (nothing when `b` is empty).
@@ -803,160 +683,4 @@ fn add(a: &mut [f32], b: &[f32]) {
     for (x, y) in a.iter_mut().zip(b) {
         *x += y;
     }
-}
-
-/// What the device worker owns: the device, the slots, what each slot holds.
-struct DeviceSide {
-    dev: Arc<dyn Device>,
-    slots: Option<ExpertSlots>,
-    host: Arc<HostExperts>,
-    /// `(moe_layer, expert)` copied into each slot, as far as the worker knows.
-    held: Vec<Option<(usize, u32)>>,
-    counters: Arc<Mutex<DeviceCounters>>,
-    /// A background copy's failure, reported with the next layer's result.
-    failed: Option<Error>,
-}
-
-impl DeviceSide {
-    /// Runs jobs until the executor is dropped.
-    fn serve(mut self, jobs: &mpsc::Receiver<Job>) {
-        for job in jobs {
-            let started = Instant::now();
-            match job {
-                Job::Layer { plan, x, t, reply } => {
-                    let done = match self.failed.take() {
-                        Some(e) => Err(e),
-                        None => self.layer(&plan, &x, t),
-                    };
-                    self.counted(started);
-                    // The executor waits on the reply; if it is gone, so is the work.
-                    let _ = reply.send(done);
-                }
-                Job::Copies(copies) => {
-                    for &(slot, layer, expert) in &copies {
-                        match self.copy(slot, layer, expert) {
-                            Ok(()) => lock(&self.counters).prefetched += 1,
-                            Err(e) => {
-                                self.failed.get_or_insert(e);
-                            }
-                        }
-                    }
-                    self.counted(started);
-                }
-                Job::Flush(reply) => {
-                    let _ = reply.send(());
-                }
-            }
-        }
-    }
-
-    fn counted(&self, started: Instant) {
-        lock(&self.counters).time += started.elapsed();
-    }
-
-    /// Copies `expert` of `layer` from the host into `slot`.
-    fn copy(&mut self, slot: u32, layer: usize, expert: u32) -> Result<()> {
-        let slots = self.slots.as_ref().ok_or_else(no_slots)?;
-        let held = self.held.get_mut(slot as usize).ok_or_else(no_slots)?;
-        // Until the copy succeeds the slot holds nothing usable.
-        *held = None;
-        let bytes = self.host.slot_bytes(layer, expert, slots)?;
-        slots.refill_bytes(&*self.dev, slot, &bytes)?;
-        *held = Some((layer, expert));
-        let mut c = lock(&self.counters);
-        c.uploads += 1;
-        c.bytes += bytes.len() as u64;
-        Ok(())
-    }
-
-    /// The device's share of a layer: copies, then per round the staged copies and the two
-    /// expert kernels, then the per-pair outputs read back and combined on the host.
-    fn layer(&mut self, plan: &GpuPlan, x: &[f32], t: usize) -> Result<GpuDone> {
-        let mut done = GpuDone::default();
-        for &(slot, layer, expert) in &plan.uploads {
-            self.copy(slot, layer, expert)?;
-        }
-        let mut reads = Vec::new();
-        let mut x_buf = None;
-        for (copies, pairs) in &plan.rounds {
-            for &(slot, layer, expert) in copies {
-                self.copy(slot, layer, expert)?;
-            }
-            if pairs.is_empty() {
-                continue;
-            }
-            // The copies before this job ran in order: each slot must hold its expert now.
-            for q in pairs {
-                let held = self.held.get(q.slot as usize).copied().flatten();
-                if held != Some(q.expert) {
-                    return Err(Error::Config(format!(
-                        "slot {} holds {held:?} when moe layer {} expert {} runs on it",
-                        q.slot, q.expert.0, q.expert.1
-                    )));
-                }
-            }
-            let slots = self.slots.as_ref().ok_or_else(no_slots)?;
-            let dev = &*self.dev;
-            let h = slots.hidden as usize;
-            let inter = slots.inter as usize;
-            if x_buf.is_none() {
-                let b = dev.alloc((t * h * 4) as u64, 0, "hybrid expert input")?;
-                dev.upload(&b, 0, &f32_bytes(x))?;
-                x_buf = Some(b);
-            }
-            let Some(xb) = &x_buf else { continue };
-            let mut pairs = pairs.clone();
-            pairs.sort_by_key(|p| (p.slot, p.row));
-            let p = pairs.len();
-            let idx: Vec<u8> = pairs
-                .iter()
-                .flat_map(|q| [q.row, q.slot])
-                .flat_map(u32::to_le_bytes)
-                .collect();
-            let pairs_buf = dev.alloc(idx.len() as u64, 0, "hybrid expert pairs")?;
-            dev.upload(&pairs_buf, 0, &idx)?;
-            let act = dev.alloc((p * inter * 4) as u64, 0, "hybrid expert activations")?;
-            let y = dev.alloc((p * h * 4) as u64, 0, "hybrid expert outputs")?;
-            for (stage, input, output) in [(0, xb, &act), (1, &act, &y)] {
-                dev.enqueue(&Op::ExpertFfn {
-                    x: input,
-                    slots,
-                    pairs: &pairs_buf,
-                    out: output,
-                    n_pairs: p as u32,
-                    stage,
-                })?;
-            }
-            dev.submit()?;
-            let read = dev.download_async(&y, 0, (p * h * 4) as u64)?;
-            reads.push((read, pairs, [pairs_buf, act, y], h));
-        }
-        for (read, pairs, bufs, h) in reads {
-            let bytes = read.wait()?;
-            drop::<[Buffer; 3]>(bufs);
-            for (q, yr) in pairs.iter().zip(bytes.chunks_exact(4 * h)) {
-                let target = if q.deferred {
-                    &mut done.deferred
-                } else {
-                    &mut done.out
-                };
-                if target.is_empty() {
-                    *target = vec![0.0f32; t * h];
-                }
-                let row = &mut target[q.row as usize * h..][..h];
-                for (o, c) in row.iter_mut().zip(yr.chunks_exact(4)) {
-                    *o += q.weight * f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-                }
-            }
-        }
-        Ok(done)
-    }
-}
-
-fn no_slots() -> Error {
-    Error::Config("a copy or kernel names a slot the device does not have".into())
-}
-
-fn f32_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }

@@ -29,6 +29,7 @@ mod cache;
 mod executor;
 mod setup;
 mod weights;
+mod worker;
 
 pub use cache::SlotCache;
 pub use executor::{ExecOptions, ExecStats, HybridExecutor, LayerRecord};

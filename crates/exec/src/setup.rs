@@ -11,7 +11,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
 
-use strata_model::config::{AttentionConfig, FfnConfig, ModelConfig};
+use strata_model::config::ModelConfig;
 use strata_model::model::Model;
 use strata_model::moe::Ffn;
 use strata_policy::policies::{Fiddler, GpuLru, HybriMoE, KTransformers, Smoe, SmoeEviction};
@@ -120,61 +120,28 @@ pub fn build_policy(
     }
 }
 
-/// The cost model's view of `config` (routed-expert shapes; attention is not priced
+/// The cost model's view of `config` ([`ModelConfig::moe_shape`]; attention is not priced
 /// because it stays on the CPU).
 pub fn model_shape(config: &ModelConfig) -> Result<ModelShape> {
-    let moe = config
-        .layers
-        .iter()
-        .find_map(|l| match l {
-            FfnConfig::Moe(m) => Some(m),
-            FfnConfig::Dense(_) => None,
-        })
+    let s = config
+        .moe_shape()
         .ok_or_else(|| Error::Config("the model has no mixture-of-experts layer".into()))?;
-    let dense_layers = config
-        .layers
-        .iter()
-        .filter(|l| matches!(l, FfnConfig::Dense(_)))
-        .count();
-    let dense_intermediate = config
-        .layers
-        .iter()
-        .find_map(|l| match l {
-            FfnConfig::Dense(i) => Some(*i),
-            FfnConfig::Moe(_) => None,
-        })
-        .unwrap_or(0);
-    let (n_heads, head_dim) = match config.attention {
-        AttentionConfig::Gqa {
-            n_heads, head_dim, ..
-        } => (n_heads, head_dim),
-        AttentionConfig::Mla {
-            n_heads,
-            qk_nope_head_dim,
-            qk_rope_head_dim,
-            ..
-        } => (n_heads, qk_nope_head_dim + qk_rope_head_dim),
-    };
-    // Through serde so that fields the policy crate adds with defaults need no change here.
-    let shape = serde_json::json!({
-        "hidden": config.hidden_size,
-        "moe_intermediate": moe.intermediate,
-        "n_experts": moe.router.n_experts,
-        "top_k": moe.router.top_k,
-        "n_shared": moe
-            .shared
-            .as_ref()
-            .map_or(0, |s| s.intermediate.div_ceil(moe.intermediate.max(1))),
-        "n_layers": config.layers.len(),
-        "dense_layers": dense_layers,
-        "dense_intermediate": dense_intermediate,
-        "attn_params": 0,
-        "n_heads": n_heads,
-        "head_dim": head_dim,
-        "vocab": config.vocab_size,
-        "source": "config.json (strata-exec)",
-    });
-    serde_json::from_value(shape).map_err(|e| Error::Config(format!("model shape: {e}")))
+    Ok(ModelShape {
+        hidden: s.hidden,
+        moe_intermediate: s.moe_intermediate,
+        n_experts: s.n_experts,
+        top_k: s.top_k,
+        n_shared: s.n_shared,
+        n_layers: s.n_layers,
+        dense_layers: s.dense_layers,
+        dense_intermediate: s.dense_intermediate,
+        attn_params: 0,
+        n_heads: s.n_heads,
+        head_dim: s.head_dim,
+        kv_dim: 0,
+        vocab: s.vocab,
+        source: "config.json (strata-exec)".into(),
+    })
 }
 
 /// A cost model over `hw` whose GPU expert budget is `cache_bytes`, with experts of

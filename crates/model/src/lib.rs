@@ -22,6 +22,7 @@ pub mod model;
 pub mod moe;
 pub mod ops;
 pub mod rope;
+mod shape;
 pub mod source;
 
 pub use attention::SeqSpan;
@@ -32,3 +33,4 @@ pub use linear::{LoadOptions, Precision};
 pub use memory::MemoryPlan;
 pub use model::{ForwardObserver, LogitsWanted, Model, NoObserver, ParamCounts, SeqInput};
 pub use moe::{ExpertCall, ExpertExecutor, Routing};
+pub use shape::MoeShape;

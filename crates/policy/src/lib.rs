@@ -16,13 +16,16 @@
 #![deny(missing_docs)]
 
 pub mod cost;
+pub mod decision;
 pub mod layout;
 pub mod policies;
 pub mod predictor;
+pub mod rng;
 pub mod stratify;
 pub mod throughput;
 
 pub use cost::{CostModel, CpuSpec, ExpertTable, GpuSpec, Hardware, ModelShape, NdpSpec, PcieSpec};
+pub use decision::{DecisionError, TransferPlan};
 pub use layout::{Layout, Migration};
 
 /// Errors of the policy crate.

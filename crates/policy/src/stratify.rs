@@ -8,39 +8,12 @@
 //! (the paper's random-selection baseline). The engine-driven part (embedding and
 //! probing with the real model) lives in the command line (`strata stratify`).
 //!
-//! A key design decision: everything is deterministic for a given seed (a local
-//! splitmix64 generator, ties broken by index), so a pinning computed offline is
+//! A key design decision: everything is deterministic for a given seed ([`SplitMix`],
+//! ties broken by index), so a pinning computed offline is
 //! reproducible and the tests can assert exact picks.
 
-/// A small deterministic generator (splitmix64).
-#[derive(Debug, Clone)]
-pub struct SplitMix(u64);
-
-impl SplitMix {
-    /// A generator from a seed.
-    pub fn new(seed: u64) -> Self {
-        Self(seed)
-    }
-
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `[0, 1)`.
-    pub fn uniform(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    /// Uniform in `0..n` (`n` > 0).
-    pub fn below(&mut self, n: usize) -> usize {
-        (self.uniform() * n as f64) as usize % n.max(1)
-    }
-}
+/// The generator of k-means seeding and random pinning.
+pub use crate::rng::SplitMix;
 
 fn dist2(a: &[f32], b: &[f32]) -> f64 {
     a.iter()

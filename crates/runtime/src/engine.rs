@@ -15,7 +15,9 @@ use strata_model::source::Source;
 use strata_model::{KvCache, LoadOptions, LogitsWanted, Model, SeqInput};
 
 use crate::sampling::{Sampler, SamplingError, SamplingParams};
-use crate::text::{ChatMessage, ChatTemplate, StreamDecoder, TextError, Tokenizer, TokenizerMeta};
+pub use crate::step::FinishReason;
+use crate::step::{SequenceOptions, SequenceState, StepError};
+use crate::text::{ChatMessage, ChatTemplate, TextError, Tokenizer, TokenizerMeta};
 
 /// Errors from generation.
 #[derive(Debug, thiserror::Error)]
@@ -35,6 +37,15 @@ pub enum EngineError {
     /// The request cannot be served as given.
     #[error("{0}")]
     Request(String),
+}
+
+impl From<StepError> for EngineError {
+    fn from(e: StepError) -> Self {
+        match e {
+            StepError::Sampling(e) => EngineError::Sampling(e),
+            StepError::Text(e) => EngineError::Text(e),
+        }
+    }
 }
 
 /// Result alias for this module.
@@ -113,21 +124,11 @@ pub struct Request {
     pub stop: Vec<String>,
 }
 
-/// Why generation ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum FinishReason {
-    /// The model produced an end-of-sequence token or a stop string appeared.
-    Stop,
-    /// `max_tokens` reached.
-    Length,
-    /// The model's context is full.
-    ContextFull,
-}
-
 /// What one request produced.
 #[derive(Debug, Clone)]
 pub struct Output {
-    /// Generated ids (excluding a final EOS).
+    /// Generated ids: every counted token, the one that completed a stop string included,
+    /// a final end-of-sequence id excluded (see [`crate::step`]).
     pub tokens: Vec<u32>,
     /// Generated text (up to a stop string).
     pub text: String,
@@ -240,14 +241,25 @@ impl Engine {
                 )));
             }
         }
-        let mut samplers = requests
+        let mut states = requests
             .iter()
-            .map(|r| Sampler::new(r.sampling.clone()))
-            .collect::<Result<Vec<_>, _>>()?;
-        let mut decoders = requests
-            .iter()
-            .map(|r| StreamDecoder::new(&self.tokenizer, &r.stop, true))
-            .collect::<Result<Vec<_>, _>>()?;
+            .map(|r| {
+                let opts = SequenceOptions {
+                    max_tokens: r.max_tokens,
+                    ctx_size: max_ctx,
+                    stop: &r.stop,
+                    ignore_eos: false,
+                    top_logprobs: None,
+                };
+                let sampler = Sampler::new(r.sampling.clone())?;
+                Ok(SequenceState::new(
+                    &self.tokenizer,
+                    sampler,
+                    &r.prompt,
+                    opts,
+                )?)
+            })
+            .collect::<Result<Vec<_>>>()?;
         let mut caches: Vec<KvCache> = requests.iter().map(|_| self.model.new_cache()).collect();
         let mut stats = Stats {
             prompt_tokens: requests.iter().map(|r| r.prompt.len()).sum(),
@@ -292,86 +304,54 @@ impl Engine {
         stats.prefill = started.elapsed();
 
         let started = Instant::now();
-        let mut outputs: Vec<Option<Output>> = vec![None; requests.len()];
-        // Prompt then generated ids, the history the penalties look at; grows in place.
-        let mut histories: Vec<Vec<u32>> = requests.iter().map(|r| r.prompt.clone()).collect();
         let mut texts: Vec<String> = vec![String::new(); requests.len()];
         let mut first_step = true;
         loop {
             // Sample one token for every active sequence from its last logits.
-            for i in 0..requests.len() {
-                if outputs[i].is_some() {
+            for (i, state) in states.iter_mut().enumerate() {
+                if state.finish().is_some() {
                     continue;
                 }
-                let r = &requests[i];
-                let id = samplers[i].sample(&last_logits[i], &histories[i])?;
+                let outcome = state.accept(&last_logits[i])?;
                 if !first_step {
                     stats.decode_tokens += 1;
                 }
-                let piece = decoders[i].push(id)?;
-                if !piece.text.is_empty() {
-                    on_text(i, &piece.text);
-                    texts[i].push_str(&piece.text);
-                }
-                let finish = if piece.stop.is_some() {
-                    Some(FinishReason::Stop)
-                } else {
-                    histories[i].push(id);
-                    if histories[i].len() - r.prompt.len() >= r.max_tokens {
-                        Some(FinishReason::Length)
-                    } else if caches[i].len() + 1 >= max_ctx {
-                        Some(FinishReason::ContextFull)
-                    } else {
-                        None
+                for text in [outcome.text, outcome.tail] {
+                    if !text.is_empty() {
+                        on_text(i, &text);
+                        texts[i].push_str(&text);
                     }
-                };
-                if let Some(finish) = finish {
-                    if finish != FinishReason::Stop {
-                        let tail = decoders[i].finish()?;
-                        if !tail.text.is_empty() {
-                            on_text(i, &tail.text);
-                            texts[i].push_str(&tail.text);
-                        }
-                    }
-                    outputs[i] = Some(Output {
-                        tokens: histories[i].split_off(r.prompt.len()),
-                        text: std::mem::take(&mut texts[i]),
-                        finish,
-                    });
                 }
             }
             first_step = false;
             let active: Vec<usize> = (0..requests.len())
-                .filter(|&i| outputs[i].is_none())
+                .filter(|&i| states[i].finish().is_none())
                 .collect();
             if active.is_empty() {
                 break;
             }
-            let last: Vec<[u32; 1]> = active
-                .iter()
-                .map(|&i| [*histories[i].last().expect("one token")])
+            let seqs = states.iter().zip(caches.iter_mut());
+            let mut seqs: Vec<SeqInput<'_>> = seqs
+                .filter(|(state, _)| state.finish().is_none())
+                .map(|(state, cache)| SeqInput {
+                    tokens: state.next_input(),
+                    cache,
+                    logits: LogitsWanted::Last,
+                })
                 .collect();
-            let mut seqs = Vec::with_capacity(active.len());
-            let mut act = active.iter().peekable();
-            for (i, cache) in caches.iter_mut().enumerate() {
-                if act.peek() == Some(&&i) {
-                    act.next();
-                    let k = seqs.len();
-                    seqs.push(SeqInput {
-                        tokens: &last[k],
-                        cache,
-                        logits: LogitsWanted::Last,
-                    });
-                }
-            }
             for (&i, logits) in active.iter().zip(self.model.forward(&mut seqs)?) {
                 last_logits[i] = logits;
             }
         }
         stats.decode = started.elapsed();
-        let outputs = outputs
+        let outputs = states
             .into_iter()
-            .map(|o| o.expect("every request finished"))
+            .zip(texts)
+            .map(|(state, text)| Output {
+                finish: state.finish().cloned().expect("every request finished"),
+                tokens: state.into_generated(),
+                text,
+            })
             .collect();
         Ok((outputs, stats))
     }

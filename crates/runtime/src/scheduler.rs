@@ -24,7 +24,8 @@ use strata_model::{KvCache, LogitsWanted, SeqInput};
 
 use crate::engine::{Engine, FinishReason};
 use crate::sampling::{Sampler, SamplingError, SamplingParams};
-use crate::text::{StopReason, StreamDecoder};
+pub use crate::step::TokenLogprobs;
+use crate::step::{SequenceOptions, SequenceState};
 
 /// Identifies a submitted sequence (for [`Scheduler::cancel`]).
 pub type SeqId = u64;
@@ -74,15 +75,6 @@ pub struct GenRequest {
     pub top_logprobs: Option<usize>,
     /// Keep generating past end-of-sequence tokens (benchmarks with fixed output lengths).
     pub ignore_eos: bool,
-}
-
-/// Log-probabilities of one generated token.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TokenLogprobs {
-    /// The chosen token's log-probability.
-    pub logprob: f32,
-    /// The most likely tokens with theirs, most likely first.
-    pub top: Vec<(u32, f32)>,
 }
 
 /// What a sequence reports back.
@@ -344,17 +336,12 @@ impl Drop for Scheduler {
 struct Seq<'e> {
     id: SeqId,
     req: GenRequest,
-    sampler: Sampler,
     sink: Box<dyn EventSink>,
-    decoder: StreamDecoder<'e>,
+    /// Sampling, detokenizing, stopping and counting.
+    state: SequenceState<'e>,
     cache: KvCache,
     /// Prompt tokens already in the cache.
     prefilled: usize,
-    /// Prompt then generated ids: what the penalties look at.
-    history: Vec<u32>,
-    generated: usize,
-    /// The last sampled id, fed in the next step (decode phase).
-    feed: [u32; 1],
     decoding: bool,
     /// Set when the sequence is finished.
     finished: Option<Finished>,
@@ -404,7 +391,7 @@ fn run(engine: &Engine, cfg: SchedulerConfig, rx: &mpsc::Receiver<Command>, shar
         while running.len() < cfg.max_batch {
             let Some(p) = waiting.pop_front() else { break };
             shared.queued.fetch_sub(1, Ordering::AcqRel);
-            if let Some(seq) = admit(engine, p) {
+            if let Some(seq) = admit(engine, cfg, p) {
                 running.push(seq);
             }
         }
@@ -447,32 +434,28 @@ fn handle(
 }
 
 /// Turns a queued request into a running sequence (or reports why it cannot run).
-fn admit(engine: &Engine, mut p: Pending) -> Option<Seq<'_>> {
-    let decoder = match StreamDecoder::new(&engine.tokenizer, &p.req.stop, true) {
-        Ok(mut d) => {
-            if p.req.ignore_eos {
-                d.set_stop_ids(&[]);
-            }
-            d
-        }
+fn admit(engine: &Engine, cfg: SchedulerConfig, mut p: Pending) -> Option<Seq<'_>> {
+    let opts = SequenceOptions {
+        max_tokens: p.req.max_tokens,
+        ctx_size: cfg.ctx_size,
+        stop: &p.req.stop,
+        ignore_eos: p.req.ignore_eos,
+        top_logprobs: p.req.top_logprobs,
+    };
+    let state = match SequenceState::new(&engine.tokenizer, p.sampler, &p.req.prompt, opts) {
+        Ok(state) => state,
         Err(e) => {
             p.sink.send(Event::Failed(e.to_string()));
             return None;
         }
     };
-    let mut history = Vec::with_capacity(p.req.prompt.len() + p.req.max_tokens.min(4096));
-    history.extend_from_slice(&p.req.prompt);
     Some(Seq {
         id: p.id,
         req: p.req,
-        sampler: p.sampler,
         sink: p.sink,
-        decoder,
+        state,
         cache: engine.model.new_cache(),
         prefilled: 0,
-        history,
-        generated: 0,
-        feed: [0],
         decoding: false,
         finished: None,
     })
@@ -505,14 +488,14 @@ fn step(engine: &Engine, cfg: SchedulerConfig, running: &mut [Seq<'_>]) -> u64 {
     for (i, (seq, work)) in running.iter_mut().zip(&plan).enumerate() {
         let Seq {
             req,
+            state,
             cache,
-            feed,
             prefilled,
             ..
         } = seq;
         let (tokens, logits) = match *work {
             Work::Idle => continue,
-            Work::Decode => (&feed[..], LogitsWanted::Last),
+            Work::Decode => (state.next_input(), LogitsWanted::Last),
             Work::Prefill(n) => {
                 let end = *prefilled + n;
                 let wanted = if end == req.prompt.len() {
@@ -551,88 +534,46 @@ fn step(engine: &Engine, cfg: SchedulerConfig, running: &mut [Seq<'_>]) -> u64 {
         if !logits.is_empty() {
             seq.decoding = true;
             sampled += 1;
-            sample_next(seq, &logits, cfg.ctx_size);
+            sample_next(seq, &logits);
         }
     }
     sampled
 }
 
-/// Samples a sequence's next token from its logits, reports it, and decides whether the
+/// Samples a sequence's next token from its logits, reports it, and records whether the
 /// sequence ends.
-fn sample_next(seq: &mut Seq<'_>, logits: &[f32], ctx_size: usize) {
-    let sampled = match seq.req.top_logprobs {
-        Some(n) => seq
-            .sampler
-            .sample_with_logprobs(logits, &seq.history, n)
-            .map(|s| {
-                (
-                    s.id,
-                    Some(TokenLogprobs {
-                        logprob: s.logprob,
-                        top: s.top,
-                    }),
-                )
-            }),
-        None => seq
-            .sampler
-            .sample(logits, &seq.history)
-            .map(|id| (id, None)),
-    };
-    let (id, logprobs) = match sampled {
-        Ok(s) => s,
-        Err(e) => return fail(seq, format!("sampling failed: {e}")),
-    };
-    let piece = match seq.decoder.push(id) {
-        Ok(p) => p,
-        Err(e) => return fail(seq, format!("detokenizing failed: {e}")),
-    };
-    let eos = matches!(piece.stop, Some(StopReason::Eos(_)));
-    let mut tail = String::new();
-    if eos {
-        tail = piece.text;
-    } else {
-        seq.generated += 1;
-        seq.history.push(id);
-        let event = Event::Token {
-            id,
-            text: piece.text,
-            logprobs,
-        };
-        if !seq.sink.send(event) {
-            seq.finished = Some(Finished::Abandoned);
+fn sample_next(seq: &mut Seq<'_>, logits: &[f32]) {
+    let outcome = match seq.state.accept(logits) {
+        Ok(outcome) => outcome,
+        Err(e) => {
+            seq.finished = Some(Finished::Tell(Event::Failed(e.to_string())));
             return;
         }
-    }
-    let finish = if piece.stop.is_some() {
-        Some(FinishReason::Stop)
-    } else if seq.generated >= seq.req.max_tokens {
-        Some(FinishReason::Length)
-    } else if seq.cache.len() + 1 >= ctx_size {
-        Some(FinishReason::ContextFull)
-    } else {
-        None
     };
-    match finish {
-        None => seq.feed = [id],
-        Some(finish) => {
-            if finish != FinishReason::Stop {
-                match seq.decoder.finish() {
-                    Ok(p) => tail = p.text,
-                    Err(e) => return fail(seq, format!("detokenizing failed: {e}")),
-                }
+    // Text that comes with an end-of-sequence id goes with the last event.
+    let mut last_text = outcome.tail;
+    match outcome.token {
+        Some(token) => {
+            let event = Event::Token {
+                id: token.id,
+                text: outcome.text,
+                logprobs: token.logprobs,
+            };
+            if !seq.sink.send(event) {
+                seq.finished = Some(Finished::Abandoned);
+                return;
             }
-            seq.finished = Some(Finished::Tell(Event::Done {
-                finish,
-                text: tail,
-                prompt_tokens: seq.req.prompt.len(),
-                completion_tokens: seq.generated,
-            }));
         }
+        None => last_text.insert_str(0, &outcome.text),
     }
-}
-
-fn fail(seq: &mut Seq<'_>, msg: String) {
-    seq.finished = Some(Finished::Tell(Event::Failed(msg)));
+    if let Some(finish) = outcome.finish {
+        seq.finished = Some(Finished::Tell(Event::Done {
+            finish,
+            text: last_text,
+            prompt_tokens: seq.req.prompt.len(),
+            completion_tokens: seq.state.generated().len(),
+        }));
+    }
 }
 
 #[cfg(test)]

@@ -14,7 +14,6 @@
 mod engine;
 pub mod report;
 pub mod reproduce;
-mod rng;
 pub mod throughput;
 pub mod trace;
 pub mod workload;

@@ -37,8 +37,8 @@ use strata_policy::throughput::{
 };
 use strata_policy::{CostModel, Device, Phase};
 
-use crate::rng::Rng;
 use crate::{Error, Result};
+use strata_policy::rng::SplitMix;
 
 /// The system being simulated.
 #[derive(Debug, Clone, PartialEq)]
@@ -97,7 +97,7 @@ pub fn zipf_popularity(
     skew_last: f64,
     seed: u64,
 ) -> Vec<Vec<f64>> {
-    let mut rng = Rng::new(seed);
+    let mut rng = SplitMix::new(seed);
     (0..moe_layers)
         .map(|l| {
             let f = if moe_layers > 1 {
@@ -237,7 +237,7 @@ fn decode_steps(setup: &Setup) -> Vec<(usize, f64)> {
 /// when large), so a small batch leaves rarely chosen experts idle, as real routing does.
 /// Seeded per step, so every system sees the same routing.
 fn sample_rows(expected: &[Vec<f64>], tokens: usize, seed: u64) -> Vec<Vec<f64>> {
-    let mut rng = Rng::new(seed);
+    let mut rng = SplitMix::new(seed);
     let n = tokens as f64;
     expected
         .iter()

@@ -15,7 +15,7 @@
 
 use strata_policy::Phase;
 
-use crate::rng::Rng;
+use strata_policy::rng::SplitMix;
 
 /// One MoE layer's routing in one step.
 #[derive(Debug, Clone, PartialEq)]
@@ -185,7 +185,7 @@ struct SynthModel {
 
 impl SynthModel {
     fn new(p: &SyntheticParams) -> Self {
-        let mut rng = Rng::new(p.model_seed);
+        let mut rng = SplitMix::new(p.model_seed);
         let mut cdf = Vec::new();
         let mut embed = Vec::new();
         for l in 0..p.moe_layers {
@@ -223,7 +223,7 @@ impl SynthModel {
         Self { cdf, embed }
     }
 
-    fn draw(&self, layer: usize, rng: &mut Rng) -> u32 {
+    fn draw(&self, layer: usize, rng: &mut SplitMix) -> u32 {
         let c = &self.cdf[layer];
         let u = rng.uniform() * c.last().copied().unwrap_or(1.0);
         c.partition_point(|&x| x < u).min(c.len() - 1) as u32
@@ -234,13 +234,13 @@ impl SynthModel {
 /// `decode_tokens` single-token steps.
 pub fn synthetic(p: &SyntheticParams) -> Workload {
     let model = SynthModel::new(p);
-    let mut rng = Rng::new(p.seed);
+    let mut rng = SplitMix::new(p.seed);
     let k = p.top_k.min(p.n_experts);
     let d = p.hidden_dim;
     let mut steps = Vec::new();
     for request in 0..p.requests {
         let mut prev: Vec<Vec<u32>> = vec![Vec::new(); p.moe_layers];
-        let token = |rng: &mut Rng, prev: &mut Vec<Vec<u32>>, out: &mut [LayerRouting]| {
+        let token = |rng: &mut SplitMix, prev: &mut Vec<Vec<u32>>, out: &mut [LayerRouting]| {
             for (l, lr) in out.iter_mut().enumerate() {
                 let mut ids: Vec<u32> = prev[l]
                     .iter()

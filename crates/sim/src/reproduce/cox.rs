@@ -44,7 +44,7 @@
 //!   the prior systems do), which coalesced CPU co-execution replaces with ~40 us CPU
 //!   tasks; the paper does not say what its baseline keeps resident. Steps (b) 1.32x and
 //!   (c) 1.03x are close to the paper's 1.26x and 1.05x.
-//! - Stratified over random pinning 1.00-1.06x in throughput at batch 1024, up to ~1.1x
+//! - Stratified over random pinning 1.00-1.05x in throughput at batch 1024, up to ~1.13x
 //!   at batch 64 (paper 1.47-1.50x at small VRAM budgets): at batch 1024 every expert of
 //!   every layer is active in each step and decode experts are memory-bound, so the
 //!   number of unpinned experts per layer matters, not which ones: an unpinned expert

@@ -1,14 +1,18 @@
-//! A small deterministic random generator (SplitMix64) for synthetic workloads.
+//! The one seeded random generator of the policies and the simulator: [`SplitMix`]
+//! (SplitMix64), used for k-means seeding and random pinning (`stratify`) and for
+//! synthetic workloads and micro-batch routing (`strata-sim`).
 //!
-//! A key design decision: no external RNG crate, so a seed gives the same workload on
-//! every platform and version.
+//! A key design decision: no external RNG crate, so a seed gives the same stream on every
+//! platform and version, and one generator, so a seed means the same stream everywhere.
 
-/// SplitMix64.
+/// SplitMix64 (Steele, Lea and Flood, "Fast splittable pseudorandom number generators",
+/// 2014).
 #[derive(Debug, Clone)]
-pub struct Rng(u64);
+pub struct SplitMix(u64);
 
-impl Rng {
-    /// A generator from `seed`.
+impl SplitMix {
+    /// A generator from `seed` (mixed with the golden-ratio increment first, so seed 0
+    /// does not start from state 0).
     pub fn new(seed: u64) -> Self {
         Self(seed ^ 0x9E37_79B9_7F4A_7C15)
     }

@@ -1,0 +1,337 @@
+//! The device side of the hybrid executor: the plan of one layer's device work
+//! ([`GpuPlan`]: copies into slots, rounds of staged copies and (token, expert) pairs) and
+//! the persistent worker thread that owns the device and runs it ([`Worker`],
+//! [`DeviceSide`]).
+//!
+//! A key design decision: one persistent thread owns the device, the slots and its record
+//! of what each slot holds, and runs jobs strictly in order. A prefetch copy queued before
+//! a later layer's job is therefore complete before that job's kernels read the slot,
+//! without events to track; the worker still checks, for every (token, expert) pair, that
+//! its slot holds that expert before launching a kernel on it.
+
+use std::sync::{Arc, Mutex, mpsc};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use strata_accel::{Buffer, Device, ExpertSlots, Op};
+
+use crate::weights::HostExperts;
+use crate::{Error, Result};
+
+/// One (token, expert) pair computed on the device.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Pair {
+    pub(crate) row: u32,
+    pub(crate) slot: u32,
+    /// `(moe_layer, expert)` the slot must hold when the kernel runs.
+    pub(crate) expert: (usize, u32),
+    pub(crate) weight: f32,
+    pub(crate) deferred: bool,
+}
+
+/// `(slot, moe_layer, expert)`: one expert copied into one slot.
+pub(crate) type SlotCopy = (u32, usize, u32);
+
+/// Device work of one layer: copies into cache slots, then rounds of staged copies and
+/// kernels (round 0 also runs every resident expert).
+#[derive(Debug, Default)]
+pub(crate) struct GpuPlan {
+    /// Copies into cache slots that this layer's GPU tasks read.
+    pub(crate) uploads: Vec<SlotCopy>,
+    /// Copies into cache slots for later layers or steps (prefetches), queued after this
+    /// layer's job so they do not delay its results.
+    pub(crate) later: Vec<SlotCopy>,
+    /// Per round: staged copies, then the pairs to run.
+    pub(crate) rounds: Vec<(Vec<SlotCopy>, Vec<Pair>)>,
+    /// Experts streamed through the staging slots, in order.
+    pub(crate) staged: Vec<u32>,
+    /// The staging slots.
+    pub(crate) staging: Vec<u32>,
+}
+
+impl GpuPlan {
+    /// `(round, slot)` of a staged expert.
+    pub(crate) fn staged_slot(&self, e: u32) -> Option<(usize, u32)> {
+        let p = self.staged.iter().position(|&s| s == e)?;
+        Some((p / self.staging.len(), self.staging[p % self.staging.len()]))
+    }
+
+    /// `(moe_layer, expert)` of every copy, in the order the log shows them.
+    pub(crate) fn uploads_in_order(&self) -> Vec<(usize, u32)> {
+        self.uploads
+            .iter()
+            .chain(&self.later)
+            .chain(self.rounds.iter().flat_map(|r| &r.0))
+            .map(|&(_, l, e)| (l, e))
+            .collect()
+    }
+
+    /// Whether this layer has device work to wait for (copies it reads, or kernels).
+    pub(crate) fn has_layer_work(&self) -> bool {
+        !self.uploads.is_empty()
+            || self
+                .rounds
+                .iter()
+                .any(|r| !r.0.is_empty() || !r.1.is_empty())
+    }
+}
+
+/// The device's share of one layer's output.
+#[derive(Debug, Default)]
+pub(crate) struct GpuDone {
+    pub(crate) out: Vec<f32>,
+    pub(crate) deferred: Vec<f32>,
+}
+
+/// What the device worker did, summed (read by [`HybridExecutor::stats`]).
+#[derive(Debug, Default, Clone)]
+pub(crate) struct DeviceCounters {
+    pub(crate) uploads: usize,
+    pub(crate) bytes: u64,
+    pub(crate) prefetched: usize,
+    pub(crate) time: Duration,
+}
+
+/// A job of the device worker; jobs run in the order sent.
+pub(crate) enum Job {
+    /// One layer's device work; the result goes back on `reply`.
+    Layer {
+        plan: GpuPlan,
+        x: Vec<f32>,
+        t: usize,
+        reply: mpsc::SyncSender<Result<GpuDone>>,
+    },
+    /// Copies for later layers or steps, nobody waiting; a failure is reported with the
+    /// next layer's result.
+    Copies(Vec<SlotCopy>),
+    /// Answers once every job sent before it has run.
+    Flush(mpsc::SyncSender<()>),
+}
+
+/// The persistent device worker: the sending end of its jobs and its thread.
+pub(crate) struct Worker {
+    /// Bounded: a layer waits to queue more once a step's worth of jobs (a layer's job
+    /// and its prefetches, per MoE layer) is queued, so prefetches the device cannot keep
+    /// up with slow the model down instead of piling up.
+    jobs: mpsc::SyncSender<Job>,
+    thread: Option<JoinHandle<()>>,
+    counters: Arc<Mutex<DeviceCounters>>,
+}
+
+impl Worker {
+    pub(crate) fn start(side: DeviceSide) -> Result<Worker> {
+        let (jobs, rx) = mpsc::sync_channel(2 * side.host.n_layers().max(1));
+        let counters = side.counters.clone();
+        let thread = std::thread::Builder::new()
+            .name("strata-exec-device".into())
+            .spawn(move || side.serve(&rx))
+            .map_err(|e| Error::Config(format!("cannot start the device worker: {e}")))?;
+        Ok(Worker {
+            jobs,
+            thread: Some(thread),
+            counters,
+        })
+    }
+
+    pub(crate) fn send(&self, job: Job) -> Result<()> {
+        self.jobs.send(job).map_err(|_| stopped())
+    }
+
+    /// Queues `plan`'s layer work on `x: [t, hidden]`; the result comes on the receiver.
+    pub(crate) fn layer(
+        &self,
+        plan: GpuPlan,
+        x: Vec<f32>,
+        t: usize,
+    ) -> Result<mpsc::Receiver<Result<GpuDone>>> {
+        let (reply, rx) = mpsc::sync_channel(1);
+        self.send(Job::Layer { plan, x, t, reply })?;
+        Ok(rx)
+    }
+
+    /// Waits until every job sent so far has run.
+    pub(crate) fn flush(&self) -> Result<()> {
+        let (tx, rx) = mpsc::sync_channel(1);
+        self.send(Job::Flush(tx))?;
+        rx.recv().map_err(|_| stopped())
+    }
+
+    pub(crate) fn counters(&self) -> DeviceCounters {
+        lock(&self.counters).clone()
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        // Closing the channel ends the worker once its queue is done.
+        drop(std::mem::replace(&mut self.jobs, mpsc::sync_channel(0).0));
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+pub(crate) fn stopped() -> Error {
+    Error::Config("the device worker stopped".into())
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panic mid-layer leaves counters, not memory, inconsistent: keep going.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// What the device worker owns: the device, the slots, what each slot holds.
+pub(crate) struct DeviceSide {
+    pub(crate) dev: Arc<dyn Device>,
+    pub(crate) slots: Option<ExpertSlots>,
+    pub(crate) host: Arc<HostExperts>,
+    /// `(moe_layer, expert)` copied into each slot, as far as the worker knows.
+    pub(crate) held: Vec<Option<(usize, u32)>>,
+    pub(crate) counters: Arc<Mutex<DeviceCounters>>,
+    /// A background copy's failure, reported with the next layer's result.
+    pub(crate) failed: Option<Error>,
+}
+
+impl DeviceSide {
+    /// Runs jobs until the executor is dropped.
+    fn serve(mut self, jobs: &mpsc::Receiver<Job>) {
+        for job in jobs {
+            let started = Instant::now();
+            match job {
+                Job::Layer { plan, x, t, reply } => {
+                    let done = match self.failed.take() {
+                        Some(e) => Err(e),
+                        None => self.layer(&plan, &x, t),
+                    };
+                    self.counted(started);
+                    // The executor waits on the reply; if it is gone, so is the work.
+                    let _ = reply.send(done);
+                }
+                Job::Copies(copies) => {
+                    for &(slot, layer, expert) in &copies {
+                        match self.copy(slot, layer, expert) {
+                            Ok(()) => lock(&self.counters).prefetched += 1,
+                            Err(e) => {
+                                self.failed.get_or_insert(e);
+                            }
+                        }
+                    }
+                    self.counted(started);
+                }
+                Job::Flush(reply) => {
+                    let _ = reply.send(());
+                }
+            }
+        }
+    }
+
+    fn counted(&self, started: Instant) {
+        lock(&self.counters).time += started.elapsed();
+    }
+
+    /// Copies `expert` of `layer` from the host into `slot`.
+    fn copy(&mut self, slot: u32, layer: usize, expert: u32) -> Result<()> {
+        let slots = self.slots.as_ref().ok_or_else(no_slots)?;
+        let held = self.held.get_mut(slot as usize).ok_or_else(no_slots)?;
+        // Until the copy succeeds the slot holds nothing usable.
+        *held = None;
+        let bytes = self.host.slot_bytes(layer, expert, slots)?;
+        slots.refill_bytes(&*self.dev, slot, &bytes)?;
+        *held = Some((layer, expert));
+        let mut c = lock(&self.counters);
+        c.uploads += 1;
+        c.bytes += bytes.len() as u64;
+        Ok(())
+    }
+
+    /// The device's share of a layer: copies, then per round the staged copies and the two
+    /// expert kernels, then the per-pair outputs read back and combined on the host.
+    fn layer(&mut self, plan: &GpuPlan, x: &[f32], t: usize) -> Result<GpuDone> {
+        let mut done = GpuDone::default();
+        for &(slot, layer, expert) in &plan.uploads {
+            self.copy(slot, layer, expert)?;
+        }
+        let mut reads = Vec::new();
+        let mut x_buf = None;
+        for (copies, pairs) in &plan.rounds {
+            for &(slot, layer, expert) in copies {
+                self.copy(slot, layer, expert)?;
+            }
+            if pairs.is_empty() {
+                continue;
+            }
+            // The copies before this job ran in order: each slot must hold its expert now.
+            for q in pairs {
+                let held = self.held.get(q.slot as usize).copied().flatten();
+                if held != Some(q.expert) {
+                    return Err(Error::Config(format!(
+                        "slot {} holds {held:?} when moe layer {} expert {} runs on it",
+                        q.slot, q.expert.0, q.expert.1
+                    )));
+                }
+            }
+            let slots = self.slots.as_ref().ok_or_else(no_slots)?;
+            let dev = &*self.dev;
+            let h = slots.hidden as usize;
+            let inter = slots.inter as usize;
+            if x_buf.is_none() {
+                let b = dev.alloc((t * h * 4) as u64, 0, "hybrid expert input")?;
+                dev.upload(&b, 0, &f32_bytes(x))?;
+                x_buf = Some(b);
+            }
+            let Some(xb) = &x_buf else { continue };
+            let mut pairs = pairs.clone();
+            pairs.sort_by_key(|p| (p.slot, p.row));
+            let p = pairs.len();
+            let idx: Vec<u8> = pairs
+                .iter()
+                .flat_map(|q| [q.row, q.slot])
+                .flat_map(u32::to_le_bytes)
+                .collect();
+            let pairs_buf = dev.alloc(idx.len() as u64, 0, "hybrid expert pairs")?;
+            dev.upload(&pairs_buf, 0, &idx)?;
+            let act = dev.alloc((p * inter * 4) as u64, 0, "hybrid expert activations")?;
+            let y = dev.alloc((p * h * 4) as u64, 0, "hybrid expert outputs")?;
+            for (stage, input, output) in [(0, xb, &act), (1, &act, &y)] {
+                dev.enqueue(&Op::ExpertFfn {
+                    x: input,
+                    slots,
+                    pairs: &pairs_buf,
+                    out: output,
+                    n_pairs: p as u32,
+                    stage,
+                })?;
+            }
+            dev.submit()?;
+            let read = dev.download_async(&y, 0, (p * h * 4) as u64)?;
+            reads.push((read, pairs, [pairs_buf, act, y], h));
+        }
+        for (read, pairs, bufs, h) in reads {
+            let bytes = read.wait()?;
+            drop::<[Buffer; 3]>(bufs);
+            for (q, yr) in pairs.iter().zip(bytes.chunks_exact(4 * h)) {
+                let target = if q.deferred {
+                    &mut done.deferred
+                } else {
+                    &mut done.out
+                };
+                if target.is_empty() {
+                    *target = vec![0.0f32; t * h];
+                }
+                let row = &mut target[q.row as usize * h..][..h];
+                for (o, c) in row.iter_mut().zip(yr.chunks_exact(4)) {
+                    *o += q.weight * f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                }
+            }
+        }
+        Ok(done)
+    }
+}
+
+fn no_slots() -> Error {
+    Error::Config("a copy or kernel names a slot the device does not have".into())
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}

@@ -1,0 +1,207 @@
+//! One generation step of one sequence: sample a token from the logits, detokenize it,
+//! check the stop conditions, decide whether and why the sequence ends, and count it.
+//!
+//! [`SequenceState`] holds what a sequence carries between steps (its [`Sampler`], its
+//! [`StreamDecoder`], the prompt and generated ids the penalties look at, its limits);
+//! [`SequenceState::accept`] turns one row of logits into a [`StepOutcome`]. The batched
+//! [`Engine`](crate::engine::Engine), the continuous-batching
+//! [`Scheduler`](crate::scheduler::Scheduler) and the command line's single-device loops
+//! all drive sequences through it, so they sample, stop, report text and count alike.
+//!
+//! A key design decision made here is how tokens are counted, as OpenAI's API reports
+//! `usage.completion_tokens` (and as the server always has): every sampled token counts,
+//! including the one that completed a stop string (its text is cut at the stop string, but
+//! the model generated it), except an end-of-sequence id, which ends the sequence without
+//! being part of its output.
+
+use crate::sampling::{Sampler, SamplingError};
+use crate::text::{StopReason, StreamDecoder, TextError, Tokenizer};
+
+/// Why generation ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FinishReason {
+    /// The model produced an end-of-sequence token or a stop string appeared.
+    Stop,
+    /// `max_tokens` reached.
+    Length,
+    /// The model's context is full.
+    ContextFull,
+}
+
+/// A step that could not complete; the sequence cannot go on.
+#[derive(Debug, thiserror::Error)]
+pub enum StepError {
+    /// The sampler refused the logits.
+    #[error("sampling failed: {0}")]
+    Sampling(#[from] SamplingError),
+    /// The tokenizer could not decode the ids.
+    #[error("detokenizing failed: {0}")]
+    Text(#[from] TextError),
+}
+
+/// Limits and options of one sequence.
+#[derive(Debug, Clone, Copy)]
+pub struct SequenceOptions<'a> {
+    /// Most tokens to generate.
+    pub max_tokens: usize,
+    /// Context length: prompt plus generated tokens.
+    pub ctx_size: usize,
+    /// Strings that end generation (not included in the text).
+    pub stop: &'a [String],
+    /// Keep generating past end-of-sequence ids.
+    pub ignore_eos: bool,
+    /// `Some(n)`: report each token's log-probability and the `n` most likely others.
+    pub top_logprobs: Option<usize>,
+}
+
+/// Log-probabilities of one generated token.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprobs {
+    /// The chosen token's log-probability.
+    pub logprob: f32,
+    /// The most likely tokens with theirs, most likely first.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// A counted token of one step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepToken {
+    /// Token id.
+    pub id: u32,
+    /// Its log-probabilities, when the sequence asked for them.
+    pub logprobs: Option<TokenLogprobs>,
+}
+
+/// What one step produced.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepOutcome {
+    /// The sampled token, when it counts as generated (`None` for an end-of-sequence id).
+    pub token: Option<StepToken>,
+    /// Text completed by this step (possibly empty: text is held back while it may be the
+    /// start of a stop string or an incomplete character).
+    pub text: String,
+    /// Set when the sequence ended with this step.
+    pub finish: Option<FinishReason>,
+    /// Text released because the sequence ended at a limit (what was held back); comes
+    /// after `text`.
+    pub tail: String,
+}
+
+/// A sequence between steps.
+#[derive(Debug)]
+pub struct SequenceState<'t> {
+    sampler: Sampler,
+    decoder: StreamDecoder<'t>,
+    /// Prompt then generated ids: what the penalties look at.
+    history: Vec<u32>,
+    prompt_len: usize,
+    max_tokens: usize,
+    ctx_size: usize,
+    top_logprobs: Option<usize>,
+    finish: Option<FinishReason>,
+}
+
+impl<'t> SequenceState<'t> {
+    /// A sequence that continues `prompt`; an empty stop string is an error.
+    pub fn new(
+        tokenizer: &'t Tokenizer,
+        sampler: Sampler,
+        prompt: &[u32],
+        opts: SequenceOptions<'_>,
+    ) -> Result<Self, TextError> {
+        let mut decoder = StreamDecoder::new(tokenizer, opts.stop, true)?;
+        if opts.ignore_eos {
+            decoder.set_stop_ids(&[]);
+        }
+        let mut history = Vec::with_capacity(prompt.len() + opts.max_tokens.min(4096));
+        history.extend_from_slice(prompt);
+        Ok(SequenceState {
+            sampler,
+            decoder,
+            history,
+            prompt_len: prompt.len(),
+            max_tokens: opts.max_tokens,
+            ctx_size: opts.ctx_size,
+            top_logprobs: opts.top_logprobs,
+            finish: None,
+        })
+    }
+
+    /// Samples the next token from `logits` (the model's output after the last token fed),
+    /// detokenizes it and decides whether the sequence ends. Call it only while
+    /// [`SequenceState::finish`] is `None`.
+    pub fn accept(&mut self, logits: &[f32]) -> Result<StepOutcome, StepError> {
+        let token = self.sample(logits)?;
+        let piece = self.decoder.push(token.id)?;
+        let token = match piece.stop {
+            Some(StopReason::Eos(_)) => None,
+            _ => {
+                self.history.push(token.id);
+                Some(token)
+            }
+        };
+        // With the token in the history, the cache holds every id but it: one more
+        // position is needed to feed it.
+        let finish = if piece.stop.is_some() {
+            Some(FinishReason::Stop)
+        } else if self.generated().len() >= self.max_tokens {
+            Some(FinishReason::Length)
+        } else if self.history.len() >= self.ctx_size {
+            Some(FinishReason::ContextFull)
+        } else {
+            None
+        };
+        let tail = match finish {
+            Some(FinishReason::Length | FinishReason::ContextFull) => self.decoder.finish()?.text,
+            _ => String::new(),
+        };
+        self.finish.clone_from(&finish);
+        Ok(StepOutcome {
+            token,
+            text: piece.text,
+            finish,
+            tail,
+        })
+    }
+
+    fn sample(&mut self, logits: &[f32]) -> Result<StepToken, SamplingError> {
+        Ok(match self.top_logprobs {
+            Some(n) => {
+                let s = self
+                    .sampler
+                    .sample_with_logprobs(logits, &self.history, n)?;
+                StepToken {
+                    id: s.id,
+                    logprobs: Some(TokenLogprobs {
+                        logprob: s.logprob,
+                        top: s.top,
+                    }),
+                }
+            }
+            None => StepToken {
+                id: self.sampler.sample(logits, &self.history)?,
+                logprobs: None,
+            },
+        })
+    }
+
+    /// The generated ids so far (every counted token, see the module docs).
+    pub fn generated(&self) -> &[u32] {
+        &self.history[self.prompt_len..]
+    }
+
+    /// The id to feed the model next: the last one generated (or the prompt's last).
+    pub fn next_input(&self) -> &[u32] {
+        &self.history[self.history.len().saturating_sub(1)..]
+    }
+
+    /// Why the sequence ended, once it has.
+    pub fn finish(&self) -> Option<&FinishReason> {
+        self.finish.as_ref()
+    }
+
+    /// The generated ids, consuming the state.
+    pub fn into_generated(mut self) -> Vec<u32> {
+        self.history.split_off(self.prompt_len)
+    }
+}
