@@ -20,7 +20,11 @@ use anyhow::{Context, bail, ensure};
 use clap::Args;
 use serde_json::{Value, json};
 use strata_kernels::gemm::matmul_f32;
+use strata_kernels::ggml::{
+    self, GgmlExperts, GgmlMatrix, GgmlType, fused_moe_ggml, has_fast_kernel,
+};
 use strata_kernels::moe::DEFAULT_AMX_MIN_TOKENS;
+use strata_kernels::moe::group_by_expert;
 use strata_kernels::{
     Expert, Isa, MoeExperts, MoeOptions, PackedFormat, fused_moe_with, num_threads, peak,
 };
@@ -40,8 +44,9 @@ pub struct BenchMoeArgs {
     /// Experts per token.
     #[arg(long, default_value_t = 8)]
     pub topk: usize,
-    /// Packed formats: bf16, int8 (per-row scales), int8g32/64/128, int4 (= int4g64),
-    /// int4g32/64/128.
+    /// Weight formats: packed bf16, int8 (per-row scales), int8g32/64/128, int4 (= int4g64),
+    /// int4g32/64/128; or ggml blocks as a GGUF stores them (q4_0, q8_0, q4_k, q5_k, q6_k,
+    /// iq4_xs, ...: random valid blocks, computed in place).
     #[arg(long, value_delimiter = ',', default_value = "bf16,int8,int4")]
     pub formats: Vec<String>,
     /// Token counts per call.
@@ -224,8 +229,9 @@ pub fn bench_moe(args: &BenchMoeArgs) -> anyhow::Result<()> {
         args.layers > 0 && distinct > 0,
         "layers and distinct must be positive"
     );
-    let formats = args
-        .formats
+    let (ggml, packed): (Vec<&String>, Vec<&String>) =
+        args.formats.iter().partition(|s| ggml_type(s).is_some());
+    let formats = packed
         .iter()
         .map(|s| parse_format(s))
         .collect::<anyhow::Result<Vec<_>>>()?;
@@ -316,7 +322,7 @@ pub fn bench_moe(args: &BenchMoeArgs) -> anyhow::Result<()> {
             let flops = 6.0 * (t * k) as f64 * (h * inter) as f64;
             let tflops = flops / seconds / 1e12;
             let weight_gbs = (per_call * expert_bytes) as f64 / seconds / 1e9;
-            points.push((isa, fmt));
+            points.push(Some((isa, fmt)));
             results.push(json!({
                 "format": fmt.name(),
                 "tokens": t,
@@ -340,14 +346,21 @@ pub fn bench_moe(args: &BenchMoeArgs) -> anyhow::Result<()> {
             )?);
         }
     }
+    for name in ggml {
+        let ty = ggml_type(name).expect("partitioned by ggml_type");
+        bench_ggml(args, ty, &mut rng, &mut results, &mut accuracy)?;
+        points.extend(args.tokens.iter().map(|_| None));
+    }
     if !args.json {
         eprintln!("measuring peaks again...");
     }
     let peaks = first_peaks.max(Peaks::measure());
-    for (r, (isa, fmt)) in results.iter_mut().zip(points) {
+    for (r, point) in results.iter_mut().zip(points) {
         let tflops = r["tflops"].as_f64().unwrap_or(f64::NAN);
         let weight_gbs = r["weight_gbs"].as_f64().unwrap_or(f64::NAN);
-        r["frac_compute_peak"] = json!(peaks.compute(isa, fmt).map(|p| tflops / p));
+        // No compute peak is measured for the ggml kernels' AVX2 int8 path yet.
+        let peak = point.and_then(|(isa, fmt)| peaks.compute(isa, fmt));
+        r["frac_compute_peak"] = json!(peak.map(|p| tflops / p));
         r["frac_read_gbs"] = json!(weight_gbs / peaks.read_gbs);
     }
     let doc = json!({
@@ -373,6 +386,115 @@ pub fn bench_moe(args: &BenchMoeArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&doc)?);
     } else {
         print_table(&doc);
+    }
+    Ok(())
+}
+
+/// The ggml block type a `--formats` entry names (`q4_k`, `IQ4_XS`), if any.
+fn ggml_type(name: &str) -> Option<GgmlType> {
+    GgmlType::ALL
+        .into_iter()
+        .find(|t| t.block_size() > 1 && t.name().eq_ignore_ascii_case(name))
+}
+
+/// One ggml format's points: experts of random valid blocks, computed in place by
+/// `fused_moe_ggml`; accuracy against f32 on the dequantized weights (so it measures the
+/// kernels' activation rounding, not the quantization of the weights).
+fn bench_ggml(
+    args: &BenchMoeArgs,
+    ty: GgmlType,
+    rng: &mut Lcg,
+    results: &mut Vec<Value>,
+    accuracy: &mut Vec<Value>,
+) -> anyhow::Result<()> {
+    let (h, inter, e, k) = (args.hidden, args.inter, args.experts, args.topk);
+    ensure!(
+        ty.can_dequantize() && h % ty.block_size() == 0 && inter % ty.block_size() == 0,
+        "{ty} needs hidden and inter to be multiples of {}",
+        ty.block_size()
+    );
+    let distinct = args.distinct.unwrap_or(e).min(e);
+    let name = ty.name().to_ascii_lowercase();
+    if !args.json {
+        eprintln!("writing {} x {e} experts as {ty} blocks...", args.layers);
+    }
+    let mut seed = rng.0;
+    let mut matrix = |n: usize, kk: usize| {
+        let bytes = ggml::random_blocks(ty, n * kk / ty.block_size(), &mut seed);
+        GgmlMatrix::from_vec(ty, n, kk, bytes)
+    };
+    let mut layers = Vec::with_capacity(args.layers);
+    for _ in 0..args.layers {
+        let (mut g, mut u, mut d) = (Vec::new(), Vec::new(), Vec::new());
+        for x in 0..e {
+            if x < distinct {
+                g.push(matrix(inter, h)?);
+                u.push(matrix(inter, h)?);
+                d.push(matrix(h, inter)?);
+            } else {
+                let c = x % distinct;
+                let (gc, uc, dc) = (g[c].clone(), u[c].clone(), d[c].clone());
+                g.push(gc);
+                u.push(uc);
+                d.push(dc);
+            }
+        }
+        layers.push(GgmlExperts::new(g, u, d, h, inter)?);
+    }
+    rng.0 = seed;
+    let expert_bytes = layers[0].bytes() / e;
+
+    let t_acc = 32;
+    let x = rng.vec(t_acc * h, 2.0);
+    let src: Vec<F32Expert> = (0..ACC_EXPERTS.min(e))
+        .map(|x| {
+            let (g, u, d) = layers[0].expert(x);
+            F32Expert {
+                gate: g.dequantize(),
+                up: u.dequantize(),
+                down: d.dequantize(),
+            }
+        })
+        .collect();
+    let (ids, wts) = routing(t_acc, k, src.len(), 0);
+    let want = moe_f32(&src, h, inter, &x, &ids, &wts);
+    let mut got = vec![0.0; t_acc * h];
+    let batches = group_by_expert(e, &ids, &wts, k)?;
+    fused_moe_ggml(&layers[0], &x, &batches, &mut got, &MoeOptions::default())?;
+    let num: f64 = want
+        .iter()
+        .zip(&got)
+        .map(|(a, b)| f64::from(a - b).powi(2))
+        .sum();
+    let den: f64 = want.iter().map(|a| f64::from(*a).powi(2)).sum();
+    let rel = (num / den.max(f64::MIN_POSITIVE)).sqrt();
+    accuracy.push(json!({"format": name, "tokens": t_acc, "rel_rms_err": rel}));
+
+    let isa = Isa::selected().min(Isa::Avx2);
+    for &t in &args.tokens {
+        let x = rng.vec(t * h, 2.0);
+        let mut out = vec![0.0f32; t * h];
+        let per_call = (t * k).min(e);
+        let seconds = time_calls(args.min_seconds, |c| {
+            let (ids, wts) = routing(t, k, e, (c * t * k) % e);
+            let batches = group_by_expert(e, &ids, &wts, k)?;
+            let layer = &layers[c % layers.len()];
+            fused_moe_ggml(layer, &x, &batches, &mut out, &MoeOptions::default())?;
+            Ok(())
+        })?;
+        let flops = 6.0 * (t * k) as f64 * (h * inter) as f64;
+        results.push(json!({
+            "format": name,
+            "tokens": t,
+            "tokens_per_expert": (t * k) as f64 / e as f64,
+            "isa": if has_fast_kernel(ty) { isa.name() } else { "generic" },
+            "seconds": seconds,
+            "tflops": flops / seconds / 1e12,
+            "weight_gbs": (per_call * expert_bytes) as f64 / seconds / 1e9,
+        }));
+        if !args.json {
+            eprintln!("  {name} T={t}: {:.3} ms", seconds * 1e3);
+        }
     }
     Ok(())
 }

@@ -13,6 +13,8 @@
 //! files are used as they are, so a model takes the memory it takes on disk and its pages
 //! stay file-backed. Decoding happens per row block inside the kernels, in cache.
 
+use half::f16;
+
 mod dequant;
 mod dot;
 mod iq;
@@ -35,56 +37,56 @@ pub fn has_fast_kernel(ty: GgmlType) -> bool {
 #[cfg(test)]
 mod tests;
 
+/// `n_blocks` random but valid blocks of `ty` (random bytes; f16 scale fields hold small
+/// finite values, f32/BF16 values lie in [-0.5, 0.5)): weights of any shape for kernel tests
+/// and benchmarks.
+pub fn random_blocks(ty: GgmlType, n_blocks: usize, seed: &mut u64) -> Vec<u8> {
+    let bb = ty.block_bytes();
+    let mut v: Vec<u8> = (0..n_blocks * bb)
+        .map(|_| {
+            *seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (*seed >> 33) as u8
+        })
+        .collect();
+    let f16_fields: &[usize] = match ty {
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::IQ4_NL => &[0],
+        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
+        GgmlType::IQ4_XS => &[0],
+        GgmlType::Q2_K => &[80, 82],
+        GgmlType::Q3_K => &[108],
+        GgmlType::Q6_K => &[208],
+        GgmlType::F16 => &[0],
+        GgmlType::IQ2_XXS | GgmlType::IQ2_S | GgmlType::IQ3_S | GgmlType::IQ1_S => &[0],
+        _ => &[],
+    };
+    for b in 0..n_blocks {
+        for (i, &off) in f16_fields.iter().enumerate() {
+            let val = f16::from_f32(0.01 + 0.003 * ((b + i) % 7) as f32);
+            v[b * bb + off..b * bb + off + 2].copy_from_slice(&val.to_le_bytes());
+        }
+    }
+    match ty {
+        // Finite values: random f32 / bf16 bits include NaN and huge exponents.
+        GgmlType::F32 => {
+            for c in v.chunks_exact_mut(4) {
+                let x = (c[0] as f32 - 128.0) / 256.0;
+                c.copy_from_slice(&x.to_le_bytes());
+            }
+        }
+        GgmlType::BF16 => {
+            for c in v.chunks_exact_mut(2) {
+                let x = half::bf16::from_f32((c[0] as f32 - 128.0) / 256.0);
+                c.copy_from_slice(&x.to_le_bytes());
+            }
+        }
+        _ => {}
+    }
+    v
+}
+
 #[cfg(test)]
 pub(crate) mod test_util {
-    use half::f16;
-
-    use super::GgmlType;
-
-    /// `n_blocks` random blocks of `ty` whose f16 scale fields hold small finite values.
-    pub(crate) fn random_blocks(ty: GgmlType, n_blocks: usize, seed: &mut u64) -> Vec<u8> {
-        let bb = ty.block_bytes();
-        let mut v: Vec<u8> = (0..n_blocks * bb)
-            .map(|_| {
-                *seed = seed
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                (*seed >> 33) as u8
-            })
-            .collect();
-        let f16_fields: &[usize] = match ty {
-            GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::IQ4_NL => &[0],
-            GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
-            GgmlType::IQ4_XS => &[0],
-            GgmlType::Q2_K => &[80, 82],
-            GgmlType::Q3_K => &[108],
-            GgmlType::Q6_K => &[208],
-            GgmlType::F16 => &[0],
-            GgmlType::IQ2_XXS | GgmlType::IQ2_S | GgmlType::IQ3_S | GgmlType::IQ1_S => &[0],
-            _ => &[],
-        };
-        for b in 0..n_blocks {
-            for (i, &off) in f16_fields.iter().enumerate() {
-                let val = f16::from_f32(0.01 + 0.003 * ((b + i) % 7) as f32);
-                v[b * bb + off..b * bb + off + 2].copy_from_slice(&val.to_le_bytes());
-            }
-        }
-        match ty {
-            // Finite values: random f32 / bf16 bits include NaN and huge exponents.
-            GgmlType::F32 => {
-                for c in v.chunks_exact_mut(4) {
-                    let x = (c[0] as f32 - 128.0) / 256.0;
-                    c.copy_from_slice(&x.to_le_bytes());
-                }
-            }
-            GgmlType::BF16 => {
-                for c in v.chunks_exact_mut(2) {
-                    let x = half::bf16::from_f32((c[0] as f32 - 128.0) / 256.0);
-                    c.copy_from_slice(&x.to_le_bytes());
-                }
-            }
-            _ => {}
-        }
-        v
-    }
+    pub(crate) use super::random_blocks;
 }
