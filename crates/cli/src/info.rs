@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 
 use clap::Args;
-use strata_model::config::{AttentionConfig, FfnConfig, ModelConfig, Scoring};
+use strata_model::config::{AttentionConfig, FfnConfig, Scoring};
 use strata_model::source::Source;
 use strata_model::{MemoryPlan, Model};
 
@@ -27,24 +27,6 @@ pub struct InfoArgs {
     /// loaded; without it nothing but the config and the tensor table is read.
     #[arg(long)]
     load: bool,
-}
-
-/// f32 values one cached position takes in each layer (keys and values, or MLA's latent
-/// and rotary key), as [`Model::new_cache`] allocates them.
-fn kv_floats_per_token(cfg: &ModelConfig) -> usize {
-    let per_layer = match &cfg.attention {
-        AttentionConfig::Gqa {
-            n_kv_heads,
-            head_dim,
-            ..
-        } => 2 * n_kv_heads * head_dim,
-        AttentionConfig::Mla {
-            kv_lora_rank,
-            qk_rope_head_dim,
-            ..
-        } => kv_lora_rank + qk_rope_head_dim,
-    };
-    per_layer * cfg.n_layers()
 }
 
 fn human(n: usize) -> String {
@@ -92,7 +74,7 @@ pub fn run(args: InfoArgs) -> anyhow::Result<()> {
     let plan = MemoryPlan::of(&config, &src, args.model.load_options());
     let cfg = &config;
     let (total, active) = cfg.param_counts();
-    let kv_per_token = kv_floats_per_token(cfg) * 4;
+    let kv_per_token = strata_model::memory::kv_bytes_per_token(cfg) as usize;
     let n_moe = cfg
         .layers
         .iter()
@@ -257,8 +239,6 @@ mod tests {
 
     use strata_model::{Model, Precision};
 
-    use super::*;
-
     /// The config-only counts agree with the loaded model's on every fixture, and so does
     /// the KV cache size.
     #[test]
@@ -284,7 +264,8 @@ mod tests {
                 p.display()
             );
             let floats: usize = m.new_cache().widths().iter().map(|(a, b)| a + b).sum();
-            assert_eq!(kv_floats_per_token(&m.config), floats, "{}", p.display());
+            let bytes = strata_model::memory::kv_bytes_per_token(&m.config) as usize;
+            assert_eq!(bytes, 4 * floats, "{}", p.display());
         }
     }
 }

@@ -309,9 +309,9 @@ pub fn dense_mlp(
 const WAVE_SCRATCH_BYTES: usize = 24 << 20;
 
 /// A run of rows of one batch: rows `rows` of `batch` (rows are indices into its tokens).
-struct Segment<'b> {
-    batch: &'b ExpertBatch,
-    rows: Range<usize>,
+pub(crate) struct Segment<'b> {
+    pub(crate) batch: &'b ExpertBatch,
+    pub(crate) rows: Range<usize>,
 }
 
 /// One parallel task: rows `rows` of segment `s`, strips `strips` of its expert's matrix.
@@ -340,7 +340,7 @@ fn tasks(segs: &[Segment], strips: usize) -> Vec<Task> {
 
 /// Splits the active batches into waves of at most `wave_rows` rows, in batch order (a batch
 /// larger than a wave is split into several segments).
-fn waves<'b>(active: &[&'b ExpertBatch], wave_rows: usize) -> Vec<Vec<Segment<'b>>> {
+pub(crate) fn waves<'b>(active: &[&'b ExpertBatch], wave_rows: usize) -> Vec<Vec<Segment<'b>>> {
     let mut all = Vec::new();
     let mut cur: Vec<Segment<'b>> = Vec::new();
     let mut used = 0;
@@ -600,8 +600,8 @@ fn run_wave(
 }
 
 /// Runs `convert(s)` for every segment in parallel and collects the results in order.
-fn convert_all(n: usize, convert: impl Fn(usize) -> Activations + Sync) -> Vec<Activations> {
-    let mut slots: Vec<Option<Activations>> = (0..n).map(|_| None).collect();
+pub(crate) fn convert_all<T: Send>(n: usize, convert: impl Fn(usize) -> T + Sync) -> Vec<T> {
+    let mut slots: Vec<Option<T>> = (0..n).map(|_| None).collect();
     {
         let w = SharedMut::new(&mut slots);
         parallel_for(n, |b| {

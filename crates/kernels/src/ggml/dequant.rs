@@ -265,7 +265,7 @@ fn block_q3_k(x: &[u8], y: &mut [f32]) {
 
 /// 6-bit scale and min `j` (0..8) of a Q4_K/Q5_K block (`get_scale_min_k4`).
 #[inline]
-fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
+pub(super) fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
     } else {

@@ -13,7 +13,7 @@ use std::ops::Range;
 
 use crate::buf::SharedMut;
 use crate::error::check_len;
-use crate::moe::{ExpertBatch, MoeOptions};
+use crate::moe::{ExpertBatch, MoeOptions, Segment, convert_all, waves};
 use crate::{Isa, KernelError, parallel_for};
 
 use super::GgmlMatrix;
@@ -134,12 +134,6 @@ impl GgmlExperts {
     }
 }
 
-/// A run of one batch's rows inside a wave.
-struct Segment<'b> {
-    batch: &'b ExpertBatch,
-    rows: Range<usize>,
-}
-
 /// One task: rows `tokens` of segment `s`, weight rows `rows`.
 struct Task {
     s: usize,
@@ -201,36 +195,10 @@ pub fn fused_moe_ggml(
         out.fill(0.0);
     }
     let isa = opts.isa.unwrap_or(Isa::selected()).min(Isa::selected());
-    for wave in waves(&active) {
+    for wave in waves(&active, WAVE_ROWS) {
         run_wave(experts, hidden, &wave, out, isa);
     }
     Ok(())
-}
-
-fn waves<'b>(active: &[&'b ExpertBatch]) -> Vec<Vec<Segment<'b>>> {
-    let mut all = Vec::new();
-    let mut cur = Vec::new();
-    let mut used = 0;
-    for &batch in active {
-        let mut r = 0;
-        while r < batch.tokens.len() {
-            if used == WAVE_ROWS {
-                all.push(std::mem::take(&mut cur));
-                used = 0;
-            }
-            let n = (batch.tokens.len() - r).min(WAVE_ROWS - used);
-            cur.push(Segment {
-                batch,
-                rows: r..r + n,
-            });
-            used += n;
-            r += n;
-        }
-    }
-    if !cur.is_empty() {
-        all.push(cur);
-    }
-    all
 }
 
 fn run_wave(experts: &GgmlExperts, hidden: &[f32], segs: &[Segment], out: &mut [f32], isa: Isa) {
@@ -333,24 +301,6 @@ fn run_wave(experts: &GgmlExperts, hidden: &[f32], segs: &[Segment], out: &mut [
             *o += w * v;
         }
     }
-}
-
-/// Runs `convert(s)` for every segment in parallel and collects the results in order.
-fn convert_all<T: Send>(n: usize, convert: impl Fn(usize) -> T + Sync) -> Vec<T> {
-    let mut slots: Vec<Option<T>> = (0..n).map(|_| None).collect();
-    {
-        let w = SharedMut::new(&mut slots);
-        parallel_for(n, |b| {
-            let value = Some(convert(b));
-            // SAFETY: task `b` alone writes slot `b`.
-            let slot = unsafe { w.part(b, 1) };
-            slot[0] = value;
-        });
-    }
-    slots
-        .into_iter()
-        .map(|s| s.expect("every slot converted"))
-        .collect()
 }
 
 /// Plain reference for [`fused_moe_ggml`]: token by token, expert by expert, with

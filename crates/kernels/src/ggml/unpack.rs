@@ -15,6 +15,7 @@
 
 use half::f16;
 
+use super::dequant::scale_min_k4;
 use super::types::{GgmlType, QK_K};
 
 /// Values per scale in the unpacked form.
@@ -164,19 +165,6 @@ fn q3_k(x: &[u8; 110], o: Out<256, 16>) {
         let lo = (s[u % 8] >> (4 * (u / 8))) & 0x0f;
         let hi = (s[8 + u % 4] >> (2 * (u / 4))) & 3;
         set(&mut o, u, 1, d * ((lo | (hi << 4)) as i32 - 32) as f32, 0.0);
-    }
-}
-
-/// 6-bit scale and min `j` (0..8) of a Q4_K/Q5_K block (`get_scale_min_k4`).
-#[inline(always)]
-fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
-    if j < 4 {
-        (q[j] & 63, q[j + 4] & 63)
-    } else {
-        (
-            (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4),
-            (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
-        )
     }
 }
 
