@@ -294,13 +294,7 @@ pub fn bench_moe(args: &BenchMoeArgs) -> anyhow::Result<()> {
         let want = moe_f32(&src, h, inter, &x, &ids, &wts);
         let mut got = vec![0.0; t_acc * h];
         fused_moe_with(&layers[0], &x, &ids, &wts, &mut got, &MoeOptions::default())?;
-        let num: f64 = want
-            .iter()
-            .zip(&got)
-            .map(|(a, b)| f64::from(a - b).powi(2))
-            .sum();
-        let den: f64 = want.iter().map(|a| f64::from(*a).powi(2)).sum();
-        let rel = (num / den.max(f64::MIN_POSITIVE)).sqrt();
+        let rel = rel_rms_err(&want, &got);
         accuracy.push(json!({"format": fmt.name(), "tokens": t_acc, "rel_rms_err": rel}));
 
         for &t in &args.tokens {
@@ -390,6 +384,17 @@ pub fn bench_moe(args: &BenchMoeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `‖got - want‖ / ‖want‖` (root mean square error relative to the reference's).
+fn rel_rms_err(want: &[f32], got: &[f32]) -> f64 {
+    let num: f64 = want
+        .iter()
+        .zip(got)
+        .map(|(a, b)| f64::from(a - b).powi(2))
+        .sum();
+    let den: f64 = want.iter().map(|a| f64::from(*a).powi(2)).sum();
+    (num / den.max(f64::MIN_POSITIVE)).sqrt()
+}
+
 /// The ggml block type a `--formats` entry names (`q4_k`, `IQ4_XS`), if any.
 fn ggml_type(name: &str) -> Option<GgmlType> {
     GgmlType::ALL
@@ -461,13 +466,7 @@ fn bench_ggml(
     let mut got = vec![0.0; t_acc * h];
     let batches = group_by_expert(e, &ids, &wts, k)?;
     fused_moe_ggml(&layers[0], &x, &batches, &mut got, &MoeOptions::default())?;
-    let num: f64 = want
-        .iter()
-        .zip(&got)
-        .map(|(a, b)| f64::from(a - b).powi(2))
-        .sum();
-    let den: f64 = want.iter().map(|a| f64::from(*a).powi(2)).sum();
-    let rel = (num / den.max(f64::MIN_POSITIVE)).sqrt();
+    let rel = rel_rms_err(&want, &got);
     accuracy.push(json!({"format": name, "tokens": t_acc, "rel_rms_err": rel}));
 
     let isa = Isa::selected().min(Isa::Avx2);

@@ -385,6 +385,35 @@ thread_local! {
         const { std::cell::Cell::new((Vec::new(), Vec::new())) };
 }
 
+/// The batches a fused MoE call computes: each checked against `n_experts` experts and `t`
+/// tokens, then those that have tokens and that `opts.expert_mask` selects.
+pub(crate) fn active_batches<'b>(
+    op: &'static str,
+    n_experts: usize,
+    t: usize,
+    batches: &'b [ExpertBatch],
+    opts: &MoeOptions,
+) -> Result<Vec<&'b ExpertBatch>, KernelError> {
+    let mut active = Vec::with_capacity(batches.len());
+    for b in batches {
+        let bad = |what: String| KernelError::Mismatch { op, what };
+        if b.expert >= n_experts {
+            return Err(bad(format!("expert {} of {n_experts}", b.expert)));
+        }
+        check_len(op, "batch weights", b.tokens.len(), b.weights.len())?;
+        if let Some(&tok) = b.tokens.iter().find(|&&x| x as usize >= t) {
+            return Err(bad(format!("token {tok} routed, expected below {t}")));
+        }
+        let selected = opts
+            .expert_mask
+            .is_none_or(|m| m.get(b.expert) == Some(&true));
+        if selected && !b.tokens.is_empty() {
+            active.push(b);
+        }
+    }
+    Ok(active)
+}
+
 /// Runs the MoE layer on routing already grouped by expert (see [`group_by_expert`]).
 ///
 /// Token rows are processed in waves of at most a few thousand (token, expert) rows; within a
@@ -402,23 +431,7 @@ pub fn fused_moe_grouped(
     let t = hidden.len() / h.max(1);
     check_len(OP, "hidden", t * h, hidden.len())?;
     check_len(OP, "out", t * h, out.len())?;
-    let mut active: Vec<&ExpertBatch> = Vec::with_capacity(batches.len());
-    for b in batches {
-        let bad = |what: String| KernelError::Mismatch { op: OP, what };
-        if b.expert >= experts.len() {
-            return Err(bad(format!("expert {} of {}", b.expert, experts.len())));
-        }
-        check_len(OP, "batch weights", b.tokens.len(), b.weights.len())?;
-        if let Some(&tok) = b.tokens.iter().find(|&&x| x as usize >= t) {
-            return Err(bad(format!("token {tok} routed, expected below {t}")));
-        }
-        let selected = opts
-            .expert_mask
-            .is_none_or(|m| m.get(b.expert) == Some(&true));
-        if selected && !b.tokens.is_empty() {
-            active.push(b);
-        }
-    }
+    let active = active_batches(OP, experts.len(), t, batches, opts)?;
     if !opts.accumulate {
         out.fill(0.0);
     }

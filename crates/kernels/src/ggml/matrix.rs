@@ -259,7 +259,8 @@ impl GgmlMatrix {
                     s.d.resize(nr * k / UNIT, 0.0);
                     s.m.resize(nr * k / UNIT, 0.0);
                     unpack_rows(isa, self.ty, src, &mut s.q, &mut s.d, &mut s.m);
-                    let mut col = vec![0.0f32; nt];
+                    s.col.clear();
+                    s.col.resize(nt, 0.0);
                     for r in 0..nr {
                         let w = WRow {
                             q: &s.q[r * k..(r + 1) * k],
@@ -270,8 +271,8 @@ impl GgmlMatrix {
                                 &[]
                             },
                         };
-                        dot_rows(isa, &w, a, tokens.start, &mut col);
-                        for (j, v) in col.iter().enumerate() {
+                        dot_rows(isa, &w, a, tokens.start, &mut s.col);
+                        for (j, v) in s.col.iter().enumerate() {
                             s.tile[j * nr + r] = *v;
                         }
                     }
@@ -321,13 +322,16 @@ pub(crate) enum Input {
     F32(Vec<f32>),
 }
 
-/// Per-thread scratch: decoded rows, dequantized rows and the output tile.
+/// Per-thread scratch: decoded rows, dequantized rows, one row's results and the output
+/// tile (reused across tasks, so a task allocates nothing).
 #[derive(Default)]
 struct Scratch {
     q: Vec<i8>,
     d: Vec<f32>,
     m: Vec<f32>,
     f: Vec<f32>,
+    /// One row's results for the task's tokens.
+    col: Vec<f32>,
     tile: Vec<f32>,
 }
 

@@ -13,7 +13,7 @@ use std::ops::Range;
 
 use crate::buf::SharedMut;
 use crate::error::check_len;
-use crate::moe::{ExpertBatch, MoeOptions, Segment, convert_all, waves};
+use crate::moe::{ExpertBatch, MoeOptions, Segment, active_batches, convert_all, waves};
 use crate::{Isa, KernelError, parallel_for};
 
 use super::GgmlMatrix;
@@ -174,23 +174,7 @@ pub fn fused_moe_ggml(
     let t = hidden.len() / h.max(1);
     check_len(OP, "hidden", t * h, hidden.len())?;
     check_len(OP, "out", t * h, out.len())?;
-    let mut active = Vec::with_capacity(batches.len());
-    for b in batches {
-        let bad = |what: String| KernelError::Mismatch { op: OP, what };
-        if b.expert >= experts.len() {
-            return Err(bad(format!("expert {} of {}", b.expert, experts.len())));
-        }
-        check_len(OP, "batch weights", b.tokens.len(), b.weights.len())?;
-        if let Some(&tok) = b.tokens.iter().find(|&&x| x as usize >= t) {
-            return Err(bad(format!("token {tok} routed, expected below {t}")));
-        }
-        let selected = opts
-            .expert_mask
-            .is_none_or(|m| m.get(b.expert) == Some(&true));
-        if selected && !b.tokens.is_empty() {
-            active.push(b);
-        }
-    }
+    let active = active_batches(OP, experts.len(), t, batches, opts)?;
     if !opts.accumulate {
         out.fill(0.0);
     }
