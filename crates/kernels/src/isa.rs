@@ -20,7 +20,7 @@ use std::sync::OnceLock;
 pub enum Isa {
     /// Plain Rust, correct on any CPU.
     Portable,
-    /// AVX2 with FMA (`vpmaddubsw` int8 dot products, 256-bit f32 FMA).
+    /// AVX2 with FMA and F16C (`vpmaddubsw` int8 dot products, 256-bit f32 FMA).
     Avx2,
     /// AVX-512 F/BW with BF16 (`vdpbf16ps`) and VNNI (`vpdpbusd`).
     Avx512,
@@ -90,7 +90,8 @@ fn detect() -> Isa {
         && std::arch::is_x86_feature_detected!("avx512vnni");
     if !avx512 {
         let avx2 = std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma");
+            && std::arch::is_x86_feature_detected!("fma")
+            && std::arch::is_x86_feature_detected!("f16c");
         return if avx2 { Isa::Avx2 } else { Isa::Portable };
     }
     if amx_cpu_and_os() && request_amx_permission() {

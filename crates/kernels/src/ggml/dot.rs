@@ -22,62 +22,97 @@ use crate::buf::AlignedBuf;
 
 use super::unpack::UNIT;
 
-/// Activation values per scale.
+/// Activation values per scale for weights in blocks of 32.
 pub(crate) const QBLOCK: usize = 32;
 
 /// `m` rows of `k` activations quantized for the int8 kernels.
 pub(crate) struct Q8Rows {
     pub k: usize,
+    m: usize,
     /// `[m, k]` int8 values, 32-byte aligned rows.
     q: AlignedBuf,
-    /// `[m, k / 32]` scales.
+    /// `[m, k / 32]` scales (equal within a 256-value block when `block` is 256).
     s: Vec<f32>,
     /// `[m, k / 16]`: `s · Σ q` over each unit.
     sums: Vec<f32>,
+    /// `[m, k / 16]`: `Σ q` over each unit (what the in-register kernels multiply by a
+    /// block's integer mins and offsets).
+    isums: Vec<i16>,
 }
 
 impl Q8Rows {
-    /// Quantizes rows `row(0) .. row(m - 1)` (each `k` values, `k` a multiple of 32).
-    pub(crate) fn quantize<'x>(k: usize, m: usize, row: impl Fn(usize) -> &'x [f32]) -> Q8Rows {
-        debug_assert!(k.is_multiple_of(QBLOCK));
+    /// Quantizes rows `row(0) .. row(m - 1)` (each `k` values, `k` a multiple of `block`)
+    /// with one scale per `block` values: 32, or 256 for weights in 256-value blocks, whose
+    /// kernels then apply a block's integer sub-scales before converting to f32 once per
+    /// block (ggml's `Q8_K`).
+    pub(crate) fn quantize<'x>(
+        k: usize,
+        block: usize,
+        m: usize,
+        row: impl Fn(usize) -> &'x [f32],
+    ) -> Q8Rows {
+        debug_assert!(block.is_multiple_of(QBLOCK) && k.is_multiple_of(block));
         let mut q = AlignedBuf::zeroed(m * k);
         let mut s = vec![0.0f32; m * k / QBLOCK];
         let mut sums = vec![0.0f32; m * k / UNIT];
+        let mut isums = vec![0i16; m * k / UNIT];
         let bytes = q.as_mut_slice();
         for r in 0..m {
             let x = row(r);
             let qr = &mut bytes[r * k..(r + 1) * k];
-            for (b, xb) in x.chunks_exact(QBLOCK).enumerate() {
+            for (b, xb) in x.chunks_exact(block).enumerate() {
                 let amax = xb.iter().fold(0.0f32, |a, v| a.max(v.abs()));
                 let scale = amax / 127.0;
                 let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
-                let mut unit_sum = [0i32; 2];
-                for (j, &v) in xb.iter().enumerate() {
-                    let qi = (v * inv).round() as i32;
-                    qr[b * QBLOCK + j] = qi as i8 as u8;
-                    unit_sum[j / UNIT] += qi;
+                let base = b * block;
+                for (u, xu) in xb.chunks_exact(UNIT).enumerate() {
+                    let mut unit_sum = 0i32;
+                    for (j, &v) in xu.iter().enumerate() {
+                        let qi = (v * inv).round() as i32;
+                        qr[base + u * UNIT + j] = qi as i8 as u8;
+                        unit_sum += qi;
+                    }
+                    let at = r * k / UNIT + base / UNIT + u;
+                    sums[at] = scale * unit_sum as f32;
+                    // |Σ q| <= 16 · 127 fits i16.
+                    isums[at] = unit_sum as i16;
                 }
-                s[r * k / QBLOCK + b] = scale;
-                for (u, &us) in unit_sum.iter().enumerate() {
-                    sums[r * k / UNIT + 2 * b + u] = scale * us as f32;
-                }
+                s[(r * k + base) / QBLOCK..(r * k + base + block) / QBLOCK].fill(scale);
             }
         }
-        Q8Rows { k, q, s, sums }
+        Q8Rows {
+            k,
+            m,
+            q,
+            s,
+            sums,
+            isums,
+        }
     }
 
-    fn q(&self, r: usize) -> &[i8] {
+    /// Number of rows.
+    pub(crate) fn rows(&self) -> usize {
+        self.m
+    }
+
+    pub(crate) fn q(&self, r: usize) -> &[i8] {
         let b = &self.q.as_slice()[r * self.k..(r + 1) * self.k];
         // SAFETY: i8 and u8 have the same size, alignment and every bit pattern is valid.
         unsafe { std::slice::from_raw_parts(b.as_ptr().cast(), b.len()) }
     }
 
-    fn s(&self, r: usize) -> &[f32] {
+    /// Row `r`'s scale per 32 values.
+    pub(crate) fn s(&self, r: usize) -> &[f32] {
         &self.s[r * self.k / QBLOCK..(r + 1) * self.k / QBLOCK]
     }
 
     fn sums(&self, r: usize) -> &[f32] {
         &self.sums[r * self.k / UNIT..(r + 1) * self.k / UNIT]
+    }
+
+    /// Row `r`'s integer sums per 16 values.
+    pub(crate) fn isums(&self, r: usize) -> &[i16] {
+        &self.isums[r * self.k / UNIT..(r + 1) * self.k / UNIT]
     }
 
     /// The value the kernels multiply at `(r, p)`, as f32 (for reference computations).
@@ -206,7 +241,7 @@ mod tests {
             let x: Vec<f32> = (0..7 * k)
                 .map(|_| (lcg(&mut seed) % 2001) as f32 / 1000.0 - 1.0)
                 .collect();
-            let a = Q8Rows::quantize(k, 7, |r| &x[r * k..(r + 1) * k]);
+            let a = Q8Rows::quantize(k, QBLOCK, 7, |r| &x[r * k..(r + 1) * k]);
             for mins in [&m[..], &[][..]] {
                 let w = WRow {
                     q: &wq,

@@ -25,6 +25,7 @@ use crate::{Isa, KernelError, parallel_for};
 
 use super::dot::{Q8Rows, WRow, dot_rows};
 use super::unpack::{UNIT, decoder, unpack_row};
+use super::vecdot;
 use super::{GgmlType, dequantize_row};
 
 /// Weight rows decoded per task.
@@ -229,10 +230,16 @@ impl GgmlMatrix {
         Ok(())
     }
 
+    /// What [`GgmlMatrix::input`] makes: int8 per this many values, or f32 (`None`). Two
+    /// matrices with the same answer take the same converted activations.
+    pub(crate) fn activation_block(&self) -> Option<usize> {
+        self.decoder.map(|_| self.ty.block_size())
+    }
+
     /// Activations converted for this matrix's path.
     pub(crate) fn input<'x>(&self, m: usize, row: impl Fn(usize) -> &'x [f32]) -> Input {
         match self.decoder {
-            Some(_) => Input::Q8(Q8Rows::quantize(self.k, m, row)),
+            Some(_) => Input::Q8(Q8Rows::quantize(self.k, self.ty.block_size(), m, row)),
             None => Input::F32((0..m).flat_map(|r| row(r).iter().copied()).collect()),
         }
     }
@@ -254,6 +261,16 @@ impl GgmlMatrix {
             s.tile.clear();
             s.tile.resize(nt * nr, 0.0);
             match (input, self.decoder) {
+                (Input::Q8(a), Some(_)) if let Some(dot) = vecdot::kernel(isa, self.ty) => {
+                    s.col.clear();
+                    s.col.resize(nt, 0.0);
+                    for (r, w) in src.chunks_exact(rb).enumerate() {
+                        dot(w, a, tokens.start, &mut s.col);
+                        for (j, v) in s.col.iter().enumerate() {
+                            s.tile[j * nr + r] = *v;
+                        }
+                    }
+                }
                 (Input::Q8(a), Some(mins)) => {
                     s.q.resize(nr * k, 0);
                     s.d.resize(nr * k / UNIT, 0.0);

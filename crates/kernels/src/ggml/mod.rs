@@ -22,6 +22,7 @@ mod matrix;
 mod moe;
 mod types;
 mod unpack;
+mod vecdot;
 
 pub use dequant::{QuantError, dequantize_row, dequantize_row_bf16};
 pub use matrix::GgmlMatrix;

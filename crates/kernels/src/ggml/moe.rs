@@ -201,7 +201,7 @@ fn run_wave(experts: &GgmlExperts, hidden: &[f32], segs: &[Segment], out: &mut [
         let (g, u, _) = expert(s);
         let m = segs[s].rows.len();
         let gi = g.input(m, x_row(s));
-        let ui = (g.has_fast_kernel() != u.has_fast_kernel()).then(|| u.input(m, x_row(s)));
+        let ui = (g.activation_block() != u.activation_block()).then(|| u.input(m, x_row(s)));
         (gi, ui)
     });
 
