@@ -33,20 +33,7 @@ pub fn matmul_f32_ref(x: &[f32], w: &[f32], out: &mut [f32], m: usize, n: usize,
 }
 
 fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
-    // Eight independent accumulators let the compiler vectorise without reassociation flags.
-    let mut acc = [0.0f32; 8];
-    let chunks = a.len() / 8;
-    for c in 0..chunks {
-        let (a8, b8) = (&a[c * 8..c * 8 + 8], &b[c * 8..c * 8 + 8]);
-        for l in 0..8 {
-            acc[l] += a8[l] * b8[l];
-        }
-    }
-    let mut s = acc.iter().sum::<f32>();
-    for p in chunks * 8..a.len() {
-        s += a[p] * b[p];
-    }
-    s
+    crate::vector::dot(a, b)
 }
 
 /// Parallel f32 matmul over blocks of output columns.

@@ -28,6 +28,7 @@ pub mod numa;
 pub mod packed;
 pub mod peak;
 pub mod pool;
+pub mod vector;
 
 pub use buf::AlignedBuf;
 pub use error::KernelError;

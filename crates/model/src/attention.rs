@@ -13,6 +13,7 @@ use crate::config::AttentionConfig;
 use crate::linear::{Linear, Loader};
 use crate::ops::{parallel_map, rms_norm, softmax};
 use crate::rope::Rope;
+use strata_kernels::vector::{axpy, dot};
 
 /// DeepSeek's `q_a_layernorm` and `kv_a_layernorm` use a fixed epsilon, not `rms_norm_eps`.
 const MLA_NORM_EPS: f32 = 1e-6;
@@ -333,11 +334,8 @@ impl Gqa {
                 }
                 softmax(&mut scores);
                 let o = &mut out[r * hd..(r + 1) * hd];
-                for (j, p) in (lo..=pos).zip(&scores) {
-                    let vrow = &cache.b()[j * kv_w + kv_head * hd..][..hd];
-                    for (oi, vi) in o.iter_mut().zip(vrow) {
-                        *oi += p * vi;
-                    }
+                for (j, &p) in (lo..=pos).zip(&scores) {
+                    axpy(p, &cache.b()[j * kv_w + kv_head * hd..][..hd], o);
                 }
             }
             out
@@ -415,10 +413,8 @@ impl Mla {
                 }
                 softmax(&mut scores);
                 o_lat.fill(0.0);
-                for (j, p) in scores.iter().enumerate() {
-                    for (o, c) in o_lat.iter_mut().zip(&cache.a()[j * l..(j + 1) * l]) {
-                        *o += p * c;
-                    }
+                for (j, &p) in scores.iter().enumerate() {
+                    axpy(p, &cache.a()[j * l..(j + 1) * l], &mut o_lat);
                 }
                 // Absorb W_UV: out = W_UV · Σ p_j c_j.
                 for (vi, o) in out[r * vd..(r + 1) * vd].iter_mut().enumerate() {
@@ -430,8 +426,4 @@ impl Mla {
         let attn = scatter_heads(outs, spans, self.n_heads, vd, t);
         self.o.forward(&attn, t)
     }
-}
-
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
 }

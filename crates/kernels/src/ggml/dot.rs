@@ -29,6 +29,7 @@ pub(crate) const QBLOCK: usize = 32;
 pub(crate) struct Q8Rows {
     pub k: usize,
     m: usize,
+    block: usize,
     /// `[m, k]` int8 values, 32-byte aligned rows.
     q: AlignedBuf,
     /// `[m, k / 32]` scales (equal within a 256-value block when `block` is 256).
@@ -83,6 +84,7 @@ impl Q8Rows {
         Q8Rows {
             k,
             m,
+            block,
             q,
             s,
             sums,
@@ -93,6 +95,11 @@ impl Q8Rows {
     /// Number of rows.
     pub(crate) fn rows(&self) -> usize {
         self.m
+    }
+
+    /// Values per scale.
+    pub(crate) fn block(&self) -> usize {
+        self.block
     }
 
     pub(crate) fn q(&self, r: usize) -> &[i8] {

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use crate::buf::SharedMut;
 use crate::error::check_len;
 use crate::packed::StableBytes;
-use crate::{Isa, KernelError, parallel_for};
+use crate::{Isa, KernelError, parallel_for, vector};
 
 use super::dot::{Q8Rows, WRow, dot_rows};
 use super::unpack::{UNIT, decoder, unpack_row};
@@ -233,13 +233,18 @@ impl GgmlMatrix {
     /// What [`GgmlMatrix::input`] makes: int8 per this many values, or f32 (`None`). Two
     /// matrices with the same answer take the same converted activations.
     pub(crate) fn activation_block(&self) -> Option<usize> {
-        self.decoder.map(|_| self.ty.block_size())
+        self.decoder.map(|_| vecdot::activation_block(self.ty))
     }
 
     /// Activations converted for this matrix's path.
     pub(crate) fn input<'x>(&self, m: usize, row: impl Fn(usize) -> &'x [f32]) -> Input {
         match self.decoder {
-            Some(_) => Input::Q8(Q8Rows::quantize(self.k, self.ty.block_size(), m, row)),
+            Some(_) => Input::Q8(Q8Rows::quantize(
+                self.k,
+                vecdot::activation_block(self.ty),
+                m,
+                row,
+            )),
             None => Input::F32((0..m).flat_map(|r| row(r).iter().copied()).collect()),
         }
     }
@@ -300,7 +305,8 @@ impl GgmlMatrix {
                     for (j, t) in tokens.clone().enumerate() {
                         let xr = &x[t * k..(t + 1) * k];
                         for r in 0..nr {
-                            s.tile[j * nr + r] = dot_f32(isa, &s.f[r * k..(r + 1) * k], xr);
+                            s.tile[j * nr + r] =
+                                vector::dot_with(isa, &s.f[r * k..(r + 1) * k], xr);
                         }
                     }
                 }
@@ -382,43 +388,4 @@ fn unpack_rows(isa: Isa, ty: GgmlType, src: &[u8], q: &mut [i8], d: &mut [f32], 
 #[target_feature(enable = "avx2")]
 unsafe fn unpack_rows_avx2(ty: GgmlType, src: &[u8], q: &mut [i8], d: &mut [f32], m: &mut [f32]) {
     unpack_row(ty, src, q, d, m);
-}
-
-/// f32 dot product with 8 independent partial sums (vectorised where AVX2 is enabled).
-fn dot_f32(isa: Isa, w: &[f32], x: &[f32]) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if isa >= Isa::Avx2 {
-        // SAFETY: `Isa::Avx2` or better is only selected when the CPU has AVX2.
-        return unsafe { dot_f32_avx2(w, x) };
-    }
-    let _ = isa;
-    dot_f32_lanes(w, x)
-}
-
-#[inline(always)]
-fn dot_f32_lanes(w: &[f32], x: &[f32]) -> f32 {
-    let mut acc = [0.0f32; 8];
-    let (wc, xc) = (w.chunks_exact(8), x.chunks_exact(8));
-    let tail: f32 = wc
-        .remainder()
-        .iter()
-        .zip(xc.remainder())
-        .map(|(a, b)| a * b)
-        .sum();
-    for (a8, b8) in wc.zip(xc) {
-        for l in 0..8 {
-            acc[l] += a8[l] * b8[l];
-        }
-    }
-    acc.iter().sum::<f32>() + tail
-}
-
-/// [`dot_f32_lanes`] compiled with AVX2 enabled.
-///
-/// # Safety
-/// The CPU must support AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn dot_f32_avx2(w: &[f32], x: &[f32]) -> f32 {
-    dot_f32_lanes(w, x)
 }

@@ -21,6 +21,16 @@ use super::dot::Q8Rows;
 /// `out[j] = row · x[t0 + j]`: one row of whole blocks against consecutive activation rows.
 pub(crate) type RowDot = fn(row: &[u8], a: &Q8Rows, t0: usize, out: &mut [f32]);
 
+/// Values per activation scale for weights of `ty` on every path: 256 for the k-quants with
+/// in-register kernels (their integer sub-scales need one activation scale per block), 32
+/// for the rest (finer rounding; their scales are applied per 16 or 32 in f32 anyway).
+pub(crate) fn activation_block(ty: GgmlType) -> usize {
+    match ty {
+        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => 256,
+        _ => 32,
+    }
+}
+
 /// The in-register kernel for `ty` on `isa`, if there is one.
 pub(crate) fn kernel(isa: Isa, ty: GgmlType) -> Option<RowDot> {
     #[cfg(target_arch = "x86_64")]
@@ -44,7 +54,6 @@ pub(crate) fn kernel(isa: Isa, ty: GgmlType) -> Option<RowDot> {
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::super::dequant::scale_min_k4;
     use super::Q8Rows;
 
     /// Safe entry points: check that the row, the activations and the token range agree
@@ -55,11 +64,13 @@ mod avx2 {
                 assert!(
                     row.len().is_multiple_of($block_bytes)
                         && row.len() / $block_bytes * $values == a.k
+                        && a.block() == $values
                         && t0 + out.len() <= a.rows(),
-                    "row of {} bytes against {} activations of {}, tokens {t0}+{}",
+                    "row of {} bytes against {} activations of {} per {}, tokens {t0}+{}",
                     row.len(),
                     a.rows(),
                     a.k,
+                    a.block(),
                     out.len()
                 );
                 for (c, o) in out.chunks_mut(4).enumerate() {
@@ -112,34 +123,98 @@ mod avx2 {
         unsafe { _mm256_loadu_si256(p.cast()) }
     }
 
-    /// The activation values of token `t` from position `p` (32 bytes).
-    ///
-    /// # Safety
-    /// `p + 32 <= a.k` and `t < a.rows()`.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn x_at(a: &Q8Rows, t: usize, p: usize) -> __m256i {
-        // SAFETY: row `t` holds `a.k` values and `p + 32 <= a.k`.
-        unsafe { load(a.q(t).as_ptr().add(p).cast()) }
+    /// One kernel call's activation rows, resolved once: values, scales per 32 and integer
+    /// sums per 16 of tokens `t .. t + N`.
+    struct Tokens<'a, const N: usize> {
+        q: [&'a [i8]; N],
+        s: [&'a [f32]; N],
+        isums: [&'a [i16]; N],
     }
 
-    /// Integer sums of token `t` per 16 over the 256-value block `i`, as 16 i16 lanes.
-    ///
-    /// # Safety
-    /// `256 (i + 1) <= a.k` and `t < a.rows()`.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn isums_at(a: &Q8Rows, t: usize, i: usize) -> __m256i {
-        // SAFETY: row `t` has `a.k / 16` sums and block `i` has 16 of them.
-        unsafe { _mm256_loadu_si256(a.isums(t).as_ptr().add(16 * i).cast()) }
+    impl<'a, const N: usize> Tokens<'a, N> {
+        fn new(a: &'a Q8Rows, t: usize) -> Self {
+            Self {
+                q: std::array::from_fn(|j| a.q(t + j)),
+                s: std::array::from_fn(|j| a.s(t + j)),
+                isums: std::array::from_fn(|j| a.isums(t + j)),
+            }
+        }
+
+        /// Token `j`'s 32 values from position `p`.
+        ///
+        /// # Safety
+        /// `p + 32 <= k` (the rows' length).
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn x(&self, j: usize, p: usize) -> __m256i {
+            // SAFETY: every row holds `k` values and the caller keeps `p + 32 <= k`.
+            unsafe { load(self.q[j].as_ptr().add(p).cast()) }
+        }
+
+        /// Token `j`'s integer sums per 16 over the 256-value block `i`, as 16 i16 lanes.
+        ///
+        /// # Safety
+        /// `256 (i + 1) <= k`.
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn isums(&self, j: usize, i: usize) -> __m256i {
+            // SAFETY: a row has `k / 16` sums and block `i` has 16 of them.
+            unsafe { _mm256_loadu_si256(self.isums[j].as_ptr().add(16 * i).cast()) }
+        }
     }
 
-    /// Eight i16 lanes of `lo` then eight of `hi`: the multipliers of a 32-value group whose
-    /// two halves of 16 have their own scales (after `maddubs`, lanes 0-7 hold values 0-15).
+    /// The 6-bit scales and mins of a Q4_K / Q5_K block from its 12 packed bytes: the eight
+    /// scales as i16 in both 128-bit lanes (for [`lane16`]), and the mins as 16 i16, each
+    /// twice (one per 16 values, matching the activations' sums).
+    ///
+    /// Packing (ggml's `get_scale_min_k4`): bytes 0-3 hold scales 0-3 in their low 6 bits,
+    /// bytes 4-7 mins 0-3; bytes 8-11 hold scales 4-7 (low nibble) and mins 4-7 (high
+    /// nibble), whose top 2 bits are the top bits of bytes 0-3 and 4-7. Rearranged with
+    /// 32-bit masks into 8 scale bytes and 8 min bytes.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    fn pair_scales(lo: i16, hi: i16) -> __m256i {
-        _mm256_set_m128i(_mm_set1_epi16(hi), _mm_set1_epi16(lo))
+    fn k4_scales(b: &[u8]) -> (__m256i, __m256i) {
+        const LOW6: u32 = 0x3f3f_3f3f;
+        const LOW4: u32 = 0x0f0f_0f0f;
+        const LOW2: u32 = 0x0303_0303;
+        let w = |i: usize| u32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]]);
+        let (w0, w1, w2) = (w(0), w(1), w(2));
+        let scales_lo = w0 & LOW6;
+        let scales_hi = (w2 & LOW4) | (((w0 >> 6) & LOW2) << 4);
+        let mins_lo = w1 & LOW6;
+        let mins_hi = ((w2 >> 4) & LOW4) | (((w1 >> 6) & LOW2) << 4);
+        let v = _mm_set_epi32(
+            mins_hi as i32,
+            mins_lo as i32,
+            scales_hi as i32,
+            scales_lo as i32,
+        );
+        let scales = _mm_cvtepu8_epi16(v);
+        let mins = _mm_cvtepu8_epi16(_mm_srli_si128::<8>(v));
+        let mins16 = _mm256_set_m128i(
+            _mm_unpackhi_epi16(mins, mins),
+            _mm_unpacklo_epi16(mins, mins),
+        );
+        (_mm256_broadcastsi128_si256(scales), mins16)
+    }
+
+    /// i16 lane `l` (0-7) of each 128-bit half of `v`, in every lane.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn lane16(v: __m256i, l: usize) -> __m256i {
+        let pick = (0x0100 + 0x0202 * l) as i16;
+        _mm256_shuffle_epi8(v, _mm256_set1_epi16(pick))
+    }
+
+    /// The i8 scales `u` and `u + 1` of the 16 in `sc` as i16, each in eight lanes: the
+    /// multipliers of a 32-value group whose two halves of 16 have their own scales (after
+    /// `maddubs`, lanes 0-7 hold values 0-15).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn pair_scales(sc: __m128i, u: usize) -> __m256i {
+        const BYTES: i64 = 0x0101_0101_0101_0101;
+        let pick = _mm_set_epi64x(BYTES * (u as i64 + 1), BYTES * u as i64);
+        _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc, pick))
     }
 
     /// Q4_K: `{f16 d, dmin; u8 scales[12]; u8 qs[128]}`, value `d · sc · q - dmin · m` per
@@ -149,43 +224,32 @@ mod avx2 {
     /// AVX2, FMA and F16C; `row` is whole blocks matching `a.k`; `t + N <= a.rows()`.
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn q4_k_n<const N: usize>(row: &[u8], a: &Q8Rows, t: usize, out: &mut [f32]) {
+        let xt = Tokens::<N>::new(a, t);
         let m4 = _mm256_set1_epi8(0x0f);
         let mut acc = [_mm256_setzero_ps(); N];
         for (i, x) in row.chunks_exact(144).enumerate() {
             let (d, dmin) = (f16_at(x, 0), f16_at(x, 2));
-            let mut sc = [0i16; 8];
-            let mut mins = [0i16; 16];
-            for j in 0..8 {
-                let (s, m) = scale_min_k4(j, &x[4..16]);
-                sc[j] = s as i16;
-                mins[2 * j] = m as i16;
-                mins[2 * j + 1] = m as i16;
-            }
-            // SAFETY: 16 i16 values are 32 readable bytes.
-            let mins = unsafe { _mm256_loadu_si256(mins.as_ptr().cast()) };
+            let (sc, mins) = k4_scales(&x[4..16]);
             let mut sumi = [_mm256_setzero_si256(); N];
             for c in 0..4 {
                 // SAFETY: bytes 16 + 32 c .. 48 + 32 c lie within the 144-byte block.
                 let q = unsafe { load(x.as_ptr().add(16 + 32 * c)) };
                 let lo = _mm256_and_si256(q, m4);
                 let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4);
-                let (s_lo, s_hi) = (
-                    _mm256_set1_epi16(sc[2 * c]),
-                    _mm256_set1_epi16(sc[2 * c + 1]),
-                );
+                let (s_lo, s_hi) = (lane16(sc, 2 * c), lane16(sc, 2 * c + 1));
                 for j in 0..N {
                     let p = 256 * i + 64 * c;
                     // SAFETY: block `i` of the row lies within `a.k` values; `t + j` is a row.
-                    let (x0, x1) = unsafe { (x_at(a, t + j, p), x_at(a, t + j, p + 32)) };
+                    let (x0, x1) = unsafe { (xt.x(j, p), xt.x(j, p + 32)) };
                     let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, x0), s_lo);
                     let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, x1), s_hi);
                     sumi[j] = _mm256_add_epi32(sumi[j], _mm256_add_epi32(p0, p1));
                 }
             }
             for j in 0..N {
-                let dx = a.s(t + j)[8 * i];
+                let dx = xt.s[j][8 * i];
                 // SAFETY: as above.
-                let msum = _mm256_madd_epi16(unsafe { isums_at(a, t + j, i) }, mins);
+                let msum = _mm256_madd_epi16(unsafe { xt.isums(j, i) }, mins);
                 acc[j] =
                     _mm256_fmadd_ps(_mm256_set1_ps(d * dx), _mm256_cvtepi32_ps(sumi[j]), acc[j]);
                 acc[j] =
@@ -204,21 +268,13 @@ mod avx2 {
     /// As [`q4_k_n`].
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn q5_k_n<const N: usize>(row: &[u8], a: &Q8Rows, t: usize, out: &mut [f32]) {
+        let xt = Tokens::<N>::new(a, t);
         let m4 = _mm256_set1_epi8(0x0f);
         let bit4 = _mm256_set1_epi8(0x10);
         let mut acc = [_mm256_setzero_ps(); N];
         for (i, x) in row.chunks_exact(176).enumerate() {
             let (d, dmin) = (f16_at(x, 0), f16_at(x, 2));
-            let mut sc = [0i16; 8];
-            let mut mins = [0i16; 16];
-            for j in 0..8 {
-                let (s, m) = scale_min_k4(j, &x[4..16]);
-                sc[j] = s as i16;
-                mins[2 * j] = m as i16;
-                mins[2 * j + 1] = m as i16;
-            }
-            // SAFETY: 16 i16 values are 32 readable bytes.
-            let mins = unsafe { _mm256_loadu_si256(mins.as_ptr().cast()) };
+            let (sc, mins) = k4_scales(&x[4..16]);
             // SAFETY: bytes 16..48 lie within the 176-byte block.
             let mut qh = unsafe { load(x.as_ptr().add(16)) };
             let mut sumi = [_mm256_setzero_si256(); N];
@@ -231,23 +287,20 @@ mod avx2 {
                 qh = _mm256_srli_epi16::<2>(qh);
                 let lo = _mm256_or_si256(_mm256_and_si256(q, m4), h_lo);
                 let hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(q), m4), h_hi);
-                let (s_lo, s_hi) = (
-                    _mm256_set1_epi16(sc[2 * c]),
-                    _mm256_set1_epi16(sc[2 * c + 1]),
-                );
+                let (s_lo, s_hi) = (lane16(sc, 2 * c), lane16(sc, 2 * c + 1));
                 for j in 0..N {
                     let p = 256 * i + 64 * c;
                     // SAFETY: block `i` of the row lies within `a.k` values; `t + j` is a row.
-                    let (x0, x1) = unsafe { (x_at(a, t + j, p), x_at(a, t + j, p + 32)) };
+                    let (x0, x1) = unsafe { (xt.x(j, p), xt.x(j, p + 32)) };
                     let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, x0), s_lo);
                     let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, x1), s_hi);
                     sumi[j] = _mm256_add_epi32(sumi[j], _mm256_add_epi32(p0, p1));
                 }
             }
             for j in 0..N {
-                let dx = a.s(t + j)[8 * i];
+                let dx = xt.s[j][8 * i];
                 // SAFETY: as above.
-                let msum = _mm256_madd_epi16(unsafe { isums_at(a, t + j, i) }, mins);
+                let msum = _mm256_madd_epi16(unsafe { xt.isums(j, i) }, mins);
                 acc[j] =
                     _mm256_fmadd_ps(_mm256_set1_ps(d * dx), _mm256_cvtepi32_ps(sumi[j]), acc[j]);
                 acc[j] =
@@ -273,14 +326,15 @@ mod avx2 {
     /// As [`q4_k_n`].
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn q6_k_n<const N: usize>(row: &[u8], a: &Q8Rows, t: usize, out: &mut [f32]) {
+        let xt = Tokens::<N>::new(a, t);
         let m4 = _mm256_set1_epi8(0x0f);
         let m2 = _mm256_set1_epi8(0x03);
         let mut acc = [_mm256_setzero_ps(); N];
         for (i, x) in row.chunks_exact(210).enumerate() {
             let d = f16_at(x, 208);
-            let sc: [i16; 16] = std::array::from_fn(|u| x[192 + u] as i8 as i16);
-            // SAFETY: 16 i16 values are 32 readable bytes.
-            let sc_all = unsafe { _mm256_loadu_si256(sc.as_ptr().cast()) };
+            // SAFETY: bytes 192..208 lie within the 210-byte block.
+            let sc = unsafe { _mm_loadu_si128(x.as_ptr().add(192).cast()) };
+            let sc_all = _mm256_cvtepi8_epi16(sc);
             let mut sumi = [_mm256_setzero_si256(); N];
             for half in 0..2 {
                 // SAFETY: ql (0..128) and qh (128..192) lie within the 210-byte block.
@@ -308,21 +362,21 @@ mod avx2 {
                 ];
                 for (g, qg) in q.iter().enumerate() {
                     let u = 8 * half + 2 * g;
-                    let s = pair_scales(sc[u], sc[u + 1]);
+                    let s = pair_scales(sc, u);
                     for j in 0..N {
                         let p = 256 * i + 128 * half + 32 * g;
                         // SAFETY: block `i` lies within `a.k` values; `t + j` is a row.
-                        let xv = unsafe { x_at(a, t + j, p) };
+                        let xv = unsafe { xt.x(j, p) };
                         let pr = _mm256_madd_epi16(_mm256_maddubs_epi16(*qg, xv), s);
                         sumi[j] = _mm256_add_epi32(sumi[j], pr);
                     }
                 }
             }
             for j in 0..N {
-                let dx = a.s(t + j)[8 * i];
+                let dx = xt.s[j][8 * i];
                 // The -32 offset: Σ_u sc_u · 32 · Σ x over unit u.
                 // SAFETY: as above.
-                let off = _mm256_madd_epi16(unsafe { isums_at(a, t + j, i) }, sc_all);
+                let off = _mm256_madd_epi16(unsafe { xt.isums(j, i) }, sc_all);
                 let s = _mm256_sub_epi32(sumi[j], _mm256_slli_epi32::<5>(off));
                 acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * dx), _mm256_cvtepi32_ps(s), acc[j]);
             }
@@ -336,24 +390,23 @@ mod avx2 {
     /// `|w|` times `x` with `w`'s sign (pair sums stay within i16: |x| <= 127, |w| <= 128).
     ///
     /// # Safety
-    /// Block `b` of 32 lies within `a.k`; `t + N <= a.rows()`.
+    /// Block `b` of 32 lies within the rows of `xt`.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn signed_block<const N: usize>(
         w: __m256i,
         d: f32,
-        a: &Q8Rows,
-        t: usize,
+        xt: &Tokens<N>,
         b: usize,
         acc: &mut [__m256; N],
     ) {
         let ones = _mm256_set1_epi16(1);
         let wa = _mm256_abs_epi8(w);
         for j in 0..N {
-            // SAFETY: the caller guarantees block `b` and row `t + j` exist.
-            let xv = unsafe { x_at(a, t + j, 32 * b) };
+            // SAFETY: the caller guarantees block `b` lies within the rows.
+            let xv = unsafe { xt.x(j, 32 * b) };
             let p = _mm256_madd_epi16(_mm256_maddubs_epi16(wa, _mm256_sign_epi8(xv, w)), ones);
-            let scale = _mm256_set1_ps(d * a.s(t + j)[b]);
+            let scale = _mm256_set1_ps(d * xt.s[j][b]);
             acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), scale, acc[j]);
         }
     }
@@ -364,10 +417,11 @@ mod avx2 {
     /// As [`q4_k_n`].
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn q8_0_n<const N: usize>(row: &[u8], a: &Q8Rows, t: usize, out: &mut [f32]) {
+        let xt = Tokens::<N>::new(a, t);
         let mut acc = [_mm256_setzero_ps(); N];
         for (b, x) in row.chunks_exact(34).enumerate() {
             // SAFETY: bytes 2..34 of the block; block `b` and the rows exist (caller).
-            unsafe { signed_block(load(x.as_ptr().add(2)), f16_at(x, 0), a, t, b, &mut acc) };
+            unsafe { signed_block(load(x.as_ptr().add(2)), f16_at(x, 0), &xt, b, &mut acc) };
         }
         for j in 0..N {
             out[j] = hsum(acc[j]);
@@ -380,6 +434,7 @@ mod avx2 {
     /// As [`q4_k_n`].
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn q4_0_n<const N: usize>(row: &[u8], a: &Q8Rows, t: usize, out: &mut [f32]) {
+        let xt = Tokens::<N>::new(a, t);
         let (m4, eight) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(8));
         let mut acc = [_mm256_setzero_ps(); N];
         for (b, x) in row.chunks_exact(18).enumerate() {
@@ -388,7 +443,7 @@ mod avx2 {
             let both = _mm256_set_m128i(_mm_srli_epi16::<4>(q), q);
             let w = _mm256_sub_epi8(_mm256_and_si256(both, m4), eight);
             // SAFETY: block `b` and the rows exist (caller).
-            unsafe { signed_block(w, f16_at(x, 0), a, t, b, &mut acc) };
+            unsafe { signed_block(w, f16_at(x, 0), &xt, b, &mut acc) };
         }
         for j in 0..N {
             out[j] = hsum(acc[j]);
@@ -426,7 +481,8 @@ mod tests {
                     let mut want = vec![0.0f32; m * n];
                     w.matmul_with(Isa::Portable, &x, m, &mut want)
                         .expect("shapes");
-                    let a = Q8Rows::quantize(k, ty.block_size(), m, |r| &x[r * k..(r + 1) * k]);
+                    let a =
+                        Q8Rows::quantize(k, activation_block(ty), m, |r| &x[r * k..(r + 1) * k]);
                     let rb = w.bytes().len() / n;
                     for r in 0..n {
                         let mut got = vec![f32::NAN; m];
