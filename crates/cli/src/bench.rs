@@ -120,6 +120,7 @@ struct Peaks {
     amx_int8: Option<f64>,
     avx512_bf16: Option<f64>,
     avx512_vnni: Option<f64>,
+    avx2_int8: Option<f64>,
     read_gbs: f64,
 }
 
@@ -136,6 +137,7 @@ impl Peaks {
             amx_int8: m(self.amx_int8, o.amx_int8),
             avx512_bf16: m(self.avx512_bf16, o.avx512_bf16),
             avx512_vnni: m(self.avx512_vnni, o.avx512_vnni),
+            avx2_int8: m(self.avx2_int8, o.avx2_int8),
             read_gbs: self.read_gbs.max(o.read_gbs),
         }
     }
@@ -146,6 +148,7 @@ impl Peaks {
             amx_int8: peak::amx_int8_tops(0.3),
             avx512_bf16: peak::avx512_bf16_tflops(0.3),
             avx512_vnni: peak::avx512_vnni_tops(0.3),
+            avx2_int8: peak::avx2_int8_tops(0.3),
             read_gbs: peak::read_gbs(1 << 30, 3),
         }
     }
@@ -352,8 +355,13 @@ pub fn bench_moe(args: &BenchMoeArgs) -> anyhow::Result<()> {
     for (r, point) in results.iter_mut().zip(points) {
         let tflops = r["tflops"].as_f64().unwrap_or(f64::NAN);
         let weight_gbs = r["weight_gbs"].as_f64().unwrap_or(f64::NAN);
-        // No compute peak is measured for the ggml kernels' AVX2 int8 path yet.
-        let peak = point.and_then(|(isa, fmt)| peaks.compute(isa, fmt));
+        // ggml rows (no packed point) run the AVX2 int8 kernels on every x86 CPU, unless the
+        // type takes the generic f32 path.
+        let peak = match point {
+            Some((isa, fmt)) => peaks.compute(isa, fmt),
+            None if r["isa"] == "avx2" => peaks.avx2_int8,
+            None => None,
+        };
         r["frac_compute_peak"] = json!(peak.map(|p| tflops / p));
         r["frac_read_gbs"] = json!(weight_gbs / peaks.read_gbs);
     }
@@ -370,6 +378,7 @@ pub fn bench_moe(args: &BenchMoeArgs) -> anyhow::Result<()> {
             "amx_int8_tops": peaks.amx_int8,
             "avx512_bf16_tflops": peaks.avx512_bf16,
             "avx512_vnni_tops": peaks.avx512_vnni,
+            "avx2_int8_tops": peaks.avx2_int8,
             "read_gbs": peaks.read_gbs,
         },
         "results": results,
@@ -542,11 +551,12 @@ fn print_table(doc: &Value) {
         doc["machine"]["selected_isa"].as_str().unwrap_or("?"),
     );
     println!(
-        "peaks: AMX BF16 {} TFLOPS, AMX INT8 {} TOPS, AVX-512 BF16 {} TFLOPS, AVX-512 VNNI {} TOPS, read {} GB/s",
+        "peaks: AMX BF16 {} TFLOPS, AMX INT8 {} TOPS, AVX-512 BF16 {} TFLOPS, AVX-512 VNNI {} TOPS, AVX2 INT8 {} TOPS, read {} GB/s",
         fmt_opt(f(&p["amx_bf16_tflops"]), 2),
         fmt_opt(f(&p["amx_int8_tops"]), 2),
         fmt_opt(f(&p["avx512_bf16_tflops"]), 3),
         fmt_opt(f(&p["avx512_vnni_tops"]), 3),
+        fmt_opt(f(&p["avx2_int8_tops"]), 3),
         fmt_opt(f(&p["read_gbs"]), 1),
     );
     println!(

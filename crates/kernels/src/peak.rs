@@ -1,4 +1,4 @@
-//! Machine peaks measured in-process: AMX and AVX-512 dot-product throughput, DRAM read
+//! Machine peaks measured in-process: AMX, AVX-512 and AVX2 dot-product throughput, DRAM read
 //! bandwidth. Benchmarks report each kernel as a fraction of these, measured in the same run.
 //!
 //! Compute peaks keep every operand in registers (tiles or zmm) with enough independent
@@ -50,6 +50,20 @@ pub fn avx512_vnni_tops(target_s: f64) -> Option<f64> {
         // SAFETY: AVX-512 VNNI was detected.
         let f = |n| unsafe { x86::dpbusd_loop(n) };
         return Some(rate(16.0 * 128.0, target_s, f) / 1e12);
+    }
+    let _ = target_s;
+    None
+}
+
+/// AVX2 int8 throughput in TOPS (2 ops per multiply-add) of the instruction pair the ggml
+/// block kernels use per 32 values (`vpmaddubsw` then `vpmaddwd`), or `None` without AVX2.
+pub fn avx2_int8_tops(target_s: f64) -> Option<f64> {
+    #[cfg(target_arch = "x86_64")]
+    if detected() >= Isa::Avx2 {
+        // SAFETY: AVX2 was detected.
+        let f = |n| unsafe { x86::maddubs_loop(n) };
+        // 8 accumulators x 32 multiply-adds x 2 ops per iteration.
+        return Some(rate(8.0 * 64.0, target_s, f) / 1e12);
     }
     let _ = target_s;
     None
@@ -170,6 +184,25 @@ mod x86 {
             }
         }
         std::hint::black_box(acc);
+    }
+
+    /// # Safety
+    /// AVX2 must be available.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn maddubs_loop(n: u64) {
+        let a = std::hint::black_box(_mm256_set1_epi8(3));
+        let ones = std::hint::black_box(_mm256_set1_epi16(1));
+        let mut acc = [_mm256_setzero_si256(); 8];
+        // Each product feeds the next one's bytes, so no step is loop-invariant (the compiler
+        // would hoist `maddubs(a, a)`); eight chains cover the instruction latency.
+        let mut chain = [a; 8];
+        for _ in 0..n {
+            for (acc, b) in acc.iter_mut().zip(chain.iter_mut()) {
+                *b = _mm256_maddubs_epi16(a, *b);
+                *acc = _mm256_add_epi32(*acc, _mm256_madd_epi16(*b, ones));
+            }
+        }
+        std::hint::black_box((acc, chain));
     }
 
     /// # Safety

@@ -267,14 +267,7 @@ impl GgmlMatrix {
             s.tile.resize(nt * nr, 0.0);
             match (input, self.decoder) {
                 (Input::Q8(a), Some(_)) if let Some(dot) = vecdot::kernel(isa, self.ty) => {
-                    s.col.clear();
-                    s.col.resize(nt, 0.0);
-                    for (r, w) in src.chunks_exact(rb).enumerate() {
-                        dot(w, a, tokens.start, &mut s.col);
-                        for (j, v) in s.col.iter().enumerate() {
-                            s.tile[j * nr + r] = *v;
-                        }
-                    }
+                    dot(src, nr, a, tokens.clone(), &mut s.tile);
                 }
                 (Input::Q8(a), Some(mins)) => {
                     s.q.resize(nr * k, 0);

@@ -13,13 +13,17 @@
 //! Each kernel's plain twin is the general integer path, which computes the same integer
 //! sums; tests compare them on random blocks.
 
+use std::ops::Range;
+
 use crate::Isa;
 
 use super::GgmlType;
 use super::dot::Q8Rows;
 
-/// `out[j] = row · x[t0 + j]`: one row of whole blocks against consecutive activation rows.
-pub(crate) type RowDot = fn(row: &[u8], a: &Q8Rows, t0: usize, out: &mut [f32]);
+/// `tile[j · n_rows + r] = row_r · x[tokens.start + j]`: `n_rows` rows of whole blocks
+/// (`src`, consecutive) against a range of activation rows.
+pub(crate) type BlockDot =
+    fn(src: &[u8], n_rows: usize, a: &Q8Rows, tokens: Range<usize>, tile: &mut [f32]);
 
 /// Values per activation scale for weights of `ty` on every path: 256 for the k-quants with
 /// in-register kernels (their integer sub-scales need one activation scale per block), 32
@@ -32,7 +36,7 @@ pub(crate) fn activation_block(ty: GgmlType) -> usize {
 }
 
 /// The in-register kernel for `ty` on `isa`, if there is one.
-pub(crate) fn kernel(isa: Isa, ty: GgmlType) -> Option<RowDot> {
+pub(crate) fn kernel(isa: Isa, ty: GgmlType) -> Option<BlockDot> {
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx2 {
         return match ty {
@@ -53,37 +57,56 @@ pub(crate) fn kernel(isa: Isa, ty: GgmlType) -> Option<RowDot> {
 #[allow(clippy::needless_range_loop)]
 mod avx2 {
     use std::arch::x86_64::*;
+    use std::ops::Range;
 
     use super::Q8Rows;
 
-    /// Safe entry points: check that the row, the activations and the token range agree
-    /// (the kernels' loads rely on it), then run the kernel four tokens at a time.
+    /// Safe entry points: check that the rows, the activations and the token range agree
+    /// (the kernels' loads rely on it), then run the kernel four tokens at a time. Tokens are
+    /// the outer loop: four tokens' activations stay in L1 while the block's rows pass by
+    /// (and the rows, a few KiB, stay in L1 for the next four tokens).
     macro_rules! entry {
         ($name:ident, $kernel:ident, $block_bytes:literal, $values:literal) => {
-            pub(super) fn $name(row: &[u8], a: &Q8Rows, t0: usize, out: &mut [f32]) {
+            pub(super) fn $name(
+                src: &[u8],
+                n_rows: usize,
+                a: &Q8Rows,
+                tokens: Range<usize>,
+                tile: &mut [f32],
+            ) {
+                let rb = src.len() / n_rows.max(1);
                 assert!(
-                    row.len().is_multiple_of($block_bytes)
-                        && row.len() / $block_bytes * $values == a.k
+                    rb * n_rows == src.len()
+                        && rb.is_multiple_of($block_bytes)
+                        && rb / $block_bytes * $values == a.k
                         && a.block() == $values
-                        && t0 + out.len() <= a.rows(),
-                    "row of {} bytes against {} activations of {} per {}, tokens {t0}+{}",
-                    row.len(),
+                        && tokens.end <= a.rows()
+                        && tile.len() == tokens.len() * n_rows,
+                    "{n_rows} rows of {rb} bytes against {} activations of {} per {}, \
+                     tokens {tokens:?}, tile {}",
                     a.rows(),
                     a.k,
                     a.block(),
-                    out.len()
+                    tile.len()
                 );
-                for (c, o) in out.chunks_mut(4).enumerate() {
-                    let t = t0 + 4 * c;
-                    // SAFETY: `kernel` hands these out only for `Isa::Avx2` or better, which
-                    // is selected only on CPUs with AVX2, FMA and F16C; the lengths were
-                    // checked above.
-                    unsafe {
-                        match o.len() {
-                            4 => $kernel::<4>(row, a, t, o),
-                            3 => $kernel::<3>(row, a, t, o),
-                            2 => $kernel::<2>(row, a, t, o),
-                            _ => $kernel::<1>(row, a, t, o),
+                let t0 = tokens.start;
+                for t in tokens.clone().step_by(4) {
+                    let n = (tokens.end - t).min(4);
+                    for (r, row) in src.chunks_exact(rb).enumerate() {
+                        let mut o = [0.0f32; 4];
+                        // SAFETY: `kernel` hands these out only for `Isa::Avx2` or better,
+                        // which is selected only on CPUs with AVX2, FMA and F16C; the lengths
+                        // were checked above.
+                        unsafe {
+                            match n {
+                                4 => $kernel::<4>(row, a, t, &mut o),
+                                3 => $kernel::<3>(row, a, t, &mut o),
+                                2 => $kernel::<2>(row, a, t, &mut o),
+                                _ => $kernel::<1>(row, a, t, &mut o),
+                            }
+                        }
+                        for (j, v) in o[..n].iter().enumerate() {
+                            tile[(t - t0 + j) * n_rows + r] = *v;
                         }
                     }
                 }
@@ -483,15 +506,14 @@ mod tests {
                         .expect("shapes");
                     let a =
                         Q8Rows::quantize(k, activation_block(ty), m, |r| &x[r * k..(r + 1) * k]);
-                    let rb = w.bytes().len() / n;
-                    for r in 0..n {
-                        let mut got = vec![f32::NAN; m];
-                        dot(&w.bytes()[r * rb..(r + 1) * rb], &a, 0, &mut got);
-                        for (t, g) in got.iter().enumerate() {
-                            let wv = want[t * n + r];
-                            let tol = 1e-4 * (1.0 + wv.abs());
-                            assert!((g - wv).abs() <= tol, "{ty} {isa:?} m {m}: {g} vs {wv}");
-                        }
+                    let mut got = vec![f32::NAN; m * n];
+                    dot(w.bytes(), n, &a, 0..m, &mut got);
+                    for (i, (g, wv)) in got.iter().zip(&want).enumerate() {
+                        let tol = 1e-4 * (1.0 + wv.abs());
+                        assert!(
+                            (g - wv).abs() <= tol,
+                            "{ty} {isa:?} m {m} at {i}: {g} vs {wv}"
+                        );
                     }
                 }
             }
