@@ -51,15 +51,11 @@ pub struct SchedArgs {
 }
 
 impl SchedArgs {
-    /// The checked scheduler limits for `engine`.
+    /// The checked scheduler limits for `engine`. Memory admission: `--max-batch` full
+    /// contexts of KV cache must fit in the memory available now. Without `--ctx-size` the
+    /// context is the model's, lowered (and logged) to what fits; a `--ctx-size` that does
+    /// not fit is refused with what it needs, so a full batch is never OOM-killed.
     pub fn config(&self, engine: &Engine) -> anyhow::Result<SchedulerConfig> {
-        let max_ctx = engine.model.config.max_position_embeddings;
-        let ctx_size = self.ctx_size.unwrap_or(max_ctx);
-        if !(2..=max_ctx).contains(&ctx_size) {
-            bail!(
-                "--ctx-size must be between 2 and the model's context of {max_ctx}, got {ctx_size}"
-            );
-        }
         for (name, v) in [
             ("--max-batch", self.max_batch),
             ("--max-queue", self.max_queue),
@@ -69,6 +65,35 @@ impl SchedArgs {
                 bail!("{name} must be at least 1");
             }
         }
+        let max_ctx = engine.model.config.max_position_embeddings;
+        let plan = engine.model.memory();
+        let ctx_size = match self.ctx_size {
+            Some(c) => c,
+            None => {
+                let fit = strata_model::memory::available_bytes().map_or(u64::MAX, |a| {
+                    plan.positions_that_fit(a) / self.max_batch as u64
+                });
+                let ctx = (max_ctx as u64).min(fit) as usize;
+                if ctx < max_ctx && ctx >= 2 {
+                    tracing::info!(
+                        ctx_size = ctx,
+                        model_context = max_ctx,
+                        max_batch = self.max_batch,
+                        "context per sequence lowered to what fits in the available memory"
+                    );
+                }
+                ctx.max(2)
+            }
+        };
+        if !(2..=max_ctx).contains(&ctx_size) {
+            bail!(
+                "--ctx-size must be between 2 and the model's context of {max_ctx}, got {ctx_size}"
+            );
+        }
+        plan.check(
+            (ctx_size as u64).saturating_mul(self.max_batch as u64),
+            "lower --ctx-size or --max-batch",
+        )?;
         Ok(SchedulerConfig {
             max_batch: self.max_batch,
             max_queue: self.max_queue,

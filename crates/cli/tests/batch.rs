@@ -86,3 +86,32 @@ fn batch_runs_every_line_and_resumes() {
     let _ = fs::remove_file(&input);
     let _ = fs::remove_file(&output);
 }
+
+#[test]
+fn a_batch_whose_kv_cache_cannot_fit_is_refused_before_it_starts() {
+    let input = tmp("huge.jsonl");
+    let output = tmp("huge-out.jsonl");
+    let body = json!({"model": "m", "prompt": "hi", "max_tokens": 2});
+    fs::write(&input, line("a", "/v1/completions", body)).unwrap();
+    let _ = fs::remove_file(&output);
+    let out = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(["batch", "--max-batch", "1000000000", "--ctx-size", "64"])
+        .arg("--input")
+        .arg(&input)
+        .arg("--output")
+        .arg(&output)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("not enough memory"), "{stderr}");
+    assert!(
+        stderr.contains("lower --ctx-size or --max-batch"),
+        "{stderr}"
+    );
+    let written = fs::read_to_string(&output).unwrap_or_default();
+    assert!(
+        written.is_empty(),
+        "a refused batch writes no result: {written}"
+    );
+}

@@ -68,6 +68,15 @@ impl MemoryPlan {
     }
 }
 
+impl MemoryPlan {
+    /// Cached positions (all sequences together) that fit next to the copied weights and the
+    /// scratch reserve in `available` bytes: what a server's context can be sized from.
+    pub fn positions_that_fit(&self, available: u64) -> u64 {
+        let free = available.saturating_sub(self.private_weights + SCRATCH_BYTES);
+        free / self.kv_per_token.max(1)
+    }
+}
+
 fn gib(b: u64) -> String {
     format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
 }
@@ -177,6 +186,10 @@ mod tests {
             // Mapped weights are not counted: a small run of a huge mapped model passes.
             plan.check(16, "").expect("fits");
         }
+        // 3 GiB available: 1 GiB of weights and 0.5 GiB of scratch leave 1.5 GiB, 1536
+        // positions of 1 MiB.
+        assert_eq!(plan.positions_that_fit(3 << 30), 1536);
+        assert_eq!(plan.positions_that_fit(1 << 30), 0);
     }
 
     #[test]
