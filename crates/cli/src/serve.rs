@@ -179,10 +179,12 @@ impl MetricsSource for ExecMetrics {
     }
 }
 
-/// Logs to stderr at info level (once per process).
+/// Logs to stderr at info level (once per process), coloured only on a terminal: log
+/// files and pipes get plain text.
 pub fn init_logging() {
     let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_max_level(tracing::Level::INFO)
         .try_init();
 }
