@@ -14,6 +14,7 @@ mod hub;
 mod info;
 mod logits;
 mod model_arg;
+mod progress;
 mod serve;
 mod simulate;
 mod stratify;
