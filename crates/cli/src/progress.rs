@@ -8,7 +8,7 @@
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressFinish, ProgressStyle};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressFinish, ProgressState, ProgressStyle};
 
 /// Least time between two plain lines.
 const PLAIN_EVERY: Duration = Duration::from_secs(1);
@@ -34,10 +34,14 @@ impl Progress {
         let bar = std::io::stderr().is_terminal().then(|| {
             let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr())
                 .with_finish(ProgressFinish::AndClear);
+            // The bar takes the width the rest leaves, so the line never wraps.
             let style = ProgressStyle::with_template(
-                "{msg} [{bar:30}] {pos}/{len} {prefix} ({per_sec}, {eta} left)",
+                "{msg} [{wide_bar}] {pos}/{len} {prefix} ({rate}, {eta} left)",
             )
             .expect("the template is valid")
+            .with_key("rate", |s: &ProgressState, w: &mut dyn std::fmt::Write| {
+                let _ = write!(w, "{:.1}/s", s.per_sec());
+            })
             .progress_chars("=> ");
             bar.set_style(style);
             bar.set_prefix(unit);
