@@ -38,7 +38,7 @@ AMX repacking dies with SIGILL on some machines here) and the default mmap. The 
 RssAnon includes the Python interpreter and numpy (~40 MB).
 Strata runs as `strata generate --model FILE --prompt TEXT --max-tokens N --temperature 0`
 (plus `--strata-arg`s) and its statistics line on stderr is parsed:
-`[P prompt tokens at X tok/s, G generated at Y tok/s, finish: ...]`; the first byte on its
+`[load T, P prompt tokens at X tok/s, G generated at Y tok/s, finish: ...]`; the first byte on its
 stdout is its first token. A random model may emit its end-of-sequence token early; such a
 run is marked (`finish`).
 """
@@ -124,7 +124,7 @@ def run_llama(args, prompt: str) -> dict:
     return r
 
 
-STATS = re.compile(r"\[(\d+) prompt tokens at ([\d.]+) tok/s, (\d+) generated at ([\d.]+) tok/s, "
+STATS = re.compile(r"[\[ ](\d+) prompt tokens at ([\d.]+) tok/s, (\d+) generated at ([\d.]+) tok/s, "
                    r"finish: ([^,\]]+)")
 
 

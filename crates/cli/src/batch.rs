@@ -16,8 +16,9 @@ use clap::Args;
 use strata_server::AppState;
 use strata_server::offline::{Offline, custom_id};
 
-use crate::model_arg::ModelArgs;
-use crate::serve::{SchedArgs, load_engine, model_id};
+use crate::model_arg::{DeviceArgs, ModelArgs};
+use crate::progress::Progress;
+use crate::serve::{SchedArgs, check_device, load_engine, model_id};
 
 /// Arguments of `strata batch`.
 #[derive(Debug, Args)]
@@ -32,6 +33,9 @@ pub struct BatchArgs {
     /// Results, one `{"id", "custom_id", "response", "error"}` per line; appended to.
     #[arg(long, short = 'o', value_name = "FILE")]
     output: PathBuf,
+    // Last: its help headings would otherwise take in the options after it.
+    #[command(flatten)]
+    device: DeviceArgs,
 }
 
 /// Opens the output for appending after its last complete line, and returns the
@@ -59,6 +63,7 @@ fn open_output(path: &Path) -> anyhow::Result<(File, HashSet<String>)> {
 
 pub fn run(args: BatchArgs) -> anyhow::Result<()> {
     crate::serve::init_logging();
+    check_device(&args.device)?;
     let input =
         File::open(&args.input).with_context(|| format!("opening {}", args.input.display()))?;
     let (mut out, done) = open_output(&args.output)?;
@@ -86,7 +91,7 @@ pub fn run(args: BatchArgs) -> anyhow::Result<()> {
     }
 
     let path = args.model.dir()?;
-    let (engine, exec) = load_engine(&args.model, &path)?;
+    let (engine, exec) = load_engine(&args.model, &args.device, &path)?;
     let engine = Arc::new(engine);
     let config = args.sched.config(&engine)?;
     let state = Arc::new(AppState::new(engine, config, model_id(&path)));
@@ -96,7 +101,7 @@ pub fn run(args: BatchArgs) -> anyhow::Result<()> {
     let (mut finished, mut failed, mut prompt_tokens, mut gen_tokens) =
         (0usize, 0usize, 0u64, 0u64);
     let mut write_err = None;
-    let mut last_report = Instant::now();
+    let mut progress = Progress::new("batch", total as u64, "requests");
     offline.run(lines, |_, r| {
         finished += 1;
         failed += usize::from(!r.ok);
@@ -110,16 +115,14 @@ pub fn run(args: BatchArgs) -> anyhow::Result<()> {
                 write_err = Some(e);
             }
         }
-        if last_report.elapsed().as_secs_f64() >= 1.0 || finished == total {
-            last_report = Instant::now();
-            let secs = started.elapsed().as_secs_f64().max(1e-9);
-            eprint!(
-                "\r[{finished}/{total}] {failed} failed, {gen_tokens} tokens generated, {:.1} tok/s   ",
-                gen_tokens as f64 / secs
-            );
-        }
+        let secs = started.elapsed().as_secs_f64().max(1e-9);
+        let note = format!(
+            "{failed} failed, {gen_tokens} tokens generated, {:.1} tok/s",
+            gen_tokens as f64 / secs
+        );
+        progress.set(finished as u64, &note);
     });
-    eprintln!();
+    drop(progress);
     if let Some(e) = write_err {
         return Err(e).with_context(|| format!("writing {}", args.output.display()));
     }

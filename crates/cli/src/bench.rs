@@ -538,6 +538,52 @@ fn measure_crossover(
     Ok(v)
 }
 
+/// The results, each column as wide as its widest cell: names such as `portable` or
+/// `iq4_xs` and JSON numbers (whose `Display` ignores widths) cannot push a row out of line.
+fn results_table(doc: &Value) -> String {
+    let f = |v: &Value| v.as_f64().unwrap_or(f64::NAN);
+    let header = [
+        "format",
+        "tokens",
+        "isa",
+        "seconds",
+        "TFLOPS",
+        "%peak",
+        "weight GB/s",
+        "%read",
+    ];
+    let mut rows = vec![header.map(String::from)];
+    for r in doc["results"].as_array().into_iter().flatten() {
+        rows.push([
+            r["format"].as_str().unwrap_or("?").to_owned(),
+            r["tokens"].to_string(),
+            r["isa"].as_str().unwrap_or("?").to_owned(),
+            format!("{:.6}", f(&r["seconds"])),
+            format!("{:.3}", f(&r["tflops"])),
+            fmt_opt(r["frac_compute_peak"].as_f64().map(|v| v * 100.0), 1),
+            format!("{:.1}", f(&r["weight_gbs"])),
+            format!("{:.1}", f(&r["frac_read_gbs"]) * 100.0),
+        ]);
+    }
+    let width = |c: usize| rows.iter().map(|r| r[c].len()).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..header.len()).map(width).collect();
+    let mut out = String::new();
+    for row in &rows {
+        let cells: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .enumerate()
+            .map(|(c, (cell, &w))| match c {
+                0 => format!("{cell:<w$}"),
+                _ => format!("{cell:>w$}"),
+            })
+            .collect();
+        out += &cells.join("  ");
+        out.push('\n');
+    }
+    out
+}
+
 fn print_table(doc: &Value) {
     let p = &doc["peaks"];
     let f = |v: &Value| v.as_f64();
@@ -559,23 +605,7 @@ fn print_table(doc: &Value) {
         fmt_opt(f(&p["avx2_int8_tops"]), 3),
         fmt_opt(f(&p["read_gbs"]), 1),
     );
-    println!(
-        "{:<8} {:>6} {:>7} {:>12} {:>8} {:>8} {:>11} {:>7}",
-        "format", "tokens", "isa", "seconds", "TFLOPS", "%peak", "weight GB/s", "%read"
-    );
-    for r in doc["results"].as_array().into_iter().flatten() {
-        println!(
-            "{:<8} {:>6} {:>7} {:>12.6} {:>8.3} {:>8} {:>11.1} {:>7.1}",
-            r["format"].as_str().unwrap_or("?"),
-            r["tokens"],
-            r["isa"].as_str().unwrap_or("?"),
-            f(&r["seconds"]).unwrap_or(f64::NAN),
-            f(&r["tflops"]).unwrap_or(f64::NAN),
-            fmt_opt(f(&r["frac_compute_peak"]).map(|v| v * 100.0), 1),
-            f(&r["weight_gbs"]).unwrap_or(f64::NAN),
-            f(&r["frac_read_gbs"]).unwrap_or(f64::NAN) * 100.0,
-        );
-    }
+    print!("{}", results_table(doc));
     for a in doc["accuracy"].as_array().into_iter().flatten() {
         println!(
             "accuracy {:<8} relative RMS error vs f32: {:.2e}",
@@ -591,5 +621,43 @@ fn print_table(doc: &Value) {
             fmt_opt(f(&c["avx512_seconds"]).map(|s| s * 1e3), 3),
             fmt_opt(f(&c["amx_seconds"]).map(|s| s * 1e3), 3),
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::results_table;
+
+    /// Regression: `tokens` (a JSON number) and 8-letter isa names broke the columns.
+    #[test]
+    fn results_table_columns_line_up() {
+        let row = |format: &str, tokens: u64, isa: &str| {
+            serde_json::json!({
+                "format": format, "tokens": tokens, "isa": isa, "seconds": 0.0123,
+                "tflops": 1.5, "frac_compute_peak": null, "weight_gbs": 812.25,
+                "frac_read_gbs": 0.5,
+            })
+        };
+        let doc = serde_json::json!({ "results": [
+            row("bf16", 1, "avx512"),
+            row("iq4_xs", 4096, "portable"),
+        ]});
+        let table = results_table(&doc);
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(lines.len(), 3, "{table}");
+        // Cells are separated by two spaces or more; right-aligned columns end where their
+        // header ends.
+        let ends = |line: &str| -> Vec<usize> {
+            let b = line.as_bytes();
+            let gap = |i: usize| i == b.len() || (i + 1 < b.len() && &b[i..i + 2] == b"  ");
+            (1..=b.len())
+                .filter(|&i| b[i - 1] != b' ' && gap(i))
+                .collect()
+        };
+        let header = ends(lines[0]);
+        assert_eq!(header.len(), 8, "{table}");
+        for line in &lines[1..] {
+            assert_eq!(ends(line)[1..], header[1..], "{table}");
+        }
     }
 }

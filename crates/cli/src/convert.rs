@@ -19,7 +19,8 @@ use strata_model::linear::write_converted;
 use strata_model::model::STRATA_FILE;
 use strata_model::source::Source;
 
-use crate::model_arg::{Device, ModelArgs};
+use crate::model_arg::ModelArgs;
+use crate::progress::Progress;
 
 /// Arguments of `strata convert`.
 #[derive(Debug, Args)]
@@ -77,9 +78,6 @@ fn tokenizer(src_path: &Path, src: &Source) -> anyhow::Result<Option<(Vec<u8>, V
 
 pub fn run(args: ConvertArgs) -> anyhow::Result<()> {
     let t0 = Instant::now();
-    if args.model.device != Device::Cpu {
-        bail!("--device: convert writes the CPU kernels' format; leave --device at cpu");
-    }
     let src_path = args.model.dir()?;
     let (out, created) = out_file(&args.out)?;
     let done = convert(&args, &src_path, &out, t0);
@@ -94,7 +92,17 @@ fn convert(args: &ConvertArgs, src_path: &Path, out: &Path, t0: Instant) -> anyh
     let opts = args.model.load_options();
     let (config, src) = strata_model::model::open(src_path)?;
     let tok = tokenizer(src_path, &src)?;
-    let (_model, recording) = Model::convert(config.clone(), &src, opts)?;
+    let name = src_path.file_name().unwrap_or(src_path.as_os_str());
+    let mut progress = Progress::new(
+        format!("converting {}", name.to_string_lossy()),
+        config.n_layers() as u64,
+        "layers",
+    );
+    let (_model, recording) =
+        Model::convert_with_progress(config.clone(), &src, opts, &mut |done, _| {
+            progress.set(done as u64, "")
+        })?;
+    drop(progress);
     let mut metadata = json!({
         "source": src_path.display().to_string(),
         "strata_version": env!("CARGO_PKG_VERSION"),

@@ -1,17 +1,17 @@
 //! `strata generate`: stream a continuation of a prompt or a reply to a chat message.
 
-use std::io::Write;
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
 
-use anyhow::Context;
+use anyhow::{Context, bail};
 use clap::Args;
-use std::time::Instant;
 
-use strata_runtime::engine::{Engine, FinishReason, Request, load_tokenizer};
+use strata_runtime::engine::{FinishReason, Request, load_tokenizer};
 use strata_runtime::sampling::{Sampler, SamplingParams};
 use strata_runtime::step::{SequenceOptions, SequenceState};
 use strata_runtime::text::ChatMessage;
 
-use crate::model_arg::{Device, ModelArgs};
+use crate::model_arg::{Device, DeviceArgs, ModelArgs};
 
 /// Arguments of `strata generate`.
 #[derive(Debug, Args)]
@@ -20,7 +20,8 @@ use crate::model_arg::{Device, ModelArgs};
 pub struct GenerateArgs {
     #[command(flatten)]
     model: ModelArgs,
-    /// Plain text to continue (tokenized as is, with BOS if the model uses one).
+    /// Plain text to continue (tokenized as is, with BOS if the model uses one); `-` reads
+    /// it from stdin (less one final newline).
     #[arg(long, short = 'p', value_name = "TEXT")]
     prompt: Option<String>,
     /// A user message, formatted with the model's chat template.
@@ -29,8 +30,8 @@ pub struct GenerateArgs {
     /// A system message placed before `--chat`.
     #[arg(long, value_name = "TEXT", requires = "chat")]
     system: Option<String>,
-    /// Most tokens to generate.
-    #[arg(long, short = 'n', default_value_t = 128)]
+    /// Most tokens to generate (at least 1, as the server's `max_tokens`).
+    #[arg(long, short = 'n', default_value_t = 128, value_parser = parse_max_tokens)]
     max_tokens: usize,
     /// Sampling temperature; 0 = greedy.
     #[arg(long, default_value_t = 0.8)]
@@ -53,16 +54,52 @@ pub struct GenerateArgs {
     /// Stop when this string appears (repeatable); it is not printed.
     #[arg(long, value_name = "TEXT")]
     stop: Vec<String>,
+    // Last: its help headings would otherwise take in the options after it.
+    #[command(flatten)]
+    device: DeviceArgs,
 }
 
-pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
+/// `--max-tokens`: a count of at least 1. Generation samples its first token from the
+/// prompt's logits, so 0 cannot be honoured; it is refused as the server refuses
+/// `max_tokens: 0`.
+fn parse_max_tokens(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1 (the server refuses max_tokens: 0 alike)".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("`{s}` is not a count: {e}")),
+    }
+}
+
+/// `--prompt`'s text: `-` reads all of stdin.
+fn prompt_text(prompt: &str) -> anyhow::Result<String> {
+    if prompt != "-" {
+        return Ok(prompt.to_owned());
+    }
+    let mut text = String::new();
+    std::io::stdin()
+        .read_to_string(&mut text)
+        .context("--prompt -: reading the prompt from stdin")?;
+    // `echo text |` and files end in a newline that is not part of the prompt.
+    let text = text.strip_suffix('\n').unwrap_or(&text);
+    let text = text.strip_suffix('\r').unwrap_or(text);
+    if text.is_empty() {
+        bail!("--prompt -: stdin was empty");
+    }
+    Ok(text.to_owned())
+}
+
+pub fn run(mut args: GenerateArgs) -> anyhow::Result<()> {
+    let device = args.device.checked()?;
+    if let Some(p) = &args.prompt {
+        args.prompt = Some(prompt_text(p)?);
+    }
     let dir = args.model.dir()?;
-    if args.model.device == Device::Gpu {
+    if device == Device::Gpu {
         return run_gpu(&args, &dir);
     }
-    let mut engine = Engine::load(&dir, args.model.load_options())?;
-    let hybrid = match args.model.device {
-        Device::Hybrid => Some(args.model.hybrid(&dir, &mut engine.model)?),
+    let (mut engine, load) = args.model.load_engine(&dir)?;
+    let hybrid = match device {
+        Device::Hybrid => Some(args.device.hybrid(&dir, &mut engine.model)?),
         _ => None,
     };
     let prompt = match &args.prompt {
@@ -97,7 +134,8 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         .and_then(|()| stdout.flush())
         .context("writing to stdout")?;
     eprintln!(
-        "[{} prompt tokens at {:.1} tok/s, {} generated at {:.1} tok/s, finish: {}]",
+        "[load {}, {} prompt tokens at {:.1} tok/s, {} generated at {:.1} tok/s, finish: {}]",
+        seconds(load),
         stats.prompt_tokens,
         stats.prefill_tps(),
         outputs[0].tokens.len(),
@@ -108,6 +146,15 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         eprintln!("[hybrid, policy {}: {}]", exec.policy_name(), exec.stats());
     }
     Ok(())
+}
+
+/// A duration as the stats line shows it: milliseconds below a second.
+fn seconds(d: Duration) -> String {
+    if d < Duration::from_secs(1) {
+        format!("{:.0} ms", d.as_secs_f64() * 1e3)
+    } else {
+        format!("{:.2} s", d.as_secs_f64())
+    }
 }
 
 fn finish_name(finish: &FinishReason) -> &'static str {
@@ -152,7 +199,9 @@ fn run_gpu(args: &GenerateArgs, dir: &std::path::Path) -> anyhow::Result<()> {
             tokenizer.encode(&text, false)?
         }
     };
-    let model = args.model.gpu_model(dir)?;
+    let loading = Instant::now();
+    let model = args.device.gpu_model(dir)?;
+    let load = loading.elapsed();
     // The cache holds the prompt and every generated token: the length limit comes first.
     let ctx_size = prompt.len() + args.max_tokens;
     let mut cache = model.new_cache(ctx_size)?;
@@ -183,7 +232,8 @@ fn run_gpu(args: &GenerateArgs, dir: &std::path::Path) -> anyhow::Result<()> {
     let generated = seq.generated().len();
     let decode = started.elapsed() - prefill;
     eprintln!(
-        "[{} prompt tokens at {:.1} tok/s, {generated} generated at {:.1} tok/s, finish: {}, device: gpu]",
+        "[load {}, {} prompt tokens at {:.1} tok/s, {generated} generated at {:.1} tok/s, finish: {}, device: gpu]",
+        seconds(load),
         prompt.len(),
         prompt.len() as f64 / prefill.as_secs_f64().max(1e-9),
         generated.saturating_sub(1) as f64 / decode.as_secs_f64().max(1e-9),

@@ -5,9 +5,9 @@ use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 use clap::Args;
-use strata_model::{LogitsWanted, Model, SeqInput};
+use strata_model::{LogitsWanted, SeqInput};
 
-use crate::model_arg::{Device, ModelArgs};
+use crate::model_arg::{Device, DeviceArgs, ModelArgs};
 
 /// Arguments of `strata logits`.
 #[derive(Debug, Args)]
@@ -24,6 +24,9 @@ pub struct LogitsArgs {
     /// default: all at once.
     #[arg(long, value_name = "N")]
     chunk: Option<usize>,
+    // Last: its help headings would otherwise take in the options after it.
+    #[command(flatten)]
+    device: DeviceArgs,
 }
 
 /// Parses `1,2,3` into ids.
@@ -45,6 +48,7 @@ fn parse_tokens(s: &str) -> anyhow::Result<Vec<u32>> {
 }
 
 pub fn run(args: LogitsArgs) -> anyhow::Result<()> {
+    let device = args.device.checked()?;
     let tokens = parse_tokens(&args.tokens)?;
     let chunk = match args.chunk {
         Some(0) => bail!("--chunk must be at least 1"),
@@ -52,8 +56,8 @@ pub fn run(args: LogitsArgs) -> anyhow::Result<()> {
         None => tokens.len(),
     };
     let dir = args.model.dir()?;
-    if args.model.device == Device::Gpu {
-        let model = args.model.gpu_model(&dir)?;
+    if device == Device::Gpu {
+        let model = args.device.gpu_model(&dir)?;
         let vocab = model.config.vocab_size;
         let mut cache = model.new_cache(tokens.len())?;
         let mut logits = Vec::with_capacity(tokens.len() * vocab);
@@ -63,9 +67,9 @@ pub fn run(args: LogitsArgs) -> anyhow::Result<()> {
         strata_formats::npy::write_f32(&args.out, &[tokens.len(), vocab], &logits)?;
         return Ok(());
     }
-    let mut model = Model::load(&dir, args.model.load_options())?;
-    let hybrid = match args.model.device {
-        Device::Hybrid => Some(args.model.hybrid(&dir, &mut model)?),
+    let (mut model, _) = args.model.load_model(&dir)?;
+    let hybrid = match device {
+        Device::Hybrid => Some(args.device.hybrid(&dir, &mut model)?),
         _ => None,
     };
     let vocab = model.config.vocab_size;

@@ -14,11 +14,13 @@ mod hub;
 mod info;
 mod logits;
 mod model_arg;
+mod progress;
 mod serve;
 mod simulate;
 mod stratify;
 mod trace;
 
+use std::path::Path;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -82,7 +84,44 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
+/// `err` with its causes, `: ` between them, leaving out a cause whose text the message
+/// before it already ends with: errors that print their source in their own message and
+/// also return it from `source()` (`io::Error`s wrapped by libraries) would otherwise show
+/// it twice (`Address already in use (os error 98): Address already in use (os error 98)`).
+fn error_chain(err: &anyhow::Error) -> String {
+    let mut out = String::new();
+    let mut last = String::new();
+    for cause in err.chain() {
+        let text = cause.to_string();
+        if !last.is_empty() && last.ends_with(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+        last = text;
+    }
+    out
+}
+
+/// Mesa's Vulkan device-select layer asks Wayland for the default GPU, and libwayland
+/// prints `error: XDG_RUNTIME_DIR is invalid or not set in the environment` when it is
+/// unset (containers, CI, ssh without a login session), on every command that lists
+/// devices. Pointing it at an existing directory lets the probe find no display, quietly.
+#[allow(unsafe_code)]
+fn quiet_wayland_probe() {
+    let valid = std::env::var_os("XDG_RUNTIME_DIR")
+        .is_some_and(|d| Path::new(&d).is_absolute() && Path::new(&d).is_dir());
+    if !valid {
+        // SAFETY: called first in `main`, before any thread exists, so nothing reads or
+        // writes the environment at the same time.
+        unsafe { std::env::set_var("XDG_RUNTIME_DIR", std::env::temp_dir()) };
+    }
+}
+
 fn main() -> ExitCode {
+    quiet_wayland_probe();
     let cli = Cli::parse();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
@@ -94,7 +133,7 @@ fn main() -> ExitCode {
             if broken_pipe {
                 return ExitCode::SUCCESS;
             }
-            eprintln!("error: {err:#}");
+            eprintln!("error: {}", error_chain(&err));
             ExitCode::from(2)
         }
     }

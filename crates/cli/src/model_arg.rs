@@ -1,13 +1,20 @@
-//! The `--model` and `--dtype` options shared by the subcommands.
+//! The options shared by the subcommands, in groups each subcommand takes only where they
+//! apply: [`ModelArgs`] (`--model`, `--dtype`, `--weights`: every command that reads a
+//! model), [`DeviceArgs`] (`--device`, `--vram-budget`: the commands that run one) and its
+//! [`HybridArgs`] (`--policy`, `--defer`, `--hardware`, `--profile`: `--device hybrid`).
 
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
 use strata_formats::strata_file::StrataFile;
 use strata_kernels::PackedFormat;
 use strata_model::model::STRATA_FILE;
-use strata_model::{LoadOptions, Precision};
+use strata_model::{LoadOptions, Model, Precision};
+use strata_runtime::engine::Engine;
+
+use crate::progress::Progress;
 
 /// The model that ships with the repository: `strata-tiny-moe`, a 24M-parameter Qwen3-MoE
 /// trained on ShareGPT text (see its README). Found relative to the source tree.
@@ -35,6 +42,12 @@ pub struct ModelArgs {
     /// converted model: its own.
     #[arg(long, value_enum)]
     pub weights: Option<Weights>,
+}
+
+/// Where a model runs: `generate`, `logits`, `serve` and `batch`.
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Device")]
+pub struct DeviceArgs {
     /// Where the model runs: `cpu`, `gpu` (the whole model on the first accelerator,
     /// weights in the checkpoint's own precision, a converted model's int8/int4 experts
     /// dequantized to f32; `--dtype` and `--weights` do not apply),
@@ -45,24 +58,32 @@ pub struct ModelArgs {
     /// With `--device hybrid`: the expert cache and staging slots (default 64MiB).
     #[arg(long, value_name = "BYTES")]
     pub vram_budget: Option<String>,
-    /// With `--device hybrid`: the placement policy that decides where each expert runs
-    /// and which weights move.
-    #[arg(long, value_enum, default_value_t = PolicyArg::GpuLru)]
-    pub policy: PolicyArg,
+    #[command(flatten)]
+    pub hybrid: HybridArgs,
+}
+
+/// How `--device hybrid` places the routed experts.
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Hybrid execution (--device hybrid)")]
+pub struct HybridArgs {
+    /// The placement policy that decides where each expert runs and which weights move
+    /// [default: gpu-lru].
+    #[arg(long, value_enum)]
+    pub policy: Option<PolicyArg>,
     /// With `--policy ktransformers`: experts deferred to the next layer per token in
-    /// decode (expert deferral; 0 = off).
-    #[arg(long, value_name = "N", default_value_t = 0)]
-    pub defer: usize,
-    /// With `--device hybrid`: the hardware preset or JSON file whose CPU and GPU speeds
-    /// price the policies' choices (`strata simulate` presets); its GPU memory is replaced
-    /// by `--vram-budget`.
-    #[arg(long, value_name = "NAME|FILE", default_value = "local")]
-    pub hardware: String,
+    /// decode (expert deferral) [default: 0, off].
+    #[arg(long, value_name = "N")]
+    pub defer: Option<usize>,
+    /// The hardware preset or JSON file whose CPU and GPU speeds price the policies'
+    /// choices (`strata simulate` presets); its GPU memory is replaced by `--vram-budget`
+    /// [default: local].
+    #[arg(long, value_name = "NAME|FILE")]
+    pub hardware: Option<String>,
     /// A routing trace (`strata trace`) to learn from: its expert activation counts choose
     /// Fiddler's pinned experts (default: the cache filled in layer order) and, when it
     /// holds hidden states, it trains SMoE's token-wise predictors (default: none).
     #[arg(long, value_name = "TRACE")]
-    pub profile: Option<std::path::PathBuf>,
+    pub profile: Option<PathBuf>,
 }
 
 /// Values of `--policy`.
@@ -123,10 +144,15 @@ impl ModelArgs {
             .unwrap_or_else(|| PathBuf::from(DEFAULT_MODEL));
         if !dir.exists() {
             let s = dir.to_string_lossy();
-            if crate::hub::looks_like_hub_id(&s) {
-                return crate::hub::fetch(&s);
+            if !crate::hub::looks_like_hub_id(&s) || names_local_path(&dir) {
+                bail!("{}", missing_path(&dir));
             }
-            bail!("{}: no such model directory or file", dir.display());
+            return crate::hub::fetch(&s).with_context(|| {
+                format!(
+                    "{s}: no such local file or directory, and it could not be fetched as a \
+                     Hugging Face hub id"
+                )
+            });
         }
         let converted = dir.join(STRATA_FILE).is_file();
         if dir.is_dir() && !converted && !dir.join("config.json").exists() {
@@ -199,8 +225,66 @@ impl ModelArgs {
         )
     }
 
+    /// Loads the model in `dir` on the CPU, drawing the load's progress on stderr;
+    /// returns it with the time the load took.
+    pub fn load_model(&self, dir: &Path) -> anyhow::Result<(Model, Duration)> {
+        let started = Instant::now();
+        let (config, src) = strata_model::model::open(dir)?;
+        let mut progress = load_progress(dir);
+        let model =
+            Model::from_source_with_progress(config, &src, self.load_options(), &mut progress)
+                .with_context(|| format!("loading {}", dir.display()))?;
+        Ok((model, started.elapsed()))
+    }
+
+    /// [`ModelArgs::load_model`] with the tokenizer and chat template: a generation engine.
+    pub fn load_engine(&self, dir: &Path) -> anyhow::Result<(Engine, Duration)> {
+        let started = Instant::now();
+        let mut progress = load_progress(dir);
+        let engine = Engine::load_with_progress(dir, self.load_options(), &mut progress)
+            .with_context(|| format!("loading {}", dir.display()))?;
+        Ok((engine, started.elapsed()))
+    }
+
+    /// How to load the weights (`fast` and `bf16` where not given; a converted model
+    /// ignores them, see [`ModelArgs::dir`]).
+    pub fn load_options(&self) -> LoadOptions {
+        LoadOptions {
+            precision: self.dtype.unwrap_or(DType::Fast).precision(),
+            experts: self.weights.unwrap_or(Weights::Bf16).format(),
+            keep_blocks: self.weights.is_none(),
+        }
+    }
+}
+
+impl DeviceArgs {
+    /// The device, once the options given apply to it: the hybrid options only with
+    /// `--device hybrid` (and `--defer` only with `--policy ktransformers`), a VRAM budget
+    /// only with an accelerator. A flag that would be ignored is an error, not a surprise.
+    pub fn checked(&self) -> anyhow::Result<Device> {
+        let h = &self.hybrid;
+        if self.device != Device::Hybrid {
+            let given = [
+                ("--policy", h.policy.is_some()),
+                ("--defer", h.defer.is_some()),
+                ("--hardware", h.hardware.is_some()),
+                ("--profile", h.profile.is_some()),
+            ];
+            if let Some((flag, _)) = given.iter().find(|(_, g)| *g) {
+                bail!("{flag} applies only with --device hybrid");
+            }
+        }
+        if h.defer.is_some_and(|d| d > 0) && h.policy != Some(PolicyArg::Ktransformers) {
+            bail!("--defer applies only with --policy ktransformers");
+        }
+        if self.device == Device::Cpu && self.vram_budget.is_some() {
+            bail!("--vram-budget applies only with --device gpu or hybrid");
+        }
+        Ok(self.device)
+    }
+
     /// Loads the model onto the accelerator (`--device gpu`).
-    pub fn gpu_model(&self, dir: &std::path::Path) -> anyhow::Result<strata_accel::GpuModel> {
+    pub fn gpu_model(&self, dir: &Path) -> anyhow::Result<strata_accel::GpuModel> {
         let budget = self
             .vram_budget
             .as_deref()
@@ -217,25 +301,26 @@ impl ModelArgs {
     /// (`--device hybrid`), returning it for its statistics.
     pub fn hybrid(
         &self,
-        dir: &std::path::Path,
-        model: &mut strata_model::Model,
+        dir: &Path,
+        model: &mut Model,
     ) -> anyhow::Result<std::sync::Arc<strata_exec::HybridExecutor>> {
         use strata_exec::{ExecOptions, HostExperts, HybridExecutor, PolicyKind, PolicyOptions};
         let budget = strata_accel::parse_bytes(self.vram_budget.as_deref().unwrap_or("64MiB"))?;
         let host = HostExperts::open(dir)?;
-        let hw = strata_policy::Hardware::load(&self.hardware)?;
+        let h = &self.hybrid;
+        let hw = strata_policy::Hardware::load(h.hardware.as_deref().unwrap_or("local"))?;
         let shape = strata_exec::model_shape(&model.config)?;
         let bits = 8.0 * host.wtype().elem_bytes() as f64;
         let cost =
             strata_exec::cost_model(hw, shape, bits, HybridExecutor::cache_bytes(&host, budget))?;
-        let kind = match self.policy {
+        let kind = match h.policy.unwrap_or(PolicyArg::GpuLru) {
             PolicyArg::GpuLru => PolicyKind::GpuLru,
             PolicyArg::Fiddler => PolicyKind::Fiddler,
             PolicyArg::Ktransformers => PolicyKind::KTransformers,
             PolicyArg::Hybrimoe => PolicyKind::HybriMoE,
             PolicyArg::Smoe => PolicyKind::Smoe,
         };
-        let (profile, predictors) = match &self.profile {
+        let (profile, predictors) = match &h.profile {
             None => (None, None),
             Some(path) => {
                 let (_, w) = strata_sim::trace::read_file(path)?;
@@ -265,7 +350,7 @@ impl ModelArgs {
             kind,
             &cost,
             &PolicyOptions {
-                deferred: self.defer,
+                deferred: h.defer.unwrap_or(0),
                 profile,
                 predictors,
             },
@@ -283,16 +368,6 @@ impl ModelArgs {
         )?);
         strata_exec::install(model, Some(&exec));
         Ok(exec)
-    }
-
-    /// How to load the weights (`fast` and `bf16` where not given; a converted model
-    /// ignores them, see [`ModelArgs::dir`]).
-    pub fn load_options(&self) -> LoadOptions {
-        LoadOptions {
-            precision: self.dtype.unwrap_or(DType::Fast).precision(),
-            experts: self.weights.unwrap_or(Weights::Bf16).format(),
-            keep_blocks: self.weights.is_none(),
-        }
     }
 }
 
@@ -327,6 +402,61 @@ impl Weights {
             Weights::Int8 => "int8",
             Weights::Int4 => "int4",
         }
+    }
+}
+
+/// Whether `path`, which does not exist, still names a local path rather than a hub id:
+/// its first component exists here (`models/strata-tiny` beside `models/`), or it ends like
+/// a model file.
+fn names_local_path(path: &Path) -> bool {
+    let first = path.components().next().map(|c| Path::new(c.as_os_str()));
+    let ext = path.extension().and_then(|e| e.to_str());
+    first.is_some_and(Path::exists) || matches!(ext, Some("gguf" | "strata" | "safetensors"))
+}
+
+/// Says that `path` does not exist: where it was looked for, and what its nearest
+/// existing directory holds under a similar name.
+fn missing_path(path: &Path) -> String {
+    let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_owned());
+    let mut msg = format!(
+        "{}: no such model directory or file (looked for {})",
+        path.display(),
+        abs.display()
+    );
+    let Some((dir, missing)) = abs
+        .ancestors()
+        .zip(abs.ancestors().skip(1))
+        .find(|(_, parent)| parent.is_dir())
+        .and_then(|(child, parent)| Some((parent, child.file_name()?.to_str()?)))
+    else {
+        return msg;
+    };
+    let mut similar: Vec<String> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|name| name.starts_with(missing) || missing.starts_with(name.as_str()))
+        .collect();
+    similar.sort();
+    similar.truncate(3);
+    if similar.is_empty() {
+        msg += &format!("; {} exists", dir.display());
+    } else {
+        msg += &format!("; {} holds {}", dir.display(), similar.join(", "));
+    }
+    msg
+}
+
+/// Progress of loading the model in `dir`, layer by layer, started when the loader first
+/// says how many layers there are.
+fn load_progress(dir: &Path) -> impl FnMut(usize, usize) {
+    let name = dir.file_name().unwrap_or(dir.as_os_str()).to_string_lossy();
+    let what = format!("loading {name}");
+    let mut progress = None;
+    move |done, layers| {
+        progress
+            .get_or_insert_with(|| Progress::new(what.clone(), layers as u64, "layers"))
+            .set(done as u64, "")
     }
 }
 

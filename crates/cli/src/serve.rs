@@ -4,7 +4,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 use std::sync::Arc;
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use clap::Args;
 use strata_exec::HybridExecutor;
 use strata_runtime::engine::Engine;
@@ -12,7 +12,7 @@ use strata_runtime::scheduler::SchedulerConfig;
 use strata_server::AppState;
 use strata_server::metrics::MetricsSource;
 
-use crate::model_arg::{Device, ModelArgs};
+use crate::model_arg::{Device, DeviceArgs, ModelArgs};
 
 /// Arguments of `strata serve`.
 #[derive(Debug, Args)]
@@ -30,6 +30,9 @@ pub struct ServeArgs {
     /// Model id clients must name (default: the model's file or directory name).
     #[arg(long, value_name = "NAME")]
     served_model_name: Option<String>,
+    // Last: its help headings would otherwise take in the options after it.
+    #[command(flatten)]
+    device: DeviceArgs,
 }
 
 /// Scheduler limits shared by `serve` and `batch`.
@@ -113,23 +116,29 @@ pub fn model_id(path: &Path) -> String {
     name.map_or_else(|| "model".into(), |n| n.to_string_lossy().into_owned())
 }
 
+/// Fails unless `device` is one `serve` and `batch` run on.
+pub fn check_device(device: &DeviceArgs) -> anyhow::Result<()> {
+    if device.checked()? == Device::Gpu {
+        bail!(
+            "--device gpu runs one sequence (generate, logits); serve and batch take cpu or hybrid"
+        );
+    }
+    Ok(())
+}
+
 /// Loads the engine for `serve` and `batch`: on the CPU, or with a hybrid executor for
 /// the routed experts (`--device hybrid`, returned for its statistics). The scheduler does
 /// not know which: the executor sits behind the model's MoE blocks.
 pub fn load_engine(
     model: &ModelArgs,
+    device: &DeviceArgs,
     path: &Path,
 ) -> anyhow::Result<(Engine, Option<Arc<HybridExecutor>>)> {
-    if model.device == Device::Gpu {
-        bail!(
-            "--device gpu runs one sequence (generate, logits); serve and batch take cpu or hybrid"
-        );
-    }
-    let mut engine = Engine::load(path, model.load_options())
-        .with_context(|| format!("loading {}", path.display()))?;
-    let exec = match model.device {
+    let (mut engine, took) = model.load_engine(path)?;
+    tracing::info!(seconds = took.as_secs_f64(), "model loaded");
+    let exec = match device.device {
         Device::Hybrid => {
-            let exec = model.hybrid(path, &mut engine.model)?;
+            let exec = device.hybrid(path, &mut engine.model)?;
             tracing::info!(policy = %exec.policy_name(), "routed experts on the hybrid executor");
             Some(exec)
         }
@@ -204,18 +213,21 @@ impl MetricsSource for ExecMetrics {
     }
 }
 
-/// Logs to stderr at info level (once per process).
+/// Logs to stderr at info level (once per process), coloured only on a terminal: log
+/// files and pipes get plain text.
 pub fn init_logging() {
     let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_max_level(tracing::Level::INFO)
         .try_init();
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     init_logging();
+    check_device(&args.device)?;
     let path = args.model.dir()?;
-    let (engine, exec) = load_engine(&args.model, &path)?;
+    let (engine, exec) = load_engine(&args.model, &args.device, &path)?;
     let engine = Arc::new(engine);
     let config = args.sched.config(&engine)?;
     let id = args.served_model_name.unwrap_or_else(|| model_id(&path));

@@ -33,6 +33,7 @@ use strata_policy::stratify::{
 use strata_runtime::engine::load_tokenizer;
 
 use crate::model_arg::ModelArgs;
+use crate::progress::Progress;
 use crate::trace::read_prompts;
 
 /// Arguments of `strata stratify`.
@@ -111,8 +112,14 @@ impl ForwardObserver for Probe {
     }
 }
 
-/// Prefill of `prompts` in groups (no logits), recording routing and embeddings.
-fn prefill(model: &Model, prompts: &[&[u32]], n_experts: usize) -> anyhow::Result<Probe> {
+/// Prefill of `prompts` in groups (no logits), recording routing and embeddings; `what`
+/// names the pass in its progress.
+fn prefill(
+    model: &Model,
+    prompts: &[&[u32]],
+    n_experts: usize,
+    what: &str,
+) -> anyhow::Result<Probe> {
     let mut p = Probe {
         counts: vec![Vec::new(); prompts.len()],
         embed: vec![Vec::new(); prompts.len()],
@@ -120,7 +127,9 @@ fn prefill(model: &Model, prompts: &[&[u32]], n_experts: usize) -> anyhow::Resul
         ..Probe::default()
     };
     const GROUP: usize = 16;
+    let mut progress = Progress::new(what, prompts.len() as u64, "prompts");
     for (g, chunk) in prompts.chunks(GROUP).enumerate() {
+        progress.set((g * GROUP) as u64, "");
         let mut caches: Vec<_> = chunk.iter().map(|_| model.new_cache()).collect();
         let mut seqs: Vec<SeqInput> = chunk
             .iter()
@@ -135,6 +144,7 @@ fn prefill(model: &Model, prompts: &[&[u32]], n_experts: usize) -> anyhow::Resul
         p.layer = 0;
         model.forward_observed(&mut seqs, &mut p)?;
     }
+    progress.set(prompts.len() as u64, "");
     Ok(p)
 }
 
@@ -193,14 +203,14 @@ fn stratify(
     seed: u64,
 ) -> anyhow::Result<Stratified> {
     // 1. Embed every prompt (the same pass records the routing used for scoring).
-    let full = prefill(model, prompts, n_exp)?;
+    let full = prefill(model, prompts, n_exp, "embedding prompts")?;
     let truth = total(&full.counts, 0..prompts.len(), layers, n_exp);
     // 2. Strata and prototypes.
     let clusters = kmeans(&full.embed, k, 100, seed);
     let protos = prototypes(&full.embed, &clusters, n_proto);
     // 3. Probe the prototypes with a prefill of their own.
     let probe_in: Vec<&[u32]> = protos.iter().map(|&i| prompts[i]).collect();
-    let probe = prefill(model, &probe_in, n_exp)?;
+    let probe = prefill(model, &probe_in, n_exp, "probing prototypes")?;
     let probed = total(&probe.counts, 0..protos.len(), layers, n_exp);
     if probed != total(&full.counts, protos.iter().copied(), layers, n_exp) {
         bail!("the prototype probe routed differently from the full pass");
@@ -225,7 +235,7 @@ pub fn run(args: StratifyArgs) -> anyhow::Result<()> {
     if let Some(i) = ids.iter().position(Vec::is_empty) {
         bail!("prompt {} has no tokens", i + 1);
     }
-    let model = Model::load(&dir, args.model.load_options())?;
+    let (model, _) = args.model.load_model(&dir)?;
     let shape = strata_exec::model_shape(&model.config)?;
     let (layers, n_exp) = (shape.moe_layers(), shape.n_experts);
     let all: Vec<&[u32]> = ids.iter().map(Vec::as_slice).collect();

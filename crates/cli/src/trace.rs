@@ -18,6 +18,7 @@ use strata_runtime::engine::load_tokenizer;
 use strata_sim::trace::{FORMAT, Header, Record, VERSION, Writer};
 
 use crate::model_arg::ModelArgs;
+use crate::progress::Progress;
 
 /// Arguments of `strata trace`.
 #[derive(Debug, Args)]
@@ -191,7 +192,9 @@ pub fn record(
     decode: usize,
     rec: &mut Recorder,
 ) -> anyhow::Result<()> {
+    let mut progress = Progress::new("tracing", prompts.len() as u64, "prompts");
     for (req, tokens) in prompts.iter().enumerate() {
+        progress.set(req as u64, "");
         if tokens.is_empty() {
             bail!("prompt {} has no tokens", req + 1);
         }
@@ -213,6 +216,7 @@ pub fn record(
             }];
             next = argmax(&model.forward_observed(&mut seqs, rec)?.remove(0));
         }
+        progress.set(req as u64 + 1, "");
     }
     Ok(())
 }
@@ -225,7 +229,7 @@ pub fn run(args: TraceArgs) -> anyhow::Result<()> {
         .iter()
         .map(|p| tok.encode(p, true))
         .collect::<Result<Vec<_>, _>>()?;
-    let mut model = Model::load(&dir, args.model.load_options())?;
+    let (mut model, _) = args.model.load_model(&dir)?;
     keep_candidates(&mut model);
     let n_experts = strata_exec::model_shape(&model.config)?.n_experts;
     let mut rec = Recorder::new(!args.no_hidden);

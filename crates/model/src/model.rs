@@ -115,6 +115,18 @@ impl Model {
     /// A converted model ([`Source::Strata`]) runs with the options it was converted with;
     /// `opts` is ignored for it.
     pub fn from_source(config: ModelConfig, src: &Source, opts: LoadOptions) -> Result<Model> {
+        Model::from_source_with_progress(config, src, opts, &mut |_, _| {})
+    }
+
+    /// [`Model::from_source`], telling `progress` how far it has come: `(layers built,
+    /// layers)`, before the first layer and after each. The model crate prints nothing;
+    /// front ends draw it.
+    pub fn from_source_with_progress(
+        config: ModelConfig,
+        src: &Source,
+        opts: LoadOptions,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Model> {
         let opts = match src {
             Source::Strata(f) => LoadOptions::stored(f)?,
             _ => opts,
@@ -126,7 +138,7 @@ impl Model {
              --weights on a GGUF, or pick a smaller --weights",
         )?;
         let ld = Loader::new(src, opts).with_fp8_block(config.fp8_block);
-        let mut model = Model::build(config, &ld, opts.precision)?;
+        let mut model = Model::build(config, &ld, opts.precision, progress)?;
         model.memory = memory;
         Ok(model)
     }
@@ -143,14 +155,31 @@ impl Model {
         src: &Source,
         opts: LoadOptions,
     ) -> Result<(Model, Recording)> {
+        Model::convert_with_progress(config, src, opts, &mut |_, _| {})
+    }
+
+    /// [`Model::convert`], telling `progress` how far it has come as
+    /// [`Model::from_source_with_progress`] does.
+    pub fn convert_with_progress(
+        config: ModelConfig,
+        src: &Source,
+        opts: LoadOptions,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<(Model, Recording)> {
         let ld = Loader::new(src, opts)
             .with_fp8_block(config.fp8_block)
             .recording();
-        let model = Model::build(config, &ld, opts.precision)?;
+        let model = Model::build(config, &ld, opts.precision, progress)?;
         Ok((model, ld.into_recording()))
     }
 
-    fn build(config: ModelConfig, ld: &Loader, precision: Precision) -> Result<Model> {
+    fn build(
+        config: ModelConfig,
+        ld: &Loader,
+        precision: Precision,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Model> {
+        progress(0, config.n_layers());
         let h = config.hidden_size;
         let v = config.vocab_size;
         let embed = ld.linear("model.embed_tokens", v, h, false)?;
@@ -177,6 +206,7 @@ impl Model {
                 ffn_norm: ld.f32(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
                 ffn,
             });
+            progress(i + 1, config.n_layers());
         }
         let norm = ld.f32("model.norm.weight", &[h])?;
         let tied = config.tie_word_embeddings && !ld.has("lm_head.weight");

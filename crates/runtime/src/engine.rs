@@ -175,9 +175,19 @@ pub struct Engine {
 impl Engine {
     /// Loads a Hugging Face model directory or a `.gguf` file, with its tokenizer.
     pub fn load(path: &Path, opts: impl Into<LoadOptions>) -> Result<Engine> {
+        Engine::load_with_progress(path, opts, &mut |_, _| {})
+    }
+
+    /// [`Engine::load`], telling `progress` how far the model's load has come (see
+    /// [`Model::from_source_with_progress`]).
+    pub fn load_with_progress(
+        path: &Path,
+        opts: impl Into<LoadOptions>,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Engine> {
         let (config, src) = strata_model::model::open(path)?;
         let tokenizer = source_tokenizer(path, &src)?;
-        let model = Model::from_source(config, &src, opts.into())?;
+        let model = Model::from_source_with_progress(config, &src, opts.into(), progress)?;
         Engine::new(model, tokenizer)
     }
 

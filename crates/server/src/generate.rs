@@ -30,6 +30,7 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use crate::AppState;
 use crate::api::{self, ChatRequest, Common, CompletionRequest, MAX_N, MAX_TOP_LOGPROBS, Prompt};
 use crate::error::ApiError;
+use crate::log::{Tally, tagged};
 
 /// Which endpoint: shapes the response JSON.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -474,7 +475,8 @@ struct Output {
     first_token: bool,
     last_token: Vec<Option<Instant>>,
     choices: Vec<Choice>,
-    prompt_tokens: usize,
+    /// Prompt and generated tokens, also read by the request's log line.
+    tally: Arc<Tally>,
 }
 
 #[derive(Default)]
@@ -517,7 +519,7 @@ impl Output {
             first_token: false,
             last_token: vec![None; choices],
             choices: (0..choices).map(|_| Choice::default()).collect(),
-            prompt_tokens: job.prompts.iter().map(Vec::len).sum(),
+            tally: Tally::new(job.prompts.iter().map(Vec::len).sum()),
         }
     }
 
@@ -535,6 +537,7 @@ impl Output {
                 let now = Instant::now();
                 let m = &self.st.metrics;
                 m.generated_tokens.fetch_add(1, Ordering::Relaxed);
+                self.tally.token();
                 if !self.first_token {
                     self.first_token = true;
                     m.ttft.observe(now - self.started);
@@ -606,9 +609,9 @@ impl Output {
     fn usage(&self) -> Value {
         let completion: usize = self.choices.iter().map(|c| c.completion_tokens).sum();
         json!({
-            "prompt_tokens": self.prompt_tokens,
+            "prompt_tokens": self.tally.prompt,
             "completion_tokens": completion,
-            "total_tokens": self.prompt_tokens + completion,
+            "total_tokens": self.tally.prompt + completion,
         })
     }
 
@@ -707,7 +710,8 @@ async fn collect(st: Arc<AppState>, job: Job, mut run: Running, started: Instant
             Update::Failed => return error_response(&st, ApiError::internal()),
         }
     }
-    crate::json_response(StatusCode::OK, &out.response(job.top_logprobs.is_some()))
+    let res = crate::json_response(StatusCode::OK, &out.response(job.top_logprobs.is_some()));
+    tagged(res, &out.tally)
 }
 
 fn error_response(st: &AppState, e: ApiError) -> Response {
@@ -717,6 +721,7 @@ fn error_response(st: &AppState, e: ApiError) -> Response {
 
 fn stream(st: Arc<AppState>, job: Job, run: Running, started: Instant) -> Response {
     let out = Output::new(st, &job, run.choices, started);
+    let tally = Arc::clone(&out.tally);
     let mut pending: VecDeque<SseEvent> = VecDeque::new();
     if job.kind == Kind::Chat {
         for i in 0..run.choices {
@@ -777,9 +782,8 @@ fn stream(st: Arc<AppState>, job: Job, run: Running, started: Instant) -> Respon
             }
         }
     });
-    Sse::new(events)
-        .keep_alive(KeepAlive::default())
-        .into_response()
+    let res = Sse::new(events).keep_alive(KeepAlive::default());
+    tagged(res.into_response(), &tally)
 }
 
 struct StreamState {

@@ -4,7 +4,8 @@
 //! [`Scheduler`] and the [`metrics::Metrics`]); [`run`] serves it on a socket until
 //! SIGTERM or Ctrl-C, then drains the requests in flight. Endpoints: `POST
 //! /v1/chat/completions` and `POST /v1/completions` (streamed as server-sent events or
-//! not), `GET /v1/models`, `GET /health`, `GET /metrics`.
+//! not), `GET /v1/models`, `GET /health`, `GET /metrics`. Every request is logged in one
+//! line when it ends (`log`).
 //!
 //! A key design decision made here is that every request holds a guard that cancels its
 //! sequences when dropped: when a client disconnects, hyper drops the handler's future or
@@ -16,6 +17,7 @@
 pub mod api;
 pub mod error;
 mod generate;
+mod log;
 pub mod metrics;
 pub mod offline;
 
@@ -90,6 +92,7 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/health", get(health))
         .route("/metrics", get(metrics_text))
         .fallback(not_found)
+        .layer(axum::middleware::from_fn(log::log_request))
         .layer(DefaultBodyLimit::max(limit))
         .with_state(state)
 }

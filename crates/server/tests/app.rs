@@ -297,6 +297,9 @@ async fn errors_have_the_openai_shape() {
     let model = chat_body(json!({"model": "gpt-4"}));
     let nf = StatusCode::NOT_FOUND;
     check_error(&st, chat(model), nf, Some("model"), Some("model_not_found")).await;
+    // `strata generate -n 0` is refused alike (crates/cli/tests/newcomer.rs).
+    let zero = chat_body(json!({"max_tokens": 0}));
+    check_error(&st, chat(zero), bad, Some("max_tokens"), None).await;
     let huge = chat_body(json!({"max_tokens": 1_000_000}));
     let ctx = Some("context_length_exceeded");
     check_error(&st, chat(huge), bad, Some("max_tokens"), ctx).await;
