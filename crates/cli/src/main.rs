@@ -107,22 +107,30 @@ fn error_chain(err: &anyhow::Error) -> String {
 
 /// Mesa's Vulkan device-select layer asks Wayland for the default GPU, and libwayland
 /// prints `error: XDG_RUNTIME_DIR is invalid or not set in the environment` when it is
-/// unset (containers, CI, ssh without a login session), on every command that lists
-/// devices. Pointing it at an existing directory lets the probe find no display, quietly.
-#[allow(unsafe_code)]
-fn quiet_wayland_probe() {
+/// unset (containers, CI, ssh without a login session). Pointing it at an existing
+/// directory lets the probe find no display, quietly. Setting the variable in this process
+/// would take `unsafe` (another thread may read the environment), so `strata devices`, whose
+/// whole output is the device list, runs itself again with it set. Commands that only open
+/// a device on the side may still show Mesa's line once.
+fn rerun_devices_with_runtime_dir(cli: &Cli) -> Option<ExitCode> {
     let valid = std::env::var_os("XDG_RUNTIME_DIR")
         .is_some_and(|d| Path::new(&d).is_absolute() && Path::new(&d).is_dir());
-    if !valid {
-        // SAFETY: called first in `main`, before any thread exists, so nothing reads or
-        // writes the environment at the same time.
-        unsafe { std::env::set_var("XDG_RUNTIME_DIR", std::env::temp_dir()) };
+    if valid || !matches!(cli.command, Command::Devices(_)) {
+        return None;
     }
+    let status = std::process::Command::new(std::env::current_exe().ok()?)
+        .args(std::env::args_os().skip(1))
+        .env("XDG_RUNTIME_DIR", std::env::temp_dir())
+        .status()
+        .ok()?;
+    Some(ExitCode::from(status.code().map_or(2, |c| c as u8)))
 }
 
 fn main() -> ExitCode {
-    quiet_wayland_probe();
     let cli = Cli::parse();
+    if let Some(code) = rerun_devices_with_runtime_dir(&cli) {
+        return code;
+    }
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
