@@ -1,0 +1,173 @@
+//! ggml's k-quants (256-value blocks with integer sub-scales) against activations quantized
+//! per 256: integer sums per block, one conversion to f32 per block and token.
+
+#![allow(clippy::needless_range_loop)]
+
+use std::arch::x86_64::*;
+
+use super::{Q8Rows, Tokens, f16_at, hsum, k4_scales, lane16, load, pair_scales};
+
+/// Q4_K: `{f16 d, dmin; u8 scales[12]; u8 qs[128]}`, value `d · sc · q - dmin · m` per
+/// sub-block of 32; each 32 bytes of `qs` hold two sub-blocks (low nibbles, then high).
+///
+/// # Safety
+/// AVX2, FMA and F16C; `row` is whole blocks matching `a.k`; `t + N <= a.rows()`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q4_k_n<const N: usize>(row: &[u8], a: &Q8Rows, t: usize, out: &mut [f32]) {
+    let xt = Tokens::<N>::new(a, t);
+    let m4 = _mm256_set1_epi8(0x0f);
+    let mut acc = [_mm256_setzero_ps(); N];
+    for (i, x) in row.chunks_exact(144).enumerate() {
+        let (d, dmin) = (f16_at(x, 0), f16_at(x, 2));
+        let (sc, mins) = k4_scales(&x[4..16]);
+        let mut sumi = [_mm256_setzero_si256(); N];
+        for c in 0..4 {
+            // SAFETY: bytes 16 + 32 c .. 48 + 32 c lie within the 144-byte block.
+            let q = unsafe { load(x.as_ptr().add(16 + 32 * c)) };
+            let lo = _mm256_and_si256(q, m4);
+            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4);
+            let (s_lo, s_hi) = (lane16(sc, 2 * c), lane16(sc, 2 * c + 1));
+            for j in 0..N {
+                let p = 256 * i + 64 * c;
+                // SAFETY: block `i` of the row lies within `a.k` values; `t + j` is a row.
+                let (x0, x1) = unsafe { (xt.x(j, p), xt.x(j, p + 32)) };
+                let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, x0), s_lo);
+                let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, x1), s_hi);
+                sumi[j] = _mm256_add_epi32(sumi[j], _mm256_add_epi32(p0, p1));
+            }
+        }
+        for j in 0..N {
+            let dx = xt.s[j][8 * i];
+            // SAFETY: as above.
+            let msum = _mm256_madd_epi16(unsafe { xt.isums(j, i) }, mins);
+            acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * dx), _mm256_cvtepi32_ps(sumi[j]), acc[j]);
+            acc[j] = _mm256_fnmadd_ps(_mm256_set1_ps(dmin * dx), _mm256_cvtepi32_ps(msum), acc[j]);
+        }
+    }
+    for j in 0..N {
+        out[j] = hsum(acc[j]);
+    }
+}
+
+/// Q5_K: Q4_K's layout with `qh[32]` (bytes 16..48) holding the fifth bit, `qs` at 48;
+/// chunk `c` of 64 values takes bits `2c` and `2c + 1` of `qh`.
+///
+/// # Safety
+/// As [`q4_k_n`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q5_k_n<const N: usize>(row: &[u8], a: &Q8Rows, t: usize, out: &mut [f32]) {
+    let xt = Tokens::<N>::new(a, t);
+    let m4 = _mm256_set1_epi8(0x0f);
+    let bit4 = _mm256_set1_epi8(0x10);
+    let mut acc = [_mm256_setzero_ps(); N];
+    for (i, x) in row.chunks_exact(176).enumerate() {
+        let (d, dmin) = (f16_at(x, 0), f16_at(x, 2));
+        let (sc, mins) = k4_scales(&x[4..16]);
+        // SAFETY: bytes 16..48 lie within the 176-byte block.
+        let mut qh = unsafe { load(x.as_ptr().add(16)) };
+        let mut sumi = [_mm256_setzero_si256(); N];
+        for c in 0..4 {
+            // SAFETY: bytes 48 + 32 c .. 80 + 32 c lie within the block.
+            let q = unsafe { load(x.as_ptr().add(48 + 32 * c)) };
+            // Bit 2c of each qh byte to bit 4, then bit 2c + 1; shift qh for the next c.
+            let h_lo = _mm256_and_si256(_mm256_slli_epi16::<4>(qh), bit4);
+            let h_hi = _mm256_and_si256(_mm256_slli_epi16::<3>(qh), bit4);
+            qh = _mm256_srli_epi16::<2>(qh);
+            let lo = _mm256_or_si256(_mm256_and_si256(q, m4), h_lo);
+            let hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(q), m4), h_hi);
+            let (s_lo, s_hi) = (lane16(sc, 2 * c), lane16(sc, 2 * c + 1));
+            for j in 0..N {
+                let p = 256 * i + 64 * c;
+                // SAFETY: block `i` of the row lies within `a.k` values; `t + j` is a row.
+                let (x0, x1) = unsafe { (xt.x(j, p), xt.x(j, p + 32)) };
+                let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, x0), s_lo);
+                let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, x1), s_hi);
+                sumi[j] = _mm256_add_epi32(sumi[j], _mm256_add_epi32(p0, p1));
+            }
+        }
+        for j in 0..N {
+            let dx = xt.s[j][8 * i];
+            // SAFETY: as above.
+            let msum = _mm256_madd_epi16(unsafe { xt.isums(j, i) }, mins);
+            acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * dx), _mm256_cvtepi32_ps(sumi[j]), acc[j]);
+            acc[j] = _mm256_fnmadd_ps(_mm256_set1_ps(dmin * dx), _mm256_cvtepi32_ps(msum), acc[j]);
+        }
+    }
+    for j in 0..N {
+        out[j] = hsum(acc[j]);
+    }
+}
+
+/// Bits 0-1 of each byte of `v` moved to bits 4-5.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn top_bits(m2: __m256i, v: __m256i) -> __m256i {
+    _mm256_slli_epi16::<4>(_mm256_and_si256(v, m2))
+}
+
+/// Q6_K: `{u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d}`, value `d · sc · (q - 32)` with
+/// a scale per 16; each half of 128 values takes 64 bytes of `ql` and 32 of `qh`.
+///
+/// # Safety
+/// As [`q4_k_n`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q6_k_n<const N: usize>(row: &[u8], a: &Q8Rows, t: usize, out: &mut [f32]) {
+    let xt = Tokens::<N>::new(a, t);
+    let m4 = _mm256_set1_epi8(0x0f);
+    let m2 = _mm256_set1_epi8(0x03);
+    let mut acc = [_mm256_setzero_ps(); N];
+    for (i, x) in row.chunks_exact(210).enumerate() {
+        let d = f16_at(x, 208);
+        // SAFETY: bytes 192..208 lie within the 210-byte block.
+        let sc = unsafe { _mm_loadu_si128(x.as_ptr().add(192).cast()) };
+        let sc_all = _mm256_cvtepi8_epi16(sc);
+        let mut sumi = [_mm256_setzero_si256(); N];
+        for half in 0..2 {
+            // SAFETY: ql (0..128) and qh (128..192) lie within the 210-byte block.
+            let (ql0, ql1, qh) = unsafe {
+                (
+                    load(x.as_ptr().add(64 * half)),
+                    load(x.as_ptr().add(64 * half + 32)),
+                    load(x.as_ptr().add(128 + 32 * half)),
+                )
+            };
+            let q = [
+                _mm256_or_si256(_mm256_and_si256(ql0, m4), top_bits(m2, qh)),
+                _mm256_or_si256(
+                    _mm256_and_si256(ql1, m4),
+                    top_bits(m2, _mm256_srli_epi16::<2>(qh)),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4),
+                    top_bits(m2, _mm256_srli_epi16::<4>(qh)),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
+                    top_bits(m2, _mm256_srli_epi16::<6>(qh)),
+                ),
+            ];
+            for (g, qg) in q.iter().enumerate() {
+                let u = 8 * half + 2 * g;
+                let s = pair_scales(sc, u);
+                for j in 0..N {
+                    let p = 256 * i + 128 * half + 32 * g;
+                    // SAFETY: block `i` lies within `a.k` values; `t + j` is a row.
+                    let xv = unsafe { xt.x(j, p) };
+                    let pr = _mm256_madd_epi16(_mm256_maddubs_epi16(*qg, xv), s);
+                    sumi[j] = _mm256_add_epi32(sumi[j], pr);
+                }
+            }
+        }
+        for j in 0..N {
+            let dx = xt.s[j][8 * i];
+            // The -32 offset: Σ_u sc_u · 32 · Σ x over unit u.
+            // SAFETY: as above.
+            let off = _mm256_madd_epi16(unsafe { xt.isums(j, i) }, sc_all);
+            let s = _mm256_sub_epi32(sumi[j], _mm256_slli_epi32::<5>(off));
+            acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * dx), _mm256_cvtepi32_ps(s), acc[j]);
+        }
+    }
+    for j in 0..N {
+        out[j] = hsum(acc[j]);
+    }
+}

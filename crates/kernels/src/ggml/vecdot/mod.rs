@@ -1,0 +1,103 @@
+//! Row-dot kernels that decode ggml blocks in registers: one weight row, read straight from
+//! its bytes (usually a mapped file), against up to four tokens' int8 activations at a time.
+//!
+//! These are the hot path of decode and of small expert batches. The general integer path
+//! (`super::unpack` + `super::dot`) writes each decoded row to scratch and reads it back,
+//! which costs about twice the dot product itself; here a block's values go from the loaded
+//! bytes into `maddubs` directly. Weights in 256-value blocks meet activations quantized per
+//! 256 (`super::dot::Q8Rows` with `block` 256): a block's integer sub-scales multiply the
+//! integer products (`madd`), its mins and offsets multiply the activations' integer sums per
+//! 16, and the sum is converted to f32 once per block, as ggml's `vec_dot_*_q8_K` do.
+//! Weights in blocks of 32 carry an f32 scale per block, so they convert per 32.
+//!
+//! Each kernel's plain twin is the general integer path, which computes the same integer
+//! sums; tests compare them on random blocks.
+
+use std::ops::Range;
+
+use crate::Isa;
+
+use super::GgmlType;
+use super::dot::Q8Rows;
+
+/// `tile[j · n_rows + r] = row_r · x[tokens.start + j]`: `n_rows` rows of whole blocks
+/// (`src`, consecutive) against a range of activation rows.
+pub(crate) type BlockDot =
+    fn(src: &[u8], n_rows: usize, a: &Q8Rows, tokens: Range<usize>, tile: &mut [f32]);
+
+/// Values per activation scale for weights of `ty` on every path: 256 for the k-quants with
+/// in-register kernels (their integer sub-scales need one activation scale per block), 32
+/// for the rest (finer rounding; their scales are applied per 16 or 32 in f32 anyway).
+pub(crate) fn activation_block(ty: GgmlType) -> usize {
+    match ty {
+        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => 256,
+        _ => 32,
+    }
+}
+
+/// The in-register kernel for `ty` on `isa`, if there is one.
+pub(crate) fn kernel(isa: Isa, ty: GgmlType) -> Option<BlockDot> {
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx2 {
+        return match ty {
+            GgmlType::Q4_K => Some(avx2::q4_k),
+            GgmlType::Q5_K => Some(avx2::q5_k),
+            GgmlType::Q6_K => Some(avx2::q6_k),
+            GgmlType::Q8_0 => Some(avx2::q8_0),
+            GgmlType::Q4_0 => Some(avx2::q4_0),
+            _ => None,
+        };
+    }
+    let _ = (isa, ty);
+    None
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ggml::GgmlMatrix;
+    use crate::ggml::test_util::random_blocks;
+
+    /// Each in-register kernel against the general integer path (the same integer sums),
+    /// on random blocks, 1 to 7 tokens.
+    #[test]
+    fn in_register_kernels_match_the_unpacked_path() {
+        let mut seed = 5;
+        for ty in [
+            GgmlType::Q4_K,
+            GgmlType::Q5_K,
+            GgmlType::Q6_K,
+            GgmlType::Q8_0,
+            GgmlType::Q4_0,
+        ] {
+            for isa in Isa::available() {
+                let Some(dot) = kernel(isa, ty) else { continue };
+                let (n, k) = (3, 512);
+                let bytes = random_blocks(ty, n * k / ty.block_size(), &mut seed);
+                let w = GgmlMatrix::from_vec(ty, n, k, bytes).expect("valid matrix");
+                for m in 1..=7 {
+                    let x: Vec<f32> = (0..m * k)
+                        .map(|i| ((i * 7919 + m) % 2001) as f32 / 1000.0 - 1.0)
+                        .collect();
+                    let mut want = vec![0.0f32; m * n];
+                    w.matmul_with(Isa::Portable, &x, m, &mut want)
+                        .expect("shapes");
+                    let a =
+                        Q8Rows::quantize(k, activation_block(ty), m, |r| &x[r * k..(r + 1) * k]);
+                    let mut got = vec![f32::NAN; m * n];
+                    dot(w.bytes(), n, &a, 0..m, &mut got);
+                    for (i, (g, wv)) in got.iter().zip(&want).enumerate() {
+                        let tol = 1e-4 * (1.0 + wv.abs());
+                        assert!(
+                            (g - wv).abs() <= tol,
+                            "{ty} {isa:?} m {m} at {i}: {g} vs {wv}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
