@@ -113,7 +113,8 @@ impl Q8Rows {
         &self.s[r * self.k / QBLOCK..(r + 1) * self.k / QBLOCK]
     }
 
-    fn sums(&self, r: usize) -> &[f32] {
+    /// Row `r`'s `s · Σ q` per 16 values.
+    pub(crate) fn sums(&self, r: usize) -> &[f32] {
         &self.sums[r * self.k / UNIT..(r + 1) * self.k / UNIT]
     }
 

@@ -40,11 +40,18 @@ pub(crate) fn kernel(isa: Isa, ty: GgmlType) -> Option<BlockDot> {
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx2 {
         return match ty {
+            GgmlType::Q2_K => Some(avx2::q2_k),
+            GgmlType::Q3_K => Some(avx2::q3_k),
             GgmlType::Q4_K => Some(avx2::q4_k),
             GgmlType::Q5_K => Some(avx2::q5_k),
             GgmlType::Q6_K => Some(avx2::q6_k),
             GgmlType::Q8_0 => Some(avx2::q8_0),
             GgmlType::Q4_0 => Some(avx2::q4_0),
+            GgmlType::Q4_1 => Some(avx2::q4_1),
+            GgmlType::Q5_0 => Some(avx2::q5_0),
+            GgmlType::Q5_1 => Some(avx2::q5_1),
+            GgmlType::IQ4_NL => Some(avx2::iq4_nl),
+            GgmlType::IQ4_XS => Some(avx2::iq4_xs),
             _ => None,
         };
     }
@@ -67,11 +74,18 @@ mod tests {
     fn in_register_kernels_match_the_unpacked_path() {
         let mut seed = 5;
         for ty in [
+            GgmlType::Q2_K,
+            GgmlType::Q3_K,
             GgmlType::Q4_K,
             GgmlType::Q5_K,
             GgmlType::Q6_K,
             GgmlType::Q8_0,
             GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q5_0,
+            GgmlType::Q5_1,
+            GgmlType::IQ4_NL,
+            GgmlType::IQ4_XS,
         ] {
             for isa in Isa::available() {
                 let Some(dot) = kernel(isa, ty) else { continue };

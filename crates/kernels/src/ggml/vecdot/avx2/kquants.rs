@@ -1,5 +1,8 @@
-//! ggml's k-quants (256-value blocks with integer sub-scales) against activations quantized
-//! per 256: integer sums per block, one conversion to f32 per block and token.
+//! ggml's k-quants (256-value blocks with integer sub-scales). Q4_K, Q5_K and Q6_K meet
+//! activations quantized per 256: integer sums per block, one conversion to f32 per block
+//! and token. Q2_K and Q3_K (2 and 3 bits, scales per 16) meet activations quantized per 32,
+//! which keeps their already coarse weights from losing more to the activations' rounding:
+//! integer sums per 32 values, converted there.
 
 #![allow(clippy::needless_range_loop)]
 
@@ -166,6 +169,158 @@ pub(super) unsafe fn q6_k_n<const N: usize>(row: &[u8], a: &Q8Rows, t: usize, ou
             let s = _mm256_sub_epi32(sumi[j], _mm256_slli_epi32::<5>(off));
             acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * dx), _mm256_cvtepi32_ps(s), acc[j]);
         }
+    }
+    for j in 0..N {
+        out[j] = hsum(acc[j]);
+    }
+}
+
+/// `N` tokens' products with 32 unsigned weights `w` whose halves of 16 have the integer
+/// scales in `scales` (see [`pair_scales`]), times the block scale `d`; `g` is the group of
+/// 32 within the row.
+///
+/// # Safety
+/// Group `g` lies within the rows of `xt`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scaled_group<const N: usize>(
+    w: __m256i,
+    scales: __m256i,
+    d: f32,
+    xt: &Tokens<N>,
+    g: usize,
+    acc: &mut [__m256; N],
+) {
+    for j in 0..N {
+        // SAFETY: the caller guarantees group `g` lies within the rows.
+        let xv = unsafe { xt.x(j, 32 * g) };
+        let p = _mm256_madd_epi16(_mm256_maddubs_epi16(w, xv), scales);
+        let scale = _mm256_set1_ps(d * xt.s[j][g]);
+        acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), scale, acc[j]);
+    }
+}
+
+/// `acc[j] -= Σ_u m[u] · (s Σ q)_u` over the 16 units of 256-value block `i`: a block's mins
+/// or offsets (`m`, as f32, one per 16 values) against the activations' sums.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn sub_unit_terms<const N: usize>(m: [__m256; 2], xt: &Tokens<N>, i: usize, acc: &mut [__m256; N]) {
+    for j in 0..N {
+        let sums = &xt.sums[j][16 * i..16 * i + 16];
+        // SAFETY: `sums` holds 16 values: two loads of 8.
+        let (s0, s1) = unsafe {
+            (
+                _mm256_loadu_ps(sums.as_ptr()),
+                _mm256_loadu_ps(sums.as_ptr().add(8)),
+            )
+        };
+        acc[j] = _mm256_fnmadd_ps(m[0], s0, acc[j]);
+        acc[j] = _mm256_fnmadd_ps(m[1], s1, acc[j]);
+    }
+}
+
+/// 16 small integers (one byte each in `v`) as f32 times `f`, in two vectors of 8.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn bytes_to_f32(v: __m128i, signed: bool, f: f32) -> [__m256; 2] {
+    let (lo, hi) = if signed {
+        (
+            _mm256_cvtepi8_epi32(v),
+            _mm256_cvtepi8_epi32(_mm_srli_si128::<8>(v)),
+        )
+    } else {
+        (
+            _mm256_cvtepu8_epi32(v),
+            _mm256_cvtepu8_epi32(_mm_srli_si128::<8>(v)),
+        )
+    };
+    let f = _mm256_set1_ps(f);
+    [
+        _mm256_mul_ps(_mm256_cvtepi32_ps(lo), f),
+        _mm256_mul_ps(_mm256_cvtepi32_ps(hi), f),
+    ]
+}
+
+/// Q2_K: `{u8 scales[16]; u8 qs[64]; f16 d, dmin}`, value `d · (sc & 15) · q - dmin ·
+/// (sc >> 4)` per 16; each 32 bytes of `qs` hold 128 values as four 2-bit planes.
+///
+/// # Safety
+/// As [`q4_k_n`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q2_k_n<const N: usize>(row: &[u8], a: &Q8Rows, t: usize, out: &mut [f32]) {
+    let xt = Tokens::<N>::new(a, t);
+    let m3 = _mm256_set1_epi8(3);
+    let mut acc = [_mm256_setzero_ps(); N];
+    for (i, x) in row.chunks_exact(84).enumerate() {
+        let (d, dmin) = (f16_at(x, 80), f16_at(x, 82));
+        // SAFETY: bytes 0..16 lie within the 84-byte block.
+        let sc = unsafe { _mm_loadu_si128(x.as_ptr().cast()) };
+        let sc_lo = _mm_and_si128(sc, _mm_set1_epi8(0x0f));
+        let mins = bytes_to_f32(
+            _mm_and_si128(_mm_srli_epi16::<4>(sc), _mm_set1_epi8(0x0f)),
+            false,
+            dmin,
+        );
+        for half in 0..2 {
+            // SAFETY: bytes 16 + 32 half .. 48 + 32 half lie within the block.
+            let q = unsafe { load(x.as_ptr().add(16 + 32 * half)) };
+            for plane in 0..4 {
+                let w =
+                    _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * plane as i32)), m3);
+                let g = 4 * half + plane;
+                // SAFETY: group `8 i + g` lies within the rows (caller).
+                unsafe { scaled_group(w, pair_scales(sc_lo, 2 * g), d, &xt, 8 * i + g, &mut acc) };
+            }
+        }
+        sub_unit_terms(mins, &xt, i, &mut acc);
+    }
+    for j in 0..N {
+        out[j] = hsum(acc[j]);
+    }
+}
+
+/// Q3_K: `{u8 hmask[32]; u8 qs[64]; u8 scales[12]; f16 d}`, value `d · (sc - 32) · (q - 4)`
+/// per 16, `q` the 2 bits of `qs` plus 4 where the value's bit of `hmask` is set; the
+/// 6-bit scales are packed as 16 low nibbles and 16 pairs of high bits.
+///
+/// # Safety
+/// As [`q4_k_n`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q3_k_n<const N: usize>(row: &[u8], a: &Q8Rows, t: usize, out: &mut [f32]) {
+    let xt = Tokens::<N>::new(a, t);
+    let (m3, one) = (_mm256_set1_epi8(3), _mm256_set1_epi8(1));
+    let mut acc = [_mm256_setzero_ps(); N];
+    for (i, x) in row.chunks_exact(110).enumerate() {
+        let d = f16_at(x, 108);
+        let s = &x[96..108];
+        let sc: [i8; 16] = std::array::from_fn(|u| {
+            let lo = (s[u % 8] >> (4 * (u / 8))) & 0x0f;
+            let hi = (s[8 + u % 4] >> (2 * (u / 4))) & 3;
+            ((lo | (hi << 4)) as i32 - 32) as i8
+        });
+        // SAFETY: 16 bytes.
+        let sc = unsafe { _mm_loadu_si128(sc.as_ptr().cast()) };
+        // The -4 offset of every value, as a term per 16: 4 d sc_u against Σ x.
+        let offsets = bytes_to_f32(sc, true, 4.0 * d);
+        // SAFETY: bytes 0..32 (hmask) lie within the 110-byte block.
+        let hmask = unsafe { load(x.as_ptr()) };
+        for half in 0..2 {
+            // SAFETY: bytes 32 + 32 half .. 64 + 32 half lie within the block.
+            let q = unsafe { load(x.as_ptr().add(32 + 32 * half)) };
+            for plane in 0..4 {
+                let low =
+                    _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * plane as i32)), m3);
+                let bit = _mm256_and_si256(
+                    _mm256_srl_epi16(hmask, _mm_cvtsi32_si128((4 * half + plane) as i32)),
+                    one,
+                );
+                let w = _mm256_or_si256(low, _mm256_slli_epi16::<2>(bit));
+                let g = 4 * half + plane;
+                // SAFETY: group `8 i + g` lies within the rows (caller).
+                unsafe { scaled_group(w, pair_scales(sc, 2 * g), d, &xt, 8 * i + g, &mut acc) };
+            }
+        }
+        sub_unit_terms(offsets, &xt, i, &mut acc);
     }
     for j in 0..N {
         out[j] = hsum(acc[j]);

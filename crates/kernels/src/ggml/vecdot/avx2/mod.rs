@@ -9,8 +9,8 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::Q8Rows;
-use kquants::{q4_k_n, q5_k_n, q6_k_n};
-use small::{q4_0_n, q8_0_n};
+use kquants::{q2_k_n, q3_k_n, q4_k_n, q5_k_n, q6_k_n};
+use small::{iq4_nl_n, iq4_xs_n, q4_0_n, q4_1_n, q5_0_n, q5_1_n, q8_0_n};
 
 mod kquants;
 mod small;
@@ -20,7 +20,7 @@ mod small;
 /// the outer loop: four tokens' activations stay in L1 while the block's rows pass by
 /// (and the rows, a few KiB, stay in L1 for the next four tokens).
 macro_rules! entry {
-    ($name:ident, $kernel:ident, $block_bytes:literal, $values:literal) => {
+    ($name:ident, $kernel:ident, $block_bytes:literal, $values:literal, $act:literal) => {
         pub(super) fn $name(
             src: &[u8],
             n_rows: usize,
@@ -33,7 +33,7 @@ macro_rules! entry {
                 rb * n_rows == src.len()
                     && rb.is_multiple_of($block_bytes)
                     && rb / $block_bytes * $values == a.k
-                    && a.block() == $values
+                    && a.block() == $act
                     && tokens.end <= a.rows()
                     && tile.len() == tokens.len() * n_rows,
                 "{n_rows} rows of {rb} bytes against {} activations of {} per {}, \
@@ -68,11 +68,19 @@ macro_rules! entry {
     };
 }
 
-entry!(q4_k, q4_k_n, 144, 256);
-entry!(q5_k, q5_k_n, 176, 256);
-entry!(q6_k, q6_k_n, 210, 256);
-entry!(q8_0, q8_0_n, 34, 32);
-entry!(q4_0, q4_0_n, 18, 32);
+// name, kernel, block bytes, values per block, activation values per scale
+entry!(q2_k, q2_k_n, 84, 256, 32);
+entry!(q3_k, q3_k_n, 110, 256, 32);
+entry!(q4_k, q4_k_n, 144, 256, 256);
+entry!(q5_k, q5_k_n, 176, 256, 256);
+entry!(q6_k, q6_k_n, 210, 256, 256);
+entry!(q8_0, q8_0_n, 34, 32, 32);
+entry!(q4_0, q4_0_n, 18, 32, 32);
+entry!(q4_1, q4_1_n, 20, 32, 32);
+entry!(q5_0, q5_0_n, 22, 32, 32);
+entry!(q5_1, q5_1_n, 24, 32, 32);
+entry!(iq4_nl, iq4_nl_n, 18, 32, 32);
+entry!(iq4_xs, iq4_xs_n, 136, 256, 32);
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -105,6 +113,7 @@ unsafe fn load(p: *const u8) -> __m256i {
 struct Tokens<'a, const N: usize> {
     q: [&'a [i8]; N],
     s: [&'a [f32]; N],
+    sums: [&'a [f32]; N],
     isums: [&'a [i16]; N],
 }
 
@@ -113,6 +122,7 @@ impl<'a, const N: usize> Tokens<'a, N> {
         Self {
             q: std::array::from_fn(|j| a.q(t + j)),
             s: std::array::from_fn(|j| a.s(t + j)),
+            sums: std::array::from_fn(|j| a.sums(t + j)),
             isums: std::array::from_fn(|j| a.isums(t + j)),
         }
     }
@@ -138,6 +148,32 @@ impl<'a, const N: usize> Tokens<'a, N> {
         // SAFETY: a row has `k / 16` sums and block `i` has 16 of them.
         unsafe { _mm256_loadu_si256(self.isums[j].as_ptr().add(16 * i).cast()) }
     }
+}
+
+/// 16 bytes of packed nibbles as 32 values: the low nibbles, then the high ones (the order
+/// of ggml's 32-value blocks).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn nibbles(q: __m128i) -> __m256i {
+    _mm256_and_si256(
+        _mm256_set_m128i(_mm_srli_epi16::<4>(q), q),
+        _mm256_set1_epi8(0x0f),
+    )
+}
+
+/// Byte `i` is 0x10 where bit `i` of `bits` is set: the fifth bit of Q5_0 / Q5_1 values.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn bit4_of_each(bits: u32) -> __m256i {
+    let v = _mm256_set1_epi32(bits as i32);
+    // Byte i takes byte i / 8 of `bits` (each 128-bit lane holds all four).
+    let spread = _mm256_setr_epi8(
+        0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3,
+        3, 3,
+    );
+    let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+    let set = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(v, spread), bit), bit);
+    _mm256_and_si256(set, _mm256_set1_epi8(0x10))
 }
 
 /// The 6-bit scales and mins of a Q4_K / Q5_K block from its 12 packed bytes: the eight

@@ -1,11 +1,13 @@
-//! 32-value blocks with one f16 scale (Q8_0, Q4_0, ...) against activations quantized per
-//! 32: one conversion to f32 per block and token.
+//! Blocks computed 32 values at a time with one f32 scale each (Q8_0, Q4_0, Q4_1, Q5_0,
+//! Q5_1, IQ4_NL, and IQ4_XS's sub-blocks) against activations quantized per 32: one
+//! conversion to f32 per 32 values and token.
 
 #![allow(clippy::needless_range_loop)]
 
 use std::arch::x86_64::*;
 
-use super::{Q8Rows, Tokens, f16_at, hsum, load};
+use super::{Q8Rows, Tokens, bit4_of_each, f16_at, hsum, load, nibbles};
+use crate::ggml::unpack::KVALUES_IQ4NL;
 
 /// `N` tokens' products with one block of 32 signed weights `w` scaled by `d`:
 /// `|w|` times `x` with `w`'s sign (pair sums stay within i16: |x| <= 127, |w| <= 128).
@@ -65,6 +67,174 @@ pub(super) unsafe fn q4_0_n<const N: usize>(row: &[u8], a: &Q8Rows, t: usize, ou
         let w = _mm256_sub_epi8(_mm256_and_si256(both, m4), eight);
         // SAFETY: block `b` and the rows exist (caller).
         unsafe { signed_block(w, f16_at(x, 0), &xt, b, &mut acc) };
+    }
+    for j in 0..N {
+        out[j] = hsum(acc[j]);
+    }
+}
+
+/// `N` tokens' products with one block of 32 unsigned weights `w` (at most 31) scaled by `d`,
+/// with the block's min `m` times each token's activation sum added to `mins`.
+///
+/// # Safety
+/// Block `b` of 32 lies within the rows of `xt`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn unsigned_block<const N: usize>(
+    w: __m256i,
+    d: f32,
+    m: f32,
+    xt: &Tokens<N>,
+    b: usize,
+    acc: &mut [__m256; N],
+    mins: &mut [f32; N],
+) {
+    let ones = _mm256_set1_epi16(1);
+    for j in 0..N {
+        // SAFETY: the caller guarantees block `b` lies within the rows.
+        let xv = unsafe { xt.x(j, 32 * b) };
+        let p = _mm256_madd_epi16(_mm256_maddubs_epi16(w, xv), ones);
+        let scale = _mm256_set1_ps(d * xt.s[j][b]);
+        acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), scale, acc[j]);
+        mins[j] += m * (xt.sums[j][2 * b] + xt.sums[j][2 * b + 1]);
+    }
+}
+
+/// 16 bytes at `p`.
+///
+/// # Safety
+/// `p .. p + 16` must be readable.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn load16(p: *const u8) -> __m128i {
+    // SAFETY: the caller guarantees 16 readable bytes; unaligned load.
+    unsafe { _mm_loadu_si128(p.cast()) }
+}
+
+/// Q4_1: `{f16 d, m; u8 qs[16]}`, values `d · q + m`.
+///
+/// # Safety
+/// As [`q8_0_n`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q4_1_n<const N: usize>(row: &[u8], a: &Q8Rows, t: usize, out: &mut [f32]) {
+    let xt = Tokens::<N>::new(a, t);
+    let mut acc = [_mm256_setzero_ps(); N];
+    let mut mins = [0.0f32; N];
+    for (b, x) in row.chunks_exact(20).enumerate() {
+        // SAFETY: bytes 4..20 of the 20-byte block.
+        let w = nibbles(unsafe { load16(x.as_ptr().add(4)) });
+        // SAFETY: block `b` and the rows exist (caller).
+        unsafe { unsigned_block(w, f16_at(x, 0), f16_at(x, 2), &xt, b, &mut acc, &mut mins) };
+    }
+    for j in 0..N {
+        out[j] = hsum(acc[j]) + mins[j];
+    }
+}
+
+/// Q5_0: `{f16 d; u32 qh; u8 qs[16]}`, values `d · (q - 16)`, bit 4 of value `i` in bit `i`
+/// of `qh`.
+///
+/// # Safety
+/// As [`q8_0_n`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q5_0_n<const N: usize>(row: &[u8], a: &Q8Rows, t: usize, out: &mut [f32]) {
+    let xt = Tokens::<N>::new(a, t);
+    let mut acc = [_mm256_setzero_ps(); N];
+    for (b, x) in row.chunks_exact(22).enumerate() {
+        let qh = u32::from_le_bytes([x[2], x[3], x[4], x[5]]);
+        // SAFETY: bytes 6..22 of the 22-byte block.
+        let q = _mm256_or_si256(
+            nibbles(unsafe { load16(x.as_ptr().add(6)) }),
+            bit4_of_each(qh),
+        );
+        let w = _mm256_sub_epi8(q, _mm256_set1_epi8(16));
+        // SAFETY: block `b` and the rows exist (caller).
+        unsafe { signed_block(w, f16_at(x, 0), &xt, b, &mut acc) };
+    }
+    for j in 0..N {
+        out[j] = hsum(acc[j]);
+    }
+}
+
+/// Q5_1: `{f16 d, m; u32 qh; u8 qs[16]}`, values `d · q + m`.
+///
+/// # Safety
+/// As [`q8_0_n`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q5_1_n<const N: usize>(row: &[u8], a: &Q8Rows, t: usize, out: &mut [f32]) {
+    let xt = Tokens::<N>::new(a, t);
+    let mut acc = [_mm256_setzero_ps(); N];
+    let mut mins = [0.0f32; N];
+    for (b, x) in row.chunks_exact(24).enumerate() {
+        let qh = u32::from_le_bytes([x[4], x[5], x[6], x[7]]);
+        // SAFETY: bytes 8..24 of the 24-byte block.
+        let w = _mm256_or_si256(
+            nibbles(unsafe { load16(x.as_ptr().add(8)) }),
+            bit4_of_each(qh),
+        );
+        // SAFETY: block `b` and the rows exist (caller).
+        unsafe { unsigned_block(w, f16_at(x, 0), f16_at(x, 2), &xt, b, &mut acc, &mut mins) };
+    }
+    for j in 0..N {
+        out[j] = hsum(acc[j]) + mins[j];
+    }
+}
+
+/// The IQ4 grid in both 128-bit lanes, for `vpshufb` lookups.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn iq4_grid() -> __m256i {
+    // SAFETY: the grid is 16 bytes.
+    let g = unsafe { _mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast()) };
+    _mm256_broadcastsi128_si256(g)
+}
+
+/// IQ4_NL: `{f16 d; u8 qs[16]}`, values `d · grid[q]`.
+///
+/// # Safety
+/// As [`q8_0_n`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn iq4_nl_n<const N: usize>(row: &[u8], a: &Q8Rows, t: usize, out: &mut [f32]) {
+    let xt = Tokens::<N>::new(a, t);
+    let grid = iq4_grid();
+    let mut acc = [_mm256_setzero_ps(); N];
+    for (b, x) in row.chunks_exact(18).enumerate() {
+        // SAFETY: bytes 2..18 of the 18-byte block.
+        let w = _mm256_shuffle_epi8(grid, nibbles(unsafe { load16(x.as_ptr().add(2)) }));
+        // SAFETY: block `b` and the rows exist (caller).
+        unsafe { signed_block(w, f16_at(x, 0), &xt, b, &mut acc) };
+    }
+    for j in 0..N {
+        out[j] = hsum(acc[j]);
+    }
+}
+
+/// IQ4_XS: `{f16 d; u16 scales_h; u8 scales_l[4]; u8 qs[128]}`, 8 sub-blocks of 32 with a
+/// 6-bit scale `ls` each (low 4 bits in `scales_l`, high 2 in `scales_h`), values
+/// `d · (ls - 32) · grid[q]`.
+///
+/// # Safety
+/// As [`q8_0_n`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn iq4_xs_n<const N: usize>(row: &[u8], a: &Q8Rows, t: usize, out: &mut [f32]) {
+    let xt = Tokens::<N>::new(a, t);
+    let grid = iq4_grid();
+    let mut acc = [_mm256_setzero_ps(); N];
+    for (i, x) in row.chunks_exact(136).enumerate() {
+        let d = f16_at(x, 0);
+        let scales_h = u16::from_le_bytes([x[2], x[3]]);
+        for ib in 0..8 {
+            let lo = (x[4 + ib / 2] >> (4 * (ib % 2))) & 0x0f;
+            let hi = ((scales_h >> (2 * ib)) & 3) as u8;
+            let dl = d * ((lo | (hi << 4)) as i32 - 32) as f32;
+            // SAFETY: bytes 8 + 16 ib .. 24 + 16 ib lie within the 136-byte block.
+            let w = _mm256_shuffle_epi8(
+                grid,
+                nibbles(unsafe { load16(x.as_ptr().add(8 + 16 * ib)) }),
+            );
+            // SAFETY: sub-block `8 i + ib` and the rows exist (caller).
+            unsafe { signed_block(w, dl, &xt, 8 * i + ib, &mut acc) };
+        }
     }
     for j in 0..N {
         out[j] = hsum(acc[j]);
