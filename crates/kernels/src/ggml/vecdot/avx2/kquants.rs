@@ -17,39 +17,8 @@ use super::{Q8Rows, Tokens, f16_at, hsum, k4_scales, lane16, load, pair_scales};
 /// AVX2, FMA and F16C; `row` is whole blocks matching `a.k`; `t + N <= a.rows()`.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn q4_k_n<const N: usize>(row: &[u8], a: &Q8Rows, t: usize, out: &mut [f32]) {
-    let xt = Tokens::<N>::new(a, t);
-    let m4 = _mm256_set1_epi8(0x0f);
-    let mut acc = [_mm256_setzero_ps(); N];
-    for (i, x) in row.chunks_exact(144).enumerate() {
-        let (d, dmin) = (f16_at(x, 0), f16_at(x, 2));
-        let (sc, mins) = k4_scales(&x[4..16]);
-        let mut sumi = [_mm256_setzero_si256(); N];
-        for c in 0..4 {
-            // SAFETY: bytes 16 + 32 c .. 48 + 32 c lie within the 144-byte block.
-            let q = unsafe { load(x.as_ptr().add(16 + 32 * c)) };
-            let lo = _mm256_and_si256(q, m4);
-            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4);
-            let (s_lo, s_hi) = (lane16(sc, 2 * c), lane16(sc, 2 * c + 1));
-            for j in 0..N {
-                let p = 256 * i + 64 * c;
-                // SAFETY: block `i` of the row lies within `a.k` values; `t + j` is a row.
-                let (x0, x1) = unsafe { (xt.x(j, p), xt.x(j, p + 32)) };
-                let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, x0), s_lo);
-                let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, x1), s_hi);
-                sumi[j] = _mm256_add_epi32(sumi[j], _mm256_add_epi32(p0, p1));
-            }
-        }
-        for j in 0..N {
-            let dx = xt.s[j][8 * i];
-            // SAFETY: as above.
-            let msum = _mm256_madd_epi16(unsafe { xt.isums(j, i) }, mins);
-            acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(d * dx), _mm256_cvtepi32_ps(sumi[j]), acc[j]);
-            acc[j] = _mm256_fnmadd_ps(_mm256_set1_ps(dmin * dx), _mm256_cvtepi32_ps(msum), acc[j]);
-        }
-    }
-    for j in 0..N {
-        out[j] = hsum(acc[j]);
-    }
+    // SAFETY: the caller's guarantees.
+    unsafe { k4_n::<N, false>(row, a, t, out) }
 }
 
 /// Q5_K: Q4_K's layout with `qh[32]` (bytes 16..48) holding the fifth bit, `qs` at 48;
@@ -59,25 +28,48 @@ pub(super) unsafe fn q4_k_n<const N: usize>(row: &[u8], a: &Q8Rows, t: usize, ou
 /// As [`q4_k_n`].
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn q5_k_n<const N: usize>(row: &[u8], a: &Q8Rows, t: usize, out: &mut [f32]) {
+    // SAFETY: the caller's guarantees.
+    unsafe { k4_n::<N, true>(row, a, t, out) }
+}
+
+/// Q4_K, or Q5_K with `FIVE`: the two share scales, mins and the order of values.
+///
+/// # Safety
+/// As [`q4_k_n`].
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn k4_n<const N: usize, const FIVE: bool>(
+    row: &[u8],
+    a: &Q8Rows,
+    t: usize,
+    out: &mut [f32],
+) {
+    let (block, qs) = if FIVE { (176, 48) } else { (144, 16) };
     let xt = Tokens::<N>::new(a, t);
     let m4 = _mm256_set1_epi8(0x0f);
     let bit4 = _mm256_set1_epi8(0x10);
     let mut acc = [_mm256_setzero_ps(); N];
-    for (i, x) in row.chunks_exact(176).enumerate() {
+    for (i, x) in row.chunks_exact(block).enumerate() {
         let (d, dmin) = (f16_at(x, 0), f16_at(x, 2));
         let (sc, mins) = k4_scales(&x[4..16]);
-        // SAFETY: bytes 16..48 lie within the 176-byte block.
-        let mut qh = unsafe { load(x.as_ptr().add(16)) };
+        let mut qh = if FIVE {
+            // SAFETY: Q5_K's bytes 16..48 lie within its 176-byte block.
+            unsafe { load(x.as_ptr().add(16)) }
+        } else {
+            _mm256_setzero_si256()
+        };
         let mut sumi = [_mm256_setzero_si256(); N];
         for c in 0..4 {
-            // SAFETY: bytes 48 + 32 c .. 80 + 32 c lie within the block.
-            let q = unsafe { load(x.as_ptr().add(48 + 32 * c)) };
-            // Bit 2c of each qh byte to bit 4, then bit 2c + 1; shift qh for the next c.
-            let h_lo = _mm256_and_si256(_mm256_slli_epi16::<4>(qh), bit4);
-            let h_hi = _mm256_and_si256(_mm256_slli_epi16::<3>(qh), bit4);
-            qh = _mm256_srli_epi16::<2>(qh);
-            let lo = _mm256_or_si256(_mm256_and_si256(q, m4), h_lo);
-            let hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(q), m4), h_hi);
+            // SAFETY: bytes qs + 32 c .. qs + 32 c + 32 lie within the block.
+            let q = unsafe { load(x.as_ptr().add(qs + 32 * c)) };
+            let mut lo = _mm256_and_si256(q, m4);
+            let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4);
+            if FIVE {
+                // Bit 2c of each qh byte to bit 4, then bit 2c + 1; shift qh for the next c.
+                lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16::<4>(qh), bit4));
+                hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16::<3>(qh), bit4));
+                qh = _mm256_srli_epi16::<2>(qh);
+            }
             let (s_lo, s_hi) = (lane16(sc, 2 * c), lane16(sc, 2 * c + 1));
             for j in 0..N {
                 let p = 256 * i + 64 * c;
