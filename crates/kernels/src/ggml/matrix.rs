@@ -2,11 +2,12 @@
 //! lies (usually a memory-mapped GGUF file), and `y = x · Wᵀ` on it.
 //!
 //! Two paths, chosen by the type:
-//! - **integer** (Q4_0 ... Q8_0, Q2_K ... Q6_K, IQ4_NL, IQ4_XS): each task decodes a block of
-//!   weight rows into int8 values with per-16 scales in a per-thread scratch (`super::unpack`),
-//!   then takes int8 dot products with activations quantized per 32 (`super::dot`) for a chunk
-//!   of tokens. A row is decoded once per token chunk, so many tokens amortise the decoding and
-//!   one token reads each weight byte once.
+//! - **integer** (Q4_0 ... Q8_0, Q2_K ... Q6_K, IQ4_NL, IQ4_XS): on AVX2, each task runs the
+//!   type's in-register kernel (`super::vecdot`) over a block of weight rows and a chunk of
+//!   tokens, four tokens at a time, reading each weight byte once per four tokens. The
+//!   portable path decodes the block of rows into int8 values with per-16 scales in a
+//!   per-thread scratch (`super::unpack`), then takes the same integer dot products
+//!   (`super::dot`).
 //! - **generic** (F32, F16, BF16 and any other type the reference dequantizer reads, such as
 //!   the grid-based i-quants): rows are dequantized to f32 in scratch and multiplied in f32.
 //!   [`GgmlMatrix::has_fast_kernel`] tells them apart (`strata info` names the slow ones).
