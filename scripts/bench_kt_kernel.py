@@ -12,8 +12,7 @@ input, output, False)` + `sync()`. Backends:
   llamafile  `moe.MOE`: GGUF blocks (here Q4_K for gate, up and down), llamafile/ggml
              kernels; compared with `strata bench moe --formats q4_k`.
   bf16       `moe.AMXBF16_MOE` in the AVX-512/AMX builds, `moe.AVX2BF16_MOE` in the AVX2 one;
-             compared with
-             `strata bench moe --formats bf16`.
+             compared with `strata bench moe --formats bf16`.
 
 Weights are random but valid and reproducible (seeded): Q4_K blocks are random bytes whose two
 f16 super-block scales are set to 0.01 + 0.003 * ((block + field) % 7), the recipe of Strata's
@@ -26,7 +25,8 @@ call first, then at least --min-calls calls and --min-seconds seconds), as `stra
 times its own. Every kt-kernel backend runs in a child process, so an illegal instruction
 (SIGILL) or a crash is reported, not fatal; a child also checks kt-kernel's output against an
 f32 reference (gguf's dequantizer for Q4_K) on a few tokens, so the API is known to be called
-correctly.
+correctly; for Q4_K also against that reference with its activations rounded to Q8_K as the
+ggml kernels round them, which leaves only kt-kernel's BF16 output rounding.
 
 The kt-kernel extension is loaded with kt-kernel's own loader (`kt_kernel/_cpu_detect.py`,
 which picks the build for this CPU) without importing the `kt_kernel` package, whose Python
@@ -35,8 +35,16 @@ venv may hold kt-kernel without its torch/CUDA dependencies. `--probe` also load
 wheel's other builds (AVX-512, AMX) in a child and runs a tiny forward, to record whether they
 run on this CPU.
 
+Threads: a kt-kernel pool of N runs N compute threads (`numa_0_m_0`, `numa_0_t_1`, ...) while the
+CPUInfer task-queue thread that dispatched the job spin-waits for it, so N+1 threads are busy;
+on a machine with only N cores they share them, and each call loses scheduler ticks (per-thread
+CPU time of a kt-kernel process during forward calls with a pool of 2: three threads busy).
+`--kt-threads 2,1` times both pool sizes and prints, per token count, the faster one beside
+Strata.
+
 Exit status: 0 when the LLAMAFILE (GGUF Q4_K) backend ran and was timed; 2 when it could not
-run here (the reason is printed), after whichever other backend does run has been measured.
+run here (the reason is printed), after the BF16 backend has been tried in its place (and, if it
+runs, measured beside `strata bench moe --formats bf16`).
 
 Usage (run it at normal priority, on a quiet host):
   /work/venv-kt/bin/python scripts/bench_kt_kernel.py --strata target/release/strata \\
@@ -200,8 +208,20 @@ def kt_forward(cpu, moe, x_bf16, ids, wts, out_bf16, k):
     cpu.sync()
 
 
-def reference(deq, x, ids, wts):
-    """f32 MoE (SiLU(gate x) * up x, then down, weighted sum) on dequantized weights."""
+def q8_k(v):
+    """Round a vector as ggml's Q8_K does (per 256 values: scale max|v| / 127, int8)."""
+    import numpy as np
+    b = v.reshape(-1, QK_K)
+    s = np.abs(b).max(axis=1, keepdims=True) / 127.0
+    s[s == 0] = 1.0
+    return (np.clip(np.round(b / s), -127, 127) * s).reshape(v.shape)
+
+
+def reference(deq, x, ids, wts, act_q8=False):
+    """f32 MoE (SiLU(gate x) * up x, then down, weighted sum) on dequantized weights.
+
+    With `act_q8`, the activations (input and SiLU product) are rounded to Q8_K first, as the
+    ggml/llamafile vec-dot kernels for K-quants do: what is left is kt-kernel's BF16 output."""
     import numpy as np
     out = np.zeros((x.shape[0], deq(0)[2].shape[0]), dtype=np.float64)
     cache = {}
@@ -211,8 +231,11 @@ def reference(deq, x, ids, wts):
             if e not in cache:
                 cache[e] = [m.astype(np.float64) for m in deq(e)]
             g, u, d = cache[e]
-            gx, ux = g @ x[t], u @ x[t]
-            out[t] += wts[t, j] * (d @ (gx / (1.0 + np.exp(-gx)) * ux))
+            xt = q8_k(x[t]) if act_q8 else x[t]
+            gx, ux = g @ xt, u @ xt
+            with np.errstate(over="ignore"):
+                act = gx / (1.0 + np.exp(-gx)) * ux
+            out[t] += wts[t, j] * (d @ (q8_k(act) if act_q8 else act))
     return out
 
 
@@ -239,7 +262,7 @@ def worker(a):
     save()
 
     # Correctness on a few tokens against f32 math on the same (dequantized) weights.
-    tc = 4
+    tc = 2
     x = rng.uniform(-1, 1, size=(tc, HIDDEN)).astype(np.float32)
     xb = to_bf16(x)
     ids, wts = routing(tc, TOPK, EXPERTS, 0)
@@ -249,6 +272,10 @@ def worker(a):
     got = from_bf16(out).astype(np.float64)
     res["check"] = {"tokens": tc,
                     "rel_rms_err": float(np.linalg.norm(got - want) / np.linalg.norm(want))}
+    if a.worker == "llamafile":
+        want = reference(deq, from_bf16(xb).astype(np.float64), ids, wts, act_q8=True)
+        res["check"]["rel_rms_err_q8_k_activations"] = float(
+            np.linalg.norm(got - want) / np.linalg.norm(want))
     res["stage"] = "timing"
     save()
 
@@ -275,9 +302,9 @@ def worker(a):
 
 
 def probe_worker(a):
-    """Child process: load one of the wheel's builds and run a tiny forward on it."""
+    """Child process: load one of the wheel's builds and run a tiny forward of one backend."""
     import numpy as np
-    res = {"variant": a.probe_variant, "stage": "loading .so"}
+    res = {"variant": a.probe_variant, "backend": a.probe_backend, "stage": "loading .so"}
 
     def save():
         with open(a.result, "w") as f:
@@ -286,22 +313,21 @@ def probe_worker(a):
     save()
     ext, _ = load_kt_ext(a.probe_variant)
     res["classes"] = sorted(n for n in dir(ext.moe) if n.endswith("MOE"))
-    res["stage"] = "llamafile MOE (Q4_K) tiny forward"
-    save()
     shape = (512, 256, 8, 2)
     rng = np.random.default_rng(1)
     tc = 2
     xb = to_bf16(rng.uniform(-1, 1, size=(tc, shape[0])).astype(np.float32))
     ids, wts = routing(tc, shape[3], shape[2], 0)
     out = np.zeros((tc, shape[0]), dtype=np.uint16)
-    for backend in ("llamafile", "bf16"):
-        res["stage"] = f"{backend} tiny forward"
-        save()
-        cpu, moe, keep, deq, cls = build_layer(ext, backend, 1, 32, shape, rng)
-        kt_forward(cpu, moe, xb, ids, wts, out, shape[3])
-        res[f"{backend}_class"] = cls
-        res[f"{backend}_ok"] = bool(np.isfinite(from_bf16(out)).all())
-        save()
+    backend = a.probe_backend
+    res["stage"] = f"{backend}: CPUInfer, MOEConfig, class, load_weights_task"
+    save()
+    cpu, moe, keep, deq, cls = build_layer(ext, backend, 1, 32, shape, rng)
+    res["kt_class"] = cls
+    res["stage"] = f"{backend} ({cls}): forward_task"
+    save()
+    kt_forward(cpu, moe, xb, ids, wts, out, shape[3])
+    res["finite"] = bool(np.isfinite(from_bf16(out)).all())
     res["stage"] = "done"
     save()
 
@@ -385,9 +411,9 @@ def main():
     p.add_argument("--threads", type=int, default=2, help="threads on both sides")
     p.add_argument("--kt-threads", default=None,
                    help="kt-kernel worker-pool sizes to time, comma-separated (default: "
-                        "--threads). kt-kernel's task queue and sync() spin on threads of "
-                        "their own beside the pool, so on a small machine a pool one smaller "
-                        "than the cores can be faster: '2,1' times both")
+                        "--threads). kt-kernel's CPUInfer task-queue thread spin-waits on the "
+                        "pool while it computes, so a pool of N keeps N+1 threads busy: on a "
+                        "machine with N cores a pool of N-1 can be faster; '2,1' times both")
     p.add_argument("--backends", default="llamafile",
                    help="kt-kernel backends to time: llamafile (GGUF Q4_K) and/or bf16")
     p.add_argument("--rounds", type=int, default=1,
@@ -400,6 +426,7 @@ def main():
     p.add_argument("--json-out", default=None, help="write the full results here")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--probe-variant", help=argparse.SUPPRESS)
+    p.add_argument("--probe-backend", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.worker:
@@ -439,12 +466,13 @@ def main():
     if a.probe:
         for b in doc["kt_kernel"]["builds"]:
             variant = b.replace("_kt_kernel_ext_", "")
-            r, how = run_child(["--probe-variant", variant], timeout=120)
-            r["outcome"] = how
-            doc["probe"].append(r)
-            print(f"probe {variant}: {how}"
-                  + (f"; ran {', '.join(k[:-3] for k in r if k.endswith('_ok') and r[k])}"
-                     if any(k.endswith("_ok") for k in r) else ""), file=sys.stderr)
+            for backend in ("llamafile", "bf16"):
+                r, how = run_child(["--probe-variant", variant, "--probe-backend", backend],
+                                   timeout=120)
+                r["outcome"] = how
+                doc["probe"].append(r)
+                print(f"probe {variant} build, {backend} ({r.get('kt_class', '?')}): {how}",
+                      file=sys.stderr)
 
     kt_threads = [int(t) for t in (a.kt_threads or str(a.threads)).split(",")]
     doc["kt_threads"] = kt_threads
@@ -453,7 +481,10 @@ def main():
     strata_cmd = None
     for rnd in range(a.rounds):
         ran = []
-        for b in backends:
+        i = 0
+        while i < len(backends):
+            b = backends[i]
+            i += 1
             for kth in kt_threads:
                 if b in failed:
                     continue
@@ -464,13 +495,22 @@ def main():
                     failed[b] = how
                     print(f"kt-kernel backend {b} did not run here: {how}", file=sys.stderr)
                     doc["kt"][b] = {"outcome": how, **r}
+                    if b == "llamafile" and "bf16" not in backends:
+                        print("trying kt-kernel's BF16 backend instead", file=sys.stderr)
+                        backends.append("bf16")
                     continue
                 if b not in ran:
                     ran.append(b)
                 doc["kt"][b] = {k: v for k, v in r.items() if k != "results"}
+                q8 = r["check"].get("rel_rms_err_q8_k_activations")
                 print(f"kt-kernel {b} ({r.get('kt_class')}, {r.get('variant')} build, pool of "
-                      f"{kth}): check rel RMS err {r['check']['rel_rms_err']:.2e}",
+                      f"{kth}): output vs f32 reference, rel RMS err "
+                      f"{r['check']['rel_rms_err']:.2e}"
+                      + (f" ({q8:.2e} against it with Q8_K-rounded activations)" if q8 else ""),
                       file=sys.stderr)
+                doc.setdefault("kt_rounds", []).append(
+                    {"round": rnd + 1, "backend": b, "pool_threads": kth,
+                     "results": r["results"]})
                 for row in r["results"]:
                     key = (b, kth, row["tokens"])
                     best["kt"][key] = min(best["kt"].get(key, row["seconds"]), row["seconds"])
@@ -480,6 +520,8 @@ def main():
             doc["strata"]["machine"] = s.get("machine")
             doc["strata"]["peaks"] = s.get("peaks")
             doc["strata"]["accuracy"] = s.get("accuracy")
+            doc.setdefault("strata_rounds", []).append({"round": rnd + 1,
+                                                        "results": s["results"]})
             for row in s["results"]:
                 key = (row["format"], row["tokens"])
                 best["strata"][key] = min(best["strata"].get(key, row["seconds"]),
@@ -511,6 +553,24 @@ def main():
         st_ms = f"{r['strata_seconds'] * 1e3:.2f}" if r["strata_seconds"] else "n/a"
         print(f"| {r['kt_backend']} ({r['kt_threads']}) | {r['strata_format']} "
               f"({r['strata_threads']}) | {r['tokens']} | {kt_ms} | {st_ms} | {ratio} |")
+    if len(kt_threads) > 1:
+        print()
+        print("| kt-kernel backend (its fastest pool) | tokens | kt-kernel ms/call "
+              "| Strata ms/call | Strata speed-up |")
+        print("|---|---|---|---|---|")
+        doc["best_rows"] = []
+        for b in backends:
+            for t in doc["tokens"]:
+                rs = [r for r in rows if r["kt_backend"] == b and r["tokens"] == t
+                      and r["kt_seconds"]]
+                if not rs:
+                    continue
+                r = min(rs, key=lambda r: r["kt_seconds"])
+                doc["best_rows"].append(r)
+                ratio = f"{r['speedup']:.2f}x" if r["speedup"] else "n/a"
+                st_ms = f"{r['strata_seconds'] * 1e3:.2f}" if r["strata_seconds"] else "n/a"
+                print(f"| {b} ({r['kt_threads']}) | {t} | {r['kt_seconds'] * 1e3:.2f} "
+                      f"| {st_ms} | {ratio} |")
     for b, how in failed.items():
         print(f"kt-kernel backend {b}: did not run ({how})")
     if a.json_out:
