@@ -29,10 +29,15 @@ use super::unpack::{UNIT, decoder, unpack_row};
 use super::vecdot;
 use super::{GgmlType, dequantize_row};
 
-/// Weight rows decoded per task.
-const ROW_BLOCK: usize = 16;
+/// Weight rows per task on the in-register kernels: long sequential runs of one matrix per
+/// thread, which the hardware prefetcher follows (decode at 128 rows was 1.18x faster than
+/// at 16 on Zen 1, `docs/benchmarks.md`).
+const ROW_BLOCK_IN_REGISTER: usize = 128;
+/// Weight rows decoded per task into scratch (the portable and generic paths), small enough
+/// for the decoded rows to stay in L1/L2.
+const ROW_BLOCK_DECODED: usize = 16;
 /// Tokens per task: a task's activations (`TOKEN_CHUNK · k` bytes) stay in L2 while its
-/// decoded rows (`ROW_BLOCK · k` bytes plus scales) stay in L1/L2.
+/// decoded rows (`ROW_BLOCK_DECODED · k` bytes plus scales) stay in L1/L2.
 const TOKEN_CHUNK: usize = 64;
 
 /// Bytes owned by a matrix built from a vector (tests, weights derived at load).
@@ -216,11 +221,12 @@ impl GgmlMatrix {
         let isa = isa.min(crate::isa::detected());
         let input = self.input(m, |r| &x[r * self.k..(r + 1) * self.k]);
         let out_w = SharedMut::new(out);
-        let n_blocks = self.n.div_ceil(ROW_BLOCK);
+        let row_block = self.row_block(isa);
+        let n_blocks = self.n.div_ceil(row_block);
         let chunks = m.div_ceil(TOKEN_CHUNK);
         parallel_for(n_blocks * chunks, |task| {
             let (c, b) = (task / n_blocks, task % n_blocks);
-            let rows = b * ROW_BLOCK..((b + 1) * ROW_BLOCK).min(self.n);
+            let rows = b * row_block..((b + 1) * row_block).min(self.n);
             let tokens = c * TOKEN_CHUNK..((c + 1) * TOKEN_CHUNK).min(m);
             self.block(isa, &input, rows.clone(), tokens.clone(), |t, vals| {
                 // SAFETY: task (c, b) alone writes rows `rows` of the tokens of chunk `c`.
@@ -229,6 +235,15 @@ impl GgmlMatrix {
             });
         });
         Ok(())
+    }
+
+    /// Weight rows one task takes on `isa`.
+    pub(crate) fn row_block(&self, isa: Isa) -> usize {
+        if self.decoder.is_some() && vecdot::kernel(isa, self.ty).is_some() {
+            ROW_BLOCK_IN_REGISTER
+        } else {
+            ROW_BLOCK_DECODED
+        }
     }
 
     /// What [`GgmlMatrix::input`] makes: int8 per this many values, or f32 (`None`). Two

@@ -19,8 +19,6 @@ use crate::{Isa, KernelError, parallel_for};
 use super::GgmlMatrix;
 use super::matrix::Input;
 
-/// Weight rows per task.
-const ROW_BLOCK: usize = 16;
 /// Tokens per task.
 const TOKEN_CHUNK: usize = 64;
 /// (expert, token) rows per wave: bounds the intermediate buffers of a long prompt.
@@ -141,16 +139,19 @@ struct Task {
     rows: Range<usize>,
 }
 
-fn tasks(segs: &[Segment], n_rows: usize) -> Vec<Task> {
+/// Tasks over every segment's token chunks and weight rows, `row_block(s)` rows at a time
+/// for segment `s`.
+fn tasks(segs: &[Segment], n_rows: usize, row_block: impl Fn(usize) -> usize) -> Vec<Task> {
     let mut v = Vec::new();
     for (s, seg) in segs.iter().enumerate() {
         let m = seg.rows.len();
+        let rb = row_block(s);
         for t0 in (0..m).step_by(TOKEN_CHUNK) {
-            for r0 in (0..n_rows).step_by(ROW_BLOCK) {
+            for r0 in (0..n_rows).step_by(rb) {
                 v.push(Task {
                     s,
                     tokens: t0..(t0 + TOKEN_CHUNK).min(m),
-                    rows: r0..(r0 + ROW_BLOCK).min(n_rows),
+                    rows: r0..(r0 + rb).min(n_rows),
                 });
             }
         }
@@ -209,7 +210,10 @@ fn run_wave(experts: &GgmlExperts, hidden: &[f32], segs: &[Segment], out: &mut [
     let mut mid = vec![0.0f32; rows_total * inter];
     {
         let mid_w = SharedMut::new(&mut mid);
-        let list = tasks(segs, inter);
+        let list = tasks(segs, inter, |s| {
+            let (g, u, _) = expert(s);
+            g.row_block(isa).min(u.row_block(isa))
+        });
         parallel_for(list.len(), |i| {
             let task = &list[i];
             let (g, u, _) = expert(task.s);
@@ -248,7 +252,7 @@ fn run_wave(experts: &GgmlExperts, hidden: &[f32], segs: &[Segment], out: &mut [
     let mut y = vec![0.0f32; rows_total * h];
     {
         let y_w = SharedMut::new(&mut y);
-        let list = tasks(segs, h);
+        let list = tasks(segs, h, |s| expert(s).2.row_block(isa));
         parallel_for(list.len(), |i| {
             let task = &list[i];
             let d = expert(task.s).2;

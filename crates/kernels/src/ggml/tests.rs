@@ -82,6 +82,8 @@ fn matmul_matches_its_twin_and_f32_on_every_type_and_path() {
             (0, 5, bs),
             (70, 33, 256),
             (5, 40, 512),
+            // More rows than one task takes on either path.
+            (2, 300, 256),
         ] {
             if k % ty.block_size() != 0 {
                 continue;
