@@ -18,6 +18,7 @@ pub mod error;
 mod generate;
 pub mod metrics;
 pub mod offline;
+mod structured;
 
 use std::future::Future;
 use std::net::SocketAddr;
