@@ -221,9 +221,9 @@ impl Engine {
 
     /// Compiles a response format against this model's tokenizer and vocabulary.
     pub fn compile_format(&self, format: &ResponseFormat) -> Result<Grammar, GrammarError> {
-        let compiler = self.grammars.get_or_init(|| {
-            GrammarCompiler::new(&self.tokenizer, self.model.config.vocab_size)
-        });
+        let compiler = self
+            .grammars
+            .get_or_init(|| GrammarCompiler::new(&self.tokenizer, self.model.config.vocab_size));
         match compiler {
             Ok(c) => c.compile(format),
             Err(e) => Err(e.clone()),

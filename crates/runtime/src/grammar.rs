@@ -126,9 +126,9 @@ impl GrammarCompiler {
                 "the schema must be a JSON object (or true)".into(),
             ));
         };
-        obj.entry("x-guidance").or_insert_with(|| {
-            json!({"whitespace_flexible": false, "item_separator": ",", "key_separator": ":"})
-        });
+        obj.entry("x-guidance").or_insert_with(
+            || json!({"whitespace_flexible": false, "item_separator": ",", "key_separator": ":"}),
+        );
         let parser = self
             .factory
             .create_parser(TopLevelGrammar::from_json_schema(schema))
@@ -158,7 +158,9 @@ fn token_bytes(tokenizer: &Tokenizer) -> Result<Vec<Vec<u8>>, GrammarError> {
     if !byte_level && !byte_fallback {
         return Err(GrammarError::Tokenizer {
             origin: tokenizer.origin().to_owned(),
-            decoder: decoder.get("type").map_or("no decoder".into(), Value::to_string),
+            decoder: decoder
+                .get("type")
+                .map_or("no decoder".into(), Value::to_string),
         });
     }
     // SentencePiece writes spaces as U+2581; the Replace decoder says which character.
@@ -308,8 +310,10 @@ pub struct GrammarStats {
     pub compute: Duration,
     /// Waiting for a mask on the sampling thread (what the forward pass did not hide).
     pub wait: Duration,
-    /// Masking the logits and advancing the grammar, on the sampling thread.
+    /// Masking the logits, on the sampling thread.
     pub apply: Duration,
+    /// Advancing the grammar by the sampled token, on the sampling thread.
+    pub commit: Duration,
 }
 
 impl GrammarStats {
@@ -319,11 +323,13 @@ impl GrammarStats {
         self.compute += o.compute;
         self.wait += o.wait;
         self.apply += o.apply;
+        self.commit += o.commit;
     }
 
-    /// Time the sampling thread lost per token (waiting plus applying), in microseconds.
+    /// Time the sampling thread spent on the grammar per token (waiting, masking,
+    /// advancing), in microseconds.
     pub fn sampling_us_per_token(&self) -> f64 {
-        (self.wait + self.apply).as_secs_f64() * 1e6 / self.tokens.max(1) as f64
+        (self.wait + self.apply + self.commit).as_secs_f64() * 1e6 / self.tokens.max(1) as f64
     }
 
     /// Mask computation per token, in microseconds.
@@ -398,7 +404,7 @@ impl Constraint {
         if !stopped {
             self.request_mask()?;
         }
-        self.stats.apply += started.elapsed();
+        self.stats.commit += started.elapsed();
         Ok(stopped)
     }
 
@@ -448,6 +454,9 @@ mod tests {
         assert_eq!(byte_token("<0xZZ>"), None);
         assert_eq!(byte_token("hello"), None);
         let alphabet = byte_level_alphabet();
-        assert_eq!((alphabet[b' ' as usize], alphabet[b'a' as usize]), ('Ġ', 'a'));
+        assert_eq!(
+            (alphabet[b' ' as usize], alphabet[b'a' as usize]),
+            ('Ġ', 'a')
+        );
     }
 }

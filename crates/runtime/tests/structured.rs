@@ -55,20 +55,31 @@ fn valid(v: &Value, s: &Value) -> bool {
         return options.contains(v);
     }
     let within = |x: f64| {
-        s.get("minimum").and_then(Value::as_f64).is_none_or(|m| x >= m)
-            && s.get("maximum").and_then(Value::as_f64).is_none_or(|m| x <= m)
+        s.get("minimum")
+            .and_then(Value::as_f64)
+            .is_none_or(|m| x >= m)
+            && s.get("maximum")
+                .and_then(Value::as_f64)
+                .is_none_or(|m| x <= m)
     };
     let count_ok = |n: usize, min: &str, max: &str| {
-        s.get(min).and_then(Value::as_u64).is_none_or(|m| n as u64 >= m)
-            && s.get(max).and_then(Value::as_u64).is_none_or(|m| n as u64 <= m)
+        s.get(min)
+            .and_then(Value::as_u64)
+            .is_none_or(|m| n as u64 >= m)
+            && s.get(max)
+                .and_then(Value::as_u64)
+                .is_none_or(|m| n as u64 <= m)
     };
     match s["type"].as_str() {
         Some("object") => {
             let Some(o) = v.as_object() else { return false };
             let props = s["properties"].as_object().cloned().unwrap_or_default();
             let required = s["required"].as_array().cloned().unwrap_or_default();
-            required.iter().all(|k| o.contains_key(k.as_str().unwrap_or("")))
-                && o.iter().all(|(k, v)| props.get(k).is_some_and(|p| valid(v, p)))
+            required
+                .iter()
+                .all(|k| o.contains_key(k.as_str().unwrap_or("")))
+                && o.iter()
+                    .all(|(k, v)| props.get(k).is_some_and(|p| valid(v, p)))
         }
         Some("array") => v.as_array().is_some_and(|a| {
             count_ok(a.len(), "minItems", "maxItems") && a.iter().all(|x| valid(x, &s["items"]))
@@ -160,7 +171,8 @@ fn schedule_constrained_sequences_with_cancellation() {
             grammar: Some(engine.compile_format(&format).unwrap()),
         };
         let (tx, rx) = mpsc::channel();
-        s.submit(req, Box::new(move |e| tx.send(e).is_ok())).unwrap();
+        s.submit(req, Box::new(move |e| tx.send(e).is_ok()))
+            .unwrap();
         receivers.push((i, schema.clone(), rx));
     }
     for (i, schema, rx) in receivers {
@@ -174,7 +186,9 @@ fn schedule_constrained_sequences_with_cancellation() {
         loop {
             match rx.recv_timeout(Duration::from_secs(60)).unwrap() {
                 Event::Token { text: t, .. } => text.push_str(&t),
-                Event::Done { finish, text: t, .. } => {
+                Event::Done {
+                    finish, text: t, ..
+                } => {
                     text.push_str(&t);
                     assert_eq!(finish, FinishReason::Stop, "{text:?}");
                     break;
@@ -195,11 +209,11 @@ fn schedule_constrained_sequences_with_cancellation() {
 #[test]
 fn unsupported_schemas_are_refused_by_name() {
     let engine = engine();
-    let check = |schema: Value, names: &str| {
-        match engine.compile_format(&ResponseFormat::JsonSchema(schema.clone())) {
-            Err(GrammarError::Schema(m)) => assert!(m.contains(names), "{schema}: {m}"),
-            other => panic!("{schema}: {other:?}"),
-        }
+    let check = |schema: Value, names: &str| match engine
+        .compile_format(&ResponseFormat::JsonSchema(schema.clone()))
+    {
+        Err(GrammarError::Schema(m)) => assert!(m.contains(names), "{schema}: {m}"),
+        other => panic!("{schema}: {other:?}"),
     };
     check(json!({"type": "object", "not": {"required": ["a"]}}), "not");
     check(json!({"type": "string", "contains": {}}), "contains");

@@ -132,7 +132,10 @@ pub fn response_format(v: Option<&Value>) -> Result<Option<ResponseFormat>, ApiE
             ),
         ));
     }
-    if let Some(d) = js.get("description").filter(|d| !d.is_string() && !d.is_null()) {
+    if let Some(d) = js
+        .get("description")
+        .filter(|d| !d.is_string() && !d.is_null())
+    {
         return Err(invalid(
             &format!("{param}.description"),
             format!("{param}.description must be a string, got {d}"),
@@ -160,7 +163,6 @@ pub fn response_format(v: Option<&Value>) -> Result<Option<ResponseFormat>, ApiE
         )),
     }
 }
-
 
 #[cfg(test)]
 mod tests {
@@ -198,7 +200,10 @@ mod tests {
             json!({"type": "json_object", "schema": {}}),
             Some("response_format.schema"),
         );
-        check(json!({"type": "json_schema"}), Some("response_format.json_schema"));
+        check(
+            json!({"type": "json_schema"}),
+            Some("response_format.json_schema"),
+        );
         check(
             json!({"type": "json_schema", "json_schema": {"schema": schema}}),
             Some("response_format.json_schema.name"),

@@ -69,16 +69,29 @@ async fn call(st: &Arc<AppState>, body: &Value) -> (StatusCode, Vec<u8>) {
         .unwrap();
     let resp = app(st.clone()).oneshot(req).await.unwrap();
     let status = resp.status();
-    (status, to_bytes(resp.into_body(), usize::MAX).await.unwrap().to_vec())
+    (
+        status,
+        to_bytes(resp.into_body(), usize::MAX)
+            .await
+            .unwrap()
+            .to_vec(),
+    )
 }
 
 /// The person the schema describes, or why `text` is not one.
 fn check_person(text: &str) {
     let v: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text:?}"));
     let o = v.as_object().unwrap_or_else(|| panic!("{text}"));
-    assert!(o["name"].as_str().is_some_and(|n| n.chars().count() <= 10), "{text}");
+    assert!(
+        o["name"].as_str().is_some_and(|n| n.chars().count() <= 10),
+        "{text}"
+    );
     assert!(o["age"].as_u64().is_some_and(|a| a <= 99), "{text}");
-    assert!(o.keys().all(|k| ["name", "age", "pets"].contains(&k.as_str())), "{text}");
+    assert!(
+        o.keys()
+            .all(|k| ["name", "age", "pets"].contains(&k.as_str())),
+        "{text}"
+    );
 }
 
 #[tokio::test]
@@ -102,7 +115,11 @@ async fn json_schema_streamed_and_not() {
         .filter_map(|ev| ev.strip_prefix("data: "))
         .filter(|d| *d != "[DONE]")
         .map(|d| serde_json::from_str::<Value>(d).unwrap())
-        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str().map(str::to_owned))
+        .filter_map(|c| {
+            c["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(str::to_owned)
+        })
         .collect();
     assert_eq!(streamed, text);
 }
@@ -117,13 +134,26 @@ async fn unenforceable_and_malformed_formats_name_the_field() {
     let (status, body) = call(&st, &body).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     let e: Value = serde_json::from_slice(&body).unwrap();
-    assert_eq!(e["error"]["param"], "response_format.json_schema.schema", "{e}");
-    assert!(e["error"]["message"].as_str().unwrap().contains("uniqueItems"), "{e}");
-    let body = chat(json!({"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}}));
+    assert_eq!(
+        e["error"]["param"], "response_format.json_schema.schema",
+        "{e}"
+    );
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("uniqueItems"),
+        "{e}"
+    );
+    let body =
+        chat(json!({"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}}));
     let (status, body) = call(&st, &body).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     let e: Value = serde_json::from_slice(&body).unwrap();
-    assert_eq!(e["error"]["param"], "response_format.json_schema.name", "{e}");
+    assert_eq!(
+        e["error"]["param"], "response_format.json_schema.name",
+        "{e}"
+    );
 }
 
 #[tokio::test]
@@ -132,7 +162,9 @@ async fn disconnects_under_a_grammar_free_the_batch() {
     for _ in 0..4 {
         let req = Request::post("/v1/chat/completions")
             .header("content-type", "application/json")
-            .body(Body::from(chat(json!({"stream": true, "max_tokens": 200})).to_string()))
+            .body(Body::from(
+                chat(json!({"stream": true, "max_tokens": 200})).to_string(),
+            ))
             .unwrap();
         let resp = app(st.clone()).oneshot(req).await.unwrap();
         let mut body = resp.into_body().into_data_stream();
@@ -159,9 +191,18 @@ fn batch_lines_carry_their_own_response_format() {
     plain.as_object_mut().unwrap().remove("response_format");
     let lines = vec![
         (0, line("schema", chat(json!({})))),
-        (1, line("object", chat(json!({"response_format": {"type": "json_object"}})))),
+        (
+            1,
+            line(
+                "object",
+                chat(json!({"response_format": {"type": "json_object"}})),
+            ),
+        ),
         (2, line("plain", plain)),
-        (3, line("bad", chat(json!({"response_format": {"type": "xml"}})))),
+        (
+            3,
+            line("bad", chat(json!({"response_format": {"type": "xml"}}))),
+        ),
     ];
     let mut results = vec![None; lines.len()];
     offline.run(lines, |i, r| results[i] = Some(r));
@@ -169,8 +210,15 @@ fn batch_lines_carry_their_own_response_format() {
         let r = results[i].as_ref().unwrap();
         serde_json::from_str::<Value>(&r.line).unwrap()["response"]["body"].clone()
     };
-    check_person(body(0)["choices"][0]["message"]["content"].as_str().unwrap());
-    let object = body(1)["choices"][0]["message"]["content"].as_str().unwrap().to_owned();
+    check_person(
+        body(0)["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap(),
+    );
+    let object = body(1)["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     assert!(object.starts_with('{'), "{object}");
     assert!(results[2].as_ref().unwrap().ok);
     assert!(!results[3].as_ref().unwrap().ok);
