@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the Python tests of `strata serve` against a server on a free loopback port:
 # the official `openai` client, hostile requests, and concurrent streaming load.
-# Creates .venv-server at the repository root (pip installs openai and pytest), builds
+# Creates .venv-server at the repository root (pip installs openai, pytest and jsonschema), builds
 # the CLI, starts the server, runs pytest, then stops the server with SIGTERM and checks
 # that it drained and exited cleanly. Exits non-zero on any failure.
 set -euo pipefail
@@ -9,9 +9,9 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$root"
 venv="$root/.venv-server"
-if ! "$venv/bin/python" -c "import openai, pytest" 2>/dev/null; then
+if ! "$venv/bin/python" -c "import openai, pytest, jsonschema" 2>/dev/null; then
     python3 -m venv "$venv"
-    "$venv/bin/pip" install --quiet --disable-pip-version-check "openai>=1.40" "pytest>=8"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check "openai>=1.40" "pytest>=8" "jsonschema>=4"
 fi
 
 cargo build --quiet -p strata-cli

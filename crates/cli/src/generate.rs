@@ -1,12 +1,14 @@
 //! `strata generate`: stream a continuation of a prompt or a reply to a chat message.
 
 use std::io::{Read, Write};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Args;
 
 use strata_runtime::engine::{FinishReason, Request, load_tokenizer};
+use strata_runtime::grammar::{GrammarCompiler, GrammarStats, ResponseFormat};
 use strata_runtime::sampling::{Sampler, SamplingParams};
 use strata_runtime::step::{SequenceOptions, SequenceState};
 use strata_runtime::text::ChatMessage;
@@ -54,6 +56,12 @@ pub struct GenerateArgs {
     /// Stop when this string appears (repeatable); it is not printed.
     #[arg(long, value_name = "TEXT")]
     stop: Vec<String>,
+    /// Write JSON valid for the JSON Schema in FILE, enforced token by token.
+    #[arg(long, value_name = "FILE")]
+    json_schema: Option<PathBuf>,
+    /// Write a JSON object, enforced token by token.
+    #[arg(long, conflicts_with = "json_schema")]
+    json: bool,
     // Last: its help headings would otherwise take in the options after it.
     #[command(flatten)]
     device: DeviceArgs,
@@ -110,11 +118,16 @@ pub fn run(mut args: GenerateArgs) -> anyhow::Result<()> {
         (prompt.len() + args.max_tokens) as u64,
         "lower --max-tokens or shorten the prompt",
     )?;
+    let grammar = match response_format(&args)? {
+        Some(f) => Some(engine.compile_format(&f).context(format_origin(&args))?),
+        None => None,
+    };
     let request = Request {
         prompt,
         max_tokens: args.max_tokens,
         sampling: sampling(&args),
         stop: args.stop.clone(),
+        grammar,
     };
     let mut stdout = std::io::stdout().lock();
     let mut write_err = None;
@@ -142,6 +155,9 @@ pub fn run(mut args: GenerateArgs) -> anyhow::Result<()> {
         stats.decode_tps(),
         finish_name(&outputs[0].finish),
     );
+    if let Some(g) = &outputs[0].grammar {
+        print_grammar_stats(g);
+    }
     if let Some(exec) = hybrid {
         eprintln!("[hybrid, policy {}: {}]", exec.policy_name(), exec.stats());
     }
@@ -155,6 +171,35 @@ fn seconds(d: Duration) -> String {
     } else {
         format!("{:.2} s", d.as_secs_f64())
     }
+}
+
+/// `--json-schema FILE` or `--json`, read and parsed.
+fn response_format(args: &GenerateArgs) -> anyhow::Result<Option<ResponseFormat>> {
+    let Some(path) = &args.json_schema else {
+        return Ok(args.json.then_some(ResponseFormat::JsonObject));
+    };
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading the JSON schema {}", path.display()))?;
+    let schema = serde_json::from_str(&text)
+        .with_context(|| format!("the JSON schema {} is not valid JSON", path.display()))?;
+    Ok(Some(ResponseFormat::JsonSchema(schema)))
+}
+
+/// What a grammar error is about: the schema file or `--json`.
+fn format_origin(args: &GenerateArgs) -> String {
+    match &args.json_schema {
+        Some(path) => format!("the JSON schema {} cannot be enforced", path.display()),
+        None => "--json cannot be enforced".into(),
+    }
+}
+
+fn print_grammar_stats(g: &GrammarStats) {
+    eprintln!(
+        "[grammar: {} tokens, mask {:.0} us/token on its thread, {:.0} us/token on the sampling thread]",
+        g.tokens,
+        g.compute_us_per_token(),
+        g.sampling_us_per_token(),
+    );
 }
 
 fn finish_name(finish: &FinishReason) -> &'static str {
@@ -213,6 +258,11 @@ fn run_gpu(args: &GenerateArgs, dir: &std::path::Path) -> anyhow::Result<()> {
         top_logprobs: None,
     };
     let mut seq = SequenceState::new(&tokenizer, Sampler::new(sampling(args))?, &prompt, opts)?;
+    if let Some(f) = response_format(args)? {
+        // Ids past the tokenizer's vocabulary (padding of the logits) are never allowed.
+        let compiler = GrammarCompiler::new(&tokenizer, tokenizer.vocab_size())?;
+        seq.constrain(compiler.compile(&f).context(format_origin(args))?)?;
+    }
     let mut stdout = std::io::stdout().lock();
     let started = Instant::now();
     let mut logits = model.forward_last(&prompt, &mut cache)?;
@@ -229,6 +279,9 @@ fn run_gpu(args: &GenerateArgs, dir: &std::path::Path) -> anyhow::Result<()> {
         }
         logits = model.forward_last(seq.next_input(), &mut cache)?;
     };
+    if let Some(g) = seq.grammar_stats() {
+        print_grammar_stats(&g);
+    }
     let generated = seq.generated().len();
     let decode = started.elapsed() - prefill;
     eprintln!(

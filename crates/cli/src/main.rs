@@ -7,6 +7,7 @@
 
 mod batch;
 mod bench;
+mod bench_grammar;
 mod convert;
 mod devices;
 mod generate;
@@ -66,6 +67,8 @@ enum Command {
 enum BenchCommand {
     /// Time one MoE layer on the CPU kernels against the machine's measured peaks.
     Moe(bench::BenchMoeArgs),
+    /// Time structured outputs: the grammar's cost per generated token at each batch size.
+    Grammar(bench_grammar::BenchGrammarArgs),
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
@@ -76,6 +79,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Generate(a) => generate::run(a),
         Command::Logits(a) => logits::run(a),
         Command::Bench(BenchCommand::Moe(a)) => bench::bench_moe(&a),
+        Command::Bench(BenchCommand::Grammar(a)) => bench_grammar::run(a),
         Command::Devices(a) => devices::run(a),
         Command::Trace(a) => trace::run(a),
         Command::Simulate(a) => simulate::run(a),

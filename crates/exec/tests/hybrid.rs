@@ -573,6 +573,7 @@ fn the_scheduler_with_an_executor_gives_the_cpu_paths_greedy_tokens() {
         stop: Vec::new(),
         top_logprobs: None,
         ignore_eos: true,
+        grammar: None,
     })
     .collect();
     let want = run_all(cpu, &reqs);

@@ -7,6 +7,7 @@
 //! line, the server's continuous batching and offline batch jobs.
 
 use std::path::Path;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use strata_formats::gguf::GgufFile;
@@ -14,6 +15,7 @@ use strata_formats::strata_file::StrataFile;
 use strata_model::source::Source;
 use strata_model::{KvCache, LoadOptions, LogitsWanted, Model, SeqInput};
 
+use crate::grammar::{Grammar, GrammarCompiler, GrammarError, GrammarStats, ResponseFormat};
 use crate::sampling::{Sampler, SamplingError, SamplingParams};
 pub use crate::step::FinishReason;
 use crate::step::{SequenceOptions, SequenceState, StepError};
@@ -34,6 +36,9 @@ pub enum EngineError {
     /// Invalid sampling settings.
     #[error(transparent)]
     Sampling(#[from] SamplingError),
+    /// A structured-output grammar could not be built or run.
+    #[error(transparent)]
+    Grammar(#[from] GrammarError),
     /// The request cannot be served as given.
     #[error("{0}")]
     Request(String),
@@ -44,6 +49,7 @@ impl From<StepError> for EngineError {
         match e {
             StepError::Sampling(e) => EngineError::Sampling(e),
             StepError::Text(e) => EngineError::Text(e),
+            StepError::Grammar(e) => EngineError::Grammar(e),
         }
     }
 }
@@ -122,6 +128,8 @@ pub struct Request {
     pub sampling: SamplingParams,
     /// Strings that end generation (not included in the output).
     pub stop: Vec<String>,
+    /// A grammar the output must follow (structured outputs).
+    pub grammar: Option<Grammar>,
 }
 
 /// What one request produced.
@@ -134,6 +142,8 @@ pub struct Output {
     pub text: String,
     /// Why it ended.
     pub finish: FinishReason,
+    /// Time spent on its grammar, when it had one.
+    pub grammar: Option<GrammarStats>,
 }
 
 /// Timing of a generation run.
@@ -170,6 +180,9 @@ pub struct Engine {
     template: Option<ChatTemplate>,
     /// Tokens per prefill forward pass.
     pub prefill_chunk: usize,
+    /// Built on first use: the token trie costs time and memory that requests without a
+    /// response format never need.
+    grammars: OnceLock<Result<GrammarCompiler, GrammarError>>,
 }
 
 impl Engine {
@@ -212,7 +225,19 @@ impl Engine {
             tokenizer,
             template,
             prefill_chunk: 512,
+            grammars: OnceLock::new(),
         })
+    }
+
+    /// Compiles a response format against this model's tokenizer and vocabulary.
+    pub fn compile_format(&self, format: &ResponseFormat) -> Result<Grammar, GrammarError> {
+        let compiler = self
+            .grammars
+            .get_or_init(|| GrammarCompiler::new(&self.tokenizer, self.model.config.vocab_size));
+        match compiler {
+            Ok(c) => c.compile(format),
+            Err(e) => Err(e.clone()),
+        }
     }
 
     /// Renders one user message with the chat template and tokenizes it.
@@ -262,12 +287,11 @@ impl Engine {
                     top_logprobs: None,
                 };
                 let sampler = Sampler::new(r.sampling.clone())?;
-                Ok(SequenceState::new(
-                    &self.tokenizer,
-                    sampler,
-                    &r.prompt,
-                    opts,
-                )?)
+                let mut state = SequenceState::new(&self.tokenizer, sampler, &r.prompt, opts)?;
+                if let Some(g) = &r.grammar {
+                    state.constrain(g.clone())?;
+                }
+                Ok(state)
             })
             .collect::<Result<Vec<_>>>()?;
         let mut caches: Vec<KvCache> = requests.iter().map(|_| self.model.new_cache()).collect();
@@ -359,6 +383,7 @@ impl Engine {
             .zip(texts)
             .map(|(state, text)| Output {
                 finish: state.finish().cloned().expect("every request finished"),
+                grammar: state.grammar_stats(),
                 tokens: state.into_generated(),
                 text,
             })

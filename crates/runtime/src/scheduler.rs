@@ -23,6 +23,7 @@ use std::thread::JoinHandle;
 use strata_model::{KvCache, LogitsWanted, SeqInput};
 
 use crate::engine::{Engine, FinishReason};
+use crate::grammar::Grammar;
 use crate::sampling::{Sampler, SamplingError, SamplingParams};
 pub use crate::step::TokenLogprobs;
 use crate::step::{SequenceOptions, SequenceState};
@@ -61,7 +62,7 @@ impl SchedulerConfig {
 }
 
 /// One generation request.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct GenRequest {
     /// Prompt token ids.
     pub prompt: Vec<u32>,
@@ -75,6 +76,8 @@ pub struct GenRequest {
     pub top_logprobs: Option<usize>,
     /// Keep generating past end-of-sequence tokens (benchmarks with fixed output lengths).
     pub ignore_eos: bool,
+    /// A grammar the output must follow (structured outputs).
+    pub grammar: Option<Grammar>,
 }
 
 /// What a sequence reports back.
@@ -442,10 +445,19 @@ fn admit(engine: &Engine, cfg: SchedulerConfig, mut p: Pending) -> Option<Seq<'_
         ignore_eos: p.req.ignore_eos,
         top_logprobs: p.req.top_logprobs,
     };
-    let state = match SequenceState::new(&engine.tokenizer, p.sampler, &p.req.prompt, opts) {
+    let state = SequenceState::new(&engine.tokenizer, p.sampler, &p.req.prompt, opts)
+        .map_err(|e| e.to_string())
+        .and_then(|mut state| {
+            // Taken out of the request: the grammar's state lives in the sequence.
+            if let Some(g) = p.req.grammar.take() {
+                state.constrain(g).map_err(|e| e.to_string())?;
+            }
+            Ok(state)
+        });
+    let state = match state {
         Ok(state) => state,
         Err(e) => {
-            p.sink.send(Event::Failed(e.to_string()));
+            p.sink.send(Event::Failed(e));
             return None;
         }
     };
@@ -605,6 +617,7 @@ mod tests {
             stop: Vec::new(),
             top_logprobs: None,
             ignore_eos: false,
+            grammar: None,
         }
     }
 

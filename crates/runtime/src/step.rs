@@ -8,12 +8,18 @@
 //! [`Scheduler`](crate::scheduler::Scheduler) and the command line's single-device loops
 //! all drive sequences through it, so they sample, stop, report text and count alike.
 //!
+//! A sequence may carry a [`Constraint`] (structured outputs, see [`crate::grammar`]): the
+//! logits are masked by it before sampling, it advances with each sampled token, and the
+//! sequence ends (`Stop`) as soon as the grammar is complete, without waiting for the model
+//! to choose end-of-sequence.
+//!
 //! A key design decision made here is how tokens are counted, as OpenAI's API reports
 //! `usage.completion_tokens` (and as the server always has): every sampled token counts,
 //! including the one that completed a stop string (its text is cut at the stop string, but
 //! the model generated it), except an end-of-sequence id, which ends the sequence without
 //! being part of its output.
 
+use crate::grammar::{Constraint, Grammar, GrammarError, GrammarStats};
 use crate::sampling::{Sampler, SamplingError};
 use crate::text::{StopReason, StreamDecoder, TextError, Tokenizer};
 
@@ -37,6 +43,9 @@ pub enum StepError {
     /// The tokenizer could not decode the ids.
     #[error("detokenizing failed: {0}")]
     Text(#[from] TextError),
+    /// The grammar engine failed.
+    #[error("structured output failed: {0}")]
+    Grammar(#[from] GrammarError),
 }
 
 /// Limits and options of one sequence.
@@ -99,6 +108,7 @@ pub struct SequenceState<'t> {
     ctx_size: usize,
     top_logprobs: Option<usize>,
     finish: Option<FinishReason>,
+    grammar: Option<Constraint>,
 }
 
 impl<'t> SequenceState<'t> {
@@ -124,25 +134,47 @@ impl<'t> SequenceState<'t> {
             ctx_size: opts.ctx_size,
             top_logprobs: opts.top_logprobs,
             finish: None,
+            grammar: None,
         })
+    }
+
+    /// Constrains every later token to `grammar`; starts computing its first mask now.
+    pub fn constrain(&mut self, grammar: Grammar) -> Result<(), GrammarError> {
+        self.grammar = Some(grammar.start()?);
+        Ok(())
+    }
+
+    /// Time spent on the grammar, if the sequence has one.
+    pub fn grammar_stats(&self) -> Option<GrammarStats> {
+        self.grammar.as_ref().map(Constraint::stats)
     }
 
     /// Samples the next token from `logits` (the model's output after the last token fed),
     /// detokenizes it and decides whether the sequence ends. Call it only while
     /// [`SequenceState::finish`] is `None`.
     pub fn accept(&mut self, logits: &[f32]) -> Result<StepOutcome, StepError> {
-        let token = self.sample(logits)?;
+        let token = match self.grammar.as_mut() {
+            Some(g) => {
+                let masked = g.apply(logits)?;
+                sample(&mut self.sampler, masked, &self.history, self.top_logprobs)?
+            }
+            None => sample(&mut self.sampler, logits, &self.history, self.top_logprobs)?,
+        };
         let piece = self.decoder.push(token.id)?;
+        let mut complete = false;
         let token = match piece.stop {
             Some(StopReason::Eos(_)) => None,
             _ => {
+                if let Some(g) = self.grammar.as_mut() {
+                    complete = g.commit(token.id)?;
+                }
                 self.history.push(token.id);
                 Some(token)
             }
         };
         // With the token in the history, the cache holds every id but it: one more
         // position is needed to feed it.
-        let finish = if piece.stop.is_some() {
+        let finish = if piece.stop.is_some() || complete {
             Some(FinishReason::Stop)
         } else if self.generated().len() >= self.max_tokens {
             Some(FinishReason::Length)
@@ -151,8 +183,11 @@ impl<'t> SequenceState<'t> {
         } else {
             None
         };
+        // A completed grammar releases what the decoder held back (a stop string ends
+        // with its text cut, an end-of-sequence id has flushed it already).
         let tail = match finish {
             Some(FinishReason::Length | FinishReason::ContextFull) => self.decoder.finish()?.text,
+            Some(FinishReason::Stop) if piece.stop.is_none() => self.decoder.finish()?.text,
             _ => String::new(),
         };
         self.finish.clone_from(&finish);
@@ -161,27 +196,6 @@ impl<'t> SequenceState<'t> {
             text: piece.text,
             finish,
             tail,
-        })
-    }
-
-    fn sample(&mut self, logits: &[f32]) -> Result<StepToken, SamplingError> {
-        Ok(match self.top_logprobs {
-            Some(n) => {
-                let s = self
-                    .sampler
-                    .sample_with_logprobs(logits, &self.history, n)?;
-                StepToken {
-                    id: s.id,
-                    logprobs: Some(TokenLogprobs {
-                        logprob: s.logprob,
-                        top: s.top,
-                    }),
-                }
-            }
-            None => StepToken {
-                id: self.sampler.sample(logits, &self.history)?,
-                logprobs: None,
-            },
         })
     }
 
@@ -204,4 +218,29 @@ impl<'t> SequenceState<'t> {
     pub fn into_generated(mut self) -> Vec<u32> {
         self.history.split_off(self.prompt_len)
     }
+}
+
+/// Samples one token (with its log-probabilities when `top_logprobs` asks for them).
+fn sample(
+    sampler: &mut Sampler,
+    logits: &[f32],
+    history: &[u32],
+    top_logprobs: Option<usize>,
+) -> Result<StepToken, SamplingError> {
+    Ok(match top_logprobs {
+        Some(n) => {
+            let s = sampler.sample_with_logprobs(logits, history, n)?;
+            StepToken {
+                id: s.id,
+                logprobs: Some(TokenLogprobs {
+                    logprob: s.logprob,
+                    top: s.top,
+                }),
+            }
+        }
+        None => StepToken {
+            id: sampler.sample(logits, history)?,
+            logprobs: None,
+        },
+    })
 }

@@ -22,6 +22,7 @@ fn request(prompt: &[u32], stop: &[String]) -> Request {
         max_tokens: 32,
         sampling: SamplingParams::greedy(),
         stop: stop.to_vec(),
+        grammar: None,
     }
 }
 
@@ -49,6 +50,7 @@ fn scheduled(engine: Arc<Engine>, r: &Request) -> (Vec<u32>, Event) {
         stop: r.stop.clone(),
         top_logprobs: None,
         ignore_eos: false,
+        grammar: None,
     };
     s.submit(req, Box::new(move |e| tx.send(e).is_ok()))
         .unwrap();

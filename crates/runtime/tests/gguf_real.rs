@@ -165,6 +165,7 @@ fn smollm2_knows_the_capital_of_france() {
         max_tokens: 4,
         sampling: SamplingParams::greedy(),
         stop: Vec::new(),
+        grammar: None,
     };
     let (out, _) = engine.generate_batch(&[request], |_, _| {}).unwrap();
     assert!(out[0].text.contains("Paris"), "{:?}", out[0].text);

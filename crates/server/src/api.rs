@@ -6,6 +6,7 @@
 
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
+use serde_json::Value;
 
 use crate::error::ApiError;
 
@@ -27,6 +28,7 @@ const COMMON_FIELDS: &[&str] = &[
     "stream",
     "stream_options",
     "logprobs",
+    "response_format",
     "user",
     "store",
     "metadata",
@@ -91,6 +93,8 @@ pub struct Common {
     pub stream: Option<bool>,
     /// Streaming options.
     pub stream_options: Option<StreamOptions>,
+    /// Structured output: checked by [`crate::structured`], which names the field at fault.
+    pub response_format: Option<Value>,
 }
 
 /// Content of a chat message: text or a list of parts.

@@ -20,6 +20,7 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 use strata_runtime::engine::FinishReason;
+use strata_runtime::grammar::Grammar;
 use strata_runtime::sampling::{SamplingError, SamplingParams};
 use strata_runtime::scheduler::{
     Event, EventSink, GenRequest, Scheduler, SchedulerError, SeqId, TokenLogprobs,
@@ -31,6 +32,7 @@ use crate::AppState;
 use crate::api::{self, ChatRequest, Common, CompletionRequest, MAX_N, MAX_TOP_LOGPROBS, Prompt};
 use crate::error::ApiError;
 use crate::log::{Tally, tagged};
+use crate::structured;
 
 /// Which endpoint: shapes the response JSON.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,6 +54,8 @@ struct Job {
     ignore_eos: bool,
     stream: bool,
     include_usage: bool,
+    /// The compiled `response_format`, cloned into each choice.
+    grammar: Option<Grammar>,
 }
 
 /// `POST /v1/chat/completions`.
@@ -195,6 +199,7 @@ async fn chat_job(st: &Arc<AppState>, body: &[u8]) -> Result<Job, ApiError> {
     let (common_fields, req): (Common, ChatRequest) =
         api::parse(body, &["messages", "max_completion_tokens", "top_logprobs"])?;
     let (sampling, n) = common(st, &common_fields)?;
+    let grammar = structured::grammar(st, &common_fields).await?;
     if req.messages.is_empty() {
         return Err(ApiError::invalid("messages must not be empty").param("messages"));
     }
@@ -252,6 +257,7 @@ async fn chat_job(st: &Arc<AppState>, body: &[u8]) -> Result<Job, ApiError> {
         stream: common_fields.stream.unwrap_or(false),
         stop: api::stop_strings(common_fields.stop)?,
         top_logprobs,
+        grammar,
     })
 }
 
@@ -276,6 +282,7 @@ async fn completion_job(st: &Arc<AppState>, body: &[u8]) -> Result<Job, ApiError
     let (common_fields, req): (Common, CompletionRequest) =
         api::parse(body, &["prompt", "echo", "suffix", "best_of"])?;
     let (sampling, n) = common(st, &common_fields)?;
+    let grammar = structured::grammar(st, &common_fields).await?;
     if req.echo == Some(true) {
         return Err(ApiError::invalid("echo is not supported").param("echo"));
     }
@@ -340,6 +347,7 @@ async fn completion_job(st: &Arc<AppState>, body: &[u8]) -> Result<Job, ApiError
         stream: common_fields.stream.unwrap_or(false),
         stop: api::stop_strings(common_fields.stop)?,
         top_logprobs,
+        grammar,
     })
 }
 
@@ -410,6 +418,7 @@ fn submit(st: &AppState, job: &Job) -> Result<Running, ApiError> {
                 stop: job.stop.clone(),
                 top_logprobs: job.top_logprobs,
                 ignore_eos: job.ignore_eos,
+                grammar: job.grammar.clone(),
             };
             let sink = ChannelSink {
                 index: p * job.n + j,

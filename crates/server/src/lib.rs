@@ -20,6 +20,7 @@ mod generate;
 mod log;
 pub mod metrics;
 pub mod offline;
+mod structured;
 
 use std::future::Future;
 use std::net::SocketAddr;

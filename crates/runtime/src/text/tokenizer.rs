@@ -236,6 +236,11 @@ impl Tokenizer {
         self.inner.id_to_token(id)
     }
 
+    /// The Hugging Face tokenizer inside (the grammar engine reads its vocabulary).
+    pub(crate) fn hf(&self) -> &tokenizers::Tokenizer {
+        &self.inner
+    }
+
     /// The special tokens and template this tokenizer was loaded with.
     pub fn meta(&self) -> &TokenizerMeta {
         &self.meta
