@@ -5,6 +5,8 @@
 
 use half::bf16;
 
+use crate::vector::dot;
+
 /// Output columns computed by one task: small enough to balance, large enough to amortise.
 const N_BLOCK: usize = 64;
 
@@ -32,10 +34,6 @@ pub fn matmul_f32_ref(x: &[f32], w: &[f32], out: &mut [f32], m: usize, n: usize,
     }
 }
 
-fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
-    crate::vector::dot(a, b)
-}
-
 /// Parallel f32 matmul over blocks of output columns.
 pub fn matmul_f32(x: &[f32], w: &[f32], out: &mut [f32], m: usize, n: usize, k: usize) {
     check(x.len(), w.len(), out.len(), m, n, k);
@@ -43,7 +41,7 @@ pub fn matmul_f32(x: &[f32], w: &[f32], out: &mut [f32], m: usize, n: usize, k: 
         for i in 0..m {
             let xi = &x[i * k..(i + 1) * k];
             for j in j0..j1 {
-                block[i * (j1 - j0) + j - j0] = dot_f32(xi, &w[j * k..(j + 1) * k]);
+                block[i * (j1 - j0) + j - j0] = dot(xi, &w[j * k..(j + 1) * k]);
             }
         }
     });
@@ -59,7 +57,7 @@ pub fn matmul_bf16(x: &[f32], w: &[bf16], out: &mut [f32], m: usize, n: usize, k
                 *r = v.to_f32();
             }
             for i in 0..m {
-                block[i * (j1 - j0) + j - j0] = dot_f32(&x[i * k..(i + 1) * k], &row);
+                block[i * (j1 - j0) + j - j0] = dot(&x[i * k..(i + 1) * k], &row);
             }
         }
     });

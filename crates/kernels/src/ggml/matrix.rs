@@ -239,7 +239,7 @@ impl GgmlMatrix {
 
     /// Weight rows one task takes on `isa`.
     pub(crate) fn row_block(&self, isa: Isa) -> usize {
-        if self.decoder.is_some() && vecdot::kernel(isa, self.ty).is_some() {
+        if vecdot::kernel(isa, self.ty).is_some() {
             ROW_BLOCK_IN_REGISTER
         } else {
             ROW_BLOCK_DECODED

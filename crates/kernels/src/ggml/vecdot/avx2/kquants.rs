@@ -8,17 +8,17 @@
 
 use std::arch::x86_64::*;
 
-use super::{Q8Rows, Tokens, f16_at, hsum, k4_scales, lane16, load, pair_scales};
+use super::{Tokens, f16_at, hsum, k4_scales, lane16, load, pair_scales};
 
 /// Q4_K: `{f16 d, dmin; u8 scales[12]; u8 qs[128]}`, value `d · sc · q - dmin · m` per
 /// sub-block of 32; each 32 bytes of `qs` hold two sub-blocks (low nibbles, then high).
 ///
 /// # Safety
-/// AVX2, FMA and F16C; `row` is whole blocks matching `a.k`; `t + N <= a.rows()`.
+/// AVX2, FMA and F16C; `row` is whole blocks matching the rows of `xt`.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn q4_k_n<const N: usize>(row: &[u8], a: &Q8Rows, t: usize, out: &mut [f32]) {
+pub(super) unsafe fn q4_k_n<const N: usize>(row: &[u8], xt: &Tokens<N>, out: &mut [f32; N]) {
     // SAFETY: the caller's guarantees.
-    unsafe { k4_n::<N, false>(row, a, t, out) }
+    unsafe { k4_n::<N, false>(row, xt, out) }
 }
 
 /// Q5_K: Q4_K's layout with `qh[32]` (bytes 16..48) holding the fifth bit, `qs` at 48;
@@ -27,9 +27,9 @@ pub(super) unsafe fn q4_k_n<const N: usize>(row: &[u8], a: &Q8Rows, t: usize, ou
 /// # Safety
 /// As [`q4_k_n`].
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn q5_k_n<const N: usize>(row: &[u8], a: &Q8Rows, t: usize, out: &mut [f32]) {
+pub(super) unsafe fn q5_k_n<const N: usize>(row: &[u8], xt: &Tokens<N>, out: &mut [f32; N]) {
     // SAFETY: the caller's guarantees.
-    unsafe { k4_n::<N, true>(row, a, t, out) }
+    unsafe { k4_n::<N, true>(row, xt, out) }
 }
 
 /// Q4_K, or Q5_K with `FIVE`: the two share scales, mins and the order of values.
@@ -38,14 +38,8 @@ pub(super) unsafe fn q5_k_n<const N: usize>(row: &[u8], a: &Q8Rows, t: usize, ou
 /// As [`q4_k_n`].
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn k4_n<const N: usize, const FIVE: bool>(
-    row: &[u8],
-    a: &Q8Rows,
-    t: usize,
-    out: &mut [f32],
-) {
+unsafe fn k4_n<const N: usize, const FIVE: bool>(row: &[u8], xt: &Tokens<N>, out: &mut [f32; N]) {
     let (block, qs) = if FIVE { (176, 48) } else { (144, 16) };
-    let xt = Tokens::<N>::new(a, t);
     let m4 = _mm256_set1_epi8(0x0f);
     let bit4 = _mm256_set1_epi8(0x10);
     let mut acc = [_mm256_setzero_ps(); N];
@@ -73,7 +67,7 @@ unsafe fn k4_n<const N: usize, const FIVE: bool>(
             let (s_lo, s_hi) = (lane16(sc, 2 * c), lane16(sc, 2 * c + 1));
             for j in 0..N {
                 let p = 256 * i + 64 * c;
-                // SAFETY: block `i` of the row lies within `a.k` values; `t + j` is a row.
+                // SAFETY: block `i` of the row lies within the rows of `xt` (caller).
                 let (x0, x1) = unsafe { (xt.x(j, p), xt.x(j, p + 32)) };
                 let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, x0), s_lo);
                 let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, x1), s_hi);
@@ -106,8 +100,7 @@ fn top_bits(m2: __m256i, v: __m256i) -> __m256i {
 /// # Safety
 /// As [`q4_k_n`].
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn q6_k_n<const N: usize>(row: &[u8], a: &Q8Rows, t: usize, out: &mut [f32]) {
-    let xt = Tokens::<N>::new(a, t);
+pub(super) unsafe fn q6_k_n<const N: usize>(row: &[u8], xt: &Tokens<N>, out: &mut [f32; N]) {
     let m4 = _mm256_set1_epi8(0x0f);
     let m2 = _mm256_set1_epi8(0x03);
     let mut acc = [_mm256_setzero_ps(); N];
@@ -146,7 +139,7 @@ pub(super) unsafe fn q6_k_n<const N: usize>(row: &[u8], a: &Q8Rows, t: usize, ou
                 let s = pair_scales(sc, u);
                 for j in 0..N {
                     let p = 256 * i + 128 * half + 32 * g;
-                    // SAFETY: block `i` lies within `a.k` values; `t + j` is a row.
+                    // SAFETY: block `i` lies within the rows of `xt` (caller).
                     let xv = unsafe { xt.x(j, p) };
                     let pr = _mm256_madd_epi16(_mm256_maddubs_epi16(*qg, xv), s);
                     sumi[j] = _mm256_add_epi32(sumi[j], pr);
@@ -239,8 +232,7 @@ fn bytes_to_f32(v: __m128i, signed: bool, f: f32) -> [__m256; 2] {
 /// # Safety
 /// As [`q4_k_n`].
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn q2_k_n<const N: usize>(row: &[u8], a: &Q8Rows, t: usize, out: &mut [f32]) {
-    let xt = Tokens::<N>::new(a, t);
+pub(super) unsafe fn q2_k_n<const N: usize>(row: &[u8], xt: &Tokens<N>, out: &mut [f32; N]) {
     let m3 = _mm256_set1_epi8(3);
     let mut acc = [_mm256_setzero_ps(); N];
     for (i, x) in row.chunks_exact(84).enumerate() {
@@ -261,10 +253,10 @@ pub(super) unsafe fn q2_k_n<const N: usize>(row: &[u8], a: &Q8Rows, t: usize, ou
                     _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * plane as i32)), m3);
                 let g = 4 * half + plane;
                 // SAFETY: group `8 i + g` lies within the rows (caller).
-                unsafe { scaled_group(w, pair_scales(sc_lo, 2 * g), d, &xt, 8 * i + g, &mut acc) };
+                unsafe { scaled_group(w, pair_scales(sc_lo, 2 * g), d, xt, 8 * i + g, &mut acc) };
             }
         }
-        sub_unit_terms(mins, &xt, i, &mut acc);
+        sub_unit_terms(mins, xt, i, &mut acc);
     }
     for j in 0..N {
         out[j] = hsum(acc[j]);
@@ -278,8 +270,7 @@ pub(super) unsafe fn q2_k_n<const N: usize>(row: &[u8], a: &Q8Rows, t: usize, ou
 /// # Safety
 /// As [`q4_k_n`].
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn q3_k_n<const N: usize>(row: &[u8], a: &Q8Rows, t: usize, out: &mut [f32]) {
-    let xt = Tokens::<N>::new(a, t);
+pub(super) unsafe fn q3_k_n<const N: usize>(row: &[u8], xt: &Tokens<N>, out: &mut [f32; N]) {
     let (m3, one) = (_mm256_set1_epi8(3), _mm256_set1_epi8(1));
     let mut acc = [_mm256_setzero_ps(); N];
     for (i, x) in row.chunks_exact(110).enumerate() {
@@ -309,10 +300,10 @@ pub(super) unsafe fn q3_k_n<const N: usize>(row: &[u8], a: &Q8Rows, t: usize, ou
                 let w = _mm256_or_si256(low, _mm256_slli_epi16::<2>(bit));
                 let g = 4 * half + plane;
                 // SAFETY: group `8 i + g` lies within the rows (caller).
-                unsafe { scaled_group(w, pair_scales(sc, 2 * g), d, &xt, 8 * i + g, &mut acc) };
+                unsafe { scaled_group(w, pair_scales(sc, 2 * g), d, xt, 8 * i + g, &mut acc) };
             }
         }
-        sub_unit_terms(offsets, &xt, i, &mut acc);
+        sub_unit_terms(offsets, xt, i, &mut acc);
     }
     for j in 0..N {
         out[j] = hsum(acc[j]);

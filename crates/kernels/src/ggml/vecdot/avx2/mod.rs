@@ -43,29 +43,51 @@ macro_rules! entry {
                 a.block(),
                 tile.len()
             );
-            let t0 = tokens.start;
             for t in tokens.clone().step_by(4) {
-                let n = (tokens.end - t).min(4);
-                for (r, row) in src.chunks_exact(rb).enumerate() {
-                    let mut o = [0.0f32; 4];
-                    // SAFETY: `kernel` hands these out only for `Isa::Avx2` or better,
-                    // which is selected only on CPUs with AVX2, FMA and F16C; the lengths
-                    // were checked above.
-                    unsafe {
-                        match n {
-                            4 => $kernel::<4>(row, a, t, &mut o),
-                            3 => $kernel::<3>(row, a, t, &mut o),
-                            2 => $kernel::<2>(row, a, t, &mut o),
-                            _ => $kernel::<1>(row, a, t, &mut o),
-                        }
-                    }
-                    for (j, v) in o[..n].iter().enumerate() {
-                        tile[(t - t0 + j) * n_rows + r] = *v;
+                let at = (t - tokens.start) * n_rows;
+                let tile = &mut tile[at..];
+                // SAFETY: `kernel` hands these out only for `Isa::Avx2` or better, which is
+                // selected only on CPUs with AVX2, FMA and F16C; the lengths were checked
+                // above.
+                unsafe {
+                    match (tokens.end - t).min(4) {
+                        4 => rows_at(src, rb, &Tokens::<4>::new(a, t), tile, $kernel::<4>),
+                        3 => rows_at(src, rb, &Tokens::<3>::new(a, t), tile, $kernel::<3>),
+                        2 => rows_at(src, rb, &Tokens::<2>::new(a, t), tile, $kernel::<2>),
+                        _ => rows_at(src, rb, &Tokens::<1>::new(a, t), tile, $kernel::<1>),
                     }
                 }
             }
         }
     };
+}
+
+/// A kernel: one row of whole blocks against `N` resolved activation rows.
+type Kernel<const N: usize> = unsafe fn(&[u8], &Tokens<N>, &mut [f32; N]);
+
+/// Every row of `src` (`rb` bytes each) against the `N` tokens of `xt`: token `j`'s result
+/// for row `r` goes to `tile[j · rows + r]`.
+///
+/// # Safety
+/// The CPU has what `kernel` needs; each row is whole blocks matching the activations'
+/// length.
+#[inline(always)]
+unsafe fn rows_at<const N: usize>(
+    src: &[u8],
+    rb: usize,
+    xt: &Tokens<N>,
+    tile: &mut [f32],
+    kernel: Kernel<N>,
+) {
+    let n_rows = src.len() / rb;
+    for (r, row) in src.chunks_exact(rb).enumerate() {
+        let mut o = [0.0f32; N];
+        // SAFETY: the caller's guarantees.
+        unsafe { kernel(row, xt, &mut o) };
+        for (j, v) in o.iter().enumerate() {
+            tile[j * n_rows + r] = *v;
+        }
+    }
 }
 
 // name, kernel, block bytes, values per block, activation values per scale
@@ -108,7 +130,7 @@ unsafe fn load(p: *const u8) -> __m256i {
     unsafe { _mm256_loadu_si256(p.cast()) }
 }
 
-/// One kernel call's activation rows, resolved once: values, scales per 32 and integer
+/// A group of up to four tokens' activation rows, resolved once for all rows of a task: values, scales per 32 and integer
 /// sums per 16 of tokens `t .. t + N`.
 struct Tokens<'a, const N: usize> {
     q: [&'a [i8]; N],

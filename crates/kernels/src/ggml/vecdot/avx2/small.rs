@@ -6,7 +6,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{Q8Rows, Tokens, bit4_of_each, f16_at, hsum, load, nibbles};
+use super::{Tokens, bit4_of_each, f16_at, hsum, load, nibbles};
 use crate::ggml::unpack::KVALUES_IQ4NL;
 
 /// `N` tokens' products with one block of 32 signed weights `w` scaled by `d`:
@@ -37,14 +37,13 @@ unsafe fn signed_block<const N: usize>(
 /// Q8_0: `{f16 d; i8 qs[32]}`.
 ///
 /// # Safety
-/// As [`q4_k_n`].
+/// AVX2, FMA and F16C; `row` is whole blocks matching the rows of `xt`.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn q8_0_n<const N: usize>(row: &[u8], a: &Q8Rows, t: usize, out: &mut [f32]) {
-    let xt = Tokens::<N>::new(a, t);
+pub(super) unsafe fn q8_0_n<const N: usize>(row: &[u8], xt: &Tokens<N>, out: &mut [f32; N]) {
     let mut acc = [_mm256_setzero_ps(); N];
     for (b, x) in row.chunks_exact(34).enumerate() {
         // SAFETY: bytes 2..34 of the block; block `b` and the rows exist (caller).
-        unsafe { signed_block(load(x.as_ptr().add(2)), f16_at(x, 0), &xt, b, &mut acc) };
+        unsafe { signed_block(load(x.as_ptr().add(2)), f16_at(x, 0), xt, b, &mut acc) };
     }
     for j in 0..N {
         out[j] = hsum(acc[j]);
@@ -54,19 +53,16 @@ pub(super) unsafe fn q8_0_n<const N: usize>(row: &[u8], a: &Q8Rows, t: usize, ou
 /// Q4_0: `{f16 d; u8 qs[16]}`, values `d · (q - 8)`, low nibbles first.
 ///
 /// # Safety
-/// As [`q4_k_n`].
+/// As [`q8_0_n`].
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn q4_0_n<const N: usize>(row: &[u8], a: &Q8Rows, t: usize, out: &mut [f32]) {
-    let xt = Tokens::<N>::new(a, t);
-    let (m4, eight) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(8));
+pub(super) unsafe fn q4_0_n<const N: usize>(row: &[u8], xt: &Tokens<N>, out: &mut [f32; N]) {
+    let eight = _mm256_set1_epi8(8);
     let mut acc = [_mm256_setzero_ps(); N];
     for (b, x) in row.chunks_exact(18).enumerate() {
         // SAFETY: bytes 2..18 of the 18-byte block.
-        let q = unsafe { _mm_loadu_si128(x.as_ptr().add(2).cast()) };
-        let both = _mm256_set_m128i(_mm_srli_epi16::<4>(q), q);
-        let w = _mm256_sub_epi8(_mm256_and_si256(both, m4), eight);
+        let w = _mm256_sub_epi8(nibbles(unsafe { load16(x.as_ptr().add(2)) }), eight);
         // SAFETY: block `b` and the rows exist (caller).
-        unsafe { signed_block(w, f16_at(x, 0), &xt, b, &mut acc) };
+        unsafe { signed_block(w, f16_at(x, 0), xt, b, &mut acc) };
     }
     for j in 0..N {
         out[j] = hsum(acc[j]);
@@ -116,15 +112,14 @@ unsafe fn load16(p: *const u8) -> __m128i {
 /// # Safety
 /// As [`q8_0_n`].
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn q4_1_n<const N: usize>(row: &[u8], a: &Q8Rows, t: usize, out: &mut [f32]) {
-    let xt = Tokens::<N>::new(a, t);
+pub(super) unsafe fn q4_1_n<const N: usize>(row: &[u8], xt: &Tokens<N>, out: &mut [f32; N]) {
     let mut acc = [_mm256_setzero_ps(); N];
     let mut mins = [0.0f32; N];
     for (b, x) in row.chunks_exact(20).enumerate() {
         // SAFETY: bytes 4..20 of the 20-byte block.
         let w = nibbles(unsafe { load16(x.as_ptr().add(4)) });
         // SAFETY: block `b` and the rows exist (caller).
-        unsafe { unsigned_block(w, f16_at(x, 0), f16_at(x, 2), &xt, b, &mut acc, &mut mins) };
+        unsafe { unsigned_block(w, f16_at(x, 0), f16_at(x, 2), xt, b, &mut acc, &mut mins) };
     }
     for j in 0..N {
         out[j] = hsum(acc[j]) + mins[j];
@@ -137,8 +132,7 @@ pub(super) unsafe fn q4_1_n<const N: usize>(row: &[u8], a: &Q8Rows, t: usize, ou
 /// # Safety
 /// As [`q8_0_n`].
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn q5_0_n<const N: usize>(row: &[u8], a: &Q8Rows, t: usize, out: &mut [f32]) {
-    let xt = Tokens::<N>::new(a, t);
+pub(super) unsafe fn q5_0_n<const N: usize>(row: &[u8], xt: &Tokens<N>, out: &mut [f32; N]) {
     let mut acc = [_mm256_setzero_ps(); N];
     for (b, x) in row.chunks_exact(22).enumerate() {
         let qh = u32::from_le_bytes([x[2], x[3], x[4], x[5]]);
@@ -149,7 +143,7 @@ pub(super) unsafe fn q5_0_n<const N: usize>(row: &[u8], a: &Q8Rows, t: usize, ou
         );
         let w = _mm256_sub_epi8(q, _mm256_set1_epi8(16));
         // SAFETY: block `b` and the rows exist (caller).
-        unsafe { signed_block(w, f16_at(x, 0), &xt, b, &mut acc) };
+        unsafe { signed_block(w, f16_at(x, 0), xt, b, &mut acc) };
     }
     for j in 0..N {
         out[j] = hsum(acc[j]);
@@ -161,8 +155,7 @@ pub(super) unsafe fn q5_0_n<const N: usize>(row: &[u8], a: &Q8Rows, t: usize, ou
 /// # Safety
 /// As [`q8_0_n`].
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn q5_1_n<const N: usize>(row: &[u8], a: &Q8Rows, t: usize, out: &mut [f32]) {
-    let xt = Tokens::<N>::new(a, t);
+pub(super) unsafe fn q5_1_n<const N: usize>(row: &[u8], xt: &Tokens<N>, out: &mut [f32; N]) {
     let mut acc = [_mm256_setzero_ps(); N];
     let mut mins = [0.0f32; N];
     for (b, x) in row.chunks_exact(24).enumerate() {
@@ -173,7 +166,7 @@ pub(super) unsafe fn q5_1_n<const N: usize>(row: &[u8], a: &Q8Rows, t: usize, ou
             bit4_of_each(qh),
         );
         // SAFETY: block `b` and the rows exist (caller).
-        unsafe { unsigned_block(w, f16_at(x, 0), f16_at(x, 2), &xt, b, &mut acc, &mut mins) };
+        unsafe { unsigned_block(w, f16_at(x, 0), f16_at(x, 2), xt, b, &mut acc, &mut mins) };
     }
     for j in 0..N {
         out[j] = hsum(acc[j]) + mins[j];
@@ -194,15 +187,14 @@ fn iq4_grid() -> __m256i {
 /// # Safety
 /// As [`q8_0_n`].
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn iq4_nl_n<const N: usize>(row: &[u8], a: &Q8Rows, t: usize, out: &mut [f32]) {
-    let xt = Tokens::<N>::new(a, t);
+pub(super) unsafe fn iq4_nl_n<const N: usize>(row: &[u8], xt: &Tokens<N>, out: &mut [f32; N]) {
     let grid = iq4_grid();
     let mut acc = [_mm256_setzero_ps(); N];
     for (b, x) in row.chunks_exact(18).enumerate() {
         // SAFETY: bytes 2..18 of the 18-byte block.
         let w = _mm256_shuffle_epi8(grid, nibbles(unsafe { load16(x.as_ptr().add(2)) }));
         // SAFETY: block `b` and the rows exist (caller).
-        unsafe { signed_block(w, f16_at(x, 0), &xt, b, &mut acc) };
+        unsafe { signed_block(w, f16_at(x, 0), xt, b, &mut acc) };
     }
     for j in 0..N {
         out[j] = hsum(acc[j]);
@@ -216,8 +208,7 @@ pub(super) unsafe fn iq4_nl_n<const N: usize>(row: &[u8], a: &Q8Rows, t: usize, 
 /// # Safety
 /// As [`q8_0_n`].
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn iq4_xs_n<const N: usize>(row: &[u8], a: &Q8Rows, t: usize, out: &mut [f32]) {
-    let xt = Tokens::<N>::new(a, t);
+pub(super) unsafe fn iq4_xs_n<const N: usize>(row: &[u8], xt: &Tokens<N>, out: &mut [f32; N]) {
     let grid = iq4_grid();
     let mut acc = [_mm256_setzero_ps(); N];
     for (i, x) in row.chunks_exact(136).enumerate() {
@@ -233,7 +224,7 @@ pub(super) unsafe fn iq4_xs_n<const N: usize>(row: &[u8], a: &Q8Rows, t: usize, 
                 nibbles(unsafe { load16(x.as_ptr().add(8 + 16 * ib)) }),
             );
             // SAFETY: sub-block `8 i + ib` and the rows exist (caller).
-            unsafe { signed_block(w, dl, &xt, 8 * i + ib, &mut acc) };
+            unsafe { signed_block(w, dl, xt, 8 * i + ib, &mut acc) };
         }
     }
     for j in 0..N {
