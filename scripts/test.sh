@@ -19,6 +19,9 @@ fi
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}"
 
 cargo fmt --all -- --check
+# The invariants ARCHITECTURE.md states: crate layering, no module cycles, unsafe only in
+# the kernels/mmap/FFI crates, source files under 800 lines.
+python3 scripts/check_architecture.py
 cargo clippy --workspace --all-targets -- -D warnings
 cargo test --workspace
 if [[ "${1:-}" != "--offline" ]]; then

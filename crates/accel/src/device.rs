@@ -8,7 +8,7 @@
 //! A key design decision made here is that operations are plain data ([`Op`]) handed to one
 //! `enqueue` method rather than one trait method per kernel: a backend (wgpu now, CUDA later)
 //! implements one dispatcher, `supports_op` answers from the same enum, and a model written
-//! against `dyn Device` ([`crate::GpuModel`]) runs on any of them.
+//! against `dyn Device` (`strata_exec::GpuModel`) runs on any of them.
 
 use std::any::Any;
 use std::fmt;
@@ -259,7 +259,7 @@ impl fmt::Debug for Readback {
     }
 }
 
-/// RoPE pairing (see `strata_model::config::RopeStyle`).
+/// RoPE pairing: rotate the two halves of a head (NeoX) or adjacent pairs (GPT-J).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RopeKind {
     /// `i` with `i + d/2`.

@@ -65,9 +65,6 @@ pub enum Error {
     /// The driver or the backend reported an error (validation, out of memory, lost device).
     #[error("device error: {0}")]
     Device(String),
-    /// Loading the model failed.
-    #[error(transparent)]
-    Model(#[from] strata_model::Error),
 }
 
 /// Result alias for this crate.

@@ -1,9 +1,13 @@
 //! Accelerators for Strata: one device/buffer/queue interface ([`Device`]) and a wgpu
 //! backend (Vulkan; Metal and DX12 through features) with WGSL kernels for every part of a
-//! decoder layer, plus [`GpuModel`], a whole model on one device.
+//! decoder layer.
 //!
 //! Entry points: [`devices`] lists what this build can use, [`open`] opens one as a
-//! `dyn Device`, [`GpuModel::load`] puts a checkpoint on it.
+//! `dyn Device`; [`Device::enqueue`] runs an [`Op`] on buffers it allocated.
+//!
+//! This crate knows nothing of models or checkpoints: it computes ops on buffers, the way
+//! ggml's backends do. What puts a model on a device (`strata_exec::GpuModel`, the hybrid
+//! executor's expert cache) lives above it.
 //!
 //! A key design decision made in this crate is that a backend that is not compiled in, or
 //! that finds no adapter, is an error value naming what is missing ([`Error::NotCompiledWith`],
@@ -13,7 +17,6 @@
 
 pub mod device;
 mod error;
-pub mod model;
 
 #[cfg(feature = "wgpu")]
 mod backend {
@@ -27,7 +30,6 @@ pub use device::{
     RopeKind, TopKParams, WeightType,
 };
 pub use error::{Error, Result};
-pub use model::{GpuCache, GpuModel};
 
 /// Every accelerator this build can use.
 pub fn devices() -> Result<Vec<DeviceInfo>> {

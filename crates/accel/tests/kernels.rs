@@ -379,7 +379,7 @@ fn topk_matches_cpu_router() {
         let (t, n, k) = (13usize, cfg.n_experts, cfg.top_k);
         let logits: Vec<f32> = rng.vec(t * n).iter().map(|v| v * 4.0).collect();
         let bias = rng.vec(n);
-        let want = strata_model::moe::route(&cfg, &logits, Some(&bias));
+        let want = strata_model::routing::route(&cfg, &logits, Some(&bias));
         let (lb, bb) = (up(&*dev, &logits), up(&*dev, &bias));
         let ids = dev.alloc((t * k * 4) as u64, 0, "ids").unwrap();
         let w = dev.alloc((t * k * 4) as u64, 0, "weights").unwrap();

@@ -284,7 +284,7 @@ impl DeviceArgs {
     }
 
     /// Loads the model onto the accelerator (`--device gpu`).
-    pub fn gpu_model(&self, dir: &Path) -> anyhow::Result<strata_accel::GpuModel> {
+    pub fn gpu_model(&self, dir: &Path) -> anyhow::Result<strata_exec::GpuModel> {
         let budget = self
             .vram_budget
             .as_deref()
@@ -294,7 +294,7 @@ impl DeviceArgs {
             vram_budget: budget,
             ..Default::default()
         })?;
-        Ok(strata_accel::GpuModel::load(dev, dir)?)
+        Ok(strata_exec::GpuModel::load(dev, dir)?)
     }
 
     /// Hands `model`'s routed experts to a hybrid executor on the first accelerator

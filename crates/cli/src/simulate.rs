@@ -11,7 +11,7 @@ use clap::Args;
 use strata_policy::policies::{
     Fiddler, GpuLru, HybriCosts, HybriMoE, KTransformers, Smoe, SmoeEviction,
 };
-use strata_policy::{CostModel, Hardware, ModelShape, Policy};
+use strata_policy::{CostModel, Hardware, Policy};
 use strata_sim::workload::{SyntheticParams, Workload, synthetic};
 use strata_sim::{reproduce, simulate, trace};
 
@@ -22,7 +22,8 @@ pub struct SimulateArgs {
     /// `cox-6000ada`, `cox-a100`, `cox-h100`, `local`) or a JSON file of the same shape.
     #[arg(long, value_name = "H", default_value = "smoe-4090")]
     hardware: String,
-    /// Model preset (`deepseek-v3`, `qwen3-30b-a3b`, ...), a config.json or a model directory.
+    /// Model preset (`deepseek-v3`, `qwen3-30b-a3b`, ...), a config.json, a model directory
+    /// or a `.gguf` / converted file.
     #[arg(long, value_name = "M", default_value = "deepseek-v3")]
     model: String,
     /// Policy: `gpu-lru`, `fiddler`, `ktransformers[:D]`, `hybrimoe[:N]`,
@@ -198,7 +199,7 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
         return print_reproduction(name, args.json);
     }
     let hw = Hardware::load(&args.hardware)?;
-    let model = ModelShape::load(&args.model)?;
+    let model = strata_exec::resolve_model_shape(&args.model)?;
     let cost = CostModel::new(hw, model, args.bits, args.bits)?;
     let m = &cost.model;
     let (w, train) = if args.workload == "synthetic" {

@@ -23,8 +23,8 @@ use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 use clap::Args;
+use strata_model::Routing;
 use strata_model::attention::SeqSpan;
-use strata_model::moe::Routing;
 use strata_model::{ForwardObserver, LogitsWanted, Model, SeqInput};
 use strata_policy::stratify::{
     SplitMix, hit_ratio, kmeans, pin_order, pin_per_layer, prototypes, random_per_layer,

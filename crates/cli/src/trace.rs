@@ -11,8 +11,8 @@ use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 use clap::Args;
+use strata_model::Routing;
 use strata_model::attention::SeqSpan;
-use strata_model::moe::Routing;
 use strata_model::{ForwardObserver, LogitsWanted, Model, SeqInput};
 use strata_runtime::engine::load_tokenizer;
 use strata_sim::trace::{FORMAT, Header, Record, VERSION, Writer};
@@ -176,15 +176,6 @@ fn argmax(v: &[f32]) -> u32 {
     best as u32
 }
 
-/// Makes every MoE block of `model` keep its router's top `2k` candidates in the routing.
-pub fn keep_candidates(model: &mut Model) {
-    for layer in &mut model.layers {
-        if let strata_model::moe::Ffn::Moe(b) = &mut layer.ffn {
-            b.set_candidates(2 * b.cfg.router.top_k);
-        }
-    }
-}
-
 /// Records `prompts` through `model` into `rec`, `decode` greedy steps each.
 pub fn record(
     model: &Model,
@@ -230,7 +221,7 @@ pub fn run(args: TraceArgs) -> anyhow::Result<()> {
         .map(|p| tok.encode(p, true))
         .collect::<Result<Vec<_>, _>>()?;
     let (mut model, _) = args.model.load_model(&dir)?;
-    keep_candidates(&mut model);
+    model.keep_candidates(true);
     let n_experts = strata_exec::model_shape(&model.config)?.n_experts;
     let mut rec = Recorder::new(!args.no_hidden);
     record(&model, &ids, args.decode, &mut rec)?;
@@ -256,7 +247,7 @@ mod tests {
             strata_model::LoadOptions::new(strata_model::Precision::Fast),
         )
         .unwrap();
-        keep_candidates(&mut model);
+        model.keep_candidates(true);
         let mut rec = Recorder::new(true);
         record(&model, &[vec![5, 17, 300, 42], vec![9, 8]], 3, &mut rec).unwrap();
         let mut buf = Vec::new();
@@ -284,7 +275,7 @@ mod tests {
         // The trace drives the simulator.
         let cost = strata_policy::CostModel::new(
             strata_policy::Hardware::load("smoe-4090").unwrap(),
-            strata_policy::ModelShape::load(&dir.to_string_lossy()).unwrap(),
+            strata_exec::resolve_model_shape(&dir.to_string_lossy()).unwrap(),
             16.0,
             16.0,
         )

@@ -27,13 +27,17 @@
 
 mod cache;
 mod executor;
+mod gpu_model;
 mod setup;
 mod weights;
 mod worker;
 
 pub use cache::SlotCache;
 pub use executor::{ExecOptions, ExecStats, HybridExecutor, LayerRecord};
-pub use setup::{PolicyKind, PolicyOptions, build_policy, cost_model, install, model_shape};
+pub use gpu_model::{GpuCache, GpuModel};
+pub use setup::{
+    PolicyKind, PolicyOptions, build_policy, cost_model, install, model_shape, resolve_model_shape,
+};
 pub use weights::HostExperts;
 
 /// Errors of the executor.
@@ -48,6 +52,14 @@ pub enum Error {
     /// A policy could not be built (presets, settings).
     #[error(transparent)]
     Policy(#[from] strata_policy::Error),
+    /// A forward pass was asked for what the model or its cache cannot do.
+    #[error("{op}: {message}")]
+    Shape {
+        /// The operation.
+        op: &'static str,
+        /// What is wrong.
+        message: String,
+    },
     /// The model or the settings do not fit the executor.
     #[error("{0}")]
     Config(String),

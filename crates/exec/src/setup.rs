@@ -8,12 +8,12 @@
 //! `CostModel::gpu_expert_budget` equals the cache the executor really has.
 
 use std::fmt;
+use std::path::Path;
 use std::str::FromStr;
 use std::sync::Arc;
 
 use strata_model::config::ModelConfig;
 use strata_model::model::Model;
-use strata_model::moe::Ffn;
 use strata_policy::policies::{Fiddler, GpuLru, HybriMoE, KTransformers, Smoe, SmoeEviction};
 use strata_policy::predictor::LinearPredictor;
 use strata_policy::{CostModel, Hardware, ModelShape, Policy};
@@ -135,13 +135,34 @@ pub fn model_shape(config: &ModelConfig) -> Result<ModelShape> {
         n_layers: s.n_layers,
         dense_layers: s.dense_layers,
         dense_intermediate: s.dense_intermediate,
-        attn_params: 0,
+        attn_params: s.attn_params as u64,
         n_heads: s.n_heads,
         head_dim: s.head_dim,
-        kv_dim: 0,
+        kv_dim: s.kv_elems,
         vocab: s.vocab,
-        source: "config.json (strata-exec)".into(),
+        source: "the model's config (strata-model)".into(),
     })
+}
+
+/// A preset name (`deepseek-v3`, ...) or a real model (a `config.json`, a model directory,
+/// a `.gguf` or converted file), whose config `strata-model` reads and normalises.
+pub fn resolve_model_shape(name_or_path: &str) -> Result<ModelShape> {
+    if let Ok(preset) = ModelShape::load(name_or_path) {
+        return Ok(preset);
+    }
+    let path = Path::new(name_or_path);
+    if !path.exists() {
+        // The preset error names the known presets.
+        return Ok(ModelShape::load(name_or_path)?);
+    }
+    let config = if path.file_name().is_some_and(|n| n == "config.json") {
+        ModelConfig::load(path)?
+    } else {
+        strata_model::model::open(path)?.0
+    };
+    let mut shape = model_shape(&config)?;
+    shape.source = path.display().to_string();
+    Ok(shape)
 }
 
 /// A cost model over `hw` whose GPU expert budget is `cache_bytes`, with experts of
@@ -161,18 +182,42 @@ pub fn cost_model(
 }
 
 /// Hands every MoE block of `model` to `exec` (`None`: back to the CPU path), with the
-/// router's top `2k` candidates in each routing.
+/// router's top `2k` candidates in each routing (the policies may score them: HybriMoE).
 pub fn install(model: &mut Model, exec: Option<&Arc<HybridExecutor>>) {
-    let mut moe_layer = 0;
-    for layer in &mut model.layers {
-        if let Ffn::Moe(block) = &mut layer.ffn {
-            // The policies may score the router's top 2k (HybriMoE).
-            block.set_candidates(exec.map_or(0, |_| 2 * block.cfg.router.top_k));
-            block.set_executor(
-                moe_layer,
-                exec.map(|e| e.clone() as Arc<dyn strata_model::ExpertExecutor>),
-            );
-            moe_layer += 1;
-        }
+    model.keep_candidates(exec.is_some());
+    model.set_executor(exec.map(|e| e.clone() as Arc<dyn strata_model::ExpertExecutor>));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shipped_models_config_gives_its_presets_shape() {
+        let dir =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/models/strata-tiny-moe");
+        let read = resolve_model_shape(&dir.to_string_lossy()).unwrap();
+        let preset = resolve_model_shape("strata-tiny-moe").unwrap();
+        let key = |m: &ModelShape| {
+            (
+                m.hidden,
+                m.moe_intermediate,
+                m.n_experts,
+                m.top_k,
+                m.n_layers,
+                m.dense_layers,
+                m.attn_params,
+                m.kv_elems(),
+                m.vocab,
+            )
+        };
+        assert_eq!(key(&read), key(&preset));
+        let e = resolve_model_shape("no-such-model")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("no-such-model") && e.contains("deepseek-v3"),
+            "{e}"
+        );
     }
 }

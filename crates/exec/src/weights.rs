@@ -11,21 +11,93 @@
 use std::path::Path;
 
 use strata_accel::{ExpertSlots, WeightType};
-use strata_model::config::{Arch, FfnConfig, ModelConfig};
-use strata_model::source::Source;
+use strata_model::config::{FfnConfig, ModelConfig};
+use strata_model::names::{ExpertLayout, LayerNames};
+use strata_model::source::{Source, Tensor};
 
 use crate::{Error, Result};
 
-/// How one MoE layer stores its experts.
+/// Storage type that holds a stored dtype exactly (a converted model's packed BF16 is
+/// BF16; its int8/int4 matrices are dequantized, which f32 holds exactly).
+pub(crate) fn wtype_of(dtype: &str) -> WeightType {
+    match dtype {
+        "BF16" | "packed bf16" => WeightType::Bf16,
+        "F16" => WeightType::F16,
+        _ => WeightType::F32,
+    }
+}
+
+/// The values of `t` and the storage type that holds them exactly: a converted model's
+/// packed matrices are dequantized (the values its CPU kernels use), others read as
+/// stored.
+pub(crate) fn stored_values(t: &Tensor) -> Result<(Vec<f32>, WeightType)> {
+    let wtype = wtype_of(&t.dtype_name());
+    match t.stored_packed() {
+        Some(p) => Ok((p?.dequantize(), wtype)),
+        None => Ok((t.to_f32()?, wtype)),
+    }
+}
+
+/// Rows of one gate or up strip in the fused gate/up matrix of a packed expert
+/// (`strata_kernels::Expert::pack`: row `32 b + c` is gate row `16 b + c`, row
+/// `32 b + 16 + c` is up row `16 b + c`).
+const STRIP: usize = 16;
+
+/// One expert's weights as f32 values, and the storage type that holds them exactly.
 #[derive(Debug, Clone)]
-enum Layout {
-    /// `{mlp}.experts.gate_up_proj: [E, 2I, H]`, `{mlp}.experts.down_proj: [E, H, I]`.
-    Stacked(String),
-    /// `{mlp}.experts.{e}.{gate,up,down}.weight` with these three names.
-    PerExpert(String, [&'static str; 3]),
-    /// A converted model's `{mlp}.experts.{e}.gate_up` and `.down` (packed) or `.gate`,
-    /// `.up`, `.down` (plain), read by [`strata_accel::model::converted_expert`].
-    Converted(String),
+pub(crate) struct ExpertValues {
+    /// Gate projection `[inter, hidden]`.
+    pub(crate) gate: Vec<f32>,
+    /// Up projection `[inter, hidden]`.
+    pub(crate) up: Vec<f32>,
+    /// Down projection `[hidden, inter]`.
+    pub(crate) down: Vec<f32>,
+    /// Storage type on the device.
+    pub(crate) wtype: WeightType,
+}
+
+/// Expert `e` of the set `prefix` (`model.layers.3.mlp.experts`, or a dense MLP / shared
+/// expert as a set of one: `model.layers.0.mlp`) of a converted model (`strata convert`):
+/// packed `{prefix}.{e}.gate_up` (gate and up strips interleaved) and `{prefix}.{e}.down`,
+/// or plain `{prefix}.{e}.gate`, `.up`, `.down`. Other sources have no such tensors.
+pub(crate) fn converted_expert(
+    src: &Source,
+    prefix: &str,
+    e: usize,
+    hidden: usize,
+    inter: usize,
+) -> Result<ExpertValues> {
+    let get = |part: &str, shape: [usize; 2]| -> Result<(Vec<f32>, WeightType)> {
+        let t = src.tensor(&format!("{prefix}.{e}.{part}"))?;
+        t.expect_shape(&shape)?;
+        stored_values(&t)
+    };
+    let (down, _) = get("down", [hidden, inter])?;
+    if !src.has(&format!("{prefix}.{e}.gate_up")) {
+        let (gate, wtype) = get("gate", [inter, hidden])?;
+        let (up, _) = get("up", [inter, hidden])?;
+        return Ok(ExpertValues {
+            gate,
+            up,
+            down,
+            wtype,
+        });
+    }
+    let i_pad = inter.div_ceil(STRIP) * STRIP;
+    let (gu, wtype) = get("gate_up", [2 * i_pad, hidden])?;
+    let mut gate = Vec::with_capacity(inter * hidden);
+    let mut up = Vec::with_capacity(inter * hidden);
+    for i in 0..inter {
+        let row = 2 * (i / STRIP) * STRIP + i % STRIP;
+        gate.extend_from_slice(&gu[row * hidden..][..hidden]);
+        up.extend_from_slice(&gu[(row + STRIP) * hidden..][..hidden]);
+    }
+    Ok(ExpertValues {
+        gate,
+        up,
+        down,
+        wtype,
+    })
 }
 
 /// The routed experts of every MoE layer, readable one expert at a time.
@@ -33,7 +105,7 @@ enum Layout {
 pub struct HostExperts {
     src: Source,
     fp8_block: Option<[usize; 2]>,
-    layers: Vec<Layout>,
+    layers: Vec<ExpertLayout>,
     hidden: usize,
     inter: usize,
     n_experts: usize,
@@ -53,23 +125,7 @@ impl HostExperts {
         let mut shape = None;
         for (i, ffn) in config.layers.iter().enumerate() {
             let FfnConfig::Moe(moe) = ffn else { continue };
-            let p = format!("model.layers.{i}");
-            let mlp = if config.arch == Arch::Mixtral
-                && src.has(&format!("{p}.block_sparse_moe.gate.weight"))
-            {
-                format!("{p}.block_sparse_moe")
-            } else {
-                format!("{p}.mlp")
-            };
-            layers.push(if let Source::Strata(_) = src {
-                Layout::Converted(mlp)
-            } else if src.has(&format!("{mlp}.experts.gate_up_proj")) {
-                Layout::Stacked(mlp)
-            } else if src.has(&format!("{mlp}.experts.0.w1.weight")) {
-                Layout::PerExpert(mlp, ["w1", "w3", "w2"])
-            } else {
-                Layout::PerExpert(mlp, ["gate_proj", "up_proj", "down_proj"])
-            });
+            layers.push(LayerNames::new(i).moe(&src, moe.shared.as_ref()).experts);
             shape.get_or_insert((moe.router.n_experts, moe.intermediate));
         }
         let Some((n_experts, inter)) = shape else {
@@ -86,28 +142,9 @@ impl HostExperts {
             n_experts,
             wtype: WeightType::F32,
         };
-        host.wtype = match host.first_tensor_dtype()?.as_str() {
-            "BF16" | "packed bf16" => WeightType::Bf16,
-            "F16" => WeightType::F16,
-            _ => WeightType::F32,
-        };
+        let first = host.layers[0].first_tensor(&host.src);
+        host.wtype = wtype_of(&host.src.tensor(&first)?.dtype_name());
         Ok(host)
-    }
-
-    fn first_tensor_dtype(&self) -> Result<String> {
-        let name = match &self.layers[0] {
-            Layout::Stacked(mlp) => format!("{mlp}.experts.gate_up_proj"),
-            Layout::PerExpert(mlp, names) => format!("{mlp}.experts.0.{}.weight", names[0]),
-            Layout::Converted(mlp) => {
-                let packed = format!("{mlp}.experts.0.gate_up");
-                if self.src.has(&packed) {
-                    packed
-                } else {
-                    format!("{mlp}.experts.0.gate")
-                }
-            }
-        };
-        Ok(self.src.tensor(&name)?.dtype_name())
     }
 
     /// MoE layers.
@@ -151,35 +188,25 @@ impl HostExperts {
         }
         let mut all = Vec::with_capacity(slots.slot_elems() as usize);
         match layout {
-            Layout::Stacked(mlp) => {
-                let gu = self
-                    .src
-                    .tensor_fp8(&format!("{mlp}.experts.gate_up_proj"), self.fp8_block)?;
+            ExpertLayout::Stacked { gate_up, down } => {
+                let gu = self.src.tensor_fp8(gate_up, self.fp8_block)?;
                 gu.expect_shape(&[self.n_experts, 2 * i, h])?;
-                let down = self
-                    .src
-                    .tensor_fp8(&format!("{mlp}.experts.down_proj"), self.fp8_block)?;
+                let down = self.src.tensor_fp8(down, self.fp8_block)?;
                 down.expect_shape(&[self.n_experts, h, i])?;
                 all.extend(gu.rows_f32(e * 2 * i, 2 * i)?);
                 all.extend(down.rows_f32(e * h, h)?);
             }
-            Layout::PerExpert(mlp, names) => {
+            ExpertLayout::PerExpert { prefix, names } => {
                 for (name, shape) in names.iter().zip([[i, h], [i, h], [h, i]]) {
                     let t = self
                         .src
-                        .tensor_fp8(&format!("{mlp}.experts.{e}.{name}.weight"), self.fp8_block)?;
+                        .tensor_fp8(&format!("{prefix}.{e}.{name}.weight"), self.fp8_block)?;
                     t.expect_shape(&shape)?;
                     all.extend(t.to_f32()?);
                 }
             }
-            Layout::Converted(mlp) => {
-                let x = strata_accel::model::converted_expert(
-                    &self.src,
-                    &format!("{mlp}.experts"),
-                    e,
-                    h,
-                    i,
-                )?;
+            ExpertLayout::Converted { prefix } => {
+                let x = converted_expert(&self.src, prefix, e, h, i)?;
                 all.extend(x.gate);
                 all.extend(x.up);
                 all.extend(x.down);

@@ -6,11 +6,12 @@
 //! Needs an accelerator (Mesa's lavapipe in CI): skipped without one, unless
 //! `STRATA_GPU_TESTS=1` makes that a failure.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde_json::json;
-use strata_accel::DeviceOptions;
 use strata_exec::{
     ExecOptions, HostExperts, HybridExecutor, PolicyKind, PolicyOptions, build_policy, cost_model,
     install, model_shape,
@@ -51,15 +52,8 @@ fn run(model: &Model) -> Vec<f32> {
 }
 
 fn check(name: &str, opts: LoadOptions, bound: f32) {
-    let dev = match strata_accel::open(&DeviceOptions::default()) {
-        Ok(d) => d,
-        Err(e) if std::env::var("STRATA_GPU_TESTS").as_deref() == Ok("1") => {
-            panic!("STRATA_GPU_TESTS=1 but no GPU device: {e}")
-        }
-        Err(e) => {
-            eprintln!("skipping GPU test: {e} (set STRATA_GPU_TESTS=1 to make this a failure)");
-            return;
-        }
+    let Some(dev) = common::default_gpu() else {
+        return;
     };
     let src = fixture(name);
     let tag = match opts.precision {

@@ -8,10 +8,13 @@
 //! These tests need an accelerator (Mesa's lavapipe in CI): without one they are skipped,
 //! unless `STRATA_GPU_TESTS=1` makes that a failure.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use strata_accel::{Device, DeviceOptions};
+use common::default_gpu as gpu;
+use strata_accel::Device;
 use strata_exec::{
     ExecOptions, HostExperts, HybridExecutor, LayerRecord, PolicyKind, PolicyOptions, build_policy,
     cost_model, install, model_shape,
@@ -19,19 +22,6 @@ use strata_exec::{
 use strata_model::moe::{ExpertCall, ExpertExecutor};
 use strata_model::{LogitsWanted, Model, Precision, Routing, SeqInput};
 use strata_policy::{Device as Place, Hardware, Phase};
-
-fn gpu() -> Option<Arc<dyn Device>> {
-    match strata_accel::open(&DeviceOptions::default()) {
-        Ok(d) => Some(d),
-        Err(e) if std::env::var("STRATA_GPU_TESTS").as_deref() == Ok("1") => {
-            panic!("STRATA_GPU_TESTS=1 but no GPU device: {e}")
-        }
-        Err(e) => {
-            eprintln!("skipping GPU test: {e} (set STRATA_GPU_TESTS=1 to make this a failure)");
-            None
-        }
-    }
-}
 
 fn repo(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -334,15 +324,7 @@ fn expert_deferral_matches_the_papers_equation() {
         n_layers: 6,
         pending: Default::default(),
     });
-    let mut moe = 0;
-    for layer in &mut reference.layers {
-        if let strata_model::model::Layer { .. } = layer
-            && let strata_model::moe::Ffn::Moe(b) = &mut layer.ffn
-        {
-            b.set_executor(moe, Some(r.clone() as Arc<dyn ExpertExecutor>));
-            moe += 1;
-        }
-    }
+    reference.set_executor(Some(r.clone() as Arc<dyn ExpertExecutor>));
     let want = run(&reference, TINY_PROMPT, TINY_NEXT);
     let err = rel_err(&got, &want);
     assert!(err < 1e-4, "deferral differs from the reference by {err}");
@@ -501,7 +483,7 @@ fn a_batch_of_decoding_sequences_is_told_decode_and_its_context() {
     }
     // Without a batch layout (a block run on its own) one token still reads as decode.
     let block = model
-        .layers
+        .layers()
         .iter()
         .find_map(|l| match &l.ffn {
             strata_model::moe::Ffn::Moe(b) => Some(b),

@@ -22,7 +22,6 @@ mod error;
 pub mod gemm;
 pub mod ggml;
 pub mod isa;
-mod micro;
 pub mod moe;
 pub mod numa;
 pub mod packed;

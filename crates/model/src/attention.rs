@@ -11,6 +11,7 @@ use crate::Result;
 use crate::cache::LayerCache;
 use crate::config::AttentionConfig;
 use crate::linear::{Linear, Loader};
+use crate::names::AttentionNames;
 use crate::ops::{parallel_map, rms_norm, softmax};
 use crate::rope::Rope;
 use strata_kernels::vector::{axpy, dot};
@@ -71,10 +72,10 @@ pub struct Mla {
 }
 
 impl Attention {
-    /// Loads `{prefix}.*` (`model.layers.N.self_attn`).
+    /// Loads the attention block named by `n`.
     pub fn load(
         ld: &Loader,
-        prefix: &str,
+        n: &AttentionNames,
         cfg: &AttentionConfig,
         hidden: usize,
     ) -> Result<Attention> {
@@ -88,37 +89,17 @@ impl Attention {
                 qk_norm,
                 sliding_window,
             } => Attention::Gqa(Gqa {
-                q: ld.projection(
-                    &format!("{prefix}.q_proj"),
-                    n_heads * head_dim,
-                    hidden,
-                    qkv_bias,
-                )?,
-                k: ld.projection(
-                    &format!("{prefix}.k_proj"),
-                    n_kv_heads * head_dim,
-                    hidden,
-                    qkv_bias,
-                )?,
-                v: ld.projection(
-                    &format!("{prefix}.v_proj"),
-                    n_kv_heads * head_dim,
-                    hidden,
-                    qkv_bias,
-                )?,
-                o: ld.projection(
-                    &format!("{prefix}.o_proj"),
-                    hidden,
-                    n_heads * head_dim,
-                    o_bias,
-                )?,
+                q: ld.projection(&n.q(), n_heads * head_dim, hidden, qkv_bias)?,
+                k: ld.projection(&n.k(), n_kv_heads * head_dim, hidden, qkv_bias)?,
+                v: ld.projection(&n.v(), n_kv_heads * head_dim, hidden, qkv_bias)?,
+                o: ld.projection(&n.o(), hidden, n_heads * head_dim, o_bias)?,
                 q_norm: if qk_norm {
-                    Some(ld.f32(&format!("{prefix}.q_norm.weight"), &[head_dim])?)
+                    Some(ld.f32(&n.q_norm(), &[head_dim])?)
                 } else {
                     None
                 },
                 k_norm: if qk_norm {
-                    Some(ld.f32(&format!("{prefix}.k_norm.weight"), &[head_dim])?)
+                    Some(ld.f32(&n.k_norm(), &[head_dim])?)
                 } else {
                     None
                 },
@@ -140,37 +121,28 @@ impl Attention {
                 let (q_a, q) = match q_lora_rank {
                     Some(r) => (
                         Some((
-                            ld.projection(&format!("{prefix}.q_a_proj"), r, hidden, bias)?,
-                            ld.f32(&format!("{prefix}.q_a_layernorm.weight"), &[r])?,
+                            ld.projection(&n.q_a(), r, hidden, bias)?,
+                            ld.f32(&n.q_a_norm(), &[r])?,
                         )),
-                        ld.projection(&format!("{prefix}.q_b_proj"), n_heads * qk, r, false)?,
+                        ld.projection(&n.q_b(), n_heads * qk, r, false)?,
                     ),
-                    None => (
-                        None,
-                        ld.projection(&format!("{prefix}.q_proj"), n_heads * qk, hidden, false)?,
-                    ),
+                    None => (None, ld.projection(&n.q(), n_heads * qk, hidden, false)?),
                 };
                 Attention::Mla(Mla {
                     q_a,
                     q,
                     kv_a: ld.projection(
-                        &format!("{prefix}.kv_a_proj_with_mqa"),
+                        &n.kv_a(),
                         kv_lora_rank + qk_rope_head_dim,
                         hidden,
                         bias,
                     )?,
-                    kv_a_norm: ld
-                        .f32(&format!("{prefix}.kv_a_layernorm.weight"), &[kv_lora_rank])?,
+                    kv_a_norm: ld.f32(&n.kv_a_norm(), &[kv_lora_rank])?,
                     kv_b: ld.f32(
-                        &format!("{prefix}.kv_b_proj.weight"),
+                        &format!("{}.weight", n.kv_b()),
                         &[n_heads * (qk_nope_head_dim + v_head_dim), kv_lora_rank],
                     )?,
-                    o: ld.projection(
-                        &format!("{prefix}.o_proj"),
-                        hidden,
-                        n_heads * v_head_dim,
-                        bias,
-                    )?,
+                    o: ld.projection(&n.o(), hidden, n_heads * v_head_dim, bias)?,
                     n_heads,
                     kv_lora: kv_lora_rank,
                     nope: qk_nope_head_dim,

@@ -9,19 +9,35 @@
 //! A key design decision made in this crate is that architectures differ only in their
 //! normalised config and tensor names, never in separate forward-pass code: one forward
 //! pass, checked against Hugging Face transformers on a tiny checkpoint of every
-//! architecture, serves all of them.
+//! architecture, serves all of them. Which tensor holds which weight is answered in one
+//! place, [`names`], for every reader of a checkpoint.
+//!
+//! ```no_run
+//! use std::path::Path;
+//! use strata_model::{LogitsWanted, Model, Precision, SeqInput};
+//!
+//! let model = Model::load(Path::new("../shared/models/strata-tiny-moe"), Precision::Fast)?;
+//! let mut cache = model.new_cache();
+//! let mut seqs = [SeqInput { tokens: &[1, 2, 3], cache: &mut cache, logits: LogitsWanted::Last }];
+//! let logits = model.forward(&mut seqs)?; // one row of `vocab_size` logits
+//! assert_eq!(logits[0].len(), model.config.vocab_size);
+//! # Ok::<(), strata_model::Error>(())
+//! ```
 
 pub mod attention;
 pub mod cache;
 pub mod config;
 mod error;
+pub mod experts;
 pub mod gguf;
 pub mod linear;
 pub mod memory;
 pub mod model;
 pub mod moe;
+pub mod names;
 pub mod ops;
 pub mod rope;
+pub mod routing;
 mod shape;
 pub mod source;
 
@@ -32,5 +48,6 @@ pub use error::{Error, Result};
 pub use linear::{LoadOptions, Precision};
 pub use memory::MemoryPlan;
 pub use model::{ForwardObserver, LogitsWanted, Model, NoObserver, ParamCounts, SeqInput};
-pub use moe::{ExpertCall, ExpertExecutor, Routing};
+pub use moe::{ExpertCall, ExpertExecutor};
+pub use routing::Routing;
 pub use shape::MoeShape;

@@ -20,9 +20,8 @@ use serde_json::{Value, json};
 use strata_formats::TensorView;
 use strata_formats::strata_file::{StrataFile, StrataWriter, parse_packed_format};
 use strata_kernels::ggml::GgmlMatrix;
-use strata_kernels::{Expert, MoeExperts, PackedFormat, PackedMatrix};
+use strata_kernels::{PackedFormat, PackedMatrix};
 
-use crate::moe::{ExpertSet, Mlp};
 use crate::source::{Source, Tensor};
 use crate::{Error, Result};
 
@@ -63,8 +62,8 @@ pub struct Linear {
     pub n_out: usize,
     /// Input features.
     pub k_in: usize,
-    weight: Weight,
-    bias: Option<Vec<f32>>,
+    pub(crate) weight: Weight,
+    pub(crate) bias: Option<Vec<f32>>,
 }
 
 impl Linear {
@@ -263,7 +262,7 @@ impl LoadOptions {
 
 /// One thing a recording [`Loader`] handed to the model.
 #[derive(Debug, Clone)]
-enum Built {
+pub(crate) enum Built {
     /// f32 values of a shape (norms, biases, routers).
     F32(Vec<usize>, Vec<f32>),
     /// A layer's weights as built (f32, BF16 or packed); its bias is recorded as `F32`.
@@ -353,7 +352,7 @@ impl<'a> Loader<'a> {
         self.record.map(RefCell::into_inner).unwrap_or_default()
     }
 
-    fn keep(&self, name: String, built: Built) {
+    pub(crate) fn keep(&self, name: String, built: Built) {
         if let Some(r) = &self.record
             && self.quiet.get() == 0
         {
@@ -361,19 +360,19 @@ impl<'a> Loader<'a> {
         }
     }
 
-    fn quietly<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    pub(crate) fn quietly<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
         self.quiet.set(self.quiet.get() + 1);
         let out = f();
         self.quiet.set(self.quiet.get() - 1);
         out
     }
 
-    fn converted(&self) -> bool {
+    pub(crate) fn converted(&self) -> bool {
         matches!(self.src, Source::Strata(_))
     }
 
     /// The packed matrix a converted model stores as `name`, checked to be `[n, k]`.
-    fn stored_packed(&self, name: &str, n: usize, k: usize) -> Result<PackedMatrix> {
+    pub(crate) fn stored_packed(&self, name: &str, n: usize, k: usize) -> Result<PackedMatrix> {
         let t = self.tensor(name)?;
         t.expect_shape(&[n, k])?;
         let bad = || {
@@ -514,94 +513,6 @@ impl<'a> Loader<'a> {
             weight: Weight::Packed(p),
             bias: l.bias.clone(),
         })
-    }
-
-    /// SwiGLU MLPs of one shape stored under `prefix` (routed experts, a shared expert, a
-    /// dense MLP): `load` builds them from the checkpoint and they are packed in `fmt`
-    /// (`None`: kept as they are). A converted model maps `{prefix}.{e}.gate_up` and
-    /// `.down` (packed) or reads `.gate`, `.up`, `.down` (plain) instead of calling `load`.
-    pub fn expert_set(
-        &self,
-        prefix: &str,
-        n: usize,
-        hidden: usize,
-        inter: usize,
-        fmt: Option<PackedFormat>,
-        load: impl FnOnce() -> Result<Vec<Mlp>>,
-    ) -> Result<ExpertSet> {
-        let set = if self.converted() {
-            self.quietly(|| self.stored_expert_set(prefix, n, hidden, inter))?
-        } else {
-            let mlps = self.quietly(load)?;
-            ExpertSet::new(mlps, hidden, inter, fmt)?
-        };
-        match &set {
-            ExpertSet::Packed(p) => {
-                for (e, x) in p.experts().iter().enumerate() {
-                    let (gu, down) = x.parts();
-                    self.keep(format!("{prefix}.{e}.gate_up"), Built::Packed(gu.clone()));
-                    self.keep(format!("{prefix}.{e}.down"), Built::Packed(down.clone()));
-                }
-            }
-            ExpertSet::Ggml(g) => {
-                for e in 0..g.len() {
-                    let (gate, up, down) = g.expert(e);
-                    for (part, m) in [("gate", gate), ("up", up), ("down", down)] {
-                        let l = Linear {
-                            n_out: m.n(),
-                            k_in: m.k(),
-                            weight: Weight::Ggml(m.clone()),
-                            bias: None,
-                        };
-                        self.keep(format!("{prefix}.{e}.{part}"), Built::Linear(l));
-                    }
-                }
-            }
-            ExpertSet::Plain(mlps) => {
-                for (e, m) in mlps.iter().enumerate() {
-                    for (part, l) in [("gate", &m.gate), ("up", &m.up), ("down", &m.down)] {
-                        self.keep(format!("{prefix}.{e}.{part}"), Built::Linear(l.clone()));
-                    }
-                }
-            }
-        }
-        Ok(set)
-    }
-
-    fn stored_expert_set(
-        &self,
-        prefix: &str,
-        n: usize,
-        hidden: usize,
-        inter: usize,
-    ) -> Result<ExpertSet> {
-        if self.has(&format!("{prefix}.0.gate_up")) {
-            let i_pad = inter.div_ceil(16) * 16;
-            let experts = (0..n)
-                .map(|e| {
-                    let gu =
-                        self.stored_packed(&format!("{prefix}.{e}.gate_up"), 2 * i_pad, hidden)?;
-                    let down = self.stored_packed(&format!("{prefix}.{e}.down"), hidden, inter)?;
-                    Ok(Expert::from_parts(gu, down)?)
-                })
-                .collect::<Result<Vec<_>>>()?;
-            return Ok(ExpertSet::Packed(MoeExperts::new(hidden, inter, experts)?));
-        }
-        let plain = |name: String, n_out: usize, k_in: usize| {
-            let t = self.tensor(&name)?;
-            t.expect_shape(&[n_out, k_in])?;
-            self.linear_from(&t, 0, n_out, k_in, None, false)
-        };
-        let mlps = (0..n)
-            .map(|e| {
-                Ok(Mlp {
-                    gate: plain(format!("{prefix}.{e}.gate"), inter, hidden)?,
-                    up: plain(format!("{prefix}.{e}.up"), inter, hidden)?,
-                    down: plain(format!("{prefix}.{e}.down"), hidden, inter)?,
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        ExpertSet::new(mlps, hidden, inter, None)
     }
 
     /// An expert's projection `{prefix}.weight` `[n_out, k_in]`, in the expert format.

@@ -2,6 +2,7 @@
 //! and LM head, with a forward pass over a batch of sequences of different lengths.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use strata_formats::gguf::GgufFile;
 use strata_formats::safetensors::Checkpoint;
@@ -9,12 +10,14 @@ use strata_formats::strata_file::StrataFile;
 
 use crate::attention::{Attention, SeqSpan};
 use crate::cache::KvCache;
-use crate::config::{Arch, AttentionConfig, FfnConfig, ModelConfig, RopeScaling, yarn_mscale};
+use crate::config::{AttentionConfig, FfnConfig, ModelConfig, RopeScaling, yarn_mscale};
 use crate::linear::{Linear, LoadOptions, Loader, Precision, Recording};
 use crate::memory::MemoryPlan;
-use crate::moe::{Ffn, MoeBlock, Routing};
+use crate::moe::{ExpertExecutor, Ffn, MoeBlock};
+use crate::names::{self, LayerNames};
 use crate::ops::{add_assign, rms_norm};
 use crate::rope::Rope;
+use crate::routing::Routing;
 use crate::source::Source;
 use crate::{Error, Result};
 
@@ -86,8 +89,7 @@ pub struct Model {
     /// Normalised configuration.
     pub config: ModelConfig,
     embed: Linear,
-    /// Decoder layers.
-    pub layers: Vec<Layer>,
+    layers: Vec<Layer>,
     norm: Vec<f32>,
     lm_head: Option<Linear>,
     /// The LM head is the embedding matrix (possibly a packed copy of it).
@@ -182,44 +184,38 @@ impl Model {
         progress(0, config.n_layers());
         let h = config.hidden_size;
         let v = config.vocab_size;
-        let embed = ld.linear("model.embed_tokens", v, h, false)?;
+        let embed = ld.linear(names::EMBED, v, h, false)?;
         let mut layers = Vec::with_capacity(config.n_layers());
         for (i, ffn_cfg) in config.layers.iter().enumerate() {
-            let p = format!("model.layers.{i}");
-            let attn = Attention::load(ld, &format!("{p}.self_attn"), &config.attention, h)?;
+            let n = LayerNames::new(i);
+            let attn = Attention::load(ld, &n.attention(), &config.attention, h)?;
             let ffn = match ffn_cfg {
-                FfnConfig::Dense(inter) => Ffn::load_dense(ld, &format!("{p}.mlp"), h, *inter)?,
+                FfnConfig::Dense(inter) => Ffn::load_dense(ld, &n.dense_mlp(), h, *inter)?,
                 FfnConfig::Moe(moe) => {
-                    let prefix = if config.arch == Arch::Mixtral
-                        && ld.has(&format!("{p}.block_sparse_moe.gate.weight"))
-                    {
-                        format!("{p}.block_sparse_moe")
-                    } else {
-                        format!("{p}.mlp")
-                    };
-                    Ffn::Moe(MoeBlock::load(ld, &prefix, moe, h)?)
+                    let names = n.moe(ld.source(), moe.shared.as_ref());
+                    Ffn::Moe(MoeBlock::load(ld, &names, moe, h)?)
                 }
             };
             layers.push(Layer {
-                attn_norm: ld.f32(&format!("{p}.input_layernorm.weight"), &[h])?,
+                attn_norm: ld.f32(&n.attn_norm(), &[h])?,
                 attn,
-                ffn_norm: ld.f32(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
+                ffn_norm: ld.f32(&n.ffn_norm(), &[h])?,
                 ffn,
             });
             progress(i + 1, config.n_layers());
         }
-        let norm = ld.f32("model.norm.weight", &[h])?;
-        let tied = config.tie_word_embeddings && !ld.has("lm_head.weight");
+        let norm = ld.f32(names::FINAL_NORM, &[h])?;
+        let tied = config.tie_word_embeddings && !ld.has(&format!("{}.weight", names::LM_HEAD));
         let lm_head = if tied {
-            match ld.dense_format("model.embed_tokens.weight") {
+            match ld.dense_format(&format!("{}.weight", names::EMBED)) {
                 // ggml blocks serve both row lookups and the head's kernels in place.
                 _ if embed.ggml().is_some() => None,
                 // The packed kernels need their own layout: pack a copy of the embedding.
-                Some(fmt) => Some(ld.packed_copy("model.embed_tokens", &embed, fmt)?),
+                Some(fmt) => Some(ld.packed_copy(names::EMBED, &embed, fmt)?),
                 None => None,
             }
         } else {
-            Some(ld.projection("lm_head", v, h, false)?)
+            Some(ld.projection(names::LM_HEAD, v, h, false)?)
         };
         let rope = Rope::new(&config.rope);
         let attn_scale = attention_scale(&config);
@@ -235,6 +231,34 @@ impl Model {
             precision,
             memory: MemoryPlan::default(),
         })
+    }
+
+    /// Decoder layers.
+    pub fn layers(&self) -> &[Layer] {
+        &self.layers
+    }
+
+    fn moe_blocks_mut(&mut self) -> impl Iterator<Item = &mut MoeBlock> {
+        self.layers.iter_mut().filter_map(|l| match &mut l.ffn {
+            Ffn::Moe(b) => Some(b),
+            Ffn::Dense(_) => None,
+        })
+    }
+
+    /// Hands every MoE block's routed experts to `executor`, the `i`-th MoE block as MoE
+    /// layer `i` (`None`: back to the fused CPU path).
+    pub fn set_executor(&mut self, executor: Option<Arc<dyn ExpertExecutor>>) {
+        for (i, block) in self.moe_blocks_mut().enumerate() {
+            block.set_executor(i, executor.clone());
+        }
+    }
+
+    /// Keeps each token's best `2 * top_k` router candidates in every MoE block's routing
+    /// (`false`: none, the default); policies such as HybriMoE score them.
+    pub fn keep_candidates(&mut self, keep: bool) {
+        for block in self.moe_blocks_mut() {
+            block.set_candidates(if keep { 2 * block.cfg.router.top_k } else { 0 });
+        }
     }
 
     /// The weights' numeric mode.

@@ -31,6 +31,10 @@ pub struct MoeShape {
     pub n_heads: usize,
     /// Query/key head dimension (MLA: the non-rotary and rotary parts together).
     pub head_dim: usize,
+    /// Parameters of one layer's attention projections.
+    pub attn_params: usize,
+    /// Values cached per token and layer (keys and values; MLA: latent and rotary key).
+    pub kv_elems: usize,
     /// Vocabulary size.
     pub vocab: usize,
 }
@@ -107,16 +111,24 @@ impl ModelConfig {
                 FfnConfig::Moe(_) => None,
             })
         };
-        let (n_heads, head_dim) = match self.attention {
+        let (n_heads, head_dim, kv_elems) = match self.attention {
             AttentionConfig::Gqa {
-                n_heads, head_dim, ..
-            } => (n_heads, head_dim),
+                n_heads,
+                n_kv_heads,
+                head_dim,
+                ..
+            } => (n_heads, head_dim, 2 * n_kv_heads * head_dim),
             AttentionConfig::Mla {
                 n_heads,
+                kv_lora_rank,
                 qk_nope_head_dim,
                 qk_rope_head_dim,
                 ..
-            } => (n_heads, qk_nope_head_dim + qk_rope_head_dim),
+            } => (
+                n_heads,
+                qk_nope_head_dim + qk_rope_head_dim,
+                kv_lora_rank + qk_rope_head_dim,
+            ),
         };
         Some(MoeShape {
             hidden: self.hidden_size,
@@ -132,6 +144,8 @@ impl ModelConfig {
             dense_intermediate: dense().next().unwrap_or(0),
             n_heads,
             head_dim,
+            attn_params: self.attention_params(),
+            kv_elems,
             vocab: self.vocab_size,
         })
     }

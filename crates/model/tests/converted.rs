@@ -6,9 +6,10 @@ use std::path::{Path, PathBuf};
 
 use serde_json::json;
 use strata_kernels::PackedFormat;
+use strata_model::experts::ExpertSet;
 use strata_model::linear::write_converted;
 use strata_model::model::open;
-use strata_model::moe::{ExpertSet, Ffn};
+use strata_model::moe::Ffn;
 use strata_model::source::Source;
 use strata_model::{KvCache, LoadOptions, LogitsWanted, Model, Precision, SeqInput};
 
@@ -146,7 +147,7 @@ fn tiny_moe_converts_to_a_directory_and_maps_its_weights() {
     assert_eq!(logits(&mapped), logits(&plain));
     // The experts are used in place, not repacked.
     let moe = mapped
-        .layers
+        .layers()
         .iter()
         .find_map(|l| match &l.ffn {
             Ffn::Moe(m) => Some(m),

@@ -248,124 +248,21 @@ impl Hardware {
     }
 }
 
-/// The fields of a Hugging Face `config.json` the shape needs.
-#[derive(Debug, Deserialize)]
-struct HfConfig {
-    hidden_size: usize,
-    #[serde(default)]
-    moe_intermediate_size: Option<usize>,
-    #[serde(default)]
-    intermediate_size: usize,
-    #[serde(default, alias = "num_experts", alias = "num_local_experts")]
-    n_routed_experts: Option<usize>,
-    num_experts_per_tok: usize,
-    #[serde(default)]
-    n_shared_experts: Option<usize>,
-    num_hidden_layers: usize,
-    #[serde(default)]
-    first_k_dense_replace: Option<usize>,
-    num_attention_heads: usize,
-    #[serde(default)]
-    num_key_value_heads: Option<usize>,
-    #[serde(default)]
-    head_dim: Option<usize>,
-    #[serde(default)]
-    q_lora_rank: Option<usize>,
-    #[serde(default)]
-    kv_lora_rank: Option<usize>,
-    #[serde(default)]
-    qk_nope_head_dim: Option<usize>,
-    #[serde(default)]
-    qk_rope_head_dim: Option<usize>,
-    #[serde(default)]
-    v_head_dim: Option<usize>,
-    vocab_size: usize,
-}
-
 impl ModelShape {
     /// The built-in model presets by name.
     pub fn presets() -> Result<BTreeMap<String, ModelShape>> {
         parse_presets(MODEL_PRESETS, "model")
     }
 
-    /// A preset by name, a Hugging Face `config.json`, or a directory holding one.
-    pub fn load(name_or_path: &str) -> Result<ModelShape> {
+    /// A preset by name. A real model's shape comes from its own config, read by
+    /// `strata-model` (`strata_exec::resolve_model_shape`), never parsed here a second time.
+    pub fn load(name: &str) -> Result<ModelShape> {
         let presets = Self::presets()?;
-        if let Some(m) = presets.get(name_or_path) {
-            return Ok(m.clone());
-        }
-        let mut path = Path::new(name_or_path).to_path_buf();
-        if path.is_dir() {
-            path = path.join("config.json");
-        }
-        if path.is_file() {
-            let text = std::fs::read_to_string(&path)
-                .map_err(|e| Error::Preset(format!("reading {}: {e}", path.display())))?;
-            return Self::from_hf_config(&text)
-                .map_err(|e| Error::Preset(format!("{}: {e}", path.display())));
-        }
-        Err(Error::Preset(format!(
-            "unknown model {name_or_path:?}, expected a config.json, a model directory or one of {:?}",
-            presets.keys().collect::<Vec<_>>()
-        )))
-    }
-
-    /// The shape of a MoE model from its Hugging Face `config.json` text.
-    pub fn from_hf_config(text: &str) -> Result<ModelShape> {
-        let c: HfConfig =
-            serde_json::from_str(text).map_err(|e| Error::Preset(format!("config.json: {e}")))?;
-        let n_experts = c.n_routed_experts.ok_or_else(|| {
-            Error::Preset("config.json has no n_routed_experts/num_experts: not a MoE".into())
-        })?;
-        let h = c.hidden_size as u64;
-        let heads = c.num_attention_heads as u64;
-        let (attn_params, head_dim, kv_dim) = match (c.kv_lora_rank, c.qk_nope_head_dim) {
-            (Some(kv), Some(nope)) => {
-                let rope = c.qk_rope_head_dim.unwrap_or(0) as u64;
-                let v = c.v_head_dim.unwrap_or(nope) as u64;
-                let qk = nope as u64 + rope;
-                let q = match c.q_lora_rank {
-                    Some(r) => h * r as u64 + r as u64 * heads * qk,
-                    None => h * heads * qk,
-                };
-                let kv = kv as u64;
-                let p = q + h * (kv + rope) + kv * heads * (nope as u64 + v) + heads * v * h;
-                (p, qk as usize, (kv + rope) as usize)
-            }
-            _ => {
-                let d = c
-                    .head_dim
-                    .unwrap_or(c.hidden_size / c.num_attention_heads.max(1))
-                    as u64;
-                let kvh = c.num_key_value_heads.unwrap_or(c.num_attention_heads) as u64;
-                (
-                    2 * h * heads * d + 2 * h * kvh * d,
-                    d as usize,
-                    (2 * kvh * d) as usize,
-                )
-            }
-        };
-        let moe_intermediate = c.moe_intermediate_size.unwrap_or(c.intermediate_size);
-        let dense_layers = c.first_k_dense_replace.unwrap_or(0);
-        Ok(ModelShape {
-            hidden: c.hidden_size,
-            moe_intermediate,
-            n_experts,
-            top_k: c.num_experts_per_tok,
-            n_shared: c.n_shared_experts.unwrap_or(0),
-            n_layers: c.num_hidden_layers,
-            dense_layers,
-            dense_intermediate: if dense_layers > 0 {
-                c.intermediate_size
-            } else {
-                0
-            },
-            attn_params,
-            n_heads: c.num_attention_heads,
-            head_dim,
-            kv_dim,
-            vocab: c.vocab_size,
-            source: "config.json".into(),
+        presets.get(name).cloned().ok_or_else(|| {
+            Error::Preset(format!(
+                "unknown model preset {name:?}, expected one of {:?}",
+                presets.keys().collect::<Vec<_>>()
+            ))
         })
     }
 

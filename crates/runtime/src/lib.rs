@@ -1,4 +1,30 @@
-//! Strata runtime.
+//! Generation on top of a [`strata_model::Model`]: text in, tokens and text out.
+//!
+//! Its one job is the generation loop and what surrounds it: the tokenizer and chat
+//! template ([`text`]), sampling ([`sampling`]), structured outputs ([`grammar`]), one
+//! sequence's step ([`step::SequenceState`]: mask, sample, detokenize, stop strings, finish
+//! reason, counting), batched generation ([`engine::Engine`]) and continuous batching on
+//! its own thread ([`scheduler::Scheduler`], which the server and `strata batch` use).
+//! Every front end steps its sequences through [`step`], so they stop and count alike.
+//!
+//! ```no_run
+//! use std::path::Path;
+//! use strata_model::Precision;
+//! use strata_runtime::engine::{Engine, Request};
+//! use strata_runtime::sampling::SamplingParams;
+//!
+//! let engine = Engine::load(Path::new("../shared/models/strata-tiny-moe"), Precision::Fast)?;
+//! let request = Request {
+//!     prompt: engine.text_prompt("Once upon a time")?,
+//!     max_tokens: 32,
+//!     sampling: SamplingParams::default(),
+//!     stop: vec![],
+//!     grammar: None,
+//! };
+//! let (outputs, stats) = engine.generate_batch(&[request], |_, piece| print!("{piece}"))?;
+//! println!("\n{:?}: {:.1} tok/s", outputs[0].finish, stats.decode_tps());
+//! # Ok::<(), strata_runtime::engine::EngineError>(())
+//! ```
 
 pub mod engine;
 pub mod grammar;

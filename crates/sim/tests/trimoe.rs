@@ -266,13 +266,10 @@ fn trimoe_reproduction_rows_are_sane() {
     }
 }
 
-/// The tiny model's shape (`models/strata-tiny-moe`).
+/// The tiny model's shape: its preset (`strata-exec` checks that the shipped model's config
+/// gives the same shape).
 fn tiny_shape() -> ModelShape {
-    ModelShape::load(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../models/strata-tiny-moe"
-    ))
-    .unwrap()
+    ModelShape::load("strata-tiny-moe").unwrap()
 }
 
 #[test]

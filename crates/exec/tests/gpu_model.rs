@@ -6,7 +6,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::default_gpu;
-use strata_accel::GpuModel;
+use strata_exec::GpuModel;
 use strata_model::{LogitsWanted, Model, Precision, SeqInput};
 
 fn fixture(name: &str) -> PathBuf {

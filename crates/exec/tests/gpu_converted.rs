@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use common::default_gpu;
 use serde_json::json;
-use strata_accel::GpuModel;
+use strata_exec::GpuModel;
 use strata_kernels::PackedFormat;
 use strata_model::linear::write_converted;
 use strata_model::model::open;

@@ -1,0 +1,585 @@
+//! A whole model on one accelerator: [`GpuModel`] holds every weight on the device (dense
+//! weights as matrices, routed experts in [`ExpertSlots`]) and runs the same forward pass
+//! as `strata_model::Model`, kernel by kernel, with the KV cache on the device
+//! ([`GpuCache`]).
+//!
+//! Supported: every architecture of `strata_model` (Llama, Qwen2, Qwen2-MoE, Qwen3-MoE,
+//! Mixtral, GLM-4.5 with grouped-query attention; DeepSeek-V2/V3 with multi-head latent
+//! attention, latent cache and absorbed `kv_b_proj`) and every router variant; one
+//! sequence per cache.
+//!
+//! A key design decision made here is that weights keep the precision they are stored in
+//! (BF16 and F16 two per word, everything else f32) so the device computes what the CPU's
+//! f32 reference computes from the same checkpoint, and that routing is read back to the
+//! host once per MoE layer to group the routed rows by expert: the same point at which the
+//! hybrid runtime's policy will decide where each expert runs.
+
+mod forward;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use strata_accel::{Buffer, Device, ExpertSlots, TopKParams, WeightType};
+use strata_model::config::{
+    AttentionConfig, FfnConfig, GroupScore, ModelConfig, RopeScaling, Scoring, yarn_mscale,
+};
+use strata_model::model::open;
+use strata_model::names::{self, AttentionNames, ExpertLayout, LayerNames};
+use strata_model::rope::Rope;
+use strata_model::source::Source;
+
+use crate::weights::{converted_expert, stored_values, wtype_of};
+use crate::{Error, Result};
+
+/// A matrix `[n, k]` on the device, with an optional f32 bias `[n]`.
+#[derive(Debug)]
+struct Matrix {
+    buf: Buffer,
+    wtype: WeightType,
+    n: usize,
+    k: usize,
+    bias: Option<Buffer>,
+}
+
+#[derive(Debug)]
+struct Mlp {
+    gate: Matrix,
+    up: Matrix,
+    down: Matrix,
+}
+
+#[derive(Debug)]
+struct Moe {
+    router: Matrix,
+    correction_bias: Option<Buffer>,
+    slots: ExpertSlots,
+    params: TopKParams,
+    shared: Option<Mlp>,
+    shared_gate: Option<Matrix>,
+}
+
+#[derive(Debug)]
+enum Ffn {
+    Dense(Box<Mlp>),
+    Moe(Box<Moe>),
+}
+
+#[derive(Debug)]
+enum Attn {
+    Gqa {
+        q: Matrix,
+        k: Matrix,
+        v: Matrix,
+        o: Matrix,
+        q_norm: Option<Buffer>,
+        k_norm: Option<Buffer>,
+    },
+    Mla {
+        /// `q_a_proj` and `q_a_layernorm` when queries are compressed.
+        q_a: Option<(Matrix, Buffer)>,
+        q: Matrix,
+        kv_a: Matrix,
+        kv_a_norm: Buffer,
+        /// `kv_b_proj` in f32, absorbed by the kernel.
+        kv_b: Buffer,
+        o: Matrix,
+    },
+}
+
+/// Attention shapes shared by all layers.
+#[derive(Debug, Clone, Copy)]
+enum Shape {
+    Gqa {
+        n_heads: usize,
+        n_kv_heads: usize,
+        head_dim: usize,
+        window: usize,
+    },
+    Mla {
+        n_heads: usize,
+        kv_lora: usize,
+        nope: usize,
+        rope: usize,
+        v_dim: usize,
+    },
+}
+
+impl Shape {
+    /// Widths of the two cache buffers per position.
+    fn cache_widths(self) -> (usize, usize) {
+        match self {
+            Shape::Gqa {
+                n_kv_heads,
+                head_dim,
+                ..
+            } => (n_kv_heads * head_dim, n_kv_heads * head_dim),
+            Shape::Mla { kv_lora, rope, .. } => (kv_lora, rope),
+        }
+    }
+}
+
+/// DeepSeek's `q_a_layernorm` and `kv_a_layernorm` use a fixed epsilon.
+const MLA_NORM_EPS: f32 = 1e-6;
+
+#[derive(Debug)]
+struct Layer {
+    attn_norm: Buffer,
+    attn: Attn,
+    ffn_norm: Buffer,
+    ffn: Ffn,
+}
+
+/// The device KV cache of one sequence (and its rotary table).
+#[derive(Debug)]
+pub struct GpuCache {
+    k: Vec<Buffer>,
+    v: Vec<Buffer>,
+    rope_table: Buffer,
+    len: usize,
+    capacity: usize,
+}
+
+impl GpuCache {
+    /// Positions cached.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether nothing is cached.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Most positions it can hold.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+}
+
+/// A model whose weights and KV cache live on one accelerator.
+#[derive(Debug)]
+pub struct GpuModel {
+    dev: Arc<dyn Device>,
+    /// Normalised configuration.
+    pub config: ModelConfig,
+    embed: Matrix,
+    layers: Vec<Layer>,
+    norm: Buffer,
+    lm_head: Option<Matrix>,
+    rope: Rope,
+    shape: Shape,
+    scale: f32,
+    eps: f32,
+}
+
+fn to_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+struct Loader<'a> {
+    dev: &'a dyn Device,
+    src: &'a Source,
+    /// FP8 block size (`quantization_config.weight_block_size`): FP8 tensors are read
+    /// with their `weight_scale_inv` scales applied.
+    fp8_block: Option<[usize; 2]>,
+}
+
+impl<'a> Loader<'a> {
+    fn tensor(&self, name: &str) -> Result<strata_model::source::Tensor<'a>> {
+        Ok(self.src.tensor_fp8(name, self.fp8_block)?)
+    }
+
+    fn vector(&self, name: &str, n: usize) -> Result<Buffer> {
+        let t = self.tensor(name)?;
+        t.expect_shape(&[n])?;
+        self.f32_buffer(&t.to_f32()?, name)
+    }
+
+    fn f32_buffer(&self, v: &[f32], label: &str) -> Result<Buffer> {
+        let b = self.dev.alloc(v.len() as u64 * 4, 0, label)?;
+        self.dev.upload(&b, 0, &to_bytes(v))?;
+        Ok(b)
+    }
+
+    fn values(&self, v: &[f32], wtype: WeightType, k: usize, label: &str) -> Result<Buffer> {
+        let bytes = wtype.encode(v);
+        let b = self
+            .dev
+            .alloc(bytes.len() as u64, wtype.row_granule(k), label)?;
+        self.dev.upload(&b, 0, &bytes)?;
+        Ok(b)
+    }
+
+    /// `{prefix}.weight: [n, k]` (+ `{prefix}.bias`), in f32 when `force_f32` (routers).
+    fn matrix(
+        &self,
+        prefix: &str,
+        n: usize,
+        k: usize,
+        bias: bool,
+        force_f32: bool,
+    ) -> Result<Matrix> {
+        let name = format!("{prefix}.weight");
+        let t = self.tensor(&name)?;
+        t.expect_shape(&[n, k])?;
+        let (values, stored) = stored_values(&t)?;
+        let wtype = if force_f32 { WeightType::F32 } else { stored };
+        let buf = self.values(&values, wtype, k, &name)?;
+        let bias = if bias {
+            Some(self.vector(&format!("{prefix}.bias"), n)?)
+        } else {
+            None
+        };
+        Ok(Matrix {
+            buf,
+            wtype,
+            n,
+            k,
+            bias,
+        })
+    }
+
+    fn attention(&self, a: &AttentionNames, cfg: &AttentionConfig, h: usize) -> Result<Attn> {
+        Ok(match *cfg {
+            AttentionConfig::Gqa {
+                n_heads,
+                n_kv_heads,
+                head_dim,
+                qkv_bias,
+                o_bias,
+                qk_norm,
+                ..
+            } => {
+                let (q_w, kv_w) = (n_heads * head_dim, n_kv_heads * head_dim);
+                let norm = |name: String| -> Result<Option<Buffer>> {
+                    if qk_norm {
+                        Ok(Some(self.vector(&name, head_dim)?))
+                    } else {
+                        Ok(None)
+                    }
+                };
+                Attn::Gqa {
+                    q: self.matrix(&a.q(), q_w, h, qkv_bias, false)?,
+                    k: self.matrix(&a.k(), kv_w, h, qkv_bias, false)?,
+                    v: self.matrix(&a.v(), kv_w, h, qkv_bias, false)?,
+                    o: self.matrix(&a.o(), h, q_w, o_bias, false)?,
+                    q_norm: norm(a.q_norm())?,
+                    k_norm: norm(a.k_norm())?,
+                }
+            }
+            AttentionConfig::Mla {
+                n_heads,
+                q_lora_rank,
+                kv_lora_rank,
+                qk_nope_head_dim,
+                qk_rope_head_dim,
+                v_head_dim,
+                bias,
+            } => {
+                let qk = qk_nope_head_dim + qk_rope_head_dim;
+                let (q_a, q) = match q_lora_rank {
+                    Some(r) => (
+                        Some((
+                            self.matrix(&a.q_a(), r, h, bias, false)?,
+                            self.vector(&a.q_a_norm(), r)?,
+                        )),
+                        self.matrix(&a.q_b(), n_heads * qk, r, false, false)?,
+                    ),
+                    None => (None, self.matrix(&a.q(), n_heads * qk, h, false, false)?),
+                };
+                let kv_b = self.tensor(&format!("{}.weight", a.kv_b()))?;
+                kv_b.expect_shape(&[n_heads * (qk_nope_head_dim + v_head_dim), kv_lora_rank])?;
+                Attn::Mla {
+                    q_a,
+                    q,
+                    kv_a: self.matrix(
+                        &a.kv_a(),
+                        kv_lora_rank + qk_rope_head_dim,
+                        h,
+                        bias,
+                        false,
+                    )?,
+                    kv_a_norm: self.vector(&a.kv_a_norm(), kv_lora_rank)?,
+                    kv_b: self.f32_buffer(&kv_b.to_f32()?, "kv_b_proj")?,
+                    o: self.matrix(&a.o(), h, n_heads * v_head_dim, bias, false)?,
+                }
+            }
+        })
+    }
+
+    fn mlp(&self, prefix: &str, h: usize, inter: usize) -> Result<Mlp> {
+        if let Source::Strata(_) = self.src {
+            let x = converted_expert(self.src, prefix, 0, h, inter)?;
+            let m = |v: &[f32], n: usize, k: usize, part: &str| -> Result<Matrix> {
+                Ok(Matrix {
+                    buf: self.values(v, x.wtype, k, &format!("{prefix}.{part}"))?,
+                    wtype: x.wtype,
+                    n,
+                    k,
+                    bias: None,
+                })
+            };
+            return Ok(Mlp {
+                gate: m(&x.gate, inter, h, "gate")?,
+                up: m(&x.up, inter, h, "up")?,
+                down: m(&x.down, h, inter, "down")?,
+            });
+        }
+        let [gate, up, down] = names::mlp(prefix);
+        Ok(Mlp {
+            gate: self.matrix(&gate, inter, h, false, false)?,
+            up: self.matrix(&up, inter, h, false, false)?,
+            down: self.matrix(&down, h, inter, false, false)?,
+        })
+    }
+
+    /// Every routed expert of a block stored as `layout` into its own slot.
+    fn experts(
+        &self,
+        layout: &ExpertLayout,
+        n: usize,
+        h: usize,
+        inter: usize,
+    ) -> Result<ExpertSlots> {
+        let no_experts = || {
+            Error::Config(format!(
+                "{}: a mixture of experts with no experts",
+                layout.prefix()
+            ))
+        };
+        let slots_for = |wtype| ExpertSlots::new(self.dev, n as u32, h as u32, inter as u32, wtype);
+        match layout {
+            ExpertLayout::Converted { prefix } => {
+                let mut slots = None;
+                for e in 0..n {
+                    let x = converted_expert(self.src, prefix, e, h, inter)?;
+                    let s = match &slots {
+                        Some(s) => s,
+                        None => slots.insert(slots_for(x.wtype)?),
+                    };
+                    s.refill(self.dev, e as u32, &x.gate, &x.up, &x.down)?;
+                }
+                slots.ok_or_else(no_experts)
+            }
+            ExpertLayout::Stacked { gate_up, down } => {
+                let gu = self.tensor(gate_up)?;
+                gu.expect_shape(&[n, 2 * inter, h])?;
+                let down = self.tensor(down)?;
+                down.expect_shape(&[n, h, inter])?;
+                let slots = slots_for(wtype_of(&gu.dtype_name()))?;
+                let hi = h * inter;
+                for e in 0..n {
+                    let g_u = gu.rows_f32(e * 2 * inter, 2 * inter)?;
+                    let d = down.rows_f32(e * h, h)?;
+                    slots.refill(self.dev, e as u32, &g_u[..hi], &g_u[hi..], &d)?;
+                }
+                Ok(slots)
+            }
+            ExpertLayout::PerExpert { prefix, names } => {
+                let mut slots = None;
+                for e in 0..n {
+                    let get = |i: usize, shape: [usize; 2]| -> Result<(Vec<f32>, String)> {
+                        let t = self.tensor(&format!("{prefix}.{e}.{}.weight", names[i]))?;
+                        t.expect_shape(&shape)?;
+                        Ok((t.to_f32()?, t.dtype_name()))
+                    };
+                    let (g, dtype) = get(0, [inter, h])?;
+                    let (u, _) = get(1, [inter, h])?;
+                    let (d, _) = get(2, [h, inter])?;
+                    let s = match &slots {
+                        Some(s) => s,
+                        None => slots.insert(slots_for(wtype_of(&dtype))?),
+                    };
+                    s.refill(self.dev, e as u32, &g, &u, &d)?;
+                }
+                slots.ok_or_else(no_experts)
+            }
+        }
+    }
+}
+
+impl GpuModel {
+    /// Loads a Hugging Face directory, GGUF file or converted model (`strata convert`)
+    /// onto `dev`. A converted model's weights are those its CPU kernels use: packed
+    /// BF16 stays BF16, int8/int4 matrices are dequantized to f32 once at load (the
+    /// device has no kernels for them; activations stay f32, so results differ from the
+    /// CPU's per-token activation quantization by that rounding only).
+    pub fn load(dev: Arc<dyn Device>, path: &Path) -> Result<GpuModel> {
+        let (config, src) = open(path)?;
+        GpuModel::from_source(dev, config, &src)
+    }
+
+    /// Builds the model on `dev` from a parsed config and its tensors.
+    pub fn from_source(
+        dev: Arc<dyn Device>,
+        config: ModelConfig,
+        src: &Source,
+    ) -> Result<GpuModel> {
+        let (shape, scale) = match config.attention {
+            AttentionConfig::Gqa {
+                n_heads,
+                n_kv_heads,
+                head_dim,
+                sliding_window,
+                ..
+            } => (
+                Shape::Gqa {
+                    n_heads,
+                    n_kv_heads,
+                    head_dim,
+                    window: sliding_window.unwrap_or(0),
+                },
+                1.0 / (head_dim as f32).sqrt(),
+            ),
+            AttentionConfig::Mla {
+                n_heads,
+                kv_lora_rank,
+                qk_nope_head_dim,
+                qk_rope_head_dim,
+                v_head_dim,
+                ..
+            } => {
+                // 1/sqrt(d_qk), times YaRN's mscale² (DeepSeek's `mscale_all_dim`).
+                let base = 1.0 / ((qk_nope_head_dim + qk_rope_head_dim) as f64).sqrt();
+                let m = match config.rope.scaling {
+                    RopeScaling::Yarn {
+                        factor,
+                        mscale_all_dim,
+                        ..
+                    } if mscale_all_dim != 0.0 => yarn_mscale(factor, mscale_all_dim),
+                    _ => 1.0,
+                };
+                (
+                    Shape::Mla {
+                        n_heads,
+                        kv_lora: kv_lora_rank,
+                        nope: qk_nope_head_dim,
+                        rope: qk_rope_head_dim,
+                        v_dim: v_head_dim,
+                    },
+                    (base * m * m) as f32,
+                )
+            }
+        };
+        let ld = Loader {
+            dev: &*dev,
+            src,
+            fp8_block: config.fp8_block,
+        };
+        let h = config.hidden_size;
+        let v = config.vocab_size;
+        let embed = ld.matrix(names::EMBED, v, h, false, false)?;
+        let mut layers = Vec::with_capacity(config.n_layers());
+        for (i, ffn_cfg) in config.layers.iter().enumerate() {
+            let ln = LayerNames::new(i);
+            let ffn = match ffn_cfg {
+                FfnConfig::Dense(inter) => {
+                    Ffn::Dense(Box::new(ld.mlp(&ln.dense_mlp(), h, *inter)?))
+                }
+                FfnConfig::Moe(moe) => {
+                    let mn = ln.moe(src, moe.shared.as_ref());
+                    let r = &moe.router;
+                    let n = r.n_experts;
+                    let shared = match (&moe.shared, &mn.shared) {
+                        (Some(s), Some(prefix)) => Some(ld.mlp(prefix, h, s.intermediate)?),
+                        _ => None,
+                    };
+                    let shared_gate = match &mn.shared_gate {
+                        Some(g) => Some(ld.matrix(g, 1, h, false, true)?),
+                        None => None,
+                    };
+                    Ffn::Moe(Box::new(Moe {
+                        router: ld.matrix(&mn.router, n, h, false, true)?,
+                        correction_bias: if r.correction_bias {
+                            Some(ld.vector(&mn.correction_bias, n)?)
+                        } else {
+                            None
+                        },
+                        slots: ld.experts(&mn.experts, n, h, moe.intermediate)?,
+                        params: TopKParams {
+                            n_experts: n as u32,
+                            k: r.top_k as u32,
+                            sigmoid: r.scoring == Scoring::Sigmoid,
+                            groups: r.groups.map(|g| {
+                                (
+                                    g.n_group as u32,
+                                    g.topk_group as u32,
+                                    g.group_score == GroupScore::Top2Sum,
+                                )
+                            }),
+                            norm: r.norm_topk_prob,
+                            scaling: r.scaling_factor,
+                        },
+                        shared,
+                        shared_gate,
+                    }))
+                }
+            };
+            layers.push(Layer {
+                attn_norm: ld.vector(&ln.attn_norm(), h)?,
+                attn: ld.attention(&ln.attention(), &config.attention, h)?,
+                ffn_norm: ld.vector(&ln.ffn_norm(), h)?,
+                ffn,
+            });
+        }
+        let norm = ld.vector(names::FINAL_NORM, h)?;
+        let lm_head =
+            if config.tie_word_embeddings && !src.has(&format!("{}.weight", names::LM_HEAD)) {
+                None
+            } else {
+                Some(ld.matrix(names::LM_HEAD, v, h, false, false)?)
+            };
+        dev.synchronize()?;
+        Ok(GpuModel {
+            rope: Rope::new(&config.rope),
+            eps: config.rms_norm_eps,
+            shape,
+            scale,
+            config,
+            embed,
+            layers,
+            norm,
+            lm_head,
+            dev,
+        })
+    }
+
+    /// The device the model runs on.
+    pub fn device(&self) -> &Arc<dyn Device> {
+        &self.dev
+    }
+
+    /// An empty cache for up to `capacity` positions.
+    pub fn new_cache(&self, capacity: usize) -> Result<GpuCache> {
+        let (wa, wb) = self.shape.cache_widths();
+        let mut k = Vec::with_capacity(self.layers.len());
+        let mut v = Vec::with_capacity(self.layers.len());
+        for _ in &self.layers {
+            k.push(
+                self.dev
+                    .alloc((capacity.max(1) * wa * 4) as u64, 0, "key cache")?,
+            );
+            v.push(
+                self.dev
+                    .alloc((capacity.max(1) * wb * 4) as u64, 0, "value cache")?,
+            );
+        }
+        let half = self.rope.dim() / 2;
+        let (mut c, mut s) = (vec![0.0; half], vec![0.0; half]);
+        let mut table = Vec::with_capacity(capacity * 2 * half);
+        for p in 0..capacity.max(1) {
+            self.rope.cos_sin(p, &mut c, &mut s);
+            table.extend_from_slice(&c);
+            table.extend_from_slice(&s);
+        }
+        let rope_table = self.dev.alloc(table.len() as u64 * 4, 0, "rope table")?;
+        self.dev.upload(&rope_table, 0, &to_bytes(&table))?;
+        Ok(GpuCache {
+            k,
+            v,
+            rope_table,
+            len: 0,
+            capacity,
+        })
+    }
+}

@@ -1,0 +1,83 @@
+//! Activations converted once per matrix call for the micro-kernels: BF16 rows, or int8
+//! rows with per-token scales and per-unit sums (the zero-point correction).
+
+use super::micro::{self, Kernel};
+use super::{Kind, M_ALIGN, PackedMatrix, XSUM_UNIT, bf16_bits_to_f32};
+use crate::buf::AlignedBuf;
+
+/// Activations converted for one packed matrix: BF16, or int8 with per-token scales.
+pub(crate) struct Activations {
+    pub(crate) k_pad: usize,
+    /// Bytes per row of `data`.
+    pub(crate) lda: usize,
+    /// Rows of `data`: `m` rounded up to a multiple of [`M_ALIGN`] for a kernel that runs AMX
+    /// tile programs (they read whole 32-row blocks), else `m` (at least 1): decode converts
+    /// one row per expert, and zeroing 31 unused rows cost more than converting the one.
+    pub(crate) m_pad: usize,
+    /// `[m_pad, k_pad]` bf16 or i8, rows beyond `m` zero.
+    pub(crate) data: AlignedBuf,
+    /// Per-token dequantization scale (integer formats).
+    pub(crate) scale: Vec<f32>,
+    /// `[m_pad, k_pad / XSUM_UNIT]` sums of the int8 values (integer formats).
+    pub(crate) xsum: Vec<i32>,
+}
+
+impl Activations {
+    /// Converts `m` rows (row `r` given by `row(r)`, `k` values each) for `w`'s format, padded
+    /// for `kernel`.
+    pub(crate) fn quantize<'x>(
+        w: &PackedMatrix,
+        m: usize,
+        kernel: Kernel,
+        row: impl Fn(usize) -> &'x [f32],
+    ) -> Self {
+        let k_pad = w.k_pad;
+        let m_pad = if kernel.uses_tiles() {
+            m.div_ceil(M_ALIGN).max(1) * M_ALIGN
+        } else {
+            m.max(1)
+        };
+        let elem = if w.kind == Kind::Bf16 { 2 } else { 1 };
+        let lda = k_pad * elem;
+        let mut data = AlignedBuf::zeroed(m_pad * lda);
+        let units = k_pad / XSUM_UNIT;
+        let mut scale = vec![0.0f32; m_pad];
+        let mut xsum = vec![0i32; m_pad * units];
+        let bytes = data.as_mut_slice();
+        for r in 0..m {
+            let x = row(r);
+            let dst = &mut bytes[r * lda..(r + 1) * lda];
+            if w.kind == Kind::Bf16 {
+                // SAFETY: any two bytes are a valid u16; the row starts 64-byte aligned (aligned
+                // buffer, `lda` a multiple of 64), so the whole row is the aligned middle part.
+                let (head, dst16, _) = unsafe { dst.align_to_mut::<u16>() };
+                assert!(
+                    head.is_empty() && dst16.len() >= x.len(),
+                    "bf16 row not aligned"
+                );
+                micro::to_bf16(x, dst16);
+            } else {
+                let sums = &mut xsum[r * units..(r + 1) * units];
+                scale[r] = micro::quantize_i8(x, &mut dst[..x.len()], sums);
+            }
+        }
+        Self {
+            k_pad,
+            lda,
+            m_pad,
+            data,
+            scale,
+            xsum,
+        }
+    }
+
+    /// The value the kernels multiply at `(row, p)`, as f32.
+    pub(crate) fn value(&self, r: usize, p: usize) -> f32 {
+        let b = &self.data.as_slice()[r * self.lda..];
+        if self.lda == self.k_pad * 2 {
+            bf16_bits_to_f32(u16::from_le_bytes([b[2 * p], b[2 * p + 1]]))
+        } else {
+            f32::from(b[p] as i8) * self.scale[r]
+        }
+    }
+}

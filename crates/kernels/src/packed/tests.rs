@@ -1,0 +1,166 @@
+//! The packed formats against their plain reference on random shapes; shared helpers for
+//! the micro-kernel and MoE tests.
+
+use super::*;
+
+pub(crate) fn rand_vec(len: usize, seed: &mut u64) -> Vec<f32> {
+    (0..len)
+        .map(|_| {
+            *seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((*seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+        })
+        .collect()
+}
+
+pub(crate) const FORMATS: [PackedFormat; 7] = [
+    PackedFormat::Bf16,
+    PackedFormat::Int8 { group: None },
+    PackedFormat::Int8 { group: Some(32) },
+    PackedFormat::Int8 { group: Some(128) },
+    PackedFormat::Int4 { group: 32 },
+    PackedFormat::Int4 { group: 64 },
+    PackedFormat::Int4 { group: 128 },
+];
+
+/// Every kernel the sweeps run: the CPU's instruction-set paths and the AMX tile program on
+/// the software tile unit.
+pub(crate) fn kernels() -> Vec<Kernel> {
+    let mut v: Vec<Kernel> = Isa::available().into_iter().map(Kernel::Isa).collect();
+    v.push(Kernel::AmxSoft);
+    v
+}
+
+/// Asserts `got` matches `want` within f32 rounding of a `k`-term dot product.
+pub(crate) fn assert_close(want: &[f32], got: &[f32], what: &str) {
+    assert_eq!(want.len(), got.len(), "{what}: lengths");
+    let scale = want.iter().fold(1.0f32, |a, v| a.max(v.abs()));
+    for (i, (a, b)) in want.iter().zip(got).enumerate() {
+        assert!(
+            (a - b).abs() <= 2e-5 * scale + 1e-6 * a.abs().max(b.abs()) * 10.0,
+            "{what}: element {i}: want {a}, got {b}"
+        );
+    }
+}
+
+#[test]
+fn every_path_matches_reference_on_ragged_shapes() {
+    let mut seed = 11;
+    let shapes = [
+        (0, 5, 7),
+        (1, 1, 1),
+        (1, 33, 70),
+        (3, 17, 129),
+        (5, 48, 64),
+        (37, 70, 200),
+        (70, 40, 96),
+    ];
+    for fmt in FORMATS {
+        for &(m, n, k) in &shapes {
+            let x = rand_vec(m * k, &mut seed);
+            let w = rand_vec(n * k, &mut seed);
+            let p = PackedMatrix::pack(&w, n, k, fmt).expect("valid format");
+            let mut want = vec![0.0; m * n];
+            p.matmul_ref(&x, m, &mut want).expect("shapes agree");
+            for kernel in kernels() {
+                let mut got = vec![f32::NAN; m * n];
+                p.matmul_on(kernel, &x, m, &mut got);
+                let what = format!("{} {kernel:?} {m}x{n}x{k}", fmt.name());
+                assert_close(&want, &got, &what);
+            }
+        }
+    }
+}
+
+#[test]
+fn bf16_source_packs_like_f32() {
+    let mut seed = 3;
+    let w = rand_vec(40 * 50, &mut seed);
+    let wb: Vec<bf16> = w.iter().map(|&v| bf16::from_f32(v)).collect();
+    let a = PackedMatrix::pack(&w, 40, 50, PackedFormat::Bf16).expect("packs");
+    let b = PackedMatrix::pack(&wb, 40, 50, PackedFormat::Bf16).expect("packs");
+    assert_eq!(a.data.as_slice(), b.data.as_slice());
+}
+
+/// Bytes in an aligned buffer at a 64-byte offset, as a file map would hold them.
+struct Stored(AlignedBuf);
+
+// SAFETY: the buffer is never modified nor moved while shared.
+unsafe impl StableBytes for Stored {
+    fn stable_bytes(&self) -> &[u8] {
+        self.0.as_slice()
+    }
+}
+
+#[test]
+fn stored_bytes_compute_like_the_packed_matrix() {
+    let mut seed = 9;
+    let (m, n, k) = (3, 37, 70);
+    let x = rand_vec(m * k, &mut seed);
+    let w = rand_vec(n * k, &mut seed);
+    for fmt in FORMATS {
+        let p = PackedMatrix::pack(&w, n, k, fmt).expect("packs");
+        let (d, sc) = (p.data_bytes(), p.scale_bytes());
+        let s0 = (64 + d.len()).next_multiple_of(64);
+        let mut buf = AlignedBuf::zeroed(s0 + sc.len());
+        buf.as_mut_slice()[64..64 + d.len()].copy_from_slice(d);
+        buf.as_mut_slice()[s0..].copy_from_slice(&sc);
+        let owner: Arc<dyn StableBytes> = Arc::new(Stored(buf));
+        let data = 64..64 + d.len();
+        let scales = s0..s0 + sc.len();
+        let q = PackedMatrix::from_stored(owner.clone(), fmt, n, k, data.clone(), scales.clone())
+            .expect("valid stored matrix");
+        assert!(q.is_mapped() && !p.is_mapped());
+        assert_eq!(q.dequantize(), p.dequantize(), "{}", fmt.name());
+        let (mut a, mut b) = (vec![0.0; m * n], vec![1.0; m * n]);
+        p.matmul(&x, m, &mut a).expect("shapes agree");
+        q.matmul(&x, m, &mut b).expect("shapes agree");
+        assert_eq!(a, b, "{}", fmt.name());
+        // Misaligned, short and out-of-bounds ranges are refused.
+        let bad = [
+            (1..1 + d.len(), scales.clone()),
+            (64..63 + d.len(), scales.clone()),
+            (data.clone(), s0..s0 + sc.len() + 4),
+        ];
+        for (dr, sr) in bad {
+            assert!(PackedMatrix::from_stored(owner.clone(), fmt, n, k, dr, sr).is_err());
+        }
+    }
+}
+
+#[test]
+fn quantization_error_is_within_the_step() {
+    let mut seed = 5;
+    let (n, k) = (20, 300);
+    let w = rand_vec(n * k, &mut seed);
+    for fmt in FORMATS {
+        let p = PackedMatrix::pack(&w, n, k, fmt).expect("packs");
+        let d = p.dequantize();
+        // |w| <= 0.5: BF16 keeps 8 bits, INT8 half a step of 0.5/127, INT4 of 0.5/7.
+        let tol = match p.kind {
+            Kind::Bf16 => 0.5 / 256.0,
+            Kind::Int8 => 0.5 / 127.0 / 2.0 + 1e-6,
+            Kind::Int4 => 0.5 / 7.0 / 2.0 + 1e-6,
+        };
+        for (a, b) in w.iter().zip(&d) {
+            assert!((a - b).abs() <= tol, "{}: {a} vs {b}", fmt.name());
+        }
+    }
+}
+
+#[test]
+fn bad_arguments_are_errors() {
+    let w = vec![0.0f32; 6];
+    assert_eq!(
+        PackedMatrix::pack(&w, 2, 3, PackedFormat::Int4 { group: 48 }).unwrap_err(),
+        KernelError::Group {
+            op: "pack",
+            got: 48
+        }
+    );
+    assert!(PackedMatrix::pack(&w, 2, 4, PackedFormat::Bf16).is_err());
+    let p = PackedMatrix::pack(&w, 2, 3, PackedFormat::Bf16).expect("packs");
+    let mut out = vec![0.0; 3];
+    assert!(p.matmul(&[0.0; 3], 1, &mut out).is_err());
+}
