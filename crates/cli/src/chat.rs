@@ -137,6 +137,9 @@ fn spawn_interrupts(tx: Sender<Event>, flags: Arc<Interrupts>) -> anyhow::Result
     Ok(())
 }
 
+/// What opens and closes a block of lines.
+const QUOTES: &str = "\"\"\"";
+
 /// Reads one message or command: `None` when the user leaves (end of input, Ctrl-C).
 /// Lines ending in `\` continue; `"""` opens a block that a line ending in `"""` closes.
 fn read_message(rx: &Receiver<Event>, prompt: bool) -> anyhow::Result<Option<String>> {
@@ -160,18 +163,17 @@ fn read_message(rx: &Receiver<Event>, prompt: bool) -> anyhow::Result<Option<Str
             }
         };
         let mut line = line.as_str();
-        if !block && text.is_empty() && line.trim_start().starts_with("\"\"\"") {
-            block = true;
-            line = &line.trim_start()[3..];
-            if line.trim_end().ends_with("\"\"\"") && !line.trim_end().is_empty() {
-                let l = line.trim_end();
-                return Ok(Some(l[..l.len() - 3].to_owned()));
+        let opening = line.trim_start().strip_prefix(QUOTES);
+        if let Some(rest) = opening.filter(|_| !block && text.is_empty()) {
+            if let Some(one) = rest.trim_end().strip_suffix(QUOTES) {
+                return Ok(Some(one.to_owned()));
             }
-        } else if block && line.trim_end().ends_with("\"\"\"") {
-            let l = line.trim_end();
-            text.push_str(&l[..l.len() - 3]);
+            block = true;
+            line = rest;
+        } else if block && let Some(before) = line.trim_end().strip_suffix(QUOTES) {
+            text.push_str(before);
             // A closing line of its own ends the last line, not the message.
-            if text.ends_with('\n') && l.len() == 3 {
+            if before.is_empty() && text.ends_with('\n') {
                 text.pop();
             }
             return Ok(Some(text));
@@ -457,7 +459,7 @@ impl<'e> Session<'e> {
         Ok((reply.trim().to_owned(), stats))
     }
 
-    /// Runs a slash command; `Ok(false)` when the user leaves.
+    /// Runs a slash command; `false` when the user leaves.
     fn command(&mut self, line: &str) -> bool {
         let (name, rest) = line.split_once(char::is_whitespace).unwrap_or((line, ""));
         let rest = rest.trim();
@@ -596,7 +598,7 @@ mod tests {
             "",
             "d",
             r#"""""#,
-            r#""""e"""#,
+            r#""""e""""#,
             "f",
         ]);
         assert_eq!(m, ["a\nb", "c\n\nd", "e", "f"]);

@@ -330,7 +330,11 @@ pub fn roofline(doc: &Value) -> String {
         .enumerate()
         .map(|(i, s)| (color(i).to_string(), s.0.clone()))
         .collect();
-    svg.legend(left.x + 10.0, left.y + 16.0, &keys);
+    svg.legend(
+        left.x + 10.0,
+        left.y + left.h - 16.0 * keys.len() as f64,
+        &keys,
+    );
     svg.text(
         20.0,
         455.0,
@@ -392,7 +396,9 @@ fn series_line(
 /// of one model on one hardware setup that the paper reports), a bar per simulated row
 /// beside the paper's value with its tolerance band ([`TOLERANCE`]).
 pub fn reproduction(r: &Reproduction) -> String {
-    let mut groups: Vec<((&str, &str, &str), Vec<usize>)> = Vec::new();
+    // (model, hardware, metric) and the indices of its rows, in the rows' order.
+    type Figure<'a> = ((&'a str, &'a str, &'a str), Vec<usize>);
+    let mut groups: Vec<Figure> = Vec::new();
     for (i, row) in r.rows.iter().enumerate() {
         let key = (
             row.model.as_str(),
@@ -470,7 +476,7 @@ fn figure(
     p.axes(svg, None, Some(&ys), [metric, "", ""]);
     svg.text(
         p.x + p.w / 2.0,
-        p.y + 14.0,
+        p.y - 24.0,
         10.0,
         "middle",
         &format!("{model} on {hw}"),

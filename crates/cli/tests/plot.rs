@@ -188,7 +188,9 @@ fn bench_plot_shows_the_printed_results_under_the_peaks() {
     let doc = roxmltree::Document::parse(&svg_text).unwrap();
     let series = marks(&doc, "series");
     assert_eq!(series.len(), 3 * 2, "a TFLOPS and a GB/s series per format");
-    let mut want: BTreeMap<(String, &str), (Vec<f64>, Vec<f64>)> = BTreeMap::new();
+    // (format, quantity) -> (tokens per expert, values).
+    type Series = (Vec<f64>, Vec<f64>);
+    let mut want: BTreeMap<(String, &str), Series> = BTreeMap::new();
     for r in doc_json["results"].as_array().unwrap() {
         for q in ["tflops", "weight_gbs"] {
             let e = want
