@@ -55,6 +55,10 @@ pub struct BenchMoeArgs {
     /// Print one JSON document instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Draw TFLOPS and GB/s against tokens per expert for each format, under the measured
+    /// peaks (a roofline), into this SVG file.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<std::path::PathBuf>,
     /// Layers of experts to rotate through, so weights come from DRAM.
     #[arg(long, default_value_t = 1)]
     pub layers: usize,
@@ -385,6 +389,9 @@ pub fn bench_moe(args: &BenchMoeArgs) -> anyhow::Result<()> {
         "accuracy": accuracy,
         "crossover": crossover,
     });
+    if let Some(path) = &args.plot {
+        crate::plot::write(path, crate::plot::roofline(&doc))?;
+    }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&doc)?);
     } else {

@@ -70,7 +70,7 @@ pub struct GenerateArgs {
 /// `--max-tokens`: a count of at least 1. Generation samples its first token from the
 /// prompt's logits, so 0 cannot be honoured; it is refused as the server refuses
 /// `max_tokens: 0`.
-fn parse_max_tokens(s: &str) -> Result<usize, String> {
+pub(crate) fn parse_max_tokens(s: &str) -> Result<usize, String> {
     match s.parse::<usize>() {
         Ok(0) => Err("must be at least 1 (the server refuses max_tokens: 0 alike)".into()),
         Ok(n) => Ok(n),
@@ -165,7 +165,7 @@ pub fn run(mut args: GenerateArgs) -> anyhow::Result<()> {
 }
 
 /// A duration as the stats line shows it: milliseconds below a second.
-fn seconds(d: Duration) -> String {
+pub(crate) fn seconds(d: Duration) -> String {
     if d < Duration::from_secs(1) {
         format!("{:.0} ms", d.as_secs_f64() * 1e3)
     } else {
@@ -202,7 +202,7 @@ fn print_grammar_stats(g: &GrammarStats) {
     );
 }
 
-fn finish_name(finish: &FinishReason) -> &'static str {
+pub(crate) fn finish_name(finish: &FinishReason) -> &'static str {
     match finish {
         FinishReason::Stop => "stop",
         FinishReason::Length => "length",

@@ -1,4 +1,4 @@
-//! The `strata` command line: `info`, `generate`, `logits`, `serve`, `batch`, `trace`,
+//! The `strata` command line: `info`, `generate`, `chat`, `logits`, `serve`, `batch`, `trace`,
 //! `simulate`, `stratify`, `devices`, `bench moe`, `convert`.
 //!
 //! Arguments are parsed by clap into raw values, then validated into the typed settings the
@@ -8,6 +8,7 @@
 mod batch;
 mod bench;
 mod bench_grammar;
+mod chat;
 mod convert;
 mod devices;
 mod generate;
@@ -15,10 +16,12 @@ mod hub;
 mod info;
 mod logits;
 mod model_arg;
+mod plot;
 mod progress;
 mod serve;
 mod simulate;
 mod stratify;
+mod svg;
 mod trace;
 
 use std::path::Path;
@@ -41,6 +44,9 @@ enum Command {
     Info(info::InfoArgs),
     /// Generate text from a prompt or a chat message, streaming it to stdout.
     Generate(generate::GenerateArgs),
+    /// Chat with a model interactively: the conversation is kept, replies stream, and
+    /// slash commands (`/help`) change it.
+    Chat(chat::ChatArgs),
     /// Write the logits at every position of a token sequence to a .npy file.
     Logits(logits::LogitsArgs),
     /// Benchmarks of Strata's kernels.
@@ -77,6 +83,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Serve(a) => serve::run(a),
         Command::Batch(a) => batch::run(a),
         Command::Generate(a) => generate::run(a),
+        Command::Chat(a) => chat::run(a),
         Command::Logits(a) => logits::run(a),
         Command::Bench(BenchCommand::Moe(a)) => bench::bench_moe(&a),
         Command::Bench(BenchCommand::Grammar(a)) => bench_grammar::run(a),
@@ -109,6 +116,15 @@ fn error_chain(err: &anyhow::Error) -> String {
     out
 }
 
+/// Whether `err` comes from writing to a closed pipe (`strata generate | head`): not an
+/// error for a command line.
+fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    err.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
 /// Mesa's Vulkan device-select layer asks Wayland for the default GPU, and libwayland
 /// prints `error: XDG_RUNTIME_DIR is invalid or not set in the environment` when it is
 /// unset (containers, CI, ssh without a login session). Pointing it at an existing
@@ -138,11 +154,7 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            let broken_pipe = err.chain().any(|c| {
-                c.downcast_ref::<std::io::Error>()
-                    .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
-            });
-            if broken_pipe {
+            if is_broken_pipe(&err) {
                 return ExitCode::SUCCESS;
             }
             eprintln!("error: {}", error_chain(&err));

@@ -4,7 +4,7 @@
 //! (ripgrep's low/high args split). Policies are named `NAME[:N]`, `N` being the deferred
 //! experts of `ktransformers` or the prefetch count of `hybrimoe*` and `smoe*`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use clap::Args;
@@ -14,6 +14,8 @@ use strata_policy::policies::{
 use strata_policy::{CostModel, Hardware, Policy};
 use strata_sim::workload::{SyntheticParams, Workload, synthetic};
 use strata_sim::{reproduce, simulate, trace};
+
+use crate::plot;
 
 /// Arguments of `strata simulate`.
 #[derive(Debug, Args)]
@@ -59,6 +61,10 @@ pub struct SimulateArgs {
     /// Write the timeline (Chrome trace JSON, opens in Perfetto) to this file.
     #[arg(long, value_name = "FILE")]
     timeline: Option<PathBuf>,
+    /// Draw the result into this SVG file: with `--reproduce`, each of the paper's figures
+    /// beside the simulated values; otherwise the timeline, a Gantt chart of the devices.
+    #[arg(long, value_name = "FILE.svg")]
+    plot: Option<PathBuf>,
     /// Run a seed's comparison instead: `ktransformers`, `smoe`, `cox` or `trimoe`.
     #[arg(long, value_name = "NAME")]
     reproduce: Option<String>,
@@ -121,18 +127,21 @@ fn parse_policy(
 /// count as reproduced. The simulator prices work at roofline with cited constants and no
 /// correction factors, so it aims at the papers' directions and rough sizes, not their
 /// exact figures; docs/benchmarks.md explains each row that falls outside.
-const TOLERANCE: f64 = 0.25;
+pub(crate) const TOLERANCE: f64 = 0.25;
 
 /// `simulated` relative to `paper` (`0.1` = 10% above), and whether it is within
 /// [`TOLERANCE`]; `None` where the paper reports no value.
-fn agreement(simulated: f64, paper: Option<f64>) -> Option<(f64, bool)> {
+pub(crate) fn agreement(simulated: f64, paper: Option<f64>) -> Option<(f64, bool)> {
     let paper = paper?;
     let off = (simulated - paper) / paper.abs().max(f64::MIN_POSITIVE);
     Some((off, off.abs() <= TOLERANCE))
 }
 
-fn print_reproduction(name: &str, json: bool) -> anyhow::Result<()> {
+fn print_reproduction(name: &str, json: bool, plot: Option<&Path>) -> anyhow::Result<()> {
     let r = reproduce::run(name)?;
+    if let Some(path) = plot {
+        plot::write(path, plot::reproduction(&r))?;
+    }
     if json {
         let mut doc = serde_json::to_value(&r)?;
         doc["tolerance"] = serde_json::json!(TOLERANCE);
@@ -196,7 +205,7 @@ fn print_reproduction(name: &str, json: bool) -> anyhow::Result<()> {
 
 pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
     if let Some(name) = &args.reproduce {
-        return print_reproduction(name, args.json);
+        return print_reproduction(name, args.json, args.plot.as_deref());
     }
     let hw = Hardware::load(&args.hardware)?;
     let model = strata_exec::resolve_model_shape(&args.model)?;
@@ -231,6 +240,9 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
     if let Some(path) = &args.timeline {
         std::fs::write(path, serde_json::to_vec(&report.chrome_trace())?)
             .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(path) = &args.plot {
+        plot::write(path, plot::timeline(&report))?;
     }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);

@@ -18,10 +18,12 @@ use strata_runtime::engine::load_tokenizer;
 use strata_sim::trace::{FORMAT, Header, Record, VERSION, Writer};
 
 use crate::model_arg::ModelArgs;
+use crate::plot;
 use crate::progress::Progress;
 
 /// Arguments of `strata trace`.
 #[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("output").required(true).multiple(true).args(["out", "plot"])))]
 pub struct TraceArgs {
     #[command(flatten)]
     model: ModelArgs,
@@ -31,7 +33,11 @@ pub struct TraceArgs {
     prompts: PathBuf,
     /// Output trace file (JSON lines).
     #[arg(long, value_name = "FILE")]
-    out: PathBuf,
+    out: Option<PathBuf>,
+    /// Draw each MoE layer's expert load (a heat map of experts sorted by load, and the
+    /// share of tokens the busiest experts take) into this SVG file.
+    #[arg(long, value_name = "FILE.svg")]
+    plot: Option<PathBuf>,
     /// Greedy decode steps recorded after each prompt.
     #[arg(long, value_name = "N", default_value_t = 32)]
     decode: usize,
@@ -75,6 +81,20 @@ impl Recorder {
         self.phase = phase;
         self.context = context;
         self.layer = 0;
+    }
+
+    /// Routed activations per MoE layer and expert (`n_experts` from the model's config).
+    pub fn expert_counts(&self, n_experts: usize) -> Vec<Vec<u64>> {
+        let layers = self.records.iter().map(|r| r.layer + 1).max().unwrap_or(0);
+        let mut counts = vec![vec![0u64; n_experts]; layers];
+        for r in &self.records {
+            for &e in &r.ids {
+                if let Some(c) = counts[r.layer].get_mut(e as usize) {
+                    *c += 1;
+                }
+            }
+        }
+        counts
     }
 
     /// Writes the trace; `n_experts` comes from the model's config.
@@ -225,10 +245,19 @@ pub fn run(args: TraceArgs) -> anyhow::Result<()> {
     let n_experts = strata_exec::model_shape(&model.config)?.n_experts;
     let mut rec = Recorder::new(!args.no_hidden);
     record(&model, &ids, args.decode, &mut rec)?;
-    let f = std::fs::File::create(&args.out)
-        .with_context(|| format!("creating {}", args.out.display()))?;
-    rec.write(BufWriter::new(f), &dir.to_string_lossy(), n_experts)
-        .with_context(|| format!("writing {}", args.out.display()))?;
+    if let Some(path) = &args.plot {
+        let name = dir.file_name().unwrap_or(dir.as_os_str()).to_string_lossy();
+        plot::write(
+            path,
+            plot::expert_load(&rec.expert_counts(n_experts), &name),
+        )?;
+    }
+    if let Some(out) = &args.out {
+        let f =
+            std::fs::File::create(out).with_context(|| format!("creating {}", out.display()))?;
+        rec.write(BufWriter::new(f), &dir.to_string_lossy(), n_experts)
+            .with_context(|| format!("writing {}", out.display()))?;
+    }
     Ok(())
 }
 

@@ -12,8 +12,8 @@
 use serde::Serialize;
 use strata_policy::{CostModel, Phase};
 
-/// A device lane of the timeline.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+/// A device lane of the timeline, ordered as a timeline shows them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Lane {
     /// The GPU stream.
@@ -26,6 +26,19 @@ pub enum Lane {
     Ndp(u16),
     /// The DIMM-Link between NDP DIMMs (layout moves).
     Link,
+}
+
+impl Lane {
+    /// The lane's name on a timeline: `GPU`, `CPU`, `PCIe H2D`, `DIMM-Link`, `NDP 3`.
+    pub fn label(self) -> String {
+        match self {
+            Lane::Gpu => "GPU".into(),
+            Lane::Cpu => "CPU".into(),
+            Lane::Pcie => "PCIe H2D".into(),
+            Lane::Link => "DIMM-Link".into(),
+            Lane::Ndp(u) => format!("NDP {u}"),
+        }
+    }
 }
 
 /// One operation on one lane.
@@ -232,13 +245,12 @@ impl Report {
             Lane::Link => 3,
             Lane::Ndp(u) => 4 + u as usize,
         };
-        let mut names = vec![
-            (0, "GPU".to_string()),
-            (1, "CPU".into()),
-            (2, "PCIe H2D".into()),
-        ];
+        let mut names: Vec<(usize, String)> = [Lane::Gpu, Lane::Cpu, Lane::Pcie]
+            .into_iter()
+            .map(|l| (tid(l), l.label()))
+            .collect();
         if self.ops.iter().any(|o| o.lane == Lane::Link) {
-            names.push((3, "DIMM-Link".into()));
+            names.push((tid(Lane::Link), Lane::Link.label()));
         }
         let mut units: Vec<u16> = self
             .ops
@@ -250,7 +262,11 @@ impl Report {
             .collect();
         units.sort_unstable();
         units.dedup();
-        names.extend(units.iter().map(|&u| (4 + u as usize, format!("NDP {u}"))));
+        names.extend(
+            units
+                .iter()
+                .map(|&u| (tid(Lane::Ndp(u)), Lane::Ndp(u).label())),
+        );
         let mut events: Vec<serde_json::Value> = names
             .iter()
             .map(|(tid, name)| {
