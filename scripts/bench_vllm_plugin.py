@@ -8,8 +8,8 @@ installed, as scripts/test_python.sh does):
         [--batches 1,16,64] [--tokens 32] [--dtype bfloat16] [--rounds 1]
 
 `tiny` is the shipped strata-tiny-moe; `big` a random Qwen3-MoE checkpoint of a realistic
-layer shape (hidden 2048, 128 experts of 768, top-8; --big-layers layers, 2 by default),
-written once into .cache/bench-qwen3moe-random. Each (model, plugin) pair runs in its own
+layer shape (hidden 2048, 128 experts of 768, top-8; --big-layers layers, 2 by default:
+1.2 GB each in BF16), written once into --big-dir (.cache/bench-qwen3moe-random). Each (model, plugin) pair runs in its own
 process (vLLM loads plugins once per process), plugin off and on alternating per round, so
 a loaded machine slows both alike; the table gives generated tokens per second (prompt
 processing included: short prompts) and the ratio on/off."""
@@ -24,11 +24,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "models" / "strata-tiny-moe"
-BIG = ROOT / ".cache" / "bench-qwen3moe-random"
 
 
-def write_big(layers):
-    """A random Qwen3-MoE: the tiny model's tokenizer and vocabulary, realistic MoE layers."""
+def write_big(big, layers):
+    """A random Qwen3-MoE in `big`: the tiny model's tokenizer and vocabulary, realistic MoE
+    layers."""
     import torch
     from safetensors.torch import save_file
 
@@ -37,9 +37,9 @@ def write_big(layers):
                num_local_experts=128, num_experts=128, num_experts_per_tok=8,
                num_hidden_layers=layers, num_attention_heads=32, num_key_value_heads=4,
                head_dim=128)
-    if (BIG / "config.json").exists() and json.loads((BIG / "config.json").read_text()) == cfg:
+    if (big / "config.json").exists() and json.loads((big / "config.json").read_text()) == cfg:
         return
-    BIG.mkdir(parents=True, exist_ok=True)
+    big.mkdir(parents=True, exist_ok=True)
     g = torch.Generator().manual_seed(0)
     h, i, e, v = 2048, 768, 128, cfg["vocab_size"]
     hd, nq, nkv = 128, 32, 4
@@ -65,10 +65,10 @@ def write_big(layers):
             t[q + "gate_proj.weight"] = w(i, h)
             t[q + "up_proj.weight"] = w(i, h)
             t[q + "down_proj.weight"] = w(h, i)
-    save_file(t, str(BIG / "model.safetensors"))
+    save_file(t, str(big / "model.safetensors"))
     for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
-        (BIG / name).write_bytes((TINY / name).read_bytes())
-    (BIG / "config.json").write_text(json.dumps(cfg, indent=2))
+        (big / name).write_bytes((TINY / name).read_bytes())
+    (big / "config.json").write_text(json.dumps(cfg, indent=2))
 
 
 def worker(a):
@@ -112,19 +112,20 @@ def main():
     p.add_argument("--format", default="bf16", help="Strata's expert format (STRATA_VLLM_FORMAT)")
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--big-layers", type=int, default=2)
+    p.add_argument("--big-dir", type=Path, default=ROOT / ".cache" / "bench-qwen3moe-random")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
     a = p.parse_args()
     a.batches = [int(b) for b in a.batches.split(",")]
     if a.worker:
         return worker(a)
-    models = {"tiny": TINY, "big": BIG}
+    models = {"tiny": TINY, "big": a.big_dir}
     print(f"| model | batch | vLLM tok/s | vLLM + Strata tok/s | ratio |  (dtype {a.dtype}, "
           f"Strata format {a.format}, {a.tokens} tokens, {a.rounds} round(s), best of rounds)")
     print("| --- | --- | --- | --- | --- |")
     for name in a.models.split(","):
         if name == "big":
-            write_big(a.big_layers)
+            write_big(a.big_dir, a.big_layers)
         best = {False: {}, True: {}}
         for _ in range(a.rounds):
             for plugin in (False, True):

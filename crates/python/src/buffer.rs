@@ -112,7 +112,10 @@ impl<T: Element> View<T> {
 
 /// Fails when `out`'s memory overlaps one of `inputs`' (reading and writing the same memory
 /// at once would be undefined behaviour).
-pub(crate) fn disjoint<T: Element>(out: &View<T>, inputs: &[(&'static str, std::ops::Range<usize>)]) -> PyResult<()> {
+pub(crate) fn disjoint<T: Element>(
+    out: &View<T>,
+    inputs: &[(&'static str, std::ops::Range<usize>)],
+) -> PyResult<()> {
     let o = out.span();
     for (name, r) in inputs {
         if o.start < r.end && r.start < o.end {

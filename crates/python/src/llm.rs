@@ -257,7 +257,10 @@ impl Llm {
         let mut inputs = Vec::with_capacity(items.len());
         for (i, p) in items.iter().enumerate() {
             if let Ok(text) = p.extract::<String>() {
-                let ids = self.engine.text_prompt(&text).map_err(|e| runtime_err(&e))?;
+                let ids = self
+                    .engine
+                    .text_prompt(&text)
+                    .map_err(|e| runtime_err(&e))?;
                 inputs.push((Some(text), ids));
             } else if let Ok(ids) = p.extract::<Vec<u32>>() {
                 inputs.push((None, ids));
@@ -279,9 +282,11 @@ impl Llm {
         messages: &Bound<'_, PyAny>,
         sampling_params: Option<SamplingParams>,
     ) -> PyResult<Vec<RequestOutput>> {
-        let list = messages
-            .cast::<PyList>()
-            .map_err(|_| PyTypeError::new_err("messages: expected a list of {role, content} dicts, or a list of such lists"))?;
+        let list = messages.cast::<PyList>().map_err(|_| {
+            PyTypeError::new_err(
+                "messages: expected a list of {role, content} dicts, or a list of such lists",
+            )
+        })?;
         let conversations: Vec<Bound<'_, PyAny>> = match list.get_item(0) {
             Ok(first) if first.is_instance_of::<PyList>() => list.iter().collect(),
             _ => vec![list.clone().into_any()],
@@ -289,7 +294,10 @@ impl Llm {
         let mut inputs = Vec::with_capacity(conversations.len());
         for (c, conv) in conversations.iter().enumerate() {
             let msgs = chat_messages(conv, c)?;
-            let ids = self.engine.chat_prompt(&msgs).map_err(|e| runtime_err(&e))?;
+            let ids = self
+                .engine
+                .chat_prompt(&msgs)
+                .map_err(|e| runtime_err(&e))?;
             inputs.push((None, ids));
         }
         self.run(py, inputs, sampling_params)
@@ -349,7 +357,9 @@ fn is_one_prompt(prompts: &Bound<'_, PyAny>) -> PyResult<bool> {
     let list = prompts.cast::<PyList>().map_err(|_| {
         PyTypeError::new_err("prompts: expected a string, a list of token ids, or a list of either")
     })?;
-    Ok(list.get_item(0).is_ok_and(|first| first.extract::<u32>().is_ok()))
+    Ok(list
+        .get_item(0)
+        .is_ok_and(|first| first.extract::<u32>().is_ok()))
 }
 
 /// One conversation's messages.
@@ -400,7 +410,11 @@ pub fn serve(
         .parse()
         .or_else(|_| format!("[{host}]:{port}").parse())
         .map_err(|_| PyValueError::new_err(format!("host: '{host}' is not an IP address")))?;
-    for (name, v) in [("max_batch", max_batch), ("max_queue", max_queue), ("step_tokens", step_tokens)] {
+    for (name, v) in [
+        ("max_batch", max_batch),
+        ("max_queue", max_queue),
+        ("step_tokens", step_tokens),
+    ] {
         if v == 0 {
             return Err(PyValueError::new_err(format!("{name} must be at least 1")));
         }

@@ -50,10 +50,7 @@ fn parse_format(name: &str) -> PyResult<PackedFormat> {
 }
 
 /// Checks that `view` is `[dims...]`, naming what each dimension is.
-fn check_shape<T: pyo3::buffer::Element>(
-    view: &View<T>,
-    want: &[(usize, &str)],
-) -> PyResult<()> {
+fn check_shape<T: pyo3::buffer::Element>(view: &View<T>, want: &[(usize, &str)]) -> PyResult<()> {
     let got = view.shape();
     if got.len() != want.len() || got.iter().zip(want).any(|(g, (w, _))| g != w) {
         let names: Vec<String> = want.iter().map(|(n, what)| format!("{what}={n}")).collect();
@@ -213,7 +210,10 @@ pub fn fused_moe_into(
     let ids = expert_ids(topk_ids, t, k, weights.experts.len())?;
     let mut o = View::<f32>::new(out, "out", "float32", true)?;
     check_shape(&o, &[(t, "tokens"), (h, "hidden")])?;
-    disjoint(&o, &[("hidden_states", x.span()), ("topk_weights", w.span())])?;
+    disjoint(
+        &o,
+        &[("hidden_states", x.span()), ("topk_weights", w.span())],
+    )?;
     let opts = MoeOptions {
         accumulate,
         ..MoeOptions::default()

@@ -1,5 +1,5 @@
-"""Greedy completions of vLLM (CPU) on a model, printed as one JSON line on stdout:
-`{"batch1": [[ids...]], "batch16": [[ids...] x 16], "seconds": ...}`. Run in its own
+"""Greedy completions of vLLM (CPU) on a model, printed as one line on stdout:
+`RESULT {"batch1": [[ids...]], "batch16": [[ids...] x 16], "seconds": ...}`. Run in its own
 process per configuration (vLLM's plugins load once per process): the test and the
 benchmark set VLLM_PLUGINS to load Strata's plugin or not."""
 
@@ -45,7 +45,7 @@ def main():
     many = llm.generate(PROMPTS, params, use_tqdm=False)
     seconds = time.perf_counter() - started
     ids = lambda outs: [list(o.outputs[0].token_ids) for o in outs]  # noqa: E731
-    print(json.dumps({"batch1": ids(one), "batch16": ids(many), "seconds": seconds}))
+    print("RESULT " + json.dumps({"batch1": ids(one), "batch16": ids(many), "seconds": seconds}))
     sys.stdout.flush()
 
 
