@@ -9,9 +9,10 @@ installed, as scripts/test_python.sh does):
 
 `tiny` is the shipped strata-tiny-moe; `big` a random Qwen3-MoE checkpoint of a realistic
 layer shape (hidden 2048, 128 experts of 768, top-8; --big-layers layers, 2 by default:
-1.2 GB each in BF16), written once into --big-dir (.cache/bench-qwen3moe-random). Each (model, plugin) pair runs in its own
-process (vLLM loads plugins once per process), plugin off and on alternating per round, so
-a loaded machine slows both alike; the table gives generated tokens per second (prompt
+1.2 GB each in BF16), written once into --big-dir (.cache/bench-qwen3moe-random; a tmpfs
+such as /dev/shm where disk is short). Each (model, plugin) pair runs in its own process
+(vLLM loads plugins once per process), plugin off and on alternating per round, so a
+loaded machine slows both alike; the table gives generated tokens per second (prompt
 processing included: short prompts) and the ratio on/off."""
 
 import argparse
