@@ -99,8 +99,9 @@ def run(model, plugin, a):
     lines = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
     if r.returncode != 0 or not lines:
         sys.exit(f"vLLM failed ({model.name}, plugin={plugin}):\n{r.stderr[-3000:]}")
-    if plugin and "Strata computes vLLM's MoE" not in r.stderr:
-        sys.exit(f"the plugin did not take over ({model.name}):\n{r.stderr[-3000:]}")
+    # vLLM logs to stdout and stderr.
+    if plugin and "Strata computes vLLM's MoE" not in r.stdout + r.stderr:
+        sys.exit(f"the plugin did not take over ({model.name}):\n{r.stdout[-3000:]}")
     return {int(k): v for k, v in json.loads(lines[-1][7:]).items()}
 
 
