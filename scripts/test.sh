@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, every test of every crate (including the tests
-# on real weights and tokenizers, fetched once into .cache/assets, about 600 MB), and the
-# server's end-to-end tests with the official openai Python client (in .venv-server).
+# on real weights and tokenizers, fetched once into .cache/assets, about 600 MB), the
+# server's end-to-end tests with the official openai Python client (in .venv-server), and
+# the Python package's and vLLM plugin's tests (scripts/test_python.sh, in .cache/venv-*).
 #
 #   scripts/test.sh            # everything
 #   scripts/test.sh --offline  # skip what needs the network: the fetch, the real-asset
-#                              # tests and the openai-client tests
+#                              # tests, the openai-client tests and the Python tests
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -27,4 +28,6 @@ cargo test --workspace
 if [[ "${1:-}" != "--offline" ]]; then
     # The server against the official openai client, hostile requests and concurrent load.
     bash tests/server/run.sh
+    # strata.LLM / strata.ops / python -m strata serve, and vLLM with Strata's experts.
+    bash scripts/test_python.sh
 fi

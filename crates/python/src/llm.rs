@@ -1,0 +1,449 @@
+//! `strata.LLM` and `python -m strata serve`: the engine the `strata` command line runs
+//! ([`strata_runtime::engine::Engine`]), loaded and driven from Python.
+//!
+//! The API follows vLLM's offline one (`LLM.generate(prompts, SamplingParams)`,
+//! `LLM.chat(messages)`, outputs with `.outputs[0].text`, `.token_ids`, `.finish_reason`)
+//! so that code written for it runs with few changes.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyString};
+use strata_kernels::PackedFormat;
+use strata_model::{LoadOptions, Precision};
+use strata_runtime::engine::{Engine, FinishReason, Request};
+use strata_runtime::scheduler::SchedulerConfig;
+use strata_runtime::text::ChatMessage;
+use strata_server::AppState;
+
+/// An error with its whole cause chain, as the command line prints it.
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut msg = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        let s_msg = s.to_string();
+        if !msg.contains(&s_msg) {
+            msg.push_str(": ");
+            msg.push_str(&s_msg);
+        }
+        src = s.source();
+    }
+    msg
+}
+
+fn runtime_err(e: &(dyn std::error::Error + 'static)) -> PyErr {
+    PyRuntimeError::new_err(chain(e))
+}
+
+/// Sampling settings of one request, as in vLLM (`max_tokens` 16 and temperature 1 by
+/// default; `temperature=0` is greedy; `top_k` 0 or -1 keeps every token).
+#[pyclass(module = "strata._strata", get_all, set_all, from_py_object)]
+#[derive(Clone, Debug)]
+pub struct SamplingParams {
+    max_tokens: usize,
+    temperature: f32,
+    top_p: f32,
+    top_k: i64,
+    min_p: f32,
+    repetition_penalty: f32,
+    presence_penalty: f32,
+    frequency_penalty: f32,
+    seed: Option<u64>,
+    stop: Vec<String>,
+}
+
+#[pymethods]
+impl SamplingParams {
+    #[new]
+    #[pyo3(signature = (*, max_tokens=16, temperature=1.0, top_p=1.0, top_k=0, min_p=0.0,
+        repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, seed=None, stop=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        max_tokens: usize,
+        temperature: f32,
+        top_p: f32,
+        top_k: i64,
+        min_p: f32,
+        repetition_penalty: f32,
+        presence_penalty: f32,
+        frequency_penalty: f32,
+        seed: Option<u64>,
+        stop: Option<Vec<String>>,
+    ) -> PyResult<SamplingParams> {
+        if max_tokens == 0 {
+            return Err(PyValueError::new_err(
+                "max_tokens must be at least 1 (the first token is sampled from the prompt)",
+            ));
+        }
+        Ok(SamplingParams {
+            max_tokens,
+            temperature,
+            top_p,
+            top_k,
+            min_p,
+            repetition_penalty,
+            presence_penalty,
+            frequency_penalty,
+            seed,
+            stop: stop.unwrap_or_default(),
+        })
+    }
+
+    fn __repr__(&self) -> String {
+        format!("{self:?}")
+    }
+}
+
+impl SamplingParams {
+    fn request(&self, prompt: Vec<u32>) -> Request {
+        Request {
+            prompt,
+            max_tokens: self.max_tokens,
+            sampling: strata_runtime::sampling::SamplingParams {
+                temperature: self.temperature,
+                top_k: usize::try_from(self.top_k).unwrap_or(0),
+                top_p: self.top_p,
+                min_p: self.min_p,
+                repetition_penalty: self.repetition_penalty,
+                presence_penalty: self.presence_penalty,
+                frequency_penalty: self.frequency_penalty,
+                seed: self.seed,
+            },
+            stop: self.stop.clone(),
+            grammar: None,
+        }
+    }
+}
+
+/// One generated sequence.
+#[pyclass(module = "strata._strata", get_all)]
+#[derive(Clone, Debug)]
+pub struct CompletionOutput {
+    index: usize,
+    text: String,
+    token_ids: Vec<u32>,
+    /// `stop` (end of sequence or a stop string) or `length` (`max_tokens` or the context).
+    finish_reason: &'static str,
+}
+
+#[pymethods]
+impl CompletionOutput {
+    fn __repr__(&self) -> String {
+        format!("{self:?}")
+    }
+}
+
+/// What one prompt produced.
+#[pyclass(module = "strata._strata", get_all)]
+#[derive(Clone, Debug)]
+pub struct RequestOutput {
+    /// The prompt's text (`None` when it was given as token ids).
+    prompt: Option<String>,
+    prompt_token_ids: Vec<u32>,
+    outputs: Vec<CompletionOutput>,
+}
+
+#[pymethods]
+impl RequestOutput {
+    fn __repr__(&self) -> String {
+        format!("{self:?}")
+    }
+}
+
+/// How to load the weights from `dtype` (`fast`, `f32`) and `weights` (`bf16`, `int8`,
+/// `int4`, or `None`: BF16, and a GGUF's own blocks), as the command line's `--dtype` and
+/// `--weights`.
+fn load_options(dtype: &str, weights: Option<&str>) -> PyResult<LoadOptions> {
+    let precision = match dtype {
+        "fast" => Precision::Fast,
+        "f32" | "float32" => Precision::F32,
+        _ => {
+            return Err(PyValueError::new_err(format!(
+                "dtype: expected 'fast' or 'f32', got '{dtype}'"
+            )));
+        }
+    };
+    let experts = match weights.unwrap_or("bf16") {
+        "bf16" => PackedFormat::Bf16,
+        "int8" => PackedFormat::Int8 { group: None },
+        "int4" => PackedFormat::Int4 { group: 32 },
+        w => {
+            return Err(PyValueError::new_err(format!(
+                "weights: expected 'bf16', 'int8' or 'int4', got '{w}'"
+            )));
+        }
+    };
+    Ok(LoadOptions {
+        precision,
+        experts,
+        keep_blocks: weights.is_none(),
+    })
+}
+
+/// Loads the engine for `model` (a local path), with the GIL released.
+fn load_engine(py: Python<'_>, model: PathBuf, opts: LoadOptions) -> PyResult<Engine> {
+    if !model.exists() {
+        return Err(PyValueError::new_err(format!(
+            "model: {} does not exist (a Hugging Face model directory, a .gguf file or a \
+             converted .strata model)",
+            model.display()
+        )));
+    }
+    py.detach(|| Engine::load(&model, opts))
+        .map_err(|e| PyRuntimeError::new_err(format!("loading {}: {}", model.display(), chain(&e))))
+}
+
+/// A model loaded for generation on Strata's engine.
+#[pyclass(module = "strata._strata", name = "LLM", frozen)]
+pub struct Llm {
+    engine: Engine,
+}
+
+#[pymethods]
+impl Llm {
+    /// Loads `model`. `device`: `cpu` (the CPU kernels; `--device gpu` and `hybrid` run
+    /// from the command line for now). `dtype` and `weights` are the command line's
+    /// `--dtype` and `--weights`.
+    #[new]
+    #[pyo3(signature = (model, *, device="cpu", policy=None, dtype="fast", weights=None))]
+    fn new(
+        py: Python<'_>,
+        model: PathBuf,
+        device: &str,
+        policy: Option<&str>,
+        dtype: &str,
+        weights: Option<&str>,
+    ) -> PyResult<Llm> {
+        match (device, policy) {
+            ("cpu", None) => {}
+            ("cpu", Some(p)) => {
+                return Err(PyValueError::new_err(format!(
+                    "policy '{p}' applies only with device='hybrid'"
+                )));
+            }
+            ("gpu" | "hybrid", _) => {
+                return Err(PyValueError::new_err(format!(
+                    "device '{device}' is not available from Python yet: run it with \
+                     `strata generate --device {device}` (Python runs device='cpu')"
+                )));
+            }
+            _ => {
+                return Err(PyValueError::new_err(format!(
+                    "device: expected 'cpu', 'gpu' or 'hybrid', got '{device}'"
+                )));
+            }
+        }
+        let engine = load_engine(py, model, load_options(dtype, weights)?)?;
+        Ok(Llm { engine })
+    }
+
+    /// Generates for each prompt (a string, a list of token ids, or a list of either),
+    /// all together in one batch. Returns one `RequestOutput` per prompt, in order.
+    #[pyo3(signature = (prompts, sampling_params=None))]
+    fn generate(
+        &self,
+        py: Python<'_>,
+        prompts: &Bound<'_, PyAny>,
+        sampling_params: Option<SamplingParams>,
+    ) -> PyResult<Vec<RequestOutput>> {
+        let items: Vec<Bound<'_, PyAny>> = if is_one_prompt(prompts)? {
+            vec![prompts.clone()]
+        } else {
+            prompts.try_iter()?.collect::<PyResult<_>>()?
+        };
+        let mut inputs = Vec::with_capacity(items.len());
+        for (i, p) in items.iter().enumerate() {
+            if let Ok(text) = p.extract::<String>() {
+                let ids = self
+                    .engine
+                    .text_prompt(&text)
+                    .map_err(|e| runtime_err(&e))?;
+                inputs.push((Some(text), ids));
+            } else if let Ok(ids) = p.extract::<Vec<u32>>() {
+                inputs.push((None, ids));
+            } else {
+                return Err(PyTypeError::new_err(format!(
+                    "prompts[{i}]: expected a string or a list of token ids"
+                )));
+            }
+        }
+        self.run(py, inputs, sampling_params)
+    }
+
+    /// Replies to one conversation (a list of `{"role", "content"}` dicts) or to each of a
+    /// list of them, formatted with the model's chat template.
+    #[pyo3(signature = (messages, sampling_params=None))]
+    fn chat(
+        &self,
+        py: Python<'_>,
+        messages: &Bound<'_, PyAny>,
+        sampling_params: Option<SamplingParams>,
+    ) -> PyResult<Vec<RequestOutput>> {
+        let list = messages.cast::<PyList>().map_err(|_| {
+            PyTypeError::new_err(
+                "messages: expected a list of {role, content} dicts, or a list of such lists",
+            )
+        })?;
+        let conversations: Vec<Bound<'_, PyAny>> = match list.get_item(0) {
+            Ok(first) if first.is_instance_of::<PyList>() => list.iter().collect(),
+            _ => vec![list.clone().into_any()],
+        };
+        let mut inputs = Vec::with_capacity(conversations.len());
+        for (c, conv) in conversations.iter().enumerate() {
+            let msgs = chat_messages(conv, c)?;
+            let ids = self
+                .engine
+                .chat_prompt(&msgs)
+                .map_err(|e| runtime_err(&e))?;
+            inputs.push((None, ids));
+        }
+        self.run(py, inputs, sampling_params)
+    }
+
+    /// The tokenizer's ids for `text` (with BOS where the model adds one).
+    fn encode(&self, text: &str) -> PyResult<Vec<u32>> {
+        self.engine.text_prompt(text).map_err(|e| runtime_err(&e))
+    }
+}
+
+impl Llm {
+    /// Generates for `(prompt text, prompt ids)` pairs, with the GIL released.
+    fn run(
+        &self,
+        py: Python<'_>,
+        inputs: Vec<(Option<String>, Vec<u32>)>,
+        params: Option<SamplingParams>,
+    ) -> PyResult<Vec<RequestOutput>> {
+        let params = match params {
+            Some(p) => p,
+            None => SamplingParams::new(16, 1.0, 1.0, 0, 0.0, 1.0, 0.0, 0.0, None, None)?,
+        };
+        let requests: Vec<Request> = inputs
+            .iter()
+            .map(|(_, ids)| params.request(ids.clone()))
+            .collect();
+        let engine = &self.engine;
+        let (outputs, _) = py
+            .detach(|| engine.generate_batch(&requests, |_, _| {}))
+            .map_err(|e| runtime_err(&e))?;
+        Ok(inputs
+            .into_iter()
+            .zip(outputs)
+            .map(|((prompt, prompt_token_ids), o)| RequestOutput {
+                prompt,
+                prompt_token_ids,
+                outputs: vec![CompletionOutput {
+                    index: 0,
+                    text: o.text,
+                    token_ids: o.tokens,
+                    finish_reason: match o.finish {
+                        FinishReason::Stop => "stop",
+                        FinishReason::Length | FinishReason::ContextFull => "length",
+                    },
+                }],
+            })
+            .collect())
+    }
+}
+
+/// Whether `prompts` is one prompt (a string or a list of ints) rather than a list of them.
+fn is_one_prompt(prompts: &Bound<'_, PyAny>) -> PyResult<bool> {
+    if prompts.is_instance_of::<PyString>() {
+        return Ok(true);
+    }
+    let list = prompts.cast::<PyList>().map_err(|_| {
+        PyTypeError::new_err("prompts: expected a string, a list of token ids, or a list of either")
+    })?;
+    Ok(list
+        .get_item(0)
+        .is_ok_and(|first| first.extract::<u32>().is_ok()))
+}
+
+/// One conversation's messages.
+fn chat_messages(conv: &Bound<'_, PyAny>, c: usize) -> PyResult<Vec<ChatMessage>> {
+    let bad = |m: usize| {
+        PyTypeError::new_err(format!(
+            "messages[{c}][{m}]: expected a dict with string 'role' and 'content'"
+        ))
+    };
+    let mut out = Vec::new();
+    for (m, item) in conv.try_iter()?.enumerate() {
+        let item = item?;
+        let d = item.cast::<PyDict>().map_err(|_| bad(m))?;
+        let field = |k: &str| -> PyResult<String> {
+            d.get_item(k)?
+                .and_then(|v| v.extract::<String>().ok())
+                .ok_or_else(|| bad(m))
+        };
+        out.push(ChatMessage::new(&field("role")?, &field("content")?));
+    }
+    Ok(out)
+}
+
+/// Serves `model` over the OpenAI-compatible HTTP API until SIGTERM or Ctrl-C: the
+/// `strata_server::run` that `strata serve` calls, on an engine loaded as above.
+#[pyfunction]
+#[pyo3(signature = (model, *, host="127.0.0.1", port=8080, dtype="fast", weights=None,
+    max_batch=16, max_queue=256, ctx_size=None, step_tokens=512, served_model_name=None))]
+#[allow(clippy::too_many_arguments)]
+pub fn serve(
+    py: Python<'_>,
+    model: PathBuf,
+    host: &str,
+    port: u16,
+    dtype: &str,
+    weights: Option<&str>,
+    max_batch: usize,
+    max_queue: usize,
+    ctx_size: Option<usize>,
+    step_tokens: usize,
+    served_model_name: Option<String>,
+) -> PyResult<()> {
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(tracing::Level::INFO)
+        .try_init();
+    let addr: SocketAddr = format!("{host}:{port}")
+        .parse()
+        .or_else(|_| format!("[{host}]:{port}").parse())
+        .map_err(|_| PyValueError::new_err(format!("host: '{host}' is not an IP address")))?;
+    for (name, v) in [
+        ("max_batch", max_batch),
+        ("max_queue", max_queue),
+        ("step_tokens", step_tokens),
+    ] {
+        if v == 0 {
+            return Err(PyValueError::new_err(format!("{name} must be at least 1")));
+        }
+    }
+    let id = served_model_name.unwrap_or_else(|| {
+        model
+            .file_stem()
+            .map_or_else(|| "model".into(), |n| n.to_string_lossy().into_owned())
+    });
+    let engine = Arc::new(load_engine(py, model, load_options(dtype, weights)?)?);
+    let mut config = SchedulerConfig::for_engine(&engine);
+    let max_ctx = config.ctx_size;
+    config.ctx_size = ctx_size.unwrap_or(max_ctx);
+    if !(2..=max_ctx).contains(&config.ctx_size) {
+        return Err(PyValueError::new_err(format!(
+            "ctx_size must be between 2 and the model's context of {max_ctx}, got {}",
+            config.ctx_size
+        )));
+    }
+    (config.max_batch, config.max_queue, config.step_tokens) = (max_batch, max_queue, step_tokens);
+    engine
+        .model
+        .memory()
+        .check(
+            (config.ctx_size as u64).saturating_mul(max_batch as u64),
+            "lower ctx_size or max_batch",
+        )
+        .map_err(|e| runtime_err(&e))?;
+    let state = Arc::new(AppState::new(engine, config, id));
+    py.detach(|| strata_server::run(addr, state, strata_server::shutdown_signal()))
+        .map_err(|e| runtime_err(&e))
+}

@@ -1,0 +1,265 @@
+//! `strata.ops`: the fused MoE operator on Strata's CPU kernels, for other engines (vLLM,
+//! SGLang, plain torch/numpy code).
+//!
+//! [`MoeWeights`] packs a layer's experts once into a packed format (BF16, INT8, INT4);
+//! [`fused_moe`] then computes `out[t] = Σ_j w[t, j] · expert_{ids[t, j]}(x[t])` reading the
+//! activations and writing the output in place: nothing of the `[T, H]` tensors is copied.
+//! Expert weights come in vLLM's layouts: `w13 [E, 2I, H]` (gate rows, then up rows) or
+//! separate `w1`/`w3 [E, I, H]`, and `w2 [E, H, I]`. An expert split along its intermediate
+//! dimension (a tensor-parallel rank's slice) is just a smaller `I`: its output is the
+//! rank's partial sum.
+
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use strata_kernels::moe::{Expert, MoeExperts, MoeOptions, fused_moe_with};
+use strata_kernels::{KernelError, PackedFormat};
+
+use crate::buffer::{View, disjoint};
+
+/// A kernel error as a Python `ValueError` with the kernel's message.
+fn kernel_err(e: KernelError) -> PyErr {
+    PyValueError::new_err(e.to_string())
+}
+
+/// `bf16`, `int8` (one scale per row), `int4` (one scale per 32 values), or a name with an
+/// explicit group as `PackedFormat::name` writes it (`int8g64`, `int4g128`).
+fn parse_format(name: &str) -> PyResult<PackedFormat> {
+    let fmt = match name {
+        "bf16" => PackedFormat::Bf16,
+        "int8" => PackedFormat::Int8 { group: None },
+        "int4" => PackedFormat::Int4 { group: 32 },
+        _ => {
+            let group = |prefix: &str| {
+                name.strip_prefix(prefix)
+                    .and_then(|g| g.parse::<usize>().ok())
+                    .filter(|g| matches!(g, 32 | 64 | 128))
+            };
+            match (group("int8g"), group("int4g")) {
+                (Some(g), _) => PackedFormat::Int8 { group: Some(g) },
+                (_, Some(g)) => PackedFormat::Int4 { group: g },
+                _ => {
+                    return Err(PyValueError::new_err(format!(
+                        "format: expected bf16, int8, int4, int8g32/64/128 or int4g32/64/128, \
+                         got '{name}'"
+                    )));
+                }
+            }
+        }
+    };
+    Ok(fmt)
+}
+
+/// Checks that `view` is `[dims...]`, naming what each dimension is.
+fn check_shape<T: pyo3::buffer::Element>(view: &View<T>, want: &[(usize, &str)]) -> PyResult<()> {
+    let got = view.shape();
+    if got.len() != want.len() || got.iter().zip(want).any(|(g, (w, _))| g != w) {
+        let names: Vec<String> = want.iter().map(|(n, what)| format!("{what}={n}")).collect();
+        return Err(PyValueError::new_err(format!(
+            "{}: expected shape [{}], got {:?}",
+            view.name(),
+            names.join(", "),
+            got
+        )));
+    }
+    Ok(())
+}
+
+/// A layer's routed experts packed for the CPU kernels.
+#[pyclass(module = "strata._strata", frozen)]
+pub struct MoeWeights {
+    experts: MoeExperts,
+    format: PackedFormat,
+}
+
+#[pymethods]
+impl MoeWeights {
+    /// Packs `w2 [E, H, I]` with `w13 [E, 2I, H]` (gate rows then up rows, vLLM's layout)
+    /// or with `w1` (gate) and `w3` (up), both `[E, I, H]`; float32, C-contiguous.
+    #[new]
+    #[pyo3(signature = (w2, *, w13=None, w1=None, w3=None, format="bf16"))]
+    fn new(
+        w2: &Bound<'_, PyAny>,
+        w13: Option<&Bound<'_, PyAny>>,
+        w1: Option<&Bound<'_, PyAny>>,
+        w3: Option<&Bound<'_, PyAny>>,
+        format: &str,
+    ) -> PyResult<MoeWeights> {
+        let fmt = parse_format(format)?;
+        let w2 = View::<f32>::new(w2, "w2", "float32", false)?;
+        let &[e, h, i] = w2.shape() else {
+            return Err(PyValueError::new_err(format!(
+                "w2: expected shape [experts, hidden, intermediate], got {:?}",
+                w2.shape()
+            )));
+        };
+        let (e_, i_, h_) = ((e, "experts"), (i, "intermediate"), (h, "hidden"));
+        // The gate matrices, and the up matrices when they are separate (else the second
+        // half of each expert's w13 block).
+        let (gates, ups) = match (w13, w1, w3) {
+            (Some(w13), None, None) => {
+                let w13 = View::<f32>::new(w13, "w13", "float32", false)?;
+                check_shape(&w13, &[e_, (2 * i, "2*intermediate"), h_])?;
+                (w13, None)
+            }
+            (None, Some(w1), Some(w3)) => {
+                let w1 = View::<f32>::new(w1, "w1", "float32", false)?;
+                let w3 = View::<f32>::new(w3, "w3", "float32", false)?;
+                check_shape(&w1, &[e_, i_, h_])?;
+                check_shape(&w3, &[e_, i_, h_])?;
+                (w1, Some(w3))
+            }
+            _ => {
+                return Err(PyTypeError::new_err(
+                    "MoeWeights: give w13 (gate and up stacked) or both w1 and w3",
+                ));
+            }
+        };
+        let (a, down) = (gates.as_slice(), w2.as_slice());
+        let b = ups.as_ref().map(View::as_slice);
+        let ih = i * h;
+        let experts = (0..e)
+            .map(|x| {
+                let (gate, up) = match b {
+                    Some(b) => (&a[x * ih..(x + 1) * ih], &b[x * ih..(x + 1) * ih]),
+                    None => (
+                        &a[2 * x * ih..(2 * x + 1) * ih],
+                        &a[(2 * x + 1) * ih..(2 * x + 2) * ih],
+                    ),
+                };
+                Expert::pack(gate, up, &down[x * ih..(x + 1) * ih], h, i, fmt)
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(kernel_err)?;
+        let experts = MoeExperts::new(h, i, experts).map_err(kernel_err)?;
+        Ok(MoeWeights {
+            experts,
+            format: fmt,
+        })
+    }
+
+    /// Number of experts.
+    #[getter]
+    fn num_experts(&self) -> usize {
+        self.experts.len()
+    }
+
+    /// Hidden size `H`.
+    #[getter]
+    fn hidden_size(&self) -> usize {
+        self.experts.hidden()
+    }
+
+    /// Intermediate size `I` (of this slice, for a tensor-parallel rank).
+    #[getter]
+    fn intermediate_size(&self) -> usize {
+        self.experts.inter()
+    }
+
+    /// The packed format's name (`bf16`, `int8`, `int4g32`...).
+    #[getter]
+    fn format(&self) -> String {
+        self.format.name()
+    }
+
+    /// Bytes of packed weights and scales.
+    #[getter]
+    fn nbytes(&self) -> usize {
+        self.experts.experts().iter().map(Expert::bytes).sum()
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "MoeWeights(experts={}, hidden={}, intermediate={}, format={})",
+            self.experts.len(),
+            self.experts.hidden(),
+            self.experts.inter(),
+            self.format.name()
+        )
+    }
+}
+
+/// The fused MoE layer into `out`: `hidden_states [T, H]` float32, `topk_weights [T, k]`
+/// float32, `topk_ids [T, k]` int32 or int64, `out [T, H]` float32 (written, or added to
+/// with `accumulate`). Returns nothing; the Python wrapper returns `out`.
+#[pyfunction]
+#[pyo3(signature = (hidden_states, weights, topk_weights, topk_ids, out, *, accumulate=false))]
+pub fn fused_moe_into(
+    hidden_states: &Bound<'_, PyAny>,
+    weights: &MoeWeights,
+    topk_weights: &Bound<'_, PyAny>,
+    topk_ids: &Bound<'_, PyAny>,
+    out: &Bound<'_, PyAny>,
+    accumulate: bool,
+) -> PyResult<()> {
+    let h = weights.experts.hidden();
+    let x = View::<f32>::new(hidden_states, "hidden_states", "float32", false)?;
+    let &[t, xh] = x.shape() else {
+        return Err(PyValueError::new_err(format!(
+            "hidden_states: expected shape [tokens, hidden={h}], got {:?}",
+            x.shape()
+        )));
+    };
+    if xh != h {
+        return Err(PyValueError::new_err(format!(
+            "hidden_states: hidden size {xh}, the experts' is {h}"
+        )));
+    }
+    let w = View::<f32>::new(topk_weights, "topk_weights", "float32", false)?;
+    let k = w.shape().get(1).copied().unwrap_or(0);
+    check_shape(&w, &[(t, "tokens"), (k, "topk")])?;
+    let ids = expert_ids(topk_ids, t, k, weights.experts.len())?;
+    let mut o = View::<f32>::new(out, "out", "float32", true)?;
+    check_shape(&o, &[(t, "tokens"), (h, "hidden")])?;
+    disjoint(
+        &o,
+        &[("hidden_states", x.span()), ("topk_weights", w.span())],
+    )?;
+    let opts = MoeOptions {
+        accumulate,
+        ..MoeOptions::default()
+    };
+    // The GIL stays held: the views are only sound while no Python code can touch the
+    // arrays (see crate::buffer). Strata's own pool threads do the work.
+    fused_moe_with(
+        &weights.experts,
+        x.as_slice(),
+        &ids,
+        w.as_slice(),
+        o.as_mut_slice(),
+        &opts,
+    )
+    .map_err(kernel_err)
+}
+
+/// `topk_ids [T, k]` (int32 or int64) as the kernel's `u32` ids, each checked to name an
+/// expert. A copy, but of `T·k` small integers, not of the activations.
+fn expert_ids(obj: &Bound<'_, PyAny>, t: usize, k: usize, experts: usize) -> PyResult<Vec<u32>> {
+    let ids: Vec<i64> = match View::<i32>::new(obj, "topk_ids", "int32 or int64", false) {
+        Ok(v) => {
+            check_shape(&v, &[(t, "tokens"), (k, "topk")])?;
+            v.as_slice().iter().map(|&i| i64::from(i)).collect()
+        }
+        // Not int32: int64 then (its error names both); other failures are final.
+        Err(e) if !e.is_instance_of::<PyTypeError>(obj.py()) => return Err(e),
+        Err(_) => {
+            let v = View::<i64>::new(obj, "topk_ids", "int32 or int64", false)?;
+            check_shape(&v, &[(t, "tokens"), (k, "topk")])?;
+            v.as_slice().to_vec()
+        }
+    };
+    ids.iter()
+        .enumerate()
+        .map(|(j, &id)| {
+            u32::try_from(id)
+                .ok()
+                .filter(|&u| (u as usize) < experts)
+                .ok_or_else(|| {
+                    PyValueError::new_err(format!(
+                        "topk_ids: id {id} at token {}, slot {} is not an expert (0..{experts})",
+                        j / k.max(1),
+                        j % k.max(1)
+                    ))
+                })
+        })
+        .collect()
+}

@@ -1,0 +1,240 @@
+"""strata.ops.fused_moe against a plain reference, per packed format; no copy of the
+activations; clear errors for bad inputs.
+
+The reference is torch's when torch is installed (the vLLM venv has it), else numpy's: the
+suite's own venv installs numpy only (PyPI's torch is the CUDA build, GBs; the CPU wheel
+index is not reachable from CI). The test prints which one it used."""
+
+import numpy as np
+import pytest
+
+import strata
+import strata.ops
+
+try:
+    import torch
+except ImportError:
+    torch = None
+
+# Relative error (norm of the difference over the reference's) allowed per format. The
+# reference computes in f64 with the weights rounded as the format stores them
+# (`stored_weights`), so what is left is the rounding of activations (BF16: 8 bits of
+# mantissa; INT8/INT4: int8 per token) and of the intermediate. Measured: about 0.4% (BF16)
+# and 1-2% (INT8, INT4); a misplaced scale or row gives 10% and more. `raw_err` in the
+# printout is the error against the unrounded f32 weights (INT4: about 18%).
+TOLERANCE = {"bf16": 0.01, "int8": 0.04, "int4": 0.04, "int4g128": 0.04, "int8g64": 0.04}
+# (qmax, group along k; None: the whole row) of the integer formats.
+INT_FORMATS = {"int8": (127, None), "int8g64": (127, 64), "int4": (7, 32), "int4g128": (7, 128)}
+
+
+def stored_weights(w, fmt):
+    """`w [..., n, k]` rounded as Strata stores it: BF16 (round to nearest even), or
+    symmetric integers with a scale `amax / qmax` per row or per group of k."""
+    if fmt == "bf16":
+        bits = w.astype(np.float32).view(np.uint32).astype(np.uint64)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        return bits.astype(np.uint32).view(np.float32)
+    qmax, group = INT_FORMATS[fmt]
+    k = w.shape[-1]
+    group = group or k
+    # k is padded with zeros to whole groups, as the kernels pad it.
+    pad = -k % group
+    wp = np.concatenate([w, np.zeros((*w.shape[:-1], pad), w.dtype)], axis=-1)
+    g = wp.reshape(*w.shape[:-1], (k + pad) // group, group).astype(np.float64)
+    scale = np.abs(g).max(axis=-1, keepdims=True) / qmax
+    scale[scale == 0] = 1.0
+    q = np.clip(np.round(g / scale), -qmax - 1, qmax)
+    return (q * scale).reshape(wp.shape)[..., :k]
+
+
+def reference(x, w13, w2, topk_w, topk_ids):
+    """out[t] = sum_j w[t, j] * down_e(silu(gate_e(x)) * up_e(x)), e = ids[t, j]."""
+    i = w2.shape[2]
+    if torch is not None:
+        x, w13, w2 = (torch.from_numpy(a).double() for a in (x, w13, w2))
+        out = torch.zeros_like(x)
+        for t in range(x.shape[0]):
+            for j in range(topk_ids.shape[1]):
+                e = int(topk_ids[t, j])
+                gu = w13[e] @ x[t]
+                act = torch.nn.functional.silu(gu[:i]) * gu[i:]
+                out[t] += float(topk_w[t, j]) * (w2[e] @ act)
+        return out.numpy()
+    x, w13, w2 = (a.astype(np.float64) for a in (x, w13, w2))
+    out = np.zeros_like(x)
+    for t in range(x.shape[0]):
+        for j in range(topk_ids.shape[1]):
+            e = int(topk_ids[t, j])
+            gu = w13[e] @ x[t]
+            g = gu[:i]
+            act = g / (1.0 + np.exp(-g)) * gu[i:]
+            out[t] += float(topk_w[t, j]) * (w2[e] @ act)
+    return out
+
+
+def routing(rng, tokens, experts, k, skip):
+    """Top-k ids avoiding expert `skip` (so it gets zero tokens), with one expert given
+    exactly one token, and normalized weights."""
+    ids = np.empty((tokens, k), dtype=np.int32)
+    allowed = [e for e in range(experts) if e not in (skip, 1)]
+    for t in range(tokens):
+        ids[t] = rng.choice(allowed, size=k, replace=False)
+    if tokens:
+        ids[tokens // 2, 0] = 1  # expert 1: exactly one token
+    w = rng.random((tokens, k)).astype(np.float32) + 0.1
+    return ids, w / w.sum(axis=1, keepdims=True)
+
+
+def random_layer(rng, experts, hidden, inter):
+    w13 = (rng.standard_normal((experts, 2 * inter, hidden)) / np.sqrt(hidden)).astype(np.float32)
+    w2 = (rng.standard_normal((experts, hidden, inter)) / np.sqrt(inter)).astype(np.float32)
+    return w13, w2
+
+
+def rel_err(got, want):
+    return float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))
+
+
+@pytest.mark.parametrize("fmt", sorted(TOLERANCE))
+@pytest.mark.parametrize(
+    "tokens,experts,hidden,inter,k",
+    [(1, 4, 128, 64, 2), (7, 8, 80, 40, 2), (37, 16, 128, 256, 4), (200, 8, 384, 96, 3)],
+)
+def test_fused_moe_matches_reference(fmt, tokens, experts, hidden, inter, k):
+    rng = np.random.default_rng(tokens * 1000 + hidden)
+    w13, w2 = random_layer(rng, experts, hidden, inter)
+    x = rng.standard_normal((tokens, hidden)).astype(np.float32)
+    ids, w = routing(rng, tokens, experts, k, skip=experts - 1)
+    weights = strata.ops.MoeWeights(w2, w13=w13, format=fmt)
+    got = strata.ops.fused_moe(x, weights, w, ids)
+    want = reference(x, stored_weights(w13, fmt), stored_weights(w2, fmt), w, ids)
+    err = rel_err(got, want)
+    raw_err = rel_err(got, reference(x, w13, w2, w, ids))
+    print(f"{fmt} T={tokens} E={experts} H={hidden} I={inter} k={k}: rel err {err:.2e}, "
+          f"raw_err {raw_err:.2e} (reference: {'torch' if torch is not None else 'numpy'})")
+    assert got.shape == (tokens, hidden) and got.dtype == np.float32
+    assert err < TOLERANCE[fmt], f"{fmt}: relative error {err:.3e}"
+
+
+def test_separate_gate_and_up_equal_stacked():
+    rng = np.random.default_rng(1)
+    w13, w2 = random_layer(rng, 4, 64, 32)
+    x = rng.standard_normal((5, 64)).astype(np.float32)
+    ids, w = routing(rng, 5, 4, 2, skip=3)
+    a = strata.ops.fused_moe(x, strata.ops.MoeWeights(w2, w13=w13), w, ids)
+    w1, w3 = np.ascontiguousarray(w13[:, :32]), np.ascontiguousarray(w13[:, 32:])
+    b = strata.ops.fused_moe(x, strata.ops.MoeWeights(w2, w1=w1, w3=w3), w, ids)
+    np.testing.assert_array_equal(a, b)
+
+
+def test_zero_tokens_and_int64_ids_and_accumulate():
+    rng = np.random.default_rng(2)
+    w13, w2 = random_layer(rng, 4, 64, 32)
+    weights = strata.ops.MoeWeights(w2, w13=w13, format="int8")
+    empty = strata.ops.fused_moe(
+        np.zeros((0, 64), np.float32), weights, np.zeros((0, 2), np.float32),
+        np.zeros((0, 2), np.int64))
+    assert empty.shape == (0, 64)
+    x = rng.standard_normal((3, 64)).astype(np.float32)
+    ids, w = routing(rng, 3, 4, 2, skip=3)
+    once = strata.ops.fused_moe(x, weights, w, ids.astype(np.int64))
+    out = once.copy()
+    strata.ops.fused_moe(x, weights, w, ids, out=out, accumulate=True)
+    np.testing.assert_allclose(out, 2 * once, rtol=1e-6)
+
+
+def test_weights_properties():
+    rng = np.random.default_rng(3)
+    w13, w2 = random_layer(rng, 4, 64, 32)
+    w = strata.ops.MoeWeights(w2, w13=w13, format="int4")
+    assert (w.num_experts, w.hidden_size, w.intermediate_size, w.format) == (4, 64, 32, "int4g32")
+    assert w.nbytes > 0 and "int4g32" in repr(w)
+
+
+def test_no_copy_of_activations():
+    rng = np.random.default_rng(4)
+    w13, w2 = random_layer(rng, 4, 64, 32)
+    weights = strata.ops.MoeWeights(w2, w13=w13)
+    x = rng.standard_normal((8, 64)).astype(np.float32)
+    ids, w = routing(rng, 8, 4, 2, skip=3)
+    out = np.zeros((8, 64), np.float32)
+    ret = strata.ops.fused_moe(x, weights, w, ids, out=out)
+    # The result is written into the caller's array, not into a copy.
+    assert ret is out and np.abs(out).sum() > 0
+    # The input is read in place: a view of a larger array (a window of rows, contiguous)
+    # gives the same result as a fresh copy, and the output lands in a view of another.
+    big = np.zeros((20, 64), np.float32)
+    big[5:13] = x
+    window = np.zeros((30, 64), np.float32)
+    strata.ops.fused_moe(big[5:13], weights, w, ids, out=window[10:18])
+    np.testing.assert_array_equal(window[10:18], out)
+    assert window[10:18].__array_interface__["data"][0] == window.ctypes.data + 10 * 64 * 4
+    assert not window[:10].any() and not window[18:].any()
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed in this venv")
+def test_torch_tensors_in_place():
+    rng = np.random.default_rng(5)
+    w13, w2 = random_layer(rng, 4, 64, 32)
+    weights = strata.ops.MoeWeights(torch.from_numpy(w2).bfloat16(),
+                                    w13=torch.from_numpy(w13).bfloat16())
+    x = torch.randn(6, 64)
+    ids, w = routing(rng, 6, 4, 2, skip=3)
+    out = torch.zeros(6, 64)
+    ptr = out.data_ptr()
+    ret = strata.ops.fused_moe(x, weights, torch.from_numpy(w), torch.from_numpy(ids), out=out)
+    assert ret is out and out.data_ptr() == ptr and out.abs().sum() > 0
+    with pytest.raises(TypeError, match="bfloat16"):
+        strata.ops.fused_moe(x.bfloat16(), weights, torch.from_numpy(w), torch.from_numpy(ids))
+
+
+def _layer():
+    rng = np.random.default_rng(6)
+    w13, w2 = random_layer(rng, 4, 64, 32)
+    x = rng.standard_normal((4, 64)).astype(np.float32)
+    ids, w = routing(rng, 4, 4, 2, skip=3)
+    return strata.ops.MoeWeights(w2, w13=w13), x, w, ids
+
+
+def test_bad_inputs_raise_clear_errors():
+    weights, x, w, ids = _layer()
+    with pytest.raises(TypeError, match="hidden_states: expected dtype float32, got float64"):
+        strata.ops.fused_moe(x.astype(np.float64), weights, w, ids)
+    with pytest.raises(ValueError, match="hidden_states: not C-contiguous"):
+        strata.ops.fused_moe(np.tile(x, (1, 2))[:, ::2], weights, w, ids)
+    with pytest.raises(ValueError, match="hidden_states: hidden size 32, the experts' is 64"):
+        strata.ops.fused_moe(np.ascontiguousarray(x[:, :32]), weights, w, ids)
+    with pytest.raises(ValueError, match=r"topk_weights: expected shape \[tokens=4, topk=2\]"):
+        strata.ops.fused_moe(x, weights, np.ascontiguousarray(w[:3]), ids)
+    with pytest.raises(TypeError, match="topk_ids: expected dtype int32 or int64, got float32"):
+        strata.ops.fused_moe(x, weights, w, ids.astype(np.float32))
+    bad = ids.copy()
+    bad[2, 1] = 9
+    with pytest.raises(ValueError, match=r"topk_ids: id 9 at token 2, slot 1 is not an expert \(0..4\)"):
+        strata.ops.fused_moe(x, weights, w, bad)
+    bad[2, 1] = -1
+    with pytest.raises(ValueError, match="id -1"):
+        strata.ops.fused_moe(x, weights, w, bad)
+    ro = np.zeros_like(x)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="out: the array is read-only"):
+        strata.ops.fused_moe(x, weights, w, ids, out=ro)
+    with pytest.raises(ValueError, match="out: overlaps hidden_states"):
+        strata.ops.fused_moe(x, weights, w, ids, out=x)
+    with pytest.raises(TypeError, match="hidden_states: expected a float32 array with the buffer protocol"):
+        strata.ops.fused_moe([[1.0] * 64], weights, w, ids, out=np.zeros((1, 64), np.float32))
+
+
+def test_bad_weights_raise_clear_errors():
+    rng = np.random.default_rng(7)
+    w13, w2 = random_layer(rng, 4, 64, 32)
+    with pytest.raises(ValueError, match="format: expected bf16, int8, int4"):
+        strata.ops.MoeWeights(w2, w13=w13, format="fp8")
+    with pytest.raises(ValueError, match=r"w13: expected shape \[experts=4, 2\*intermediate=64, hidden=64\]"):
+        strata.ops.MoeWeights(w2, w13=np.ascontiguousarray(w13[:, :48]))
+    with pytest.raises(TypeError, match="give w13"):
+        strata.ops.MoeWeights(w2)
+    with pytest.raises(TypeError, match="w2: expected dtype float32, got float16"):
+        strata.ops.MoeWeights(w2.astype(np.float16), w13=w13)
+    with pytest.raises(ValueError, match=r"w2: expected shape \[experts, hidden, intermediate\]"):
+        strata.ops.MoeWeights(w2[0], w13=w13)
