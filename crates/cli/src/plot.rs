@@ -17,8 +17,8 @@ use serde_json::Value;
 use strata_sim::reproduce::Reproduction;
 use strata_sim::{Lane, Report};
 
-use crate::simulate::{TOLERANCE, agreement};
 use crate::svg::{Panel, Scale, Svg, color, esc, list, viridis};
+use strata_sim::reproduce::{TOLERANCE, agreement};
 
 /// Writes a picture to `path`.
 pub fn write(path: &Path, svg: String) -> anyhow::Result<()> {

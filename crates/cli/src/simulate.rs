@@ -16,6 +16,7 @@ use strata_sim::workload::{SyntheticParams, Workload, synthetic};
 use strata_sim::{reproduce, simulate, trace};
 
 use crate::plot;
+use strata_sim::reproduce::{TOLERANCE, agreement};
 
 /// Arguments of `strata simulate`.
 #[derive(Debug, Args)]
@@ -121,20 +122,6 @@ fn parse_policy(
              hybrimoe-released, smoe, smoe-adaptive or smoe-flex"
         ),
     })
-}
-
-/// How far a simulated value may be from the paper's, relative to the paper's, and still
-/// count as reproduced. The simulator prices work at roofline with cited constants and no
-/// correction factors, so it aims at the papers' directions and rough sizes, not their
-/// exact figures; docs/benchmarks.md explains each row that falls outside.
-pub(crate) const TOLERANCE: f64 = 0.25;
-
-/// `simulated` relative to `paper` (`0.1` = 10% above), and whether it is within
-/// [`TOLERANCE`]; `None` where the paper reports no value.
-pub(crate) fn agreement(simulated: f64, paper: Option<f64>) -> Option<(f64, bool)> {
-    let paper = paper?;
-    let off = (simulated - paper) / paper.abs().max(f64::MIN_POSITIVE);
-    Some((off, off.abs() <= TOLERANCE))
 }
 
 fn print_reproduction(name: &str, json: bool, plot: Option<&Path>) -> anyhow::Result<()> {
