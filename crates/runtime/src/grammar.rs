@@ -42,6 +42,9 @@ pub enum ResponseFormat {
     JsonObject,
     /// JSON valid for this schema (OpenAI's `json_schema`).
     JsonSchema(Value),
+    /// A sentence of this grammar in llguidance's Lark dialect (tool calls, written by
+    /// [`crate::text::tools::tool_grammar`]).
+    Lark(String),
 }
 
 /// Why a grammar could not be built or run.
@@ -120,6 +123,7 @@ impl GrammarCompiler {
             ResponseFormat::JsonObject => json!({"type": "object"}),
             ResponseFormat::JsonSchema(Value::Bool(true)) => json!({}),
             ResponseFormat::JsonSchema(s) => s.clone(),
+            ResponseFormat::Lark(g) => return self.build(TopLevelGrammar::from_lark(g.clone())),
         };
         let Some(obj) = schema.as_object_mut() else {
             return Err(GrammarError::Schema(
@@ -129,9 +133,13 @@ impl GrammarCompiler {
         obj.entry("x-guidance").or_insert_with(
             || json!({"whitespace_flexible": false, "item_separator": ",", "key_separator": ":"}),
         );
+        self.build(TopLevelGrammar::from_json_schema(schema))
+    }
+
+    fn build(&self, grammar: TopLevelGrammar) -> Result<Grammar, GrammarError> {
         let parser = self
             .factory
-            .create_parser(TopLevelGrammar::from_json_schema(schema))
+            .create_parser(grammar)
             .map_err(|e| GrammarError::Schema(e.to_string()))?;
         let matcher = Matcher::new(Ok(parser));
         if let Some(e) = matcher.get_error() {
@@ -258,6 +266,12 @@ impl std::fmt::Debug for Grammar {
 }
 
 impl Grammar {
+    /// Whether `tokens` are a complete sentence of the grammar.
+    #[cfg(test)]
+    pub(crate) fn accepts(mut self, tokens: &[u32]) -> bool {
+        self.matcher.consume_tokens(tokens).is_ok() && self.matcher.is_accepting().unwrap_or(false)
+    }
+
     /// Starts the helper thread, which begins with the first token's mask at once (while
     /// the prompt is prefilled).
     pub fn start(self) -> Result<Constraint, GrammarError> {

@@ -124,6 +124,33 @@ pub struct Message {
     pub role: String,
     /// Its content.
     pub content: Option<Content>,
+    /// The calls an assistant message made.
+    pub tool_calls: Option<Vec<ToolCallIn>>,
+    /// The call a `tool` message answers.
+    pub tool_call_id: Option<String>,
+    /// The author's name.
+    pub name: Option<String>,
+}
+
+/// A call in an assistant message of the history.
+#[derive(Debug, Deserialize)]
+pub struct ToolCallIn {
+    /// The call's id.
+    pub id: String,
+    /// `function`.
+    #[serde(rename = "type")]
+    pub kind: Option<String>,
+    /// The function called.
+    pub function: FunctionCallIn,
+}
+
+/// The function of a [`ToolCallIn`].
+#[derive(Debug, Deserialize)]
+pub struct FunctionCallIn {
+    /// Its name.
+    pub name: String,
+    /// Its arguments, a JSON object as text.
+    pub arguments: String,
 }
 
 /// `POST /v1/chat/completions`.
@@ -137,7 +164,27 @@ pub struct ChatRequest {
     pub logprobs: Option<bool>,
     /// Alternatives per token.
     pub top_logprobs: Option<u32>,
+    /// Tools the model may call: checked by [`crate::tools`], which names the field at fault.
+    pub tools: Option<Value>,
+    /// `none`, `auto`, `required` or a named function.
+    pub tool_choice: Option<Value>,
+    /// Whether several calls may come in one turn.
+    pub parallel_tool_calls: Option<bool>,
+    /// A Jinja chat template to render this request with instead of the model's (vLLM's
+    /// extension).
+    pub chat_template: Option<String>,
 }
+
+/// The top-level fields of a chat request besides the common ones.
+pub const CHAT_FIELDS: &[&str] = &[
+    "messages",
+    "max_completion_tokens",
+    "top_logprobs",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "chat_template",
+];
 
 /// `prompt` of a completion: text, texts, token ids or lists of them.
 #[derive(Debug, Deserialize)]
@@ -250,8 +297,7 @@ mod tests {
 
     /// Parses a chat body and returns the error's (param, message) or `None` if it parses.
     fn check(body: &str, param: Option<&str>, message_has: &str) {
-        let extra = &["messages", "max_completion_tokens", "top_logprobs"];
-        match parse::<ChatRequest>(body.as_bytes(), extra) {
+        match parse::<ChatRequest>(body.as_bytes(), CHAT_FIELDS) {
             Ok(_) => assert!(message_has.is_empty(), "{body} parsed"),
             Err(e) => {
                 assert_eq!(e.status, 400, "{body}");

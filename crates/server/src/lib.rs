@@ -21,6 +21,7 @@ mod log;
 pub mod metrics;
 pub mod offline;
 mod structured;
+mod tools;
 
 use std::future::Future;
 use std::net::SocketAddr;

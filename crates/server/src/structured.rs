@@ -24,7 +24,9 @@ pub(crate) async fn grammar(st: &Arc<AppState>, c: &Common) -> Result<Option<Gra
     };
     let param = match format {
         ResponseFormat::JsonObject => "response_format",
-        ResponseFormat::JsonSchema(_) => "response_format.json_schema.schema",
+        ResponseFormat::JsonSchema(_) | ResponseFormat::Lark(_) => {
+            "response_format.json_schema.schema"
+        }
     };
     let engine = Arc::clone(&st.engine);
     let compiled = tokio::task::spawn_blocking(move || engine.compile_format(&format))

@@ -5,6 +5,7 @@
 //!   end-of-sequence ids of `generation_config.json`.
 //! - [`ChatTemplate`] renders a conversation into a prompt the way `transformers`'
 //!   `apply_chat_template` does, with minijinja standing in for Python's jinja2.
+//! - [`tools`] reads and writes tool calls in each template family's own syntax.
 //! - [`StreamDecoder`] turns generated ids, one at a time, into text that is safe to show:
 //!   whole UTF-8 characters only, and nothing that could still turn into a stop string.
 //!
@@ -17,6 +18,7 @@
 mod stream;
 mod template;
 mod tokenizer;
+pub mod tools;
 
 use std::path::PathBuf;
 

@@ -230,6 +230,16 @@ impl Tokenizer {
         self.inner.token_to_id(token)
     }
 
+    /// The id of `text` if it is one special token of the vocabulary (`[TOOL_CALLS]` in
+    /// Mistral's), which decoding leaves out of the text.
+    pub fn special_token_id(&self, text: &str) -> Option<u32> {
+        self.inner
+            .get_added_tokens_decoder()
+            .into_iter()
+            .find(|(_, t)| t.special && t.content == text)
+            .map(|(id, _)| id)
+    }
+
     /// The text of an id as stored in the vocabulary (byte-level BPE shows `Ġ` for a
     /// space), if the id is in the vocabulary.
     pub fn id_to_token(&self, id: u32) -> Option<String> {
@@ -261,13 +271,23 @@ impl Tokenizer {
                 .ok_or_else(|| TextError::NoChatTemplate {
                     origin: self.origin.clone(),
                 })?;
+        self.chat_template_from(source, &self.origin)
+    }
+
+    /// Compiles another chat template `source` (a client's override) with this tokenizer's
+    /// `bos_token` and `eos_token`; `origin` names it in errors.
+    pub fn chat_template_from(
+        &self,
+        source: &str,
+        origin: &str,
+    ) -> Result<ChatTemplate, TextError> {
         let bos = self.meta.bos_id.and_then(|id| self.inner.id_to_token(id));
         let eos = self
             .meta
             .eos_ids
             .first()
             .and_then(|&id| self.inner.id_to_token(id));
-        ChatTemplate::new(source, bos.as_deref(), eos.as_deref(), &self.origin)
+        ChatTemplate::new(source, bos.as_deref(), eos.as_deref(), origin)
     }
 }
 
