@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, every test of every crate (including the tests
 # on real weights and tokenizers, fetched once into .cache/assets, about 600 MB), and the
-# server's end-to-end tests with the official openai Python client (in .venv-server).
+# server's end-to-end tests with the official openai Python client (in .venv-server) and
+# the page's in headless Chromium (in .venv-web; screenshots in .cache/logs/web).
 #
 #   scripts/test.sh            # everything
 #   scripts/test.sh --offline  # skip what needs the network: the fetch, the real-asset
-#                              # tests and the openai-client tests
+#                              # tests, the openai-client and the browser tests
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -24,4 +25,6 @@ cargo test --workspace
 if [[ "${1:-}" != "--offline" ]]; then
     # The server against the official openai client, hostile requests and concurrent load.
     bash tests/server/run.sh
+    # The page at / in Debian's headless Chromium: chat, live view, restart, errors.
+    bash tests/web/run.sh
 fi
