@@ -372,6 +372,9 @@ function showHybrid(f) {
     ["evictions", `${get(now, "strata_hybrid_evictions_total")}`],
     ["fallbacks to the cpu", `${get(now, "strata_hybrid_fallbacks_total")}`],
   ];
+  // Counters this page does not know yet, as /metrics names them.
+  const shown = /^strata_hybrid_(busy_seconds|cache_lookups|upload_bytes|experts|evictions|fallbacks)_total/;
+  for (const [k, v] of now) if (!shown.test(k)) rows.push([k.replace(/^strata_hybrid_/, ""), `${v}`]);
   $("hybrid-table").tBodies[0].replaceChildren(...rows.map(([k, v]) => {
     const tr = document.createElement("tr");
     tr.innerHTML = "<td></td><td></td>";

@@ -23,12 +23,12 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::extract::State;
-use futures_util::StreamExt;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt;
 use serde::Serialize;
 use strata_model::config::FfnConfig;
-use strata_model::{ModelConfig, RoutingTap, Routing};
+use strata_model::{ModelConfig, Routing, RoutingTap};
 use tokio::sync::watch;
 
 use crate::AppState;
@@ -78,7 +78,9 @@ impl RoutingCounts {
                 experts = experts.max(e);
             }
         }
-        let counts = (0..layers.len() * experts).map(|_| AtomicU64::new(0)).collect();
+        let counts = (0..layers.len() * experts)
+            .map(|_| AtomicU64::new(0))
+            .collect();
         RoutingCounts {
             layers,
             row,
@@ -312,7 +314,11 @@ fn token_counters(st: &AppState) -> (u64, u64) {
 
 /// Sums per-tick routing deltas (`[moe layer, expert]` each) into `heat[layer][expert]`
 /// and the tokens routed per layer (pairs over `top_k`).
-pub fn heat(recent: &VecDeque<Vec<u64>>, experts: usize, top_k: usize) -> (Vec<Vec<u64>>, Vec<u64>) {
+pub fn heat(
+    recent: &VecDeque<Vec<u64>>,
+    experts: usize,
+    top_k: usize,
+) -> (Vec<Vec<u64>>, Vec<u64>) {
     let Some(first) = recent.front() else {
         return (Vec::new(), Vec::new());
     };
@@ -461,11 +467,11 @@ mod tests {
     fn heat_sums_the_recent_ticks_per_layer() {
         // Two layers of three experts, top 2: two ticks of deltas.
         let recent = VecDeque::from([vec![1, 1, 0, 0, 2, 0], vec![0, 1, 1, 1, 0, 1]]);
-        let (heat, tokens) = heat(&recent, 3, 2);
-        assert_eq!(heat, vec![vec![1, 2, 1], vec![1, 2, 1]]);
+        let (sum, tokens) = heat(&recent, 3, 2);
+        assert_eq!(sum, vec![vec![1, 2, 1], vec![1, 2, 1]]);
         assert_eq!(tokens, vec![2, 2]);
-        let (heat, tokens) = heat(&VecDeque::new(), 3, 2);
-        assert!(heat.is_empty() && tokens.is_empty());
+        let (sum, tokens) = heat(&VecDeque::new(), 3, 2);
+        assert!(sum.is_empty() && tokens.is_empty());
     }
 
     #[test]
@@ -474,7 +480,10 @@ mod tests {
                     y 3\n\nbroken line\nz NaN-ish\n";
         assert_eq!(
             parse_exposition(text),
-            vec![("x_total{device=\"gpu\"}".to_string(), 1.5), ("y".into(), 3.0)]
+            vec![
+                ("x_total{device=\"gpu\"}".to_string(), 1.5),
+                ("y".into(), 3.0)
+            ]
         );
     }
 }

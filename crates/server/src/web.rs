@@ -10,7 +10,10 @@ use axum::response::{IntoResponse, Response};
 
 /// The page.
 pub async fn index() -> Response {
-    asset("text/html; charset=utf-8", include_str!("../assets/index.html"))
+    asset(
+        "text/html; charset=utf-8",
+        include_str!("../assets/index.html"),
+    )
 }
 
 /// The page's script.
@@ -23,7 +26,10 @@ pub async fn script() -> Response {
 
 /// The page's style sheet.
 pub async fn style() -> Response {
-    asset("text/css; charset=utf-8", include_str!("../assets/style.css"))
+    asset(
+        "text/css; charset=utf-8",
+        include_str!("../assets/style.css"),
+    )
 }
 
 fn asset(content_type: &'static str, body: &'static str) -> Response {

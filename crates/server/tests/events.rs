@@ -66,7 +66,10 @@ async fn read_events(
                 } else if let Some(v) = line.strip_prefix("retry: ") {
                     ev.retry = Some(v.parse().unwrap());
                 } else {
-                    assert!(line.starts_with(':') || line.is_empty(), "bad line {line:?}");
+                    assert!(
+                        line.starts_with(':') || line.is_empty(),
+                        "bad line {line:?}"
+                    );
                 }
             }
             if !ev.event.is_empty() {
@@ -112,7 +115,11 @@ async fn the_page_and_its_assets_are_served() {
 async fn events_say_hello_then_tick_with_the_heat_of_a_request() {
     let st = state();
     let resp = app(st.clone())
-        .oneshot(Request::get("/v1/strata/events").body(Body::empty()).unwrap())
+        .oneshot(
+            Request::get("/v1/strata/events")
+                .body(Body::empty())
+                .unwrap(),
+        )
         .await
         .unwrap();
     assert_eq!(resp.status(), StatusCode::OK);
@@ -170,7 +177,10 @@ async fn events_say_hello_then_tick_with_the_heat_of_a_request() {
             break;
         }
     }
-    assert_eq!(best, forwarded, "the heat of the last 5 s counts every token run");
+    assert_eq!(
+        best, forwarded,
+        "the heat of the last 5 s counts every token run"
+    );
 
     // Closing the feed (the server's shutdown) ends the stream.
     st.live.close();
@@ -258,6 +268,22 @@ fn tap_overhead_on_decode() {
             time[usize::from(!tapped)] += started.elapsed();
         }
     }
+    // The tap alone, without the noise of the forward pass: one decode token's routing.
+    let one = Routing {
+        top_k: 4,
+        ids: vec![3, 17, 9, 30],
+        weights: vec![0.25; 4],
+        candidates: None,
+    };
+    let calls = 1_000_000;
+    let started = Instant::now();
+    for i in 0..calls {
+        counts.on_routing(i % 6, std::hint::black_box(&one));
+    }
+    println!(
+        "tap: {:.1} ns per MoE layer of one decode token",
+        started.elapsed().as_secs_f64() * 1e9 / calls as f64
+    );
     let per = |d: Duration| d.as_secs_f64() * 1e6 / (rounds * steps) as f64;
     println!(
         "decode step: {:.1} us with the tap, {:.1} us without, ratio {:.4}",
