@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, every test of every crate (including the tests
 # on real weights and tokenizers, fetched once into .cache/assets, about 600 MB), the
-# server's end-to-end tests with the official openai Python client (in .venv-server), and
-# the Python package's and vLLM plugin's tests (scripts/test_python.sh, in .cache/venv-*).
+# server's end-to-end tests with the official openai Python client (in .venv-server), the
+# page's in headless Chromium (in .venv-web; screenshots in .cache/logs/web), and the
+# Python package's and vLLM plugin's tests (scripts/test_python.sh, in .cache/venv-*).
 #
 #   scripts/test.sh            # everything
 #   scripts/test.sh --offline  # skip what needs the network: the fetch, the real-asset
-#                              # tests, the openai-client tests and the Python tests
+#                              # tests, the openai-client, browser and Python tests
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -30,4 +31,6 @@ if [[ "${1:-}" != "--offline" ]]; then
     bash tests/server/run.sh
     # strata.LLM / strata.ops / python -m strata serve, and vLLM with Strata's experts.
     bash scripts/test_python.sh
+    # The page at / in Debian's headless Chromium: chat, live view, restart, errors.
+    bash tests/web/run.sh
 fi

@@ -79,7 +79,7 @@ def hostile_requests(model):
     for _ in range(4):
         reqs.append(("POST", CHAT, big))
     reqs.append(("POST", COMPLETIONS, b" " * (10 << 20)))
-    for path in ["/v1/chat", "/v1/embeddings", "/", "/v2/models", "/v1/models/../../etc/passwd"]:
+    for path in ["/v1/chat", "/v1/embeddings", "/index.html", "/v2/models", "/v1/models/../../etc/passwd"]:
         reqs.append(("GET", path, b""))
         reqs.append(("POST", path, json.dumps(ok).encode()))
     for method in ["GET", "PUT", "DELETE"]:

@@ -47,7 +47,9 @@ pub use config::{Arch, ModelConfig};
 pub use error::{Error, Result};
 pub use linear::{LoadOptions, Precision};
 pub use memory::MemoryPlan;
-pub use model::{ForwardObserver, LogitsWanted, Model, NoObserver, ParamCounts, SeqInput};
+pub use model::{
+    ForwardObserver, LogitsWanted, Model, NoObserver, ParamCounts, RoutingTap, SeqInput,
+};
 pub use moe::{ExpertCall, ExpertExecutor};
 pub use routing::Routing;
 pub use shape::MoeShape;

@@ -1,8 +1,9 @@
 //! A decoder-only model: embedding, layers of attention and feed-forward blocks, final norm
 //! and LM head, with a forward pass over a batch of sequences of different lengths.
 
+use std::fmt;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use strata_formats::gguf::GgufFile;
 use strata_formats::safetensors::Checkpoint;
@@ -72,6 +73,24 @@ impl ForwardObserver for NoObserver {
     fn on_routing(&mut self, _: usize, _: &[SeqSpan], _: &Routing, _: &[f32]) {}
 }
 
+/// Sees the routing of every [`Model::forward`] of the model it is installed on
+/// ([`Model::set_routing_tap`]), from whichever thread runs it: a live view of expert
+/// activity (the server's page) without the runtime threading an observer through.
+/// It runs inside the forward pass, once per MoE layer, so it must be cheap.
+pub trait RoutingTap: Send + Sync + fmt::Debug {
+    /// Decoder layer `layer` (an MoE layer) routed the batch's rows as `routing` says.
+    fn on_routing(&self, layer: usize, routing: &Routing);
+}
+
+/// Hands a [`RoutingTap`] what a [`ForwardObserver`] sees.
+struct Tapped<'a>(&'a dyn RoutingTap);
+
+impl ForwardObserver for Tapped<'_> {
+    fn on_routing(&mut self, layer: usize, _: &[SeqSpan], routing: &Routing, _: &[f32]) {
+        self.0.on_routing(layer, routing);
+    }
+}
+
 /// Parameter and memory summary.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ParamCounts {
@@ -98,6 +117,8 @@ pub struct Model {
     attn_scale: f32,
     precision: Precision,
     memory: MemoryPlan,
+    /// Set on a shared model, hence the lock (read once per forward pass).
+    tap: RwLock<Option<Arc<dyn RoutingTap>>>,
 }
 
 impl Model {
@@ -230,6 +251,7 @@ impl Model {
             attn_scale,
             precision,
             memory: MemoryPlan::default(),
+            tap: RwLock::default(),
         })
     }
 
@@ -316,8 +338,23 @@ impl Model {
     /// Runs the new tokens of every sequence through the model in one batch, appending to
     /// each sequence's cache. Returns, per sequence, the logits it asked for, row-major
     /// `[rows, vocab]`.
+    /// Reports the routing to the [`RoutingTap`] installed, if any.
     pub fn forward(&self, seqs: &mut [SeqInput]) -> Result<Vec<Vec<f32>>> {
-        self.forward_observed(seqs, &mut NoObserver)
+        // Cloned out so that the lock is not held through the pass.
+        let tap = self.tap.read().ok().and_then(|t| t.clone());
+        match tap {
+            Some(tap) => self.forward_observed(seqs, &mut Tapped(&*tap)),
+            None => self.forward_observed(seqs, &mut NoObserver),
+        }
+    }
+
+    /// Installs `tap` (or removes the one installed with `None`): every later
+    /// [`Model::forward`] reports its routing to it, on the thread that runs the pass.
+    pub fn set_routing_tap(&self, tap: Option<Arc<dyn RoutingTap>>) {
+        match self.tap.write() {
+            Ok(mut t) => *t = tap,
+            Err(poisoned) => *poisoned.into_inner() = tap,
+        }
     }
 
     /// [`Model::forward`], reporting every MoE layer's routing to `observer` (routing

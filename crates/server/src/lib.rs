@@ -16,12 +16,14 @@
 
 pub mod api;
 pub mod error;
+pub mod events;
 mod generate;
 mod log;
 pub mod metrics;
 pub mod offline;
 mod structured;
 mod tools;
+mod web;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -59,6 +61,8 @@ pub struct AppState {
     pub max_body: usize,
     /// More metrics for `/metrics` (the hybrid executor's); `None` by default.
     pub extra_metrics: Option<Arc<dyn metrics::MetricsSource>>,
+    /// The page's live view: routing counts and recent throughput.
+    pub live: events::Live,
 }
 
 impl AppState {
@@ -66,13 +70,14 @@ impl AppState {
     pub fn new(engine: Arc<Engine>, config: SchedulerConfig, model_id: String) -> AppState {
         let scheduler = Arc::new(Scheduler::start(Arc::clone(&engine), config));
         AppState {
-            engine,
             scheduler,
             metrics: metrics::Metrics::default(),
             model_id,
             created: unix_now(),
             max_body: DEFAULT_MAX_BODY,
             extra_metrics: None,
+            live: events::Live::new(&engine.model.config),
+            engine,
         }
     }
 }
@@ -93,6 +98,10 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/metrics", get(metrics_text))
+        .route("/", get(web::index))
+        .route("/assets/app.js", get(web::script))
+        .route("/assets/style.css", get(web::style))
+        .route("/v1/strata/events", get(events::stream))
         .fallback(not_found)
         .layer(axum::middleware::from_fn(log::log_request))
         .layer(DefaultBodyLimit::max(limit))
@@ -188,6 +197,12 @@ pub fn run(
         let listener = tokio::net::TcpListener::bind(addr).await.map_err(io)?;
         let local = listener.local_addr().map_err(io)?;
         tracing::info!(%local, model = %state.model_id, "listening");
+        events::start(&state);
+        let live = Arc::clone(&state);
+        let shutdown = async move {
+            shutdown.await;
+            live.live.close();
+        };
         axum::serve(listener, app(state))
             .with_graceful_shutdown(shutdown)
             .await
