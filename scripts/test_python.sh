@@ -29,7 +29,7 @@ rm -rf "$wheels"
     --interpreter "$venv/bin/python" --out "$wheels"
 "$venv/bin/pip" install --quiet --force-reinstall --no-deps "$wheels"/strata-*.whl
 
-"$venv/bin/python" -m pytest -q -p no:cacheprovider tests/python --ignore=tests/python/vllm
+"$venv/bin/python" -m pytest -q -rs -p no:cacheprovider tests/python --ignore=tests/python/vllm
 
 if [[ "${1:-}" == "--no-vllm" ]]; then
     exit 0
@@ -50,4 +50,4 @@ fi
 "$vpy" -m pip install --quiet --force-reinstall --no-deps "$wheel"
 "$vpy" -m pip install --quiet --no-deps --no-build-isolation python/strata_vllm
 "$vpy" -m pip install --quiet "pytest>=8"
-"$vpy" -m pytest -q -p no:cacheprovider tests/python/test_ops.py tests/python/vllm
+"$vpy" -m pytest -q -rs -p no:cacheprovider tests/python/test_ops.py tests/python/vllm

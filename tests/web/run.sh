@@ -28,6 +28,6 @@ mkdir -p "$logs"
 
 status=0
 STRATA_BIN="$target_dir/debug/strata" STRATA_LOG_DIR="$logs" CHROMIUM="$chromium" \
-    "$venv/bin/python" -m pytest -q -p no:cacheprovider "$root/tests/web" || status=$?
+    "$venv/bin/python" -m pytest -q -rs -p no:cacheprovider "$root/tests/web" || status=$?
 echo "tests/web: screenshots and logs in $logs" >&2
 exit "$status"
