@@ -1,7 +1,7 @@
 //! [`GgmlMatrix`]: a weight matrix `[n, k]` in one of ggml's block formats, computed where it
 //! lies (usually a memory-mapped GGUF file), and `y = x · Wᵀ` on it.
 //!
-//! Two paths, chosen by the type:
+//! Three paths, chosen per call by the type, the instruction set and the token count:
 //! - **integer** (Q4_0 ... Q8_0, Q2_K ... Q6_K, IQ4_NL, IQ4_XS): on AVX2, each task runs the
 //!   type's in-register kernel (`super::vecdot`) over a block of weight rows and a chunk of
 //!   tokens, four tokens at a time, reading each weight byte once per four tokens. The
@@ -11,6 +11,8 @@
 //! - **generic** (F32, F16, BF16 and any other type the reference dequantizer reads, such as
 //!   the grid-based i-quants): rows are dequantized to f32 in scratch and multiplied in f32.
 //!   [`GgmlMatrix::has_fast_kernel`] tells them apart (`strata info` names the slow ones).
+//! - **tiles** (any type, many tokens, AVX-512 or AMX): 64-row tiles decoded to packed BF16
+//!   and multiplied by the packed micro-kernels (`super::tiles`).
 //!
 //! Nothing is copied or repacked at load: a matrix is a byte range of its owner, so a mapped
 //! file's pages stay shared and evictable, and experts that are never routed are never read.
@@ -21,13 +23,14 @@ use std::sync::Arc;
 
 use crate::buf::SharedMut;
 use crate::error::check_len;
-use crate::packed::StableBytes;
+use crate::packed::micro::Kernel;
+use crate::packed::{Activations, StableBytes};
 use crate::{Isa, KernelError, parallel_for, vector};
 
 use super::dot::{Q8Rows, WRow, dot_rows};
-use super::unpack::{UNIT, decoder, unpack_row};
-use super::vecdot;
+use super::unpack::{UNIT, decoder, unpack_rows};
 use super::{GgmlType, dequantize_row};
+use super::{tiles, vecdot};
 
 /// Weight rows per task on the in-register kernels: long sequential runs of one matrix per
 /// thread, which the hardware prefetcher follows (decode at 128 rows was 1.18x faster than
@@ -219,49 +222,59 @@ impl GgmlMatrix {
         check_len("ggml matmul", "x", m * self.k, x.len())?;
         check_len("ggml matmul", "out", m * self.n, out.len())?;
         let isa = isa.min(crate::isa::detected());
-        let input = self.input(m, |r| &x[r * self.k..(r + 1) * self.k]);
+        self.matmul_as(isa, self.form(isa, m), x, m, out);
+        Ok(())
+    }
+
+    /// [`GgmlMatrix::matmul_with`] in `form` (arguments checked, `isa` available).
+    pub(crate) fn matmul_as(&self, isa: Isa, form: Form, x: &[f32], m: usize, out: &mut [f32]) {
+        let input = self.input(form, m, |r| &x[r * self.k..(r + 1) * self.k]);
         let out_w = SharedMut::new(out);
-        let row_block = self.row_block(isa);
+        let row_block = self.row_block(isa, form);
         let n_blocks = self.n.div_ceil(row_block);
-        let chunks = m.div_ceil(TOKEN_CHUNK);
+        let chunk = form.token_chunk();
+        let chunks = m.div_ceil(chunk);
         parallel_for(n_blocks * chunks, |task| {
             let (c, b) = (task / n_blocks, task % n_blocks);
             let rows = b * row_block..((b + 1) * row_block).min(self.n);
-            let tokens = c * TOKEN_CHUNK..((c + 1) * TOKEN_CHUNK).min(m);
+            let tokens = c * chunk..((c + 1) * chunk).min(m);
             self.block(isa, &input, rows.clone(), tokens.clone(), |t, vals| {
                 // SAFETY: task (c, b) alone writes rows `rows` of the tokens of chunk `c`.
                 let dst = unsafe { out_w.part(t * self.n + rows.start, rows.len()) };
                 dst.copy_from_slice(vals);
             });
         });
-        Ok(())
     }
 
-    /// Weight rows one task takes on `isa`.
-    pub(crate) fn row_block(&self, isa: Isa) -> usize {
-        if vecdot::kernel(isa, self.ty).is_some() {
-            ROW_BLOCK_IN_REGISTER
-        } else {
-            ROW_BLOCK_DECODED
+    /// How a call with `m` tokens on `isa` (available) computes.
+    pub(crate) fn form(&self, isa: Isa, m: usize) -> Form {
+        match (tiles::kernel_for(isa, m), self.decoder) {
+            (Some(kernel), _) => Form::Bf16(kernel),
+            (None, Some(_)) => Form::Q8(vecdot::activation_block(self.ty)),
+            (None, None) => Form::F32,
         }
     }
 
-    /// What [`GgmlMatrix::input`] makes: int8 per this many values, or f32 (`None`). Two
-    /// matrices with the same answer take the same converted activations.
-    pub(crate) fn activation_block(&self) -> Option<usize> {
-        self.decoder.map(|_| vecdot::activation_block(self.ty))
+    /// Weight rows one task takes on `isa` in `form`.
+    pub(crate) fn row_block(&self, isa: Isa, form: Form) -> usize {
+        match form {
+            Form::Bf16(_) => tiles::TILE_ROWS,
+            _ if vecdot::kernel(isa, self.ty).is_some() => ROW_BLOCK_IN_REGISTER,
+            _ => ROW_BLOCK_DECODED,
+        }
     }
 
-    /// Activations converted for this matrix's path.
-    pub(crate) fn input<'x>(&self, m: usize, row: impl Fn(usize) -> &'x [f32]) -> Input {
-        match self.decoder {
-            Some(_) => Input::Q8(Q8Rows::quantize(
-                self.k,
-                vecdot::activation_block(self.ty),
-                m,
-                row,
-            )),
-            None => Input::F32((0..m).flat_map(|r| row(r).iter().copied()).collect()),
+    /// Activations converted for `form` (one of this matrix's forms).
+    pub(crate) fn input<'x>(
+        &self,
+        form: Form,
+        m: usize,
+        row: impl Fn(usize) -> &'x [f32],
+    ) -> Input {
+        match form {
+            Form::Q8(block) => Input::Q8(Q8Rows::quantize(self.k, block, m, row)),
+            Form::F32 => Input::F32((0..m).flat_map(|r| row(r).iter().copied()).collect()),
+            Form::Bf16(kernel) => Input::Bf16(tiles::activations(self.k, m, kernel, row), kernel),
         }
     }
 
@@ -278,6 +291,15 @@ impl GgmlMatrix {
         let (k, nr, nt) = (self.k, rows.len(), tokens.len());
         let rb = self.row_bytes();
         let src = &self.bytes()[rows.start * rb..rows.end * rb];
+        if let Input::Bf16(a, kernel) = input {
+            let w = tiles::Rows {
+                ty: self.ty,
+                n: nr,
+                k,
+                bytes: src,
+            };
+            return tiles::block(w, *kernel, a, tokens, emit);
+        }
         with_scratch(|s| {
             s.tile.clear();
             s.tile.resize(nt * nr, 0.0);
@@ -319,7 +341,9 @@ impl GgmlMatrix {
                         }
                     }
                 }
-                (Input::Q8(_), None) => unreachable!("inputs are made by `input` for this type"),
+                (Input::Q8(_), None) | (Input::Bf16(..), _) => {
+                    unreachable!("inputs are made by `input` for this type")
+                }
             }
             for (j, t) in tokens.enumerate() {
                 emit(t, &s.tile[j * nr..(j + 1) * nr]);
@@ -332,12 +356,14 @@ impl GgmlMatrix {
     pub fn matmul_ref(&self, x: &[f32], m: usize, out: &mut [f32]) -> Result<(), KernelError> {
         check_len("ggml matmul_ref", "x", m * self.k, x.len())?;
         check_len("ggml matmul_ref", "out", m * self.n, out.len())?;
-        let input = self.input(m, |r| &x[r * self.k..(r + 1) * self.k]);
+        let form = self.form(Isa::Portable, m);
+        let input = self.input(form, m, |r| &x[r * self.k..(r + 1) * self.k]);
         let w = self.dequantize();
         for t in 0..m {
             let xt: Vec<f32> = match &input {
                 Input::Q8(a) => (0..self.k).map(|p| a.value(t, p)).collect(),
                 Input::F32(v) => v[t * self.k..(t + 1) * self.k].to_vec(),
+                Input::Bf16(..) => unreachable!("the portable path has no tiles"),
             };
             for j in 0..self.n {
                 let wj = &w[j * self.k..(j + 1) * self.k];
@@ -348,10 +374,32 @@ impl GgmlMatrix {
     }
 }
 
-/// Activations converted for a [`GgmlMatrix`]: int8 for the integer path, f32 otherwise.
+/// How a [`GgmlMatrix`] call computes: its activations' form decides the kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Form {
+    /// Int8 activations per this many values, integer dot products on the blocks.
+    Q8(usize),
+    /// F32 activations, rows dequantized to f32 (types without an integer form).
+    F32,
+    /// BF16 activations, weight tiles decoded to BF16 for the packed micro-kernels.
+    Bf16(Kernel),
+}
+
+impl Form {
+    /// Tokens per task: all of a long prompt's tokens share each decoded tile.
+    pub(crate) fn token_chunk(self) -> usize {
+        match self {
+            Form::Bf16(_) => tiles::TILE_TOKENS,
+            Form::Q8(_) | Form::F32 => TOKEN_CHUNK,
+        }
+    }
+}
+
+/// Activations converted for a [`GgmlMatrix`] in one [`Form`].
 pub(crate) enum Input {
     Q8(Q8Rows),
     F32(Vec<f32>),
+    Bf16(Activations, Kernel),
 }
 
 /// Per-thread scratch: decoded rows, dequantized rows, one row's results and the output
@@ -375,26 +423,4 @@ fn with_scratch<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
     let r = f(&mut s);
     SCRATCH.set(s);
     r
-}
-
-/// Decodes rows of blocks, vectorised for AVX2 where the CPU has it.
-fn unpack_rows(isa: Isa, ty: GgmlType, src: &[u8], q: &mut [i8], d: &mut [f32], m: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if isa >= Isa::Avx2 {
-        // SAFETY: `Isa::Avx2` or better is only selected when the CPU has AVX2.
-        unsafe { unpack_rows_avx2(ty, src, q, d, m) };
-        return;
-    }
-    let _ = isa;
-    unpack_row(ty, src, q, d, m);
-}
-
-/// [`unpack_row`] compiled with AVX2 enabled (the decoders are inlined and vectorised).
-///
-/// # Safety
-/// The CPU must support AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn unpack_rows_avx2(ty: GgmlType, src: &[u8], q: &mut [i8], d: &mut [f32], m: &mut [f32]) {
-    unpack_row(ty, src, q, d, m);
 }

@@ -5,7 +5,8 @@
 //!   what ggml's `dequantize_row_*` compute.
 //! - [`GgmlMatrix`]: a `[n, k]` matrix of blocks viewed in place (a mapped file's bytes) with
 //!   `y = x · Wᵀ` on int8 kernels (AVX2 and portable) for the integer types and a generic
-//!   dequantizing path for the rest.
+//!   dequantizing path for the rest; with many tokens on AVX-512 or AMX, on BF16 tiles decoded
+//!   in cache and fed to the packed micro-kernels (`tiles`).
 //! - [`GgmlExperts`] and [`fused_moe_ggml`]: a MoE layer's experts as three stacked block
 //!   tensors, each expert addressed in place.
 //!
@@ -20,6 +21,7 @@ mod dot;
 mod iq;
 mod matrix;
 mod moe;
+mod tiles;
 mod types;
 mod unpack;
 mod vecdot;

@@ -17,10 +17,8 @@ use crate::moe::{ExpertBatch, MoeOptions, Segment, active_batches, convert_all, 
 use crate::{Isa, KernelError, parallel_for};
 
 use super::GgmlMatrix;
-use super::matrix::Input;
+use super::matrix::{Form, Input};
 
-/// Tokens per task.
-const TOKEN_CHUNK: usize = 64;
 /// (expert, token) rows per wave: bounds the intermediate buffers of a long prompt.
 const WAVE_ROWS: usize = 2048;
 
@@ -139,18 +137,18 @@ struct Task {
     rows: Range<usize>,
 }
 
-/// Tasks over every segment's token chunks and weight rows, `row_block(s)` rows at a time
-/// for segment `s`.
-fn tasks(segs: &[Segment], n_rows: usize, row_block: impl Fn(usize) -> usize) -> Vec<Task> {
+/// Tasks over every segment's token chunks and weight rows; `split(s)` gives segment `s`'s
+/// weight rows and tokens per task.
+fn tasks(segs: &[Segment], n_rows: usize, split: impl Fn(usize) -> (usize, usize)) -> Vec<Task> {
     let mut v = Vec::new();
     for (s, seg) in segs.iter().enumerate() {
         let m = seg.rows.len();
-        let rb = row_block(s);
-        for t0 in (0..m).step_by(TOKEN_CHUNK) {
+        let (rb, chunk) = split(s);
+        for t0 in (0..m).step_by(chunk) {
             for r0 in (0..n_rows).step_by(rb) {
                 v.push(Task {
                     s,
-                    tokens: t0..(t0 + TOKEN_CHUNK).min(m),
+                    tokens: t0..(t0 + chunk).min(m),
                     rows: r0..(r0 + rb).min(n_rows),
                 });
             }
@@ -181,12 +179,43 @@ pub fn fused_moe_ggml(
     }
     let isa = opts.isa.unwrap_or(Isa::selected()).min(Isa::selected());
     for wave in waves(&active, WAVE_ROWS) {
-        run_wave(experts, hidden, &wave, out, isa);
+        run_wave(experts, hidden, &wave, out, isa, &|w, m| w.form(isa, m));
     }
     Ok(())
 }
 
-fn run_wave(experts: &GgmlExperts, hidden: &[f32], segs: &[Segment], out: &mut [f32], isa: Isa) {
+/// [`fused_moe_ggml`] with every matrix in `form` (tests: the tile path on the software tile
+/// unit or portable code, whatever the CPU).
+#[cfg(test)]
+pub(crate) fn fused_moe_ggml_as(
+    experts: &GgmlExperts,
+    hidden: &[f32],
+    batches: &[ExpertBatch],
+    out: &mut [f32],
+    form: Form,
+) -> Result<(), KernelError> {
+    let h = experts.hidden;
+    let t = hidden.len() / h.max(1);
+    let opts = MoeOptions::default();
+    let active = active_batches("fused moe (ggml)", experts.len(), t, batches, &opts)?;
+    out.fill(0.0);
+    for wave in waves(&active, WAVE_ROWS) {
+        run_wave(experts, hidden, &wave, out, Isa::Portable, &|_, _| form);
+    }
+    Ok(())
+}
+
+/// How one expert matrix computes `m` tokens.
+type FormOf<'a> = &'a (dyn Fn(&GgmlMatrix, usize) -> Form + Sync);
+
+fn run_wave(
+    experts: &GgmlExperts,
+    hidden: &[f32],
+    segs: &[Segment],
+    out: &mut [f32],
+    isa: Isa,
+    form_of: FormOf<'_>,
+) {
     let (h, inter) = (experts.hidden, experts.inter);
     let mut row0 = vec![0usize];
     for s in segs {
@@ -195,14 +224,23 @@ fn run_wave(experts: &GgmlExperts, hidden: &[f32], segs: &[Segment], out: &mut [
     let rows_total = row0[segs.len()];
     let tok = |s: usize, r: usize| segs[s].batch.tokens[segs[s].rows.start + r] as usize;
     let expert = |s: usize| experts.expert(segs[s].batch.expert);
+    // Each segment's forms for gate, up and down.
+    let forms: Vec<[Form; 3]> = (0..segs.len())
+        .map(|s| {
+            let (g, u, d) = expert(s);
+            let m = segs[s].rows.len();
+            [form_of(g, m), form_of(u, m), form_of(d, m)]
+        })
+        .collect();
 
     // 1. Each segment's token rows, converted for gate (and for up when its type differs).
     let x_row = |s: usize| move |r: usize| &hidden[tok(s, r) * h..(tok(s, r) + 1) * h];
     let x_in: Vec<(Input, Option<Input>)> = convert_all(segs.len(), |s| {
         let (g, u, _) = expert(s);
         let m = segs[s].rows.len();
-        let gi = g.input(m, x_row(s));
-        let ui = (g.activation_block() != u.activation_block()).then(|| u.input(m, x_row(s)));
+        let [gf, uf, _] = forms[s];
+        let gi = g.input(gf, m, x_row(s));
+        let ui = (gf != uf).then(|| u.input(uf, m, x_row(s)));
         (gi, ui)
     });
 
@@ -212,7 +250,9 @@ fn run_wave(experts: &GgmlExperts, hidden: &[f32], segs: &[Segment], out: &mut [
         let mid_w = SharedMut::new(&mut mid);
         let list = tasks(segs, inter, |s| {
             let (g, u, _) = expert(s);
-            g.row_block(isa).min(u.row_block(isa))
+            let [gf, uf, _] = forms[s];
+            let rows = g.row_block(isa, gf).min(u.row_block(isa, uf));
+            (rows, gf.token_chunk().min(uf.token_chunk()))
         });
         parallel_for(list.len(), |i| {
             let task = &list[i];
@@ -245,14 +285,17 @@ fn run_wave(experts: &GgmlExperts, hidden: &[f32], segs: &[Segment], out: &mut [
     // 3. The intermediate rows converted for down; 4. down into `y: [rows_total, h]`.
     let m_in: Vec<Input> = convert_all(segs.len(), |s| {
         let base = row0[s] * inter;
-        expert(s)
-            .2
-            .input(segs[s].rows.len(), |r| &mid[base + r * inter..][..inter])
+        expert(s).2.input(forms[s][2], segs[s].rows.len(), |r| {
+            &mid[base + r * inter..][..inter]
+        })
     });
     let mut y = vec![0.0f32; rows_total * h];
     {
         let y_w = SharedMut::new(&mut y);
-        let list = tasks(segs, h, |s| expert(s).2.row_block(isa));
+        let list = tasks(segs, h, |s| {
+            let df = forms[s][2];
+            (expert(s).2.row_block(isa, df), df.token_chunk())
+        });
         parallel_for(list.len(), |i| {
             let task = &list[i];
             let d = expert(task.s).2;

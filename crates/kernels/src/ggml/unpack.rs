@@ -17,6 +17,7 @@ use half::f16;
 
 use super::dequant::scale_min_k4;
 use super::types::{GgmlType, QK_K};
+use crate::Isa;
 
 /// Values per scale in the unpacked form.
 pub(crate) const UNIT: usize = 16;
@@ -297,6 +298,35 @@ pub(crate) fn unpack_row(ty: GgmlType, src: &[u8], q: &mut [i8], d: &mut [f32], 
         IQ4_XS => each_block!(iq4_xs, 136, 256, 16),
         other => unreachable!("{other} has no integer decoder"),
     }
+}
+
+/// Decodes rows of blocks, vectorised for AVX2 where the CPU has it.
+pub(crate) fn unpack_rows(
+    isa: Isa,
+    ty: GgmlType,
+    src: &[u8],
+    q: &mut [i8],
+    d: &mut [f32],
+    m: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx2 {
+        // SAFETY: `Isa::Avx2` or better is only selected when the CPU has AVX2.
+        unsafe { unpack_rows_avx2(ty, src, q, d, m) };
+        return;
+    }
+    let _ = isa;
+    unpack_row(ty, src, q, d, m);
+}
+
+/// [`unpack_row`] compiled with AVX2 enabled (the decoders are inlined and vectorised).
+///
+/// # Safety
+/// The CPU must support AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn unpack_rows_avx2(ty: GgmlType, src: &[u8], q: &mut [i8], d: &mut [f32], m: &mut [f32]) {
+    unpack_row(ty, src, q, d, m);
 }
 
 #[cfg(test)]

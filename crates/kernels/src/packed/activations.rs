@@ -31,13 +31,33 @@ impl Activations {
         kernel: Kernel,
         row: impl Fn(usize) -> &'x [f32],
     ) -> Self {
-        let k_pad = w.k_pad;
+        Self::convert(w.kind, w.k_pad, m, kernel, row)
+    }
+
+    /// Converts `m` rows to BF16 for matrices of `k_pad` columns (a multiple of 32), padded
+    /// for `kernel`: the activations of weights dequantized into BF16 tiles on the fly.
+    pub(crate) fn bf16<'x>(
+        k_pad: usize,
+        m: usize,
+        kernel: Kernel,
+        row: impl Fn(usize) -> &'x [f32],
+    ) -> Self {
+        Self::convert(Kind::Bf16, k_pad, m, kernel, row)
+    }
+
+    fn convert<'x>(
+        kind: Kind,
+        k_pad: usize,
+        m: usize,
+        kernel: Kernel,
+        row: impl Fn(usize) -> &'x [f32],
+    ) -> Self {
         let m_pad = if kernel.uses_tiles() {
             m.div_ceil(M_ALIGN).max(1) * M_ALIGN
         } else {
             m.max(1)
         };
-        let elem = if w.kind == Kind::Bf16 { 2 } else { 1 };
+        let elem = if kind == Kind::Bf16 { 2 } else { 1 };
         let lda = k_pad * elem;
         let mut data = AlignedBuf::zeroed(m_pad * lda);
         let units = k_pad / XSUM_UNIT;
@@ -47,7 +67,7 @@ impl Activations {
         for r in 0..m {
             let x = row(r);
             let dst = &mut bytes[r * lda..(r + 1) * lda];
-            if w.kind == Kind::Bf16 {
+            if kind == Kind::Bf16 {
                 // SAFETY: any two bytes are a valid u16; the row starts 64-byte aligned (aligned
                 // buffer, `lda` a multiple of 64), so the whole row is the aligned middle part.
                 let (head, dst16, _) = unsafe { dst.align_to_mut::<u16>() };

@@ -242,11 +242,11 @@ impl std::ops::Deref for PackedScales {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PackedLayout {
     kind: Kind,
-    n_pad: usize,
-    k_pad: usize,
+    pub(crate) n_pad: usize,
+    pub(crate) k_pad: usize,
     group: usize,
     groups: usize,
-    strip_bytes: usize,
+    pub(crate) strip_bytes: usize,
     /// Bytes of packed values.
     pub data_bytes: usize,
     /// Number of f32 scales.

@@ -181,7 +181,7 @@ pub(crate) fn correction(
 /// `f32` to BF16 bits, rounding to nearest even; NaN stays NaN (quiet bit set). Bit-identical
 /// to `half::bf16::from_f32`, written without branches so that loops over it vectorise.
 #[inline(always)]
-fn bf16_bits(v: f32) -> u16 {
+pub(crate) fn bf16_bits(v: f32) -> u16 {
     let b = v.to_bits();
     let rounded = ((b + 0x7fff + ((b >> 16) & 1)) >> 16) as u16;
     if b & 0x7fff_ffff > 0x7f80_0000 {

@@ -1,0 +1,234 @@
+//! The many-token path on ggml blocks: dequantize a tile of weight rows into packed BF16 in
+//! per-thread scratch, then run the packed micro-kernels (AVX-512 `vdpbf16ps`, AMX
+//! `tdpbf16ps`) over all the call's tokens.
+//!
+//! Decode reads each weight once per token, so the int8 row-dot kernels (`super::vecdot`)
+//! that work on the blocks as they lie are bound by memory. A prompt multiplies each weight by
+//! hundreds of tokens: there the cost is the multiply, and the BF16 tile units do several
+//! times the int8 row-dot work per cycle. Decoding a 64-row tile costs one pass over its
+//! blocks and is shared by every token of the call, so it fades as tokens grow.
+//!
+//! A key design decision: the tile is written in exactly the layout [`PackedMatrix`] packs at
+//! load, and viewed as one, so every packed micro-kernel, the AMX tile program on the software
+//! tile unit included, runs it unchanged; nothing of the ggml layout reaches the micro-kernels.
+
+use std::cell::Cell;
+use std::ops::Range;
+use std::sync::Arc;
+
+use crate::PackedMatrix;
+use crate::buf::AlignedBuf;
+use crate::isa::Isa;
+use crate::packed::micro::{self, Kernel};
+use crate::packed::{Activations, LINE, PackedFormat, PackedLayout, STRIP, StableBytes};
+
+use super::unpack::{UNIT, unpack_rows};
+use super::{GgmlType, dequantize_row, has_fast_kernel};
+
+/// Weight rows per tile: the strips one micro-kernel block takes (64 output columns).
+pub(crate) const TILE_ROWS: usize = micro::N_BLOCK_STRIPS * STRIP;
+/// Tokens per task: the tile is decoded once per this many tokens.
+pub(crate) const TILE_TOKENS: usize = 512;
+/// Fewest tokens of one matrix call for which the tile path is taken. Below it the decode
+/// of a tile is not repaid and the int8 row-dot kernels are faster. Not yet tuned on an
+/// AVX-512 machine (docs/benchmarks.md).
+pub(crate) const TILE_MIN_TOKENS: usize = 32;
+
+/// The micro-kernel path for `m` tokens on `isa`, when the tile path applies: the CPU has
+/// BF16 tile or vector units and there are enough tokens to repay the decode.
+pub(crate) fn kernel_for(isa: Isa, m: usize) -> Option<Kernel> {
+    (isa >= Isa::Avx512 && m >= TILE_MIN_TOKENS).then_some(Kernel::Isa(isa))
+}
+
+/// Weight rows of one tile: `n` rows of `k` values of `ty`, as stored.
+#[derive(Clone, Copy)]
+pub(crate) struct Rows<'a> {
+    pub ty: GgmlType,
+    pub n: usize,
+    pub k: usize,
+    pub bytes: &'a [u8],
+}
+
+/// `m` activation rows of `k` values converted to BF16, padded for `kernel`.
+pub(crate) fn activations<'x>(
+    k: usize,
+    m: usize,
+    kernel: Kernel,
+    row: impl Fn(usize) -> &'x [f32],
+) -> Activations {
+    Activations::bf16(layout(1, k).k_pad, m, kernel, row)
+}
+
+/// The packed BF16 layout of `n` rows of `k` values.
+fn layout(n: usize, k: usize) -> PackedLayout {
+    PackedLayout::new(PackedFormat::Bf16, n, k).expect("BF16 needs no group")
+}
+
+/// Per-thread tile storage, viewed by one [`PackedMatrix`] at a time.
+struct TileBytes(AlignedBuf);
+
+// SAFETY: the bytes are written only through `Arc::get_mut` (in `with_tile`), which succeeds
+// only while no matrix view holds the `Arc`; while a view exists they are neither moved nor
+// modified.
+unsafe impl StableBytes for TileBytes {
+    fn stable_bytes(&self) -> &[u8] {
+        self.0.as_slice()
+    }
+}
+
+/// Runs `f` on this thread's tile storage of at least `len` bytes.
+fn with_tile<R>(len: usize, f: impl FnOnce(&mut Arc<TileBytes>) -> R) -> R {
+    thread_local! {
+        static TILE: Cell<Option<Arc<TileBytes>>> = const { Cell::new(None) };
+    }
+    let mut tile = match TILE.take() {
+        Some(t) if t.0.len() >= len => t,
+        _ => Arc::new(TileBytes(AlignedBuf::zeroed(len))),
+    };
+    let r = f(&mut tile);
+    TILE.set(Some(tile));
+    r
+}
+
+/// `w` (at most [`TILE_ROWS`] rows) times tokens `tokens` of `a` (BF16 activations made by
+/// [`activations`] for `kernel`); `emit(t, values)` receives each token's results.
+pub(crate) fn block(
+    w: Rows<'_>,
+    kernel: Kernel,
+    a: &Activations,
+    tokens: Range<usize>,
+    mut emit: impl FnMut(usize, &[f32]),
+) {
+    let (nr, k) = (w.n, w.k);
+    let layout = layout(nr, k);
+    debug_assert!(nr <= TILE_ROWS && a.k_pad == layout.k_pad);
+    let (data, scales) = (layout.data_bytes, layout.scales * 4);
+    let strips = layout.n_pad / STRIP;
+    let ldo = strips * STRIP;
+    let mut out = vec![0.0f32; tokens.len() * ldo];
+    with_tile(data + scales, |tile| {
+        {
+            let bytes = Arc::get_mut(tile)
+                .expect("no view of the tile outlives its task")
+                .0
+                .as_mut_slice();
+            fill(w, &mut bytes[..data], &layout);
+        }
+        let view = PackedMatrix::from_stored(
+            tile.clone(),
+            PackedFormat::Bf16,
+            nr,
+            k,
+            0..data,
+            data..data + scales,
+        )
+        .expect("the tile holds exactly its layout");
+        micro::run_block(kernel, &view, a, tokens.clone(), 0..strips, &mut out, ldo);
+    });
+    for (j, t) in tokens.enumerate() {
+        emit(t, &out[j * ldo..j * ldo + nr]);
+    }
+}
+
+/// Writes `w` as packed BF16 strips into `bytes` (`layout`): line `p / 2` of a
+/// strip holds, for each of its 16 rows, the pair `(p, p + 1)`. Padding rows and columns are
+/// zero.
+fn fill(w: Rows<'_>, bytes: &mut [u8], layout: &PackedLayout) {
+    with_scratch(|s| {
+        #[cfg(target_arch = "x86_64")]
+        if Isa::selected() >= Isa::Avx2 {
+            // SAFETY: `Isa::Avx2` or better is only selected when the CPU has AVX2 and FMA.
+            return unsafe { fill_avx2(s, w, bytes, layout) };
+        }
+        fill_body(s, w, bytes, layout);
+    });
+}
+
+/// [`fill_body`] compiled with AVX2 enabled, so its loops vectorise.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn fill_avx2(s: &mut Scratch, w: Rows<'_>, bytes: &mut [u8], layout: &PackedLayout) {
+    fill_body(s, w, bytes, layout);
+}
+
+#[inline(always)]
+fn fill_body(s: &mut Scratch, w: Rows<'_>, bytes: &mut [u8], layout: &PackedLayout) {
+    let (k, k_pad, nr, src) = (w.k, layout.k_pad, w.n, w.bytes);
+    // 1. All rows as BF16, `k_pad` apart; padding rows and columns zero.
+    s.h.clear();
+    s.h.resize(layout.n_pad * k_pad, 0);
+    if has_fast_kernel(w.ty) {
+        // The vectorised block decoders, then `d · q + m` per 16 values.
+        s.q.resize(nr * k, 0);
+        s.d.resize(nr * k / UNIT, 0.0);
+        s.m.resize(nr * k / UNIT, 0.0);
+        unpack_rows(Isa::selected(), w.ty, src, &mut s.q, &mut s.d, &mut s.m);
+        for r in 0..nr {
+            let units = r * k / UNIT..(r + 1) * k / UNIT;
+            let dst = &mut s.h[r * k_pad..r * k_pad + k];
+            let q = &s.q[r * k..(r + 1) * k];
+            for (((h, q), d), m) in dst
+                .chunks_exact_mut(UNIT)
+                .zip(q.chunks_exact(UNIT))
+                .zip(&s.d[units.clone()])
+                .zip(&s.m[units])
+            {
+                for (h, &q) in h.iter_mut().zip(q) {
+                    *h = micro::bf16_bits(d * f32::from(q) + m);
+                }
+            }
+        }
+    } else {
+        s.f.resize(nr * k, 0.0);
+        dequantize_row(w.ty, src, &mut s.f).expect("validated at construction");
+        for r in 0..nr {
+            let dst = &mut s.h[r * k_pad..r * k_pad + k];
+            for (h, &f) in dst.iter_mut().zip(&s.f[r * k..(r + 1) * k]) {
+                *h = micro::bf16_bits(f);
+            }
+        }
+    }
+    // 2. Each strip is the transpose of its 16 rows' pairs: line `l` holds pair `l` of every
+    // row. Transposed 16 pairs at a time, so each row is read 64 contiguous bytes at a time.
+    let pairs = k_pad / 2;
+    for (strip, dst) in bytes.chunks_exact_mut(layout.strip_bytes).enumerate() {
+        let h = &s.h[strip * STRIP * k_pad..(strip + 1) * STRIP * k_pad];
+        for l0 in (0..pairs).step_by(STRIP) {
+            let n = STRIP.min(pairs - l0);
+            for c in 0..STRIP {
+                let row = &h[c * k_pad + 2 * l0..c * k_pad + 2 * (l0 + n)];
+                for (i, pair) in row.chunks_exact(2).enumerate() {
+                    let v = u32::from(pair[0]) | u32::from(pair[1]) << 16;
+                    let at = (l0 + i) * LINE + c * 4;
+                    dst[at..at + 4].copy_from_slice(&v.to_le_bytes());
+                }
+            }
+        }
+    }
+}
+
+/// Per-thread decode scratch (reused across tasks).
+#[derive(Default)]
+struct Scratch {
+    q: Vec<i8>,
+    d: Vec<f32>,
+    m: Vec<f32>,
+    f: Vec<f32>,
+    h: Vec<u16>,
+}
+
+fn with_scratch<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
+    thread_local! {
+        static SCRATCH: Cell<Scratch> = Cell::new(Scratch::default());
+    }
+    let mut s = SCRATCH.take();
+    let r = f(&mut s);
+    SCRATCH.set(s);
+    r
+}
+
+#[cfg(test)]
+mod tests;
