@@ -349,8 +349,7 @@ pub fn bench_moe(args: &BenchMoeArgs) -> anyhow::Result<()> {
     }
     for name in ggml {
         let ty = ggml_type(name).expect("partitioned by ggml_type");
-        bench_ggml(args, ty, &mut rng, &mut results, &mut accuracy)?;
-        points.extend(args.tokens.iter().map(|_| None));
+        points.extend(bench_ggml(args, ty, &mut rng, &mut results, &mut accuracy)?);
     }
     if !args.json {
         eprintln!("measuring peaks again...");
@@ -359,8 +358,8 @@ pub fn bench_moe(args: &BenchMoeArgs) -> anyhow::Result<()> {
     for (r, point) in results.iter_mut().zip(points) {
         let tflops = r["tflops"].as_f64().unwrap_or(f64::NAN);
         let weight_gbs = r["weight_gbs"].as_f64().unwrap_or(f64::NAN);
-        // ggml rows (no packed point) run the AVX2 int8 kernels on every x86 CPU, unless the
-        // type takes the generic f32 path.
+        // ggml rows on the block kernels (no packed point) run AVX2 int8 on every x86 CPU,
+        // unless the type takes the generic f32 path; on BF16 tiles, the BF16 peak.
         let peak = match point {
             Some((isa, fmt)) => peaks.compute(isa, fmt),
             None if r["isa"] == "avx2" => peaks.avx2_int8,
@@ -420,14 +419,15 @@ fn ggml_type(name: &str) -> Option<GgmlType> {
 
 /// One ggml format's points: experts of random valid blocks, computed in place by
 /// `fused_moe_ggml`; accuracy against f32 on the dequantized weights (so it measures the
-/// kernels' activation rounding, not the quantization of the weights).
+/// kernels' activation rounding, not the quantization of the weights). Returns, per point,
+/// the tile path's instruction set and format where it ran on BF16 tiles (for its %peak).
 fn bench_ggml(
     args: &BenchMoeArgs,
     ty: GgmlType,
     rng: &mut Lcg,
     results: &mut Vec<Value>,
     accuracy: &mut Vec<Value>,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Vec<Option<(Isa, PackedFormat)>>> {
     let (h, inter, e, k) = (args.hidden, args.inter, args.experts, args.topk);
     ensure!(
         ty.can_dequantize() && h % ty.block_size() == 0 && inter % ty.block_size() == 0,
@@ -485,7 +485,7 @@ fn bench_ggml(
     let rel = rel_rms_err(&want, &got);
     accuracy.push(json!({"format": name, "tokens": t_acc, "rel_rms_err": rel}));
 
-    let isa = Isa::selected().min(Isa::Avx2);
+    let mut points = Vec::new();
     for &t in &args.tokens {
         let x = rng.vec(t * h, 2.0);
         let mut out = vec![0.0f32; t * h];
@@ -498,11 +498,19 @@ fn bench_ggml(
             Ok(())
         })?;
         let flops = 6.0 * (t * k) as f64 * (h * inter) as f64;
+        // Routing spreads tokens evenly, so every expert's calls take the same path.
+        let tiles = ggml::tile_path(Isa::selected(), t * k / e);
+        points.push(tiles.map(|isa| (isa, PackedFormat::Bf16)));
+        let path = match tiles {
+            Some(isa) => format!("{}-tiles", isa.name()),
+            None if has_fast_kernel(ty) => Isa::selected().min(Isa::Avx2).name().to_string(),
+            None => "generic".to_string(),
+        };
         results.push(json!({
             "format": name,
             "tokens": t,
             "tokens_per_expert": (t * k) as f64 / e as f64,
-            "isa": if has_fast_kernel(ty) { isa.name() } else { "generic" },
+            "isa": path,
             "seconds": seconds,
             "tflops": flops / seconds / 1e12,
             "weight_gbs": (per_call * expert_bytes) as f64 / seconds / 1e9,
@@ -511,7 +519,7 @@ fn bench_ggml(
             eprintln!("  {name} T={t}: {:.3} ms", seconds * 1e3);
         }
     }
-    Ok(())
+    Ok(points)
 }
 
 /// Times one expert with `m` tokens on AVX-512 and on AMX (when present).

@@ -247,8 +247,15 @@ fn run_gpu(args: &GenerateArgs, dir: &std::path::Path) -> anyhow::Result<()> {
     let loading = Instant::now();
     let model = args.device.gpu_model(dir)?;
     let load = loading.elapsed();
-    // The cache holds the prompt and every generated token: the length limit comes first.
-    let ctx_size = prompt.len() + args.max_tokens;
+    // The cache holds the prompt and every generated token, within the model's context (as
+    // the engine on the CPU: the sequence ends with "context full" there).
+    let max_ctx = model.config.max_position_embeddings;
+    anyhow::ensure!(
+        prompt.len() < max_ctx,
+        "prompt of {} tokens does not fit the context of {max_ctx}",
+        prompt.len()
+    );
+    let ctx_size = (prompt.len() + args.max_tokens).min(max_ctx);
     let mut cache = model.new_cache(ctx_size)?;
     let opts = SequenceOptions {
         max_tokens: args.max_tokens,

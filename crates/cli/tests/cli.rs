@@ -258,6 +258,25 @@ fn gpu_device_matches_cpu() {
         text.starts_with("Sure, here's an example of how you can use"),
         "{text}"
     );
+    // The model's context (1,024 positions) ends the sequence on the accelerator as on the
+    // CPU: about 990 prompt tokens leave room for fewer than the 64 asked for.
+    let long = "the ".repeat(990);
+    for device in ["cpu", "gpu"] {
+        let o = strata(&[
+            "generate",
+            "--device",
+            device,
+            "-p",
+            &long,
+            "-n",
+            "64",
+            "--temperature",
+            "0",
+        ]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{device}: {err}");
+        assert!(err.contains("finish: context full"), "{device}: {err}");
+    }
 }
 
 /// `--device hybrid` equals the CPU f32 path under every policy, with a budget small enough

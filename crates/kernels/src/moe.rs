@@ -19,9 +19,11 @@
 //! for [`MoeOptions::amx_min_tokens`] rows or more, AVX-512 below), but all experts' tasks
 //! share one dynamically claimed task set, so a skewed routing keeps every core busy.
 //!
-//! The AMX/AVX-512 crossover default ([`DEFAULT_AMX_MIN_TOKENS`]) is NOT yet measured: the
-//! machine this was written on (AMD EPYC, AVX-512 BF16/VNNI) has no AMX. Measure it on an AMX
-//! machine with `strata bench moe --crossover` and record the result here.
+//! The AMX/AVX-512 crossover ([`DEFAULT_AMX_MIN_TOKENS`]) was measured with `strata bench moe
+//! --crossover` on a 16-core Xeon with AMX (2026-11-24, docs/benchmarks.md): one expert of the
+//! Qwen3-30B-A3B shape is faster on AMX from 16 tokens in BF16 (0.21 vs 0.34 ms; equal at 8)
+//! and in INT8 (0.13 vs 0.14 ms; 1.26x at 128), and slower on AMX at every token count up to
+//! 256 in INT4 (2.3x), whose nibbles must be widened into int8 tiles: INT4 stays on AVX-512.
 
 use std::ops::Range;
 
@@ -32,9 +34,8 @@ use crate::packed::micro::{self, Kernel, M_CHUNK, N_BLOCK_STRIPS};
 use crate::packed::{Activations, PackSource, PackedFormat, PackedMatrix, STRIP};
 use crate::parallel_for;
 
-/// Tokens per expert from which AMX is used instead of AVX-512 (KTransformers switches above
-/// about 4 tokens per expert; an AMX block is 32 rows, so fewer rows waste most of it). Not
-/// measured on an AMX machine yet, see the module docs.
+/// Tokens per expert from which AMX is used instead of AVX-512 for BF16 and INT8 experts
+/// (measured, see the module docs; INT4 experts never use AMX).
 pub const DEFAULT_AMX_MIN_TOKENS: usize = 16;
 
 /// One expert's MLP: fused gate/up `[2 I, H]` (strips interleaved) and down `[H, I]`.
@@ -188,7 +189,7 @@ pub struct MoeOptions<'a> {
     /// Force one instruction set for every expert (capped to [`Isa::selected`]: what the CPU
     /// has, and `STRATA_KERNEL`).
     pub isa: Option<Isa>,
-    /// Experts with at least this many tokens use AMX.
+    /// Experts with at least this many tokens use AMX (BF16 and INT8; INT4 experts never do).
     pub amx_min_tokens: usize,
 }
 
@@ -441,10 +442,15 @@ pub fn fused_moe_grouped(
     let wave_rows = (WAVE_SCRATCH_BYTES / (4 * (h + inter)) / M_CHUNK).max(1) * M_CHUNK;
     // `STRATA_KERNEL` caps the path here too (`Isa::selected` is at most what the CPU has).
     let best = Isa::selected();
+    // INT4 experts are slower on AMX at every measured size (module docs).
+    let amx_pays = experts
+        .experts
+        .first()
+        .is_none_or(|x| x.gate_up.kind != crate::packed::Kind::Int4);
     let pick = |m: usize| {
         Kernel::Isa(match opts.isa {
             Some(forced) => forced.min(best),
-            None if m >= opts.amx_min_tokens => best,
+            None if m >= opts.amx_min_tokens && amx_pays => best,
             None => best.min(Isa::Avx512),
         })
     };

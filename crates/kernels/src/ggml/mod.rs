@@ -31,6 +31,13 @@ pub use matrix::GgmlMatrix;
 pub use moe::{GgmlExperts, fused_moe_ggml, fused_moe_ggml_ref};
 pub use types::{GgmlType, QK_K};
 
+/// The instruction set of the BF16 tile path for one matrix call with `tokens` tokens on
+/// `isa`, when that path is taken (AVX-512 or AMX, and enough tokens to repay decoding a
+/// tile); `None` when the block kernels run.
+pub fn tile_path(isa: crate::Isa, tokens: usize) -> Option<crate::Isa> {
+    tiles::kernel_for(isa, tokens).map(|_| isa)
+}
+
 /// Whether the int8 kernels compute `ty` in place; other readable types are dequantized to
 /// f32 per row block (several times slower, named so by `strata info`).
 pub fn has_fast_kernel(ty: GgmlType) -> bool {

@@ -29,15 +29,26 @@ use super::{GgmlType, dequantize_row, has_fast_kernel};
 pub(crate) const TILE_ROWS: usize = micro::N_BLOCK_STRIPS * STRIP;
 /// Tokens per task: the tile is decoded once per this many tokens.
 pub(crate) const TILE_TOKENS: usize = 512;
-/// Fewest tokens of one matrix call for which the tile path is taken. Below it the decode
-/// of a tile is not repaid and the int8 row-dot kernels are faster. Not yet tuned on an
-/// AVX-512 machine (docs/benchmarks.md).
-pub(crate) const TILE_MIN_TOKENS: usize = 32;
+/// Fewest tokens of one matrix call for which the tile path is taken on AMX. Measured with
+/// `strata bench moe --formats q4_k,q6_k,q8_0,iq4_xs` on a 16-core Xeon (2026-11-24,
+/// docs/benchmarks.md): at 32 tokens per expert the tiles were 1.01-1.55x the int8 row-dot
+/// kernels, at 64 1.4-2.1x, at 256 3.1-4.5x; at 16, 1.02-1.24x but with the row-dot kernels
+/// still ahead on some types.
+pub(crate) const TILE_MIN_TOKENS_AMX: usize = 32;
+/// The same on AVX-512 without AMX (`vdpbf16ps`): on that Xeon the tiles were 0.67-1.03x at 32
+/// tokens per expert, 0.89-1.21x at 64 and 1.31-2.02x at 256. Not yet measured on AMD Zen 4/5,
+/// whose BF16 units are relatively faster.
+pub(crate) const TILE_MIN_TOKENS_AVX512: usize = 128;
 
 /// The micro-kernel path for `m` tokens on `isa`, when the tile path applies: the CPU has
 /// BF16 tile or vector units and there are enough tokens to repay the decode.
 pub(crate) fn kernel_for(isa: Isa, m: usize) -> Option<Kernel> {
-    (isa >= Isa::Avx512 && m >= TILE_MIN_TOKENS).then_some(Kernel::Isa(isa))
+    let min = match isa {
+        Isa::Amx => TILE_MIN_TOKENS_AMX,
+        Isa::Avx512 => TILE_MIN_TOKENS_AVX512,
+        Isa::Avx2 | Isa::Portable => return None,
+    };
+    (m >= min).then_some(Kernel::Isa(isa))
 }
 
 /// Weight rows of one tile: `n` rows of `k` values of `ty`, as stored.

@@ -65,9 +65,12 @@ fn tile_matmul_matches_its_bf16_twin_on_every_type_and_kernel() {
 #[test]
 fn tiles_are_taken_for_many_tokens_on_avx512_and_amx_only() {
     let w = matrix(GgmlType::Q4_K, 64, 256, &mut 1);
-    for isa in [Isa::Avx512, Isa::Amx] {
-        assert_eq!(w.form(isa, TILE_MIN_TOKENS), Form::Bf16(Kernel::Isa(isa)));
-        assert_eq!(w.form(isa, TILE_MIN_TOKENS - 1), Form::Q8(256));
+    for (isa, min) in [
+        (Isa::Avx512, TILE_MIN_TOKENS_AVX512),
+        (Isa::Amx, TILE_MIN_TOKENS_AMX),
+    ] {
+        assert_eq!(w.form(isa, min), Form::Bf16(Kernel::Isa(isa)));
+        assert_eq!(w.form(isa, min - 1), Form::Q8(256));
     }
     for isa in [Isa::Portable, Isa::Avx2] {
         assert_eq!(w.form(isa, 4096), Form::Q8(256));
