@@ -121,7 +121,15 @@ def main():
     a.batches = [int(b) for b in a.batches.split(",")]
     if a.worker:
         return worker(a)
+    import strata.ops
+
+    if getattr(strata.ops, "build_profile", None) == "dev":
+        # scripts/test_python.sh installs a dev build (kernels at opt-level 1): measuring it
+        # is what made the plugin look 2-5x slower than vLLM.
+        sys.exit("bench_vllm_plugin: the installed strata wheel is a dev build; install a "
+                 "release one (maturin build --release -m crates/python/Cargo.toml)")
     models = {"tiny": TINY, "big": a.big_dir}
+    print(f"# load average before: {os.getloadavg()}")
     print(f"| model | batch | vLLM tok/s | vLLM + Strata tok/s | ratio |  (dtype {a.dtype}, "
           f"Strata format {a.format}, {a.tokens} tokens, {a.rounds} round(s), best of rounds)")
     print("| --- | --- | --- | --- | --- |")
@@ -136,6 +144,7 @@ def main():
         for b in a.batches:
             off, on = best[False][b], best[True][b]
             print(f"| {name} | {b} | {off:.1f} | {on:.1f} | {on / off:.2f} |", flush=True)
+    print(f"# load average after: {os.getloadavg()}")
 
 
 if __name__ == "__main__":

@@ -184,8 +184,46 @@ def test_torch_tensors_in_place():
     ptr = out.data_ptr()
     ret = strata.ops.fused_moe(x, weights, torch.from_numpy(w), torch.from_numpy(ids), out=out)
     assert ret is out and out.data_ptr() == ptr and out.abs().sum() > 0
-    with pytest.raises(TypeError, match="bfloat16"):
-        strata.ops.fused_moe(x.bfloat16(), weights, torch.from_numpy(w), torch.from_numpy(ids))
+    # bfloat16 activations are read and written in place too (converted in Rust): the
+    # result is the float32 path's on the same values, rounded to nearest even as torch does.
+    xb, outb = x.bfloat16(), torch.zeros(6, 64, dtype=torch.bfloat16)
+    ptr = outb.data_ptr()
+    ret = strata.ops.fused_moe(xb, weights, torch.from_numpy(w), torch.from_numpy(ids), out=outb)
+    want = strata.ops.fused_moe(xb.float(), weights, torch.from_numpy(w), torch.from_numpy(ids))
+    assert ret is outb and outb.data_ptr() == ptr
+    assert torch.equal(outb, want.bfloat16())
+    with pytest.raises(TypeError, match="out: expected a torch bfloat16 tensor"):
+        strata.ops.fused_moe(xb, weights, torch.from_numpy(w), torch.from_numpy(ids), out=out)
+
+
+def _bf16_bits(a):
+    """float32 values as bfloat16 bit patterns (int16), rounded to nearest even."""
+    bits = a.astype(np.float32).view(np.uint32).astype(np.uint64)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16).view(np.int16)
+
+
+def _bf16_values(bits):
+    return (bits.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def test_bfloat16_activations_equal_float32_rounded():
+    rng = np.random.default_rng(8)
+    w13, w2 = random_layer(rng, 8, 80, 40)
+    weights = strata.ops.MoeWeights(w2, w13=w13)
+    xb = _bf16_bits(rng.standard_normal((9, 80)))
+    ids, w = routing(rng, 9, 8, 2, skip=7)
+    out = np.zeros_like(xb)
+    strata.ops.fused_moe_into(xb, weights, w, ids, out, dtype="bfloat16")
+    want = strata.ops.fused_moe(_bf16_values(xb), weights, w, ids)
+    np.testing.assert_array_equal(out, _bf16_bits(want))
+    # Accumulating adds to the bfloat16 output (in f32, one rounding at the end).
+    acc = out.copy()
+    strata.ops.fused_moe_into(xb, weights, w, ids, acc, accumulate=True, dtype="bfloat16")
+    np.testing.assert_allclose(_bf16_values(acc), 2 * _bf16_values(out), rtol=1e-2, atol=1e-6)
+    with pytest.raises(ValueError, match="dtype: expected float32 or bfloat16, got 'float16'"):
+        strata.ops.fused_moe_into(xb, weights, w, ids, out, dtype="float16")
+    with pytest.raises(TypeError, match=r"hidden_states: expected dtype bfloat16 \(as an int16 view\)"):
+        strata.ops.fused_moe_into(_bf16_values(xb), weights, w, ids, out, dtype="bfloat16")
 
 
 def _layer():

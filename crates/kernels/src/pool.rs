@@ -21,7 +21,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-/// Number of threads kernels run on (the machine's available parallelism, or `STRATA_THREADS`).
+/// Number of threads kernels run on (the calling thread's available parallelism, or
+/// `STRATA_THREADS`).
 pub fn num_threads() -> usize {
     static N: OnceLock<usize> = OnceLock::new();
     *N.get_or_init(|| {
@@ -266,8 +267,39 @@ fn park(s: &Shared, seen: u64) {
     *sleepers -= 1;
 }
 
-/// The CPUs this process may run on, in increasing order.
+/// The CPUs the workers are pinned to, in order: `STRATA_CPUS` (`0-3,8`) where set, else
+/// those the creating thread may run on. A host engine may pin that thread to one core of
+/// several it gives the process (vLLM binds its main thread to the first of its OpenMP
+/// cores); the list names the others.
 fn allowed_cpus() -> Vec<usize> {
+    match std::env::var("STRATA_CPUS")
+        .ok()
+        .map(|v| parse_cpu_list(&v))
+    {
+        Some(Some(cpus)) if !cpus.is_empty() => cpus,
+        _ => thread_cpus(),
+    }
+}
+
+/// `0-3,8` as `[0, 1, 2, 3, 8]`; `None` when malformed (the creating thread's CPUs then).
+fn parse_cpu_list(list: &str) -> Option<Vec<usize>> {
+    let mut cpus = Vec::new();
+    for part in list.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (a, b) = part.split_once('-').unwrap_or((part, part));
+        let (a, b) = (
+            a.trim().parse::<usize>().ok()?,
+            b.trim().parse::<usize>().ok()?,
+        );
+        if a > b || b >= 1 << 16 {
+            return None;
+        }
+        cpus.extend(a..=b);
+    }
+    Some(cpus)
+}
+
+/// The CPUs the calling thread may run on, in increasing order.
+fn thread_cpus() -> Vec<usize> {
     #[cfg(target_os = "linux")]
     {
         // SAFETY: `cpu_set_t` is plain data; zeroed is a valid empty set, and
@@ -310,6 +342,14 @@ fn pin_to_cpu(cpu: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cpu_lists_parse() {
+        assert_eq!(parse_cpu_list("0-3,8"), Some(vec![0, 1, 2, 3, 8]));
+        assert_eq!(parse_cpu_list(" 5 "), Some(vec![5]));
+        assert_eq!(parse_cpu_list("3-1"), None);
+        assert_eq!(parse_cpu_list("a"), None);
+    }
 
     #[test]
     fn every_task_runs_exactly_once_over_many_small_calls() {

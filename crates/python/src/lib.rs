@@ -22,5 +22,15 @@ fn _strata(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<llm::RequestOutput>()?;
     m.add_class::<llm::CompletionOutput>()?;
     m.add_function(wrap_pyfunction!(llm::serve, m)?)?;
+    // Benchmarks refuse a dev build: its kernels are compiled at opt-level 1 (the
+    // workspace's dev profile) and run several times slower than a release build's.
+    m.add(
+        "build_profile",
+        if cfg!(debug_assertions) {
+            "dev"
+        } else {
+            "release"
+        },
+    )?;
     Ok(())
 }

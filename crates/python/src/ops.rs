@@ -178,21 +178,8 @@ impl MoeWeights {
     }
 }
 
-/// The fused MoE layer into `out`: `hidden_states [T, H]` float32, `topk_weights [T, k]`
-/// float32, `topk_ids [T, k]` int32 or int64, `out [T, H]` float32 (written, or added to
-/// with `accumulate`). Returns nothing; the Python wrapper returns `out`.
-#[pyfunction]
-#[pyo3(signature = (hidden_states, weights, topk_weights, topk_ids, out, *, accumulate=false))]
-pub fn fused_moe_into(
-    hidden_states: &Bound<'_, PyAny>,
-    weights: &MoeWeights,
-    topk_weights: &Bound<'_, PyAny>,
-    topk_ids: &Bound<'_, PyAny>,
-    out: &Bound<'_, PyAny>,
-    accumulate: bool,
-) -> PyResult<()> {
-    let h = weights.experts.hidden();
-    let x = View::<f32>::new(hidden_states, "hidden_states", "float32", false)?;
+/// `hidden_states`' token count, checking it is `[T, H]`.
+fn tokens<T: pyo3::buffer::Element>(x: &View<T>, h: usize) -> PyResult<usize> {
     let &[t, xh] = x.shape() else {
         return Err(PyValueError::new_err(format!(
             "hidden_states: expected shape [tokens, hidden={h}], got {:?}",
@@ -204,31 +191,105 @@ pub fn fused_moe_into(
             "hidden_states: hidden size {xh}, the experts' is {h}"
         )));
     }
-    let w = View::<f32>::new(topk_weights, "topk_weights", "float32", false)?;
-    let k = w.shape().get(1).copied().unwrap_or(0);
-    check_shape(&w, &[(t, "tokens"), (k, "topk")])?;
-    let ids = expert_ids(topk_ids, t, k, weights.experts.len())?;
-    let mut o = View::<f32>::new(out, "out", "float32", true)?;
-    check_shape(&o, &[(t, "tokens"), (h, "hidden")])?;
-    disjoint(
-        &o,
-        &[("hidden_states", x.span()), ("topk_weights", w.span())],
-    )?;
+    Ok(t)
+}
+
+/// A bfloat16 value (its bit pattern, as an `int16` view carries it) as f32: exact.
+fn bf16_to_f32(b: i16) -> f32 {
+    f32::from_bits(u32::from(b as u16) << 16)
+}
+
+thread_local! {
+    /// The f32 activations and output of a bfloat16 call, kept per calling thread so that
+    /// each layer's call does not allocate and fault in fresh memory.
+    static BF16_SCRATCH: std::cell::RefCell<(Vec<f32>, Vec<f32>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// The fused MoE layer into `out`: `hidden_states [T, H]`, `topk_weights [T, k]` float32,
+/// `topk_ids [T, k]` int32 or int64, `out [T, H]` (written, or added to with
+/// `accumulate`). `dtype` is the activations' (`hidden_states` and `out`): `float32`, used
+/// in place, or `bfloat16` passed as `int16` views of the same memory (numpy has no
+/// bfloat16): converted to f32 here, in Rust, and the result rounded to nearest even as
+/// torch rounds. Returns nothing; the Python wrapper returns `out`.
+#[pyfunction]
+#[pyo3(signature = (hidden_states, weights, topk_weights, topk_ids, out, *, accumulate=false, dtype="float32"))]
+pub fn fused_moe_into(
+    hidden_states: &Bound<'_, PyAny>,
+    weights: &MoeWeights,
+    topk_weights: &Bound<'_, PyAny>,
+    topk_ids: &Bound<'_, PyAny>,
+    out: &Bound<'_, PyAny>,
+    accumulate: bool,
+    dtype: &str,
+) -> PyResult<()> {
+    let h = weights.experts.hidden();
     let opts = MoeOptions {
         accumulate,
         ..MoeOptions::default()
     };
+    let routing = |t: usize| -> PyResult<(View<f32>, Vec<u32>)> {
+        let w = View::<f32>::new(topk_weights, "topk_weights", "float32", false)?;
+        let k = w.shape().get(1).copied().unwrap_or(0);
+        check_shape(&w, &[(t, "tokens"), (k, "topk")])?;
+        let ids = expert_ids(topk_ids, t, k, weights.experts.len())?;
+        Ok((w, ids))
+    };
     // The GIL stays held: the views are only sound while no Python code can touch the
     // arrays (see crate::buffer). Strata's own pool threads do the work.
-    fused_moe_with(
-        &weights.experts,
-        x.as_slice(),
-        &ids,
-        w.as_slice(),
-        o.as_mut_slice(),
-        &opts,
-    )
-    .map_err(kernel_err)
+    match dtype {
+        "float32" => {
+            let x = View::<f32>::new(hidden_states, "hidden_states", "float32", false)?;
+            let t = tokens(&x, h)?;
+            let (w, ids) = routing(t)?;
+            let mut o = View::<f32>::new(out, "out", "float32", true)?;
+            check_shape(&o, &[(t, "tokens"), (h, "hidden")])?;
+            disjoint(
+                &o,
+                &[("hidden_states", x.span()), ("topk_weights", w.span())],
+            )?;
+            fused_moe_with(
+                &weights.experts,
+                x.as_slice(),
+                &ids,
+                w.as_slice(),
+                o.as_mut_slice(),
+                &opts,
+            )
+            .map_err(kernel_err)
+        }
+        "bfloat16" => {
+            let bf16 = "bfloat16 (as an int16 view)";
+            let x = View::<i16>::new(hidden_states, "hidden_states", bf16, false)?;
+            let t = tokens(&x, h)?;
+            let (w, ids) = routing(t)?;
+            let mut o = View::<i16>::new(out, "out", bf16, true)?;
+            check_shape(&o, &[(t, "tokens"), (h, "hidden")])?;
+            disjoint(
+                &o,
+                &[("hidden_states", x.span()), ("topk_weights", w.span())],
+            )?;
+            BF16_SCRATCH.with_borrow_mut(|(xs, os)| {
+                xs.clear();
+                xs.extend(x.as_slice().iter().map(|&b| bf16_to_f32(b)));
+                os.clear();
+                if accumulate {
+                    os.extend(o.as_slice().iter().map(|&b| bf16_to_f32(b)));
+                } else {
+                    os.resize(t * h, 0.0);
+                }
+                fused_moe_with(&weights.experts, xs, &ids, w.as_slice(), os, &opts)
+                    .map_err(kernel_err)?;
+                for (d, &v) in o.as_mut_slice().iter_mut().zip(os.iter()) {
+                    *d = half::bf16::from_f32(v).to_bits() as i16;
+                }
+                Ok(())
+            })
+        }
+        _ => Err(PyValueError::new_err(format!(
+            "dtype: expected float32 or bfloat16, got '{dtype}'"
+        ))),
+    }
 }
 
 /// `topk_ids [T, k]` (int32 or int64) as the kernel's `u32` ids, each checked to name an

@@ -27,6 +27,58 @@ def _unsupported(self, layer):
     return None
 
 
+def _drop(layer):
+    """Replaces the layer's raw `w13`/`w2` by stand-ins of the same shape over one element
+    (vLLM still reads their shapes, never their values once Strata computes the layer);
+    returns the bytes released."""
+    freed = 0
+    for name in ("w13_weight", "w2_weight"):
+        p = getattr(layer, name)
+        freed += p.data.numel() * p.data.element_size()
+        p.data = p.data.new_zeros(()).expand(p.data.shape)
+    return freed
+
+
+def pack(w13, w2, fmt):
+    """One layer's experts, vLLM's `w13 [E, 2I, H]` and `w2 [E, H, I]`, in Strata's format."""
+    return strata.ops.MoeWeights(w2, w13=w13, format=fmt)
+
+
+def forward(weights, output, hidden_states, topk_weights, topk_ids, expert_map):
+    """The routed experts of `hidden_states [T, H]` into vLLM's `output [T, H]`."""
+    if expert_map is not None:
+        # Expert parallelism: global ids to this rank's; others weigh 0.
+        local = expert_map[topk_ids.long()]
+        topk_weights = torch.where(local >= 0, topk_weights, 0)
+        topk_ids = local.clamp(min=0)
+    ids = topk_ids if topk_ids.dtype in (torch.int32, torch.int64) else topk_ids.long()
+    w = topk_weights.float().contiguous().numpy()
+    ids = ids.contiguous().numpy()
+    if hidden_states.dtype == output.dtype and hidden_states.dtype in _IN_PLACE:
+        # In place: Strata reads vLLM's activations and writes its output buffer; bfloat16
+        # passes as int16 views (numpy has none) and is converted in Rust.
+        dtype, view = _IN_PLACE[hidden_states.dtype]
+        strata.ops.fused_moe_into(
+            hidden_states.contiguous().view(view).numpy(), weights, w, ids,
+            output.view(view).numpy(), dtype=dtype,
+        )
+    else:
+        # Float16 models: the kernels take f32 activations, so one conversion each way.
+        out = torch.empty(output.shape, dtype=torch.float32)
+        strata.ops.fused_moe_into(
+            hidden_states.float().contiguous().numpy(), weights, w, ids, out.numpy()
+        )
+        output.copy_(out)
+
+
+# Activation dtypes Strata reads and writes in vLLM's own tensors: (its name for
+# `fused_moe_into`, the dtype of the view numpy can hold).
+_IN_PLACE = {
+    torch.float32: ("float32", torch.float32),
+    torch.bfloat16: ("bfloat16", torch.int16),
+}
+
+
 def patch(cls, fmt, state, logger, warn):
     """Replaces `cls.process_weights_after_loading` and `cls.apply` (vLLM's CPU experts)."""
     vllm_process = cls.process_weights_after_loading
@@ -39,14 +91,14 @@ def patch(cls, fmt, state, logger, warn):
             self._strata = None
             return vllm_process(self, layer)
         try:
-            self._strata = strata.ops.MoeWeights(
-                layer.w2_weight.data, w13=layer.w13_weight.data, format=fmt
-            )
+            self._strata = pack(layer.w13_weight.data, layer.w2_weight.data, fmt)
         except (TypeError, ValueError) as e:
             warn("a MoE layer stays on vLLM's CPU kernels: packing failed: %s", e)
             self._strata = None
             return vllm_process(self, layer)
-        # vLLM's prepacked copy is not made: the layer's raw weights stay as loaded.
+        # vLLM's prepacked copy is not made, and the raw weights are dropped: Strata's
+        # packed copy is the only one left.
+        state["raw_bytes_freed"] = state.get("raw_bytes_freed", 0) + _drop(layer)
         state["layers"] += 1
         return None
 
@@ -79,33 +131,14 @@ def patch(cls, fmt, state, logger, warn):
             state["announced"] = True
             logger.info(
                 "Strata computes vLLM's MoE: %d MoE layers on strata.ops (format %s, %d "
-                "experts, hidden %d, intermediate %d per rank)",
+                "experts, hidden %d, intermediate %d per rank; vLLM's raw expert weights "
+                "freed: %.1f MiB)",
                 state["layers"], weights.format, weights.num_experts, weights.hidden_size,
-                weights.intermediate_size,
+                weights.intermediate_size, state.get("raw_bytes_freed", 0) / 2**20,
             )
         # apply_router_weight_on_input is already applied to hidden_states by vLLM's
         # prepare step (see vLLM's own apply).
-        if expert_map is not None:
-            # Expert parallelism: global ids to this rank's; others weigh 0.
-            local = expert_map[topk_ids.long()]
-            topk_weights = torch.where(local >= 0, topk_weights, 0)
-            topk_ids = local.clamp(min=0)
-        ids = topk_ids if topk_ids.dtype in (torch.int32, torch.int64) else topk_ids.long()
-        w = topk_weights.float().contiguous()
-        if hidden_states.dtype == torch.float32 and output.dtype == torch.float32:
-            # In place: Strata reads vLLM's activations and writes its output buffer.
-            strata.ops.fused_moe_into(
-                hidden_states.contiguous().numpy(), weights, w.numpy(),
-                ids.contiguous().numpy(), output.numpy(),
-            )
-        else:
-            # BF16/F16 models: the kernels take f32 activations, so one conversion each way.
-            out = torch.empty(output.shape, dtype=torch.float32)
-            strata.ops.fused_moe_into(
-                hidden_states.float().contiguous().numpy(), weights, w.numpy(),
-                ids.contiguous().numpy(), out.numpy(),
-            )
-            output.copy_(out)
+        forward(weights, output, hidden_states, topk_weights, topk_ids, expert_map)
         return None
 
     cls.process_weights_after_loading = process_weights_after_loading

@@ -63,6 +63,9 @@ def strata_tp1():
     out, log = run(1, plugin=True)
     assert TAKEOVER in log, f"the plugin did not say it took over:\n{log[-3000:]}"
     assert log.count("Strata computes vLLM's MoE") == 1, "one line per process"
+    # vLLM's raw expert weights are dropped once packed (6 layers x 32 experts x 3 f32
+    # matrices of 128 x 256 = 72 MiB).
+    assert "raw expert weights freed: 72.0 MiB" in log, log[-3000:]
     return out
 
 
@@ -78,6 +81,26 @@ def test_tensor_parallel_2(vllm_tp1):
         share = agreement(got[batch], want[batch])
         print(f"tp=2 {batch}: {share:.1%} of greedy tokens agree")
         assert share >= 0.95, f"tp=2 {batch}: {share:.1%} of tokens agree"
+
+
+def test_strata_threads_follow_vllms_binding(monkeypatch):
+    """Strata's pool takes the cores vLLM bound the worker's OpenMP threads to (vLLM pins
+    the main thread, which creates the pool, to the first of them only)."""
+    import strata_vllm
+
+    for var in ("GOMP_CPU_AFFINITY", "KMP_AFFINITY", "OMP_PLACES", "STRATA_THREADS",
+                "STRATA_CPUS"):
+        monkeypatch.delenv(var, raising=False)
+    assert strata_vllm._omp_cpus() is None
+    monkeypatch.setenv("KMP_AFFINITY", "granularity=fine,explicit,proclist=[4,5,6]")
+    assert strata_vllm._omp_cpus() == [4, 5, 6]
+    monkeypatch.setenv("GOMP_CPU_AFFINITY", "0-2 8")
+    strata_vllm._threads_like_vllm()
+    assert (os.environ["STRATA_CPUS"], os.environ["STRATA_THREADS"]) == ("0,1,2,8", "4")
+    # The user's own setting wins.
+    monkeypatch.setenv("GOMP_CPU_AFFINITY", "5")
+    strata_vllm._threads_like_vllm()
+    assert os.environ["STRATA_CPUS"] == "0,1,2,8"
 
 
 def test_unsupported_layers_are_named():

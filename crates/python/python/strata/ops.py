@@ -3,16 +3,17 @@
     w = strata.ops.MoeWeights(w2, w13=w13, format="int8")   # packed once
     out = strata.ops.fused_moe(x, w, topk_weights, topk_ids)  # [T, H]
 
-`x`, `topk_weights` and `out` are float32 and C-contiguous; `topk_ids` int32 or int64.
-numpy arrays and torch CPU tensors are read and written in place (a torch tensor through
-`tensor.numpy()`, which shares its memory); nothing is copied. Weights are float32 at
+`x` and `out` are float32, or both torch bfloat16 (converted in Rust, without Python-side
+copies); `topk_weights` float32; all C-contiguous; `topk_ids` int32 or int64. numpy arrays
+and torch CPU tensors are read and written in place (a torch tensor through
+`tensor.numpy()`, which shares its memory; a bfloat16 one through an int16 view of it). Weights are float32 at
 packing time (torch bfloat16 weights are converted once, here).
 """
 
 from strata._strata import MoeWeights as _MoeWeights
-from strata._strata import fused_moe_into
+from strata._strata import build_profile, fused_moe_into
 
-__all__ = ["MoeWeights", "fused_moe", "fused_moe_into"]
+__all__ = ["MoeWeights", "build_profile", "fused_moe", "fused_moe_into"]
 
 
 def _as_buffer(a, name):
@@ -70,12 +71,37 @@ def fused_moe(hidden_states, weights, topk_weights, topk_ids, *, out=None, accum
             import numpy as np
 
             out = np.empty_like(hidden_states)
+    dtype = "float32"
+    if _is_torch_bf16(hidden_states) or _is_torch_bf16(out):
+        # numpy has no bfloat16: both pass as int16 views of their memory.
+        dtype = "bfloat16"
+        hidden_states = _bf16_bits(hidden_states, "hidden_states")
+        out_buf = _bf16_bits(out, "out")
+    else:
+        out_buf = out
     fused_moe_into(
         _as_buffer(hidden_states, "hidden_states"),
         weights,
         _as_buffer(topk_weights, "topk_weights"),
         _as_buffer(topk_ids, "topk_ids"),
-        _as_buffer(out, "out"),
+        _as_buffer(out_buf, "out"),
         accumulate=accumulate,
+        dtype=dtype,
     )
     return out
+
+
+def _is_torch_bf16(a):
+    return type(a).__module__.startswith("torch") and str(a.dtype) == "torch.bfloat16"
+
+
+def _bf16_bits(a, name):
+    """A torch bfloat16 tensor as an int16 view of the same memory."""
+    if not _is_torch_bf16(a):
+        raise TypeError(
+            f"{name}: expected a torch bfloat16 tensor like the other activations, got "
+            f"{getattr(a, 'dtype', type(a).__name__)}"
+        )
+    import torch
+
+    return a.detach().view(torch.int16)
