@@ -33,6 +33,7 @@ fn state() -> Arc<AppState> {
         max_queue: 8,
         step_tokens: 64,
         ctx_size: CTX,
+        prefix_cache_bytes: 0,
     };
     Arc::new(AppState::new(engine(), config, MODEL.into()))
 }
@@ -135,6 +136,7 @@ async fn metrics_carry_an_extra_source() {
             max_queue: 1,
             step_tokens: 8,
             ctx_size: CTX,
+            prefix_cache_bytes: 0,
         },
         MODEL.into(),
     );
@@ -381,6 +383,7 @@ async fn full_queue_answers_429() {
         max_queue: 1,
         step_tokens: 64,
         ctx_size: CTX,
+        prefix_cache_bytes: 0,
     };
     let st = Arc::new(AppState::new(engine(), config, MODEL.into()));
     let body = json!({
