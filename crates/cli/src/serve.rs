@@ -51,11 +51,16 @@ pub struct SchedArgs {
     /// delays the running decodes.
     #[arg(long, default_value_t = 512)]
     step_tokens: usize,
+    /// Memory for the shared prefix cache, in MiB (0 disables it): KV rows of prompt
+    /// prefixes seen before (a long system prompt), reused instead of prefilled again.
+    /// Counted in the memory admission next to the batch's contexts.
+    #[arg(long, value_name = "MIB", default_value_t = 1024)]
+    prefix_cache_mb: usize,
 }
 
 impl SchedArgs {
     /// The checked scheduler limits for `engine`. Memory admission: `--max-batch` full
-    /// contexts of KV cache must fit in the memory available now. Without `--ctx-size` the
+    /// contexts of KV cache and the prefix cache must fit in the memory available now. Without `--ctx-size` the
     /// context is the model's, lowered (and logged) to what fits; a `--ctx-size` that does
     /// not fit is refused with what it needs, so a full batch is never OOM-killed.
     pub fn config(&self, engine: &Engine) -> anyhow::Result<SchedulerConfig> {
@@ -70,11 +75,15 @@ impl SchedArgs {
         }
         let max_ctx = engine.model.config.max_position_embeddings;
         let plan = engine.model.memory();
+        let prefix_bytes = (self.prefix_cache_mb as u64).saturating_mul(1 << 20);
+        // The prefix cache's budget in positions of KV cache, as admission counts them.
+        let prefix_positions = prefix_bytes.div_ceil(plan.kv_per_token.max(1));
         let ctx_size = match self.ctx_size {
             Some(c) => c,
             None => {
                 let fit = strata_model::memory::available_bytes().map_or(u64::MAX, |a| {
-                    plan.positions_that_fit(a) / self.max_batch as u64
+                    plan.positions_that_fit(a).saturating_sub(prefix_positions)
+                        / self.max_batch as u64
                 });
                 let ctx = (max_ctx as u64).min(fit) as usize;
                 if ctx < max_ctx && ctx >= 2 {
@@ -94,14 +103,17 @@ impl SchedArgs {
             );
         }
         plan.check(
-            (ctx_size as u64).saturating_mul(self.max_batch as u64),
-            "lower --ctx-size or --max-batch",
+            (ctx_size as u64)
+                .saturating_mul(self.max_batch as u64)
+                .saturating_add(prefix_positions),
+            "lower --ctx-size, --max-batch or --prefix-cache-mb",
         )?;
         Ok(SchedulerConfig {
             max_batch: self.max_batch,
             max_queue: self.max_queue,
             step_tokens: self.step_tokens,
             ctx_size,
+            prefix_cache_bytes: usize::try_from(prefix_bytes).unwrap_or(usize::MAX),
         })
     }
 }

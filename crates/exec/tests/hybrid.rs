@@ -513,6 +513,7 @@ fn the_scheduler_with_an_executor_gives_the_cpu_paths_greedy_tokens() {
         // Small steps: chunked prompts beside running decodes, and batches of decodes.
         step_tokens: 20,
         ctx_size: 256,
+        prefix_cache_bytes: 0,
     };
     let run_all = |engine: Arc<Engine>, reqs: &[GenRequest]| -> Vec<Vec<u32>> {
         let s = Scheduler::start(engine, config);

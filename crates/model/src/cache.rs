@@ -6,6 +6,8 @@
 //! blocks of [`BLOCK`] positions and shrink when a sequence is rewound, so a sequence holds
 //! memory for its own length, never for the context's maximum.
 
+use crate::{Error, Result};
+
 /// Positions a cache grows by at a time.
 pub const BLOCK: usize = 16;
 
@@ -102,5 +104,46 @@ impl KvCache {
     /// Bytes held.
     pub fn bytes(&self) -> usize {
         self.layers.iter().map(LayerCache::bytes).sum()
+    }
+
+    /// Layer `layer`'s two buffers for positions `start..end` (`None` when out of range):
+    /// what a prefix cache copies out.
+    pub fn rows(&self, layer: usize, start: usize, end: usize) -> Option<(&[f32], &[f32])> {
+        let (l, &(wa, wb)) = self.layers.get(layer).zip(self.widths.get(layer))?;
+        (start <= end && end <= self.len)
+            .then(|| (&l.a[start * wa..end * wa], &l.b[start * wb..end * wb]))
+    }
+
+    /// Appends `n` positions computed elsewhere (a prefix cache's copy of an identical
+    /// prefix): one `(a, b)` pair of `n` rows per layer, in layer order.
+    pub fn extend<'r>(
+        &mut self,
+        n: usize,
+        rows: impl IntoIterator<Item = (&'r [f32], &'r [f32])>,
+    ) -> Result<()> {
+        let rows: Vec<_> = rows.into_iter().collect();
+        if rows.len() != self.layers.len() {
+            return Err(Error::Input(format!(
+                "kv cache extend: expected rows for {} layers, got {}",
+                self.layers.len(),
+                rows.len()
+            )));
+        }
+        for (i, ((a, b), &(wa, wb))) in rows.iter().zip(&self.widths).enumerate() {
+            if a.len() != n * wa || b.len() != n * wb {
+                return Err(Error::Input(format!(
+                    "kv cache extend: layer {i} expected {}+{} values for {n} positions, got {}+{}",
+                    n * wa,
+                    n * wb,
+                    a.len(),
+                    b.len()
+                )));
+            }
+        }
+        for ((layer, (a, b)), &(wa, wb)) in self.layers.iter_mut().zip(rows).zip(&self.widths) {
+            layer.append(a, b, wa, wb);
+        }
+        self.len += n;
+        Ok(())
     }
 }

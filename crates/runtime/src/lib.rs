@@ -4,7 +4,8 @@
 //! template ([`text`]), sampling ([`sampling`]), structured outputs ([`grammar`]), one
 //! sequence's step ([`step::SequenceState`]: mask, sample, detokenize, stop strings, finish
 //! reason, counting), batched generation ([`engine::Engine`]) and continuous batching on
-//! its own thread ([`scheduler::Scheduler`], which the server and `strata batch` use).
+//! its own thread ([`scheduler::Scheduler`], which the server and `strata batch` use,
+//! with a shared [`prefix_cache::PrefixCache`] of prompt prefixes).
 //! Every front end steps its sequences through [`step`], so they stop and count alike.
 //!
 //! ```no_run
@@ -28,6 +29,7 @@
 
 pub mod engine;
 pub mod grammar;
+pub mod prefix_cache;
 pub mod sampling;
 pub mod scheduler;
 pub mod step;

@@ -9,6 +9,10 @@
 //! an [`Event`] through its [`EventSink`]; the last event is [`Event::Done`] (or
 //! [`Event::Failed`]).
 //!
+//! Full prompt blocks go into a shared [`PrefixCache`] as they are prefilled, and a new
+//! sequence starts from the longest prefix found there (`prefix_cache_bytes`, 0 disables
+//! it); its `Done` event reports how many prompt tokens came from the cache.
+//!
 //! A key design decision made here is that requesters talk to the scheduler through a sink
 //! trait rather than a particular channel type: the server plugs in an async channel, the
 //! offline batch mode a plain closure, and this crate stays free of any async runtime. A
@@ -24,6 +28,7 @@ use strata_model::{KvCache, LogitsWanted, SeqInput};
 
 use crate::engine::{Engine, FinishReason};
 use crate::grammar::Grammar;
+use crate::prefix_cache::{PrefixCache, block_hashes};
 use crate::sampling::{Sampler, SamplingError, SamplingParams};
 pub use crate::step::TokenLogprobs;
 use crate::step::{SequenceOptions, SequenceState};
@@ -46,17 +51,20 @@ pub struct SchedulerConfig {
     pub step_tokens: usize,
     /// Context length: prompt plus generated tokens of one sequence.
     pub ctx_size: usize,
+    /// Budget of the shared prefix cache in bytes of KV rows; 0 disables it.
+    pub prefix_cache_bytes: usize,
 }
 
 impl SchedulerConfig {
-    /// Defaults for `engine`: a batch of 16, a queue of 256, 512 tokens per step and the
-    /// model's full context.
+    /// Defaults for `engine`: a batch of 16, a queue of 256, 512 tokens per step, the
+    /// model's full context and no prefix cache (its memory is the caller's to grant).
     pub fn for_engine(engine: &Engine) -> SchedulerConfig {
         SchedulerConfig {
             max_batch: 16,
             max_queue: 256,
             step_tokens: 512,
             ctx_size: engine.model.config.max_position_embeddings,
+            prefix_cache_bytes: 0,
         }
     }
 }
@@ -103,6 +111,8 @@ pub enum Event {
         prompt_tokens: usize,
         /// Generated tokens (the `Token` events).
         completion_tokens: usize,
+        /// Prompt tokens whose KV rows came from the prefix cache (not prefilled).
+        cached_tokens: usize,
     },
     /// The sequence could not go on; the last event. The message is for logs.
     Failed(String),
@@ -174,6 +184,10 @@ struct Shared {
     generated: AtomicU64,
     next_id: AtomicU64,
     closed: AtomicBool,
+    cached_tokens: AtomicU64,
+    prefilled_tokens: AtomicU64,
+    prefix_bytes: AtomicUsize,
+    prefix_blocks: AtomicUsize,
 }
 
 enum Command {
@@ -218,6 +232,7 @@ impl Scheduler {
             ctx_size: config
                 .ctx_size
                 .clamp(2, engine.model.config.max_position_embeddings.max(2)),
+            prefix_cache_bytes: config.prefix_cache_bytes,
         };
         let (tx, rx) = mpsc::channel();
         let shared = Arc::new(Shared::default());
@@ -315,6 +330,24 @@ impl Scheduler {
         self.shared.generated.load(Ordering::Relaxed)
     }
 
+    /// Prompt tokens served from the prefix cache since the start.
+    pub fn cached_tokens(&self) -> u64 {
+        self.shared.cached_tokens.load(Ordering::Relaxed)
+    }
+
+    /// Prompt tokens run through the model (prefilled) since the start.
+    pub fn prefilled_tokens(&self) -> u64 {
+        self.shared.prefilled_tokens.load(Ordering::Relaxed)
+    }
+
+    /// Bytes and blocks the prefix cache holds now.
+    pub fn prefix_cache_usage(&self) -> (usize, usize) {
+        (
+            self.shared.prefix_bytes.load(Ordering::Relaxed),
+            self.shared.prefix_blocks.load(Ordering::Relaxed),
+        )
+    }
+
     /// Refuses new requests, finishes those in flight and joins the thread.
     pub fn shutdown(&self) {
         self.shared.closed.store(true, Ordering::Release);
@@ -343,8 +376,12 @@ struct Seq<'e> {
     /// Sampling, detokenizing, stopping and counting.
     state: SequenceState<'e>,
     cache: KvCache,
+    /// Chained hashes of the prompt's full blocks (empty without a prefix cache).
+    hashes: Vec<u64>,
     /// Prompt tokens already in the cache.
     prefilled: usize,
+    /// Prompt tokens that came from the prefix cache.
+    cached: usize,
     decoding: bool,
     /// Set when the sequence is finished.
     finished: Option<Finished>,
@@ -371,6 +408,7 @@ fn run(engine: &Engine, cfg: SchedulerConfig, rx: &mpsc::Receiver<Command>, shar
     let mut waiting: VecDeque<Pending> = VecDeque::new();
     let mut running: Vec<Seq<'_>> = Vec::new();
     let mut shutting_down = false;
+    let mut pool = PrefixCache::new(cfg.prefix_cache_bytes);
     loop {
         if running.is_empty() && waiting.is_empty() {
             if shutting_down {
@@ -394,7 +432,10 @@ fn run(engine: &Engine, cfg: SchedulerConfig, rx: &mpsc::Receiver<Command>, shar
         while running.len() < cfg.max_batch {
             let Some(p) = waiting.pop_front() else { break };
             shared.queued.fetch_sub(1, Ordering::AcqRel);
-            if let Some(seq) = admit(engine, cfg, p) {
+            if let Some(seq) = admit(engine, cfg, p, &mut pool) {
+                shared
+                    .cached_tokens
+                    .fetch_add(seq.cached as u64, Ordering::Relaxed);
                 running.push(seq);
             }
         }
@@ -402,8 +443,10 @@ fn run(engine: &Engine, cfg: SchedulerConfig, rx: &mpsc::Receiver<Command>, shar
         if running.is_empty() {
             continue;
         }
-        let generated = step(engine, cfg, &mut running);
+        let generated = step(engine, cfg, &mut running, &mut pool, shared);
         shared.generated.fetch_add(generated, Ordering::Relaxed);
+        shared.prefix_bytes.store(pool.bytes(), Ordering::Relaxed);
+        shared.prefix_blocks.store(pool.blocks(), Ordering::Relaxed);
         let finished: Vec<Seq<'_>> = running.extract_if(.., |s| s.finished.is_some()).collect();
         shared.active.store(running.len(), Ordering::Release);
         for mut seq in finished {
@@ -436,8 +479,14 @@ fn handle(
     false
 }
 
-/// Turns a queued request into a running sequence (or reports why it cannot run).
-fn admit(engine: &Engine, cfg: SchedulerConfig, mut p: Pending) -> Option<Seq<'_>> {
+/// Turns a queued request into a running sequence (or reports why it cannot run), its
+/// cache started from the longest prefix `pool` holds.
+fn admit<'e>(
+    engine: &'e Engine,
+    cfg: SchedulerConfig,
+    mut p: Pending,
+    pool: &mut PrefixCache,
+) -> Option<Seq<'e>> {
     let opts = SequenceOptions {
         max_tokens: p.req.max_tokens,
         ctx_size: cfg.ctx_size,
@@ -461,21 +510,36 @@ fn admit(engine: &Engine, cfg: SchedulerConfig, mut p: Pending) -> Option<Seq<'_
             return None;
         }
     };
+    let mut cache = engine.model.new_cache();
+    let hashes = if cfg.prefix_cache_bytes > 0 {
+        block_hashes(&p.req.prompt)
+    } else {
+        Vec::new()
+    };
+    let cached = pool.lookup(&p.req.prompt, &hashes, &mut cache);
     Some(Seq {
         id: p.id,
         req: p.req,
         sink: p.sink,
         state,
-        cache: engine.model.new_cache(),
-        prefilled: 0,
+        cache,
+        hashes,
+        prefilled: cached,
+        cached,
         decoding: false,
         finished: None,
     })
 }
 
 /// One batched forward pass over the running sequences, then sampling; returns the
-/// number of tokens sampled.
-fn step(engine: &Engine, cfg: SchedulerConfig, running: &mut [Seq<'_>]) -> u64 {
+/// number of tokens sampled. Prompt blocks completed in this step go into `pool`.
+fn step(
+    engine: &Engine,
+    cfg: SchedulerConfig,
+    running: &mut [Seq<'_>],
+    pool: &mut PrefixCache,
+    shared: &Shared,
+) -> u64 {
     let decodes = running.iter().filter(|s| s.decoding).count();
     let mut budget = cfg
         .step_tokens
@@ -542,6 +606,10 @@ fn step(engine: &Engine, cfg: SchedulerConfig, running: &mut [Seq<'_>]) -> u64 {
         let seq = &mut running[i];
         if let Work::Prefill(n) = plan[i] {
             seq.prefilled += n;
+            shared
+                .prefilled_tokens
+                .fetch_add(n as u64, Ordering::Relaxed);
+            pool.insert(&seq.req.prompt, &seq.hashes, &seq.cache, seq.prefilled);
         }
         if !logits.is_empty() {
             seq.decoding = true;
@@ -584,6 +652,7 @@ fn sample_next(seq: &mut Seq<'_>, logits: &[f32]) {
             text: last_text,
             prompt_tokens: seq.req.prompt.len(),
             completion_tokens: seq.state.generated().len(),
+            cached_tokens: seq.cached,
         }));
     }
 }

@@ -153,6 +153,7 @@ fn schedule_constrained_sequences_with_cancellation() {
             max_queue: 16,
             step_tokens: 32,
             ctx_size: 256,
+            prefix_cache_bytes: 0,
         },
     );
     let prompt = engine.text_prompt("JSON:").unwrap();

@@ -142,6 +142,7 @@ async fn metrics_text(State(st): State<Arc<AppState>>) -> Response {
     let mut text = st
         .metrics
         .render(st.scheduler.queued(), st.scheduler.active());
+    metrics::render_prefix_cache(&mut text, &st.scheduler);
     if let Some(extra) = &st.extra_metrics {
         extra.render(&mut text);
     }

@@ -132,6 +132,27 @@ impl Metrics {
     }
 }
 
+/// The scheduler's prefix cache on `/metrics`: prompt tokens served from it and prefilled,
+/// and what the pool holds now.
+pub fn render_prefix_cache(out: &mut String, s: &strata_runtime::scheduler::Scheduler) {
+    let (bytes, blocks) = s.prefix_cache_usage();
+    let _ = writeln!(
+        out,
+        "# HELP strata_prefix_cache_hit_tokens_total Prompt tokens served from the prefix cache.\n\
+         # TYPE strata_prefix_cache_hit_tokens_total counter\n\
+         strata_prefix_cache_hit_tokens_total {}\n\
+         # HELP strata_prompt_prefilled_tokens_total Prompt tokens run through the model.\n\
+         # TYPE strata_prompt_prefilled_tokens_total counter\n\
+         strata_prompt_prefilled_tokens_total {}\n\
+         # HELP strata_prefix_cache_bytes Bytes of KV rows the prefix cache holds.\n\
+         # TYPE strata_prefix_cache_bytes gauge\nstrata_prefix_cache_bytes {bytes}\n\
+         # HELP strata_prefix_cache_blocks Blocks the prefix cache holds.\n\
+         # TYPE strata_prefix_cache_blocks gauge\nstrata_prefix_cache_blocks {blocks}",
+        s.cached_tokens(),
+        s.prefilled_tokens(),
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -28,11 +28,16 @@ fn engine() -> Arc<Engine> {
 }
 
 fn state() -> Arc<AppState> {
+    state_with_prefix_cache(0)
+}
+
+fn state_with_prefix_cache(prefix_cache_bytes: usize) -> Arc<AppState> {
     let config = SchedulerConfig {
         max_batch: 4,
         max_queue: 8,
         step_tokens: 64,
         ctx_size: CTX,
+        prefix_cache_bytes,
     };
     Arc::new(AppState::new(engine(), config, MODEL.into()))
 }
@@ -116,6 +121,55 @@ async fn health_models_and_metrics() {
     }
 }
 
+#[tokio::test]
+async fn a_shared_system_prompt_reports_cached_tokens() {
+    let st = state_with_prefix_cache(16 << 20);
+    let system = "You are a careful assistant. ".repeat(12);
+    let body = |user: &str, extra: Value| {
+        let mut b: Value = serde_json::from_str(&chat_body(extra)).unwrap();
+        b["messages"] = json!([
+            {"role": "system", "content": system},
+            {"role": "user", "content": user},
+        ]);
+        b.to_string()
+    };
+    let usage = |v: &Value| {
+        (
+            v["usage"]["prompt_tokens"].as_u64().unwrap(),
+            v["usage"]["prompt_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .unwrap(),
+        )
+    };
+    let (_, first) = call_json(&st, post("/v1/chat/completions", body("Hi.", json!({})))).await;
+    let (prompt, cached) = usage(&first);
+    assert_eq!(cached, 0, "{first}");
+    // The same request again: all but the last block from the cache, the same answer.
+    let (_, again) = call_json(&st, post("/v1/chat/completions", body("Hi.", json!({})))).await;
+    assert_eq!(usage(&again), (prompt, (prompt - 1) / 16 * 16));
+    assert_eq!(
+        again["choices"][0]["message"],
+        first["choices"][0]["message"]
+    );
+    // Another question after the same system prompt, streamed: the usage chunk says so.
+    let req = body(
+        "Bye.",
+        json!({"stream": true, "stream_options": {"include_usage": true}}),
+    );
+    let (_, raw) = call(&st, post("/v1/chat/completions", req)).await;
+    let data = sse_data(&raw);
+    let last: Value = serde_json::from_str(&data[data.len() - 2]).unwrap();
+    let (_, cached) = usage(&last);
+    assert!(cached >= 64 && cached % 16 == 0, "{last}");
+    let (_, body) = call(&st, Request::get("/metrics").body(Body::empty()).unwrap()).await;
+    let text = String::from_utf8(body).unwrap();
+    let hits = format!(
+        "strata_prefix_cache_hit_tokens_total {}",
+        (prompt - 1) / 16 * 16 + cached
+    );
+    assert!(text.contains(&hits), "missing {hits:?} in\n{text}");
+}
+
 /// A stand-in for the hybrid executor's counters.
 #[derive(Debug)]
 struct Extra;
@@ -135,6 +189,7 @@ async fn metrics_carry_an_extra_source() {
             max_queue: 1,
             step_tokens: 8,
             ctx_size: CTX,
+            prefix_cache_bytes: 0,
         },
         MODEL.into(),
     );
@@ -381,6 +436,7 @@ async fn full_queue_answers_429() {
         max_queue: 1,
         step_tokens: 64,
         ctx_size: CTX,
+        prefix_cache_bytes: 0,
     };
     let st = Arc::new(AppState::new(engine(), config, MODEL.into()));
     let body = json!({

@@ -30,6 +30,7 @@ fn state() -> Arc<AppState> {
         max_queue: 8,
         step_tokens: 64,
         ctx_size: 256,
+        prefix_cache_bytes: 0,
     };
     Arc::new(AppState::new(engine.clone(), config, MODEL.into()))
 }

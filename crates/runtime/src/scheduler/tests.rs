@@ -88,6 +88,7 @@ fn greedy_tokens_are_the_same_alone_and_in_a_full_batch() {
         max_queue: 16,
         step_tokens: 4096,
         ctx_size: 1024,
+        prefix_cache_bytes: 0,
     };
     let alone = Scheduler::start(engine.clone(), alone_cfg);
     let expected: Vec<_> = reqs
@@ -122,6 +123,7 @@ fn limits_and_refusals() {
             max_queue: 1,
             step_tokens: 64,
             ctx_size: 32,
+            prefix_cache_bytes: 0,
         },
     );
     let sink = || Box::new(|_| true) as Box<dyn EventSink>;
@@ -178,6 +180,7 @@ fn queue_full_and_cancellation_free_the_batch() {
             max_queue: 2,
             step_tokens: 64,
             ctx_size: 1024,
+            prefix_cache_bytes: 0,
         },
     );
     let p = engine.text_prompt("Once upon a time").unwrap();
@@ -207,3 +210,5 @@ fn queue_full_and_cancellation_free_the_batch() {
     wait_idle(&s);
     s.cancel(first);
 }
+
+mod prefix;

@@ -27,6 +27,14 @@ pub(super) struct Usage {
     prompt_tokens: usize,
     completion_tokens: usize,
     total_tokens: usize,
+    prompt_tokens_details: PromptDetails,
+}
+
+/// `usage.prompt_tokens_details`.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub(super) struct PromptDetails {
+    /// Prompt tokens whose KV rows came from the prefix cache.
+    cached_tokens: usize,
 }
 
 /// A response or a streamed chunk.
@@ -203,6 +211,8 @@ pub(super) struct Output {
     first_token: bool,
     last_token: Vec<Option<Instant>>,
     choices: Vec<Choice>,
+    /// Choices per prompt (`n`).
+    per_prompt: usize,
     /// Prompt and generated tokens, also read by the request's log line.
     pub tally: Arc<Tally>,
 }
@@ -213,6 +223,8 @@ struct Choice {
     calls: Vec<ToolCallOut>,
     parser: Option<ToolParser>,
     completion_tokens: usize,
+    /// Prompt tokens this choice's sequence took from the prefix cache.
+    cached_tokens: usize,
     logprobs: Vec<TokenLogprob>,
     /// Legacy completions' per-token arrays.
     tokens: Vec<String>,
@@ -260,6 +272,7 @@ impl Output {
                 .as_ref()
                 .map(|t| ToolParser::new(t.format, &t.specs)),
             completion_tokens: 0,
+            cached_tokens: 0,
             logprobs: Vec::new(),
             tokens: Vec::new(),
             token_logprobs: Vec::new(),
@@ -277,6 +290,7 @@ impl Output {
             first_token: false,
             last_token: vec![None; choices],
             choices: (0..choices).map(|_| choice()).collect(),
+            per_prompt: job.n.max(1),
             tally: Tally::new(job.prompts.iter().map(Vec::len).sum()),
         }
     }
@@ -313,9 +327,15 @@ impl Output {
                     logprobs: lp,
                 }
             }
-            Event::Done { finish, text, .. } => {
+            Event::Done {
+                finish,
+                text,
+                cached_tokens,
+                ..
+            } => {
                 let (text, calls) = self.take_text(index, &text, true);
                 let c = &mut self.choices[index];
+                c.cached_tokens = cached_tokens;
                 let name = match finish_name(&finish) {
                     "stop" if !c.calls.is_empty() => "tool_calls",
                     name => name,
@@ -430,7 +450,19 @@ impl Output {
             prompt_tokens: self.tally.prompt,
             completion_tokens: completion,
             total_tokens: self.tally.prompt + completion,
+            prompt_tokens_details: PromptDetails {
+                cached_tokens: self.cached_tokens(),
+            },
         }
+    }
+
+    /// Prompt tokens served from the prefix cache: as `prompt_tokens` counts each prompt
+    /// once, a prompt with `n` choices counts what all of them took from the cache.
+    fn cached_tokens(&self) -> usize {
+        self.choices
+            .chunks(self.per_prompt)
+            .map(|c| c.iter().map(|c| c.cached_tokens).min().unwrap_or(0))
+            .sum()
     }
 
     fn envelope<C>(&self, chunk: bool, choices: Vec<C>, usage: Option<Usage>) -> Envelope<'_, C> {

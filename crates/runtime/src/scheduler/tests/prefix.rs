@@ -1,0 +1,182 @@
+//! The shared prefix cache under the scheduler: same greedy tokens with and without it (GQA
+//! and MLA caches), fewer tokens prefilled, LRU eviction under a tiny budget, hits from a
+//! sequence still running, cancellation mid-prefill.
+
+use strata_model::Model;
+use strata_model::memory::kv_bytes_per_token;
+
+use super::*;
+use crate::prefix_cache::BLOCK;
+use crate::text::Tokenizer;
+
+/// A DeepSeek-V3 fixture (MLA attention, 211 tokens, 128 positions) with the tiny model's
+/// tokenizer: the cache rows are latents and rotary keys.
+fn mla_engine() -> Arc<Engine> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let model = Model::load_dir(&root.join("tests/fixtures/deepseek_v3"), Precision::Fast).unwrap();
+    assert!(
+        matches!(
+            model.config.attention,
+            strata_model::config::AttentionConfig::Mla { .. }
+        ),
+        "the fixture must have MLA attention"
+    );
+    let tok = Tokenizer::from_dir(root.join("models/strata-tiny-moe")).unwrap();
+    Arc::new(Engine::new(model, tok).unwrap())
+}
+
+/// `n` token ids below `vocab`, different for each `seed`.
+fn tokens(n: usize, seed: u32, vocab: u32) -> Vec<u32> {
+    (0..n as u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) ^ seed.wrapping_mul(40_503)) % (vocab - 3) + 3)
+        .collect()
+}
+
+fn config(prefix_cache_bytes: usize) -> SchedulerConfig {
+    SchedulerConfig {
+        max_batch: 4,
+        max_queue: 16,
+        step_tokens: 32,
+        ctx_size: 128,
+        prefix_cache_bytes,
+    }
+}
+
+fn fixed(prompt: Vec<u32>, max_tokens: usize) -> GenRequest {
+    GenRequest {
+        ignore_eos: true,
+        ..greedy(prompt, max_tokens)
+    }
+}
+
+/// Runs one request alone; returns its tokens and cached-token count.
+fn run_one(s: &Scheduler, req: &GenRequest) -> (Vec<u32>, usize) {
+    match run_all(s, std::slice::from_ref(req)).pop().unwrap() {
+        (tokens, Event::Done { cached_tokens, .. }) => (tokens, cached_tokens),
+        (_, other) => panic!("unexpected {other:?}"),
+    }
+}
+
+/// Requests sharing a `prefix`-token system prompt: the first one fills the cache, the
+/// others start from it, prefill only the rest and generate the same greedy tokens.
+fn check_reuse(engine: &Arc<Engine>) {
+    let vocab = engine.model.config.vocab_size as u32;
+    let system = tokens(64, 1, vocab);
+    let reqs: Vec<GenRequest> = (0..3)
+        .map(|i| {
+            let mut p = system.clone();
+            p.extend(tokens(5 + 7 * i, 10 + i as u32, vocab));
+            fixed(p, 12)
+        })
+        .chain([fixed(system.clone(), 12)])
+        .collect();
+    let off = Scheduler::start(engine.clone(), config(0));
+    let on = Scheduler::start(engine.clone(), config(64 << 20));
+    for (i, req) in reqs.iter().enumerate() {
+        let (want, none) = run_one(&off, req);
+        assert_eq!(none, 0, "request {i} without a cache");
+        let before = on.prefilled_tokens();
+        let (got, cached) = run_one(&on, req);
+        assert_eq!(got, want, "request {i}: greedy tokens with the cache");
+        // 64 shared tokens: 4 full blocks after the first request; the system prompt
+        // alone leaves its last block to prefill, so that its logits are computed.
+        let expect = [0, 64, 64, 48][i];
+        assert_eq!(cached, expect, "request {i}: cached tokens");
+        assert_eq!(
+            on.prefilled_tokens() - before,
+            (req.prompt.len() - cached) as u64,
+            "request {i}: prefilled tokens"
+        );
+    }
+    assert_eq!(on.cached_tokens(), 64 + 64 + 48);
+    let (bytes, blocks) = on.prefix_cache_usage();
+    assert!(blocks >= 4 && bytes > 0, "{blocks} blocks, {bytes} bytes");
+}
+
+#[test]
+fn greedy_tokens_are_the_same_with_the_prefix_cache_gqa() {
+    check_reuse(&engine());
+}
+
+#[test]
+fn greedy_tokens_are_the_same_with_the_prefix_cache_mla() {
+    check_reuse(&mla_engine());
+}
+
+#[test]
+fn a_tiny_budget_evicts_the_least_recently_used_block() {
+    let engine = engine();
+    let vocab = engine.model.config.vocab_size as u32;
+    let block_bytes = kv_bytes_per_token(&engine.model.config) as usize * BLOCK;
+    // Room for two blocks; prompts of 17 tokens have one full block each.
+    let s = Scheduler::start(engine.clone(), config(2 * block_bytes));
+    let p: Vec<GenRequest> = (0..3)
+        .map(|i| fixed(tokens(17, 100 + i, vocab), 2))
+        .collect();
+    let cached = |r: &GenRequest| run_one(&s, r).1;
+    assert_eq!((cached(&p[0]), cached(&p[1])), (0, 0));
+    assert_eq!(cached(&p[0]), 16, "p0 is cached");
+    // p2 takes the place of p1, the least recently used.
+    assert_eq!(cached(&p[2]), 0);
+    assert_eq!(s.prefix_cache_usage(), (2 * block_bytes, 2));
+    assert_eq!(cached(&p[0]), 16, "p0 stays");
+    assert_eq!(cached(&p[1]), 0, "p1 was evicted");
+    // A budget smaller than one block caches nothing.
+    let none = Scheduler::start(engine.clone(), config(block_bytes - 1));
+    assert_eq!((run_one(&none, &p[0]).1, run_one(&none, &p[0]).1), (0, 0));
+    assert_eq!(none.prefix_cache_usage(), (0, 0));
+}
+
+#[test]
+fn a_running_sequence_shares_its_prompt_and_cancellation_keeps_the_pool_sound() {
+    let engine = engine();
+    let vocab = engine.model.config.vocab_size as u32;
+    let system = tokens(100, 7, vocab);
+    let long_ctx = SchedulerConfig {
+        ctx_size: 1024,
+        ..config(64 << 20)
+    };
+    let s = Scheduler::start(engine.clone(), long_ctx);
+    let off = Scheduler::start(engine.clone(), config(0));
+    // The first sequence decodes until cancelled.
+    let (tx, rx) = mpsc::channel();
+    let first = s
+        .submit(
+            fixed(system.clone(), 100_000),
+            Box::new(move |e| tx.send(e).is_ok()),
+        )
+        .unwrap();
+    let _ = rx.recv_timeout(Duration::from_secs(30)).unwrap();
+    let mut second = system.clone();
+    second.extend(tokens(9, 8, vocab));
+    let second = fixed(second, 6);
+    let (got, cached) = run_one(&s, &second);
+    assert_eq!(s.active(), 1, "the first sequence still runs");
+    assert_eq!(cached, 96, "blocks of the running sequence");
+    assert_eq!(got, run_one(&off, &second).0);
+    s.cancel(first);
+    drop(rx);
+    wait_idle(&s);
+    // A client gone after two steps of its prefill (32 tokens each) leaves its first
+    // four blocks behind, and they are sound.
+    let long = fixed(tokens(120, 9, vocab), 4);
+    s.submit(long.clone(), Box::new(GoneAfter(AtomicUsize::new(0))))
+        .unwrap();
+    wait_idle(&s);
+    let (got, cached) = run_one(&s, &long);
+    assert_eq!(cached, 64);
+    assert_eq!(got, run_one(&off, &long).0);
+}
+
+/// A sink whose receiver is gone from its third check on: the scheduler checks once before
+/// admitting a sequence and once before each step, so its sequence runs two steps.
+struct GoneAfter(AtomicUsize);
+
+impl EventSink for GoneAfter {
+    fn send(&mut self, _: Event) -> bool {
+        true
+    }
+    fn is_closed(&self) -> bool {
+        self.0.fetch_add(1, Ordering::Relaxed) >= 2
+    }
+}
