@@ -15,7 +15,7 @@
 //! and runs the same with or without a GPU.
 #![deny(missing_docs)]
 
-pub mod device;
+mod device;
 mod error;
 
 #[cfg(feature = "wgpu")]
@@ -26,8 +26,8 @@ mod backend {
 use std::sync::Arc;
 
 pub use device::{
-    Buffer, Device, DeviceInfo, DeviceOptions, Event, ExpertSlots, MemoryUse, Op, OpKind, Readback,
-    RopeKind, TopKParams, WeightType,
+    Buffer, Device, DeviceInfo, DeviceOptions, Event, ExpertSlots, MemoryUse, Op, OpKind,
+    RawBuffer, Readback, RopeKind, TopKParams, WeightType,
 };
 pub use error::{Error, Result};
 

@@ -267,32 +267,7 @@ pub fn bench_moe(args: &BenchMoeArgs) -> anyhow::Result<()> {
                 fmt.name()
             );
         }
-        // Weight scale about 1 / sqrt(fan-in), as in trained layers. The f32 weights of the
-        // first few experts of layer 0 are kept for the accuracy check.
-        let mut src: Vec<F32Expert> = Vec::new();
-        let mut layers = Vec::with_capacity(args.layers);
-        let mut expert_bytes = 0;
-        for l in 0..args.layers {
-            let mut all = Vec::with_capacity(e);
-            for d in 0..distinct {
-                let f = F32Expert {
-                    gate: rng.vec(inter * h, 2.0 / (h as f32).sqrt()),
-                    up: rng.vec(inter * h, 2.0 / (h as f32).sqrt()),
-                    down: rng.vec(h * inter, 2.0 / (inter as f32).sqrt()),
-                };
-                let x = Expert::pack(&f.gate, &f.up, &f.down, h, inter, fmt)
-                    .with_context(|| format!("packing experts as {}", fmt.name()))?;
-                expert_bytes = x.bytes();
-                all.push(x);
-                if l == 0 && d < ACC_EXPERTS {
-                    src.push(f);
-                }
-            }
-            for x in distinct..e {
-                all.push(all[x % distinct].clone());
-            }
-            layers.push(MoeExperts::new(h, inter, all)?);
-        }
+        let (layers, src, expert_bytes) = pack_layers(args, fmt, distinct, &mut rng)?;
 
         // Accuracy against f32 on the unquantized weights.
         let t_acc = 32;
@@ -355,19 +330,7 @@ pub fn bench_moe(args: &BenchMoeArgs) -> anyhow::Result<()> {
         eprintln!("measuring peaks again...");
     }
     let peaks = first_peaks.max(Peaks::measure());
-    for (r, point) in results.iter_mut().zip(points) {
-        let tflops = r["tflops"].as_f64().unwrap_or(f64::NAN);
-        let weight_gbs = r["weight_gbs"].as_f64().unwrap_or(f64::NAN);
-        // ggml rows on the block kernels (no packed point) run AVX2 int8 on every x86 CPU,
-        // unless the type takes the generic f32 path; on BF16 tiles, the BF16 peak.
-        let peak = match point {
-            Some((isa, fmt)) => peaks.compute(isa, fmt),
-            None if r["isa"] == "avx2" => peaks.avx2_int8,
-            None => None,
-        };
-        r["frac_compute_peak"] = json!(peak.map(|p| tflops / p));
-        r["frac_read_gbs"] = json!(weight_gbs / peaks.read_gbs);
-    }
+    add_peak_fractions(&mut results, points, &peaks);
     let doc = json!({
         "shape": {"hidden": h, "inter": inter, "experts": e, "topk": k},
         "machine": {
@@ -392,11 +355,71 @@ pub fn bench_moe(args: &BenchMoeArgs) -> anyhow::Result<()> {
         crate::plot::write(path, crate::plot::roofline(&doc))?;
     }
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&doc)?);
+        outln!("{}", serde_json::to_string_pretty(&doc)?)?;
     } else {
-        print_table(&doc);
+        print_table(&doc)?;
     }
     Ok(())
+}
+
+/// `args.layers` layers of `args.experts` random experts packed as `fmt`, `distinct` of
+/// them different per layer; with the f32 weights of layer 0's first experts (for the
+/// accuracy check) and the bytes of one packed expert.
+fn pack_layers(
+    args: &BenchMoeArgs,
+    fmt: PackedFormat,
+    distinct: usize,
+    rng: &mut Lcg,
+) -> anyhow::Result<(Vec<MoeExperts>, Vec<F32Expert>, usize)> {
+    // Weight scale about 1 / sqrt(fan-in), as in trained layers. The f32 weights of the
+    // first few experts of layer 0 are kept for the accuracy check.
+    let (h, inter, e) = (args.hidden, args.inter, args.experts);
+    let mut src: Vec<F32Expert> = Vec::new();
+    let mut layers = Vec::with_capacity(args.layers);
+    let mut expert_bytes = 0;
+    for l in 0..args.layers {
+        let mut all = Vec::with_capacity(e);
+        for d in 0..distinct {
+            let f = F32Expert {
+                gate: rng.vec(inter * h, 2.0 / (h as f32).sqrt()),
+                up: rng.vec(inter * h, 2.0 / (h as f32).sqrt()),
+                down: rng.vec(h * inter, 2.0 / (inter as f32).sqrt()),
+            };
+            let x = Expert::pack(&f.gate, &f.up, &f.down, h, inter, fmt)
+                .with_context(|| format!("packing experts as {}", fmt.name()))?;
+            expert_bytes = x.bytes();
+            all.push(x);
+            if l == 0 && d < ACC_EXPERTS {
+                src.push(f);
+            }
+        }
+        for x in distinct..e {
+            all.push(all[x % distinct].clone());
+        }
+        layers.push(MoeExperts::new(h, inter, all)?);
+    }
+    Ok((layers, src, expert_bytes))
+}
+
+/// Each result's fraction of the compute peak of its kernel and of the memory read peak.
+fn add_peak_fractions(
+    results: &mut [Value],
+    points: Vec<Option<(Isa, PackedFormat)>>,
+    peaks: &Peaks,
+) {
+    for (r, point) in results.iter_mut().zip(points) {
+        let tflops = r["tflops"].as_f64().unwrap_or(f64::NAN);
+        let weight_gbs = r["weight_gbs"].as_f64().unwrap_or(f64::NAN);
+        // ggml rows on the block kernels (no packed point) run AVX2 int8 on every x86 CPU,
+        // unless the type takes the generic f32 path; on BF16 tiles, the BF16 peak.
+        let peak = match point {
+            Some((isa, fmt)) => peaks.compute(isa, fmt),
+            None if r["isa"] == "avx2" => peaks.avx2_int8,
+            None => None,
+        };
+        r["frac_compute_peak"] = json!(peak.map(|p| tflops / p));
+        r["frac_read_gbs"] = json!(weight_gbs / peaks.read_gbs);
+    }
 }
 
 /// `‖got - want‖ / ‖want‖` (root mean square error relative to the reference's).
@@ -599,10 +622,10 @@ fn results_table(doc: &Value) -> String {
     out
 }
 
-fn print_table(doc: &Value) {
+fn print_table(doc: &Value) -> std::io::Result<()> {
     let p = &doc["peaks"];
     let f = |v: &Value| v.as_f64();
-    println!(
+    outln!(
         "shape: hidden {} inter {} experts {} topk {}; threads {}, isa {}",
         doc["shape"]["hidden"],
         doc["shape"]["inter"],
@@ -610,8 +633,8 @@ fn print_table(doc: &Value) {
         doc["shape"]["topk"],
         doc["machine"]["threads"],
         doc["machine"]["selected_isa"].as_str().unwrap_or("?"),
-    );
-    println!(
+    )?;
+    outln!(
         "peaks: AMX BF16 {} TFLOPS, AMX INT8 {} TOPS, AVX-512 BF16 {} TFLOPS, AVX-512 VNNI {} TOPS, AVX2 INT8 {} TOPS, read {} GB/s",
         fmt_opt(f(&p["amx_bf16_tflops"]), 2),
         fmt_opt(f(&p["amx_int8_tops"]), 2),
@@ -619,24 +642,25 @@ fn print_table(doc: &Value) {
         fmt_opt(f(&p["avx512_vnni_tops"]), 3),
         fmt_opt(f(&p["avx2_int8_tops"]), 3),
         fmt_opt(f(&p["read_gbs"]), 1),
-    );
-    print!("{}", results_table(doc));
+    )?;
+    out!("{}", results_table(doc))?;
     for a in doc["accuracy"].as_array().into_iter().flatten() {
-        println!(
+        outln!(
             "accuracy {:<8} relative RMS error vs f32: {:.2e}",
             a["format"].as_str().unwrap_or("?"),
             f(&a["rel_rms_err"]).unwrap_or(f64::NAN)
-        );
+        )?;
     }
     for c in doc["crossover"].as_array().into_iter().flatten() {
-        println!(
+        outln!(
             "crossover {:<8} m={:>4}: avx512 {} ms, amx {} ms",
             c["format"].as_str().unwrap_or("?"),
             c["tokens_per_expert"],
             fmt_opt(f(&c["avx512_seconds"]).map(|s| s * 1e3), 3),
             fmt_opt(f(&c["amx_seconds"]).map(|s| s * 1e3), 3),
-        );
+        )?;
     }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -131,7 +131,7 @@ pub fn run(args: BenchGrammarArgs) -> anyhow::Result<()> {
             "advance_us_per_token": per_token(constrained.grammar.commit, &constrained),
         });
         if !args.json {
-            print_row(&row);
+            print_row(&row)?;
         }
         rows.push(row);
     }
@@ -143,21 +143,21 @@ pub fn run(args: BenchGrammarArgs) -> anyhow::Result<()> {
             "threads": strata_kernels::num_threads(),
             "rows": rows,
         });
-        println!("{}", serde_json::to_string_pretty(&doc)?);
+        outln!("{}", serde_json::to_string_pretty(&doc)?)?;
     } else {
-        println!(
+        outln!(
             "vocabulary {}, schema compiled in {:.1} ms, {} compute threads",
             engine.model.config.vocab_size,
             compile.as_secs_f64() * 1e3,
             strata_kernels::num_threads()
-        );
+        )?;
     }
     Ok(())
 }
 
-fn print_row(r: &Value) {
+fn print_row(r: &Value) -> std::io::Result<()> {
     let f = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
-    println!(
+    outln!(
         "batch {:>3}: {:>5} tokens | decode {:>8.1} us/token free, {:>8.1} constrained: overhead {:>7.1} us/token ({:+.1}%) | sampling thread {:>6.1} -> {:>6.1} us/token (mask wait {:.1}, grammar advance {:.1}) | mask {:.1} us/token on the helper thread",
         r["batch"],
         r["tokens"],
@@ -170,7 +170,8 @@ fn print_row(r: &Value) {
         f("mask_wait_us_per_token"),
         f("advance_us_per_token"),
         f("mask_us_per_token"),
-    );
+    )?;
+    Ok(())
 }
 
 /// How a decode run chooses what it feeds the model.

@@ -29,11 +29,14 @@ use strata_runtime::step::{SequenceOptions, SequenceState};
 use strata_runtime::text::ChatMessage;
 
 use crate::generate::{finish_name, parse_max_tokens, seconds};
-use crate::model_arg::{Device, DeviceArgs, ModelArgs};
+use crate::model_arg::{Device, DeviceArgs, ModelArgs, SamplingArgs};
 
 /// Arguments of `strata chat`.
 #[derive(Debug, Args)]
 #[command(allow_negative_numbers = true)]
+// The shared sampling options, with the words that tell how to change them in a chat.
+#[command(mut_arg("temperature", |a| a.help("Sampling temperature; 0 = greedy (`/set temperature`)")))]
+#[command(mut_arg("seed", |a| a.help("Random seed, for reproducible replies")))]
 pub struct ChatArgs {
     #[command(flatten)]
     model: ModelArgs,
@@ -43,24 +46,8 @@ pub struct ChatArgs {
     /// Most tokens per reply (`/set max_tokens`).
     #[arg(long, short = 'n', default_value_t = 512, value_parser = parse_max_tokens)]
     max_tokens: usize,
-    /// Sampling temperature; 0 = greedy (`/set temperature`).
-    #[arg(long, default_value_t = 0.8)]
-    temperature: f32,
-    /// Nucleus sampling: keep the most likely tokens up to this probability mass.
-    #[arg(long, default_value_t = 0.95)]
-    top_p: f32,
-    /// Keep only the K most likely tokens; 0 = all.
-    #[arg(long, default_value_t = 40)]
-    top_k: usize,
-    /// Drop tokens less likely than this fraction of the most likely one.
-    #[arg(long, default_value_t = 0.05)]
-    min_p: f32,
-    /// Penalise tokens already present (1 = off).
-    #[arg(long, default_value_t = 1.0)]
-    repetition_penalty: f32,
-    /// Random seed, for reproducible replies.
-    #[arg(long)]
-    seed: Option<u64>,
+    #[command(flatten)]
+    sampling: SamplingArgs,
     // Last: its help headings would otherwise take in the options after it.
     #[command(flatten)]
     device: DeviceArgs,
@@ -522,15 +509,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
         _ => None,
     };
     let settings = Settings {
-        sampling: SamplingParams {
-            temperature: args.temperature,
-            top_k: args.top_k,
-            top_p: args.top_p,
-            min_p: args.min_p,
-            repetition_penalty: args.repetition_penalty,
-            seed: args.seed,
-            ..SamplingParams::default()
-        },
+        sampling: args.sampling.params(),
         max_tokens: args.max_tokens,
     };
     settings.sampling.validate()?;

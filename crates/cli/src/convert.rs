@@ -121,13 +121,13 @@ fn convert(args: &ConvertArgs, src_path: &Path, out: &Path, t0: Instant) -> anyh
     let size = std::fs::metadata(out)
         .with_context(|| format!("{}: cannot stat", out.display()))?
         .len();
-    println!(
+    outln!(
         "wrote {} ({} entries, {:.1} MiB, experts {}) in {:.2} s",
         out.display(),
         recording.len(),
         size as f64 / (1u64 << 20) as f64,
         opts.experts.name(),
         t0.elapsed().as_secs_f64()
-    );
+    )?;
     Ok(())
 }

@@ -43,29 +43,29 @@ pub fn run(args: DevicesArgs) -> anyhow::Result<()> {
             "devices": list,
             "error": found.as_ref().err().map(|e| e.to_string()),
         });
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        outln!("{}", serde_json::to_string_pretty(&out)?)?;
         return Ok(());
     }
     match found {
-        Err(e) => println!("no accelerator: {e}"),
+        Err(e) => outln!("no accelerator: {e}")?,
         Ok(devs) => {
             for d in devs {
-                println!("gpu:{}  {}", d.index, d.name);
-                println!("  backend      {} ({})", d.backend, d.device_type);
-                println!("  driver       {}", d.driver);
-                println!(
+                outln!("gpu:{}  {}", d.index, d.name)?;
+                outln!("  backend      {} ({})", d.backend, d.device_type)?;
+                outln!("  driver       {}", d.driver)?;
+                outln!(
                     "  memory       {}",
                     d.memory.map_or("not reported by the API".to_string(), mib)
-                );
-                println!("  max binding  {}", mib(d.max_binding));
-                println!("  max buffer   {}", mib(d.max_buffer));
-                println!(
+                )?;
+                outln!("  max binding  {}", mib(d.max_binding))?;
+                outln!("  max buffer   {}", mib(d.max_buffer))?;
+                outln!(
                     "  features     shader-f16 {}, subgroups {}",
                     if d.shader_f16 { "yes" } else { "no" },
                     if d.subgroups { "yes" } else { "no" }
-                );
+                )?;
                 let ops: Vec<String> = d.ops.iter().map(|o| o.to_string()).collect();
-                println!("  ops          {}", ops.join(" "));
+                outln!("  ops          {}", ops.join(" "))?;
             }
         }
     }

@@ -9,11 +9,11 @@ use clap::Args;
 
 use strata_runtime::engine::{FinishReason, Request, load_tokenizer};
 use strata_runtime::grammar::{GrammarCompiler, GrammarStats, ResponseFormat};
-use strata_runtime::sampling::{Sampler, SamplingParams};
+use strata_runtime::sampling::Sampler;
 use strata_runtime::step::{SequenceOptions, SequenceState};
 use strata_runtime::text::ChatMessage;
 
-use crate::model_arg::{Device, DeviceArgs, ModelArgs};
+use crate::model_arg::{Device, DeviceArgs, ModelArgs, SamplingArgs};
 
 /// Arguments of `strata generate`.
 #[derive(Debug, Args)]
@@ -35,24 +35,8 @@ pub struct GenerateArgs {
     /// Most tokens to generate (at least 1, as the server's `max_tokens`).
     #[arg(long, short = 'n', default_value_t = 128, value_parser = parse_max_tokens)]
     max_tokens: usize,
-    /// Sampling temperature; 0 = greedy.
-    #[arg(long, default_value_t = 0.8)]
-    temperature: f32,
-    /// Nucleus sampling: keep the most likely tokens up to this probability mass.
-    #[arg(long, default_value_t = 0.95)]
-    top_p: f32,
-    /// Keep only the K most likely tokens; 0 = all.
-    #[arg(long, default_value_t = 40)]
-    top_k: usize,
-    /// Drop tokens less likely than this fraction of the most likely one.
-    #[arg(long, default_value_t = 0.05)]
-    min_p: f32,
-    /// Penalise tokens already present (1 = off).
-    #[arg(long, default_value_t = 1.0)]
-    repetition_penalty: f32,
-    /// Random seed, for reproducible sampling.
-    #[arg(long)]
-    seed: Option<u64>,
+    #[command(flatten)]
+    sampling: SamplingArgs,
     /// Stop when this string appears (repeatable); it is not printed.
     #[arg(long, value_name = "TEXT")]
     stop: Vec<String>,
@@ -125,7 +109,7 @@ pub fn run(mut args: GenerateArgs) -> anyhow::Result<()> {
     let request = Request {
         prompt,
         max_tokens: args.max_tokens,
-        sampling: sampling(&args),
+        sampling: args.sampling.params(),
         stop: args.stop.clone(),
         grammar,
     };
@@ -221,18 +205,6 @@ fn messages(args: &GenerateArgs) -> Vec<ChatMessage> {
     messages
 }
 
-fn sampling(args: &GenerateArgs) -> SamplingParams {
-    SamplingParams {
-        temperature: args.temperature,
-        top_k: args.top_k,
-        top_p: args.top_p,
-        min_p: args.min_p,
-        repetition_penalty: args.repetition_penalty,
-        seed: args.seed,
-        ..SamplingParams::default()
-    }
-}
-
 /// `--device gpu`: one sequence on the accelerator, token by token after the prompt. (The
 /// batched engine runs on the CPU; the hybrid executor will join the two.)
 fn run_gpu(args: &GenerateArgs, dir: &std::path::Path) -> anyhow::Result<()> {
@@ -264,7 +236,12 @@ fn run_gpu(args: &GenerateArgs, dir: &std::path::Path) -> anyhow::Result<()> {
         ignore_eos: false,
         top_logprobs: None,
     };
-    let mut seq = SequenceState::new(&tokenizer, Sampler::new(sampling(args))?, &prompt, opts)?;
+    let mut seq = SequenceState::new(
+        &tokenizer,
+        Sampler::new(args.sampling.params())?,
+        &prompt,
+        opts,
+    )?;
     if let Some(f) = response_format(args)? {
         // Ids past the tokenizer's vocabulary (padding of the logits) are never allowed.
         let compiler = GrammarCompiler::new(&tokenizer, tokenizer.vocab_size())?;

@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 
 use clap::Args;
-use strata_model::config::{AttentionConfig, FfnConfig, Scoring};
+use strata_model::config::{AttentionConfig, FfnConfig, ModelConfig, MoeConfig, Scoring};
 use strata_model::source::Source;
 use strata_model::{MemoryPlan, Model};
 
@@ -84,49 +84,8 @@ pub fn run(args: InfoArgs) -> anyhow::Result<()> {
         FfnConfig::Moe(m) => Some(m),
         FfnConfig::Dense(_) => None,
     });
-    let attention = match &cfg.attention {
-        AttentionConfig::Gqa {
-            n_heads,
-            n_kv_heads,
-            head_dim,
-            ..
-        } => format!("GQA, {n_heads} query / {n_kv_heads} key-value heads of {head_dim}"),
-        AttentionConfig::Mla {
-            n_heads,
-            q_lora_rank,
-            kv_lora_rank,
-            ..
-        } => format!(
-            "MLA, {n_heads} heads, kv_lora_rank {kv_lora_rank}, q_lora_rank {}",
-            q_lora_rank.map_or("none".to_string(), |r| r.to_string())
-        ),
-    };
-    let experts = moe.map(|m| {
-        let r = &m.router;
-        format!(
-            "{} routed (top-{}, intermediate {}), {} shared; router {}{}{}",
-            r.n_experts,
-            r.top_k,
-            m.intermediate,
-            m.shared.as_ref().map_or("none".to_string(), |s| format!(
-                "1 of intermediate {}",
-                s.intermediate
-            )),
-            match r.scoring {
-                Scoring::Softmax => "softmax",
-                Scoring::Sigmoid => "sigmoid",
-            },
-            r.groups.map_or(String::new(), |g| format!(
-                ", {} groups keep {}",
-                g.n_group, g.topk_group
-            )),
-            if r.norm_topk_prob {
-                ", renormalised"
-            } else {
-                ""
-            },
-        )
-    });
+    let attention = attention_line(cfg);
+    let experts = moe.map(experts_line);
     if args.json {
         let doc = serde_json::json!({
             "path": dir,
@@ -156,37 +115,37 @@ pub fn run(args: InfoArgs) -> anyhow::Result<()> {
             "slow_types": slow_types(&dtypes),
             "max_position_embeddings": cfg.max_position_embeddings,
         });
-        println!("{}", serde_json::to_string_pretty(&doc)?);
+        outln!("{}", serde_json::to_string_pretty(&doc)?)?;
         return Ok(());
     }
     let dt: Vec<String> = dtypes
         .iter()
         .map(|(k, (n, b))| format!("{k} ({n} tensors, {})", bytes(*b)))
         .collect();
-    println!("model          {}", dir.display());
-    println!("architecture   {}", cfg.arch.hf_name());
-    println!(
+    outln!("model          {}", dir.display())?;
+    outln!("architecture   {}", cfg.arch.hf_name())?;
+    outln!(
         "layers         {} ({n_moe} mixture-of-experts, {} dense)",
         cfg.n_layers(),
         cfg.n_layers() - n_moe
-    );
-    println!("hidden / vocab {} / {}", cfg.hidden_size, cfg.vocab_size);
-    println!("attention      {attention}");
-    println!(
+    )?;
+    outln!("hidden / vocab {} / {}", cfg.hidden_size, cfg.vocab_size)?;
+    outln!("attention      {attention}")?;
+    outln!(
         "experts        {}",
         experts.unwrap_or_else(|| "none (dense model)".into())
-    );
-    println!(
+    )?;
+    outln!(
         "parameters     {} total, {} active per token",
         human(total),
         human(active)
-    );
-    println!("dtypes         {}", dt.join(", "));
+    )?;
+    outln!("dtypes         {}", dt.join(", "))?;
     let as_loaded = match loaded {
         Some(b) => format!("{} as loaded", bytes(b)),
         None => "--load to measure them as loaded".into(),
     };
-    println!(
+    outln!(
         "memory         {} of weights on disk, {as_loaded}; KV cache {} per token",
         bytes(file_bytes),
         if kv_per_token >= 1 << 20 {
@@ -194,28 +153,77 @@ pub fn run(args: InfoArgs) -> anyhow::Result<()> {
         } else {
             format!("{:.1} KiB", kv_per_token as f64 / 1024.0)
         }
-    );
-    println!(
+    )?;
+    outln!(
         "resident       {} copied into memory, {} used in place from the file (page cache)",
         bytes(plan.private_weights as usize),
         bytes(plan.mapped_weights as usize)
-    );
+    )?;
     let available =
         strata_model::memory::available_bytes().map_or("unknown".into(), |a| bytes(a as usize));
-    println!(
+    outln!(
         "a full context  needs {} of private memory for one sequence of {} positions (available: {available})",
         bytes(plan.needs(cfg.max_position_embeddings as u64) as usize),
         cfg.max_position_embeddings
-    );
+    )?;
     let slow = slow_types(&dtypes);
     if !slow.is_empty() {
-        println!(
+        outln!(
             "kernels        {} dequantized per row block to f32 (no int8 kernel yet, slower)",
             slow.join(", ")
-        );
+        )?;
     }
-    println!("context        {} positions", cfg.max_position_embeddings);
+    outln!("context        {} positions", cfg.max_position_embeddings)?;
     Ok(())
+}
+
+/// The attention kind and its heads, as `info` shows them.
+fn attention_line(cfg: &ModelConfig) -> String {
+    match &cfg.attention {
+        AttentionConfig::Gqa {
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            ..
+        } => format!("GQA, {n_heads} query / {n_kv_heads} key-value heads of {head_dim}"),
+        AttentionConfig::Mla {
+            n_heads,
+            q_lora_rank,
+            kv_lora_rank,
+            ..
+        } => format!(
+            "MLA, {n_heads} heads, kv_lora_rank {kv_lora_rank}, q_lora_rank {}",
+            q_lora_rank.map_or("none".to_string(), |r| r.to_string())
+        ),
+    }
+}
+
+/// The experts and their router, as `info` shows them.
+fn experts_line(m: &MoeConfig) -> String {
+    let r = &m.router;
+    format!(
+        "{} routed (top-{}, intermediate {}), {} shared; router {}{}{}",
+        r.n_experts,
+        r.top_k,
+        m.intermediate,
+        m.shared.as_ref().map_or("none".to_string(), |s| format!(
+            "1 of intermediate {}",
+            s.intermediate
+        )),
+        match r.scoring {
+            Scoring::Softmax => "softmax",
+            Scoring::Sigmoid => "sigmoid",
+        },
+        r.groups.map_or(String::new(), |g| format!(
+            ", {} groups keep {}",
+            g.n_group, g.topk_group
+        )),
+        if r.norm_topk_prob {
+            ", renormalised"
+        } else {
+            ""
+        },
+    )
 }
 
 /// Stored quantized types that have no int8 kernel (they run on the generic path).

@@ -5,6 +5,23 @@
 //! library crates take. Errors print with their whole cause chain and exit with status 2; a
 //! closed stdout (`strata generate | head`) is not an error.
 
+/// `println!` that returns the write's error instead of panicking on it: a closed pipe
+/// (`strata simulate | head`) then ends the command quietly through `is_broken_pipe`.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout(), $($arg)*)
+    }};
+}
+
+/// `print!` that returns the write's error instead of panicking on it (see `outln!`).
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        write!(std::io::stdout(), $($arg)*)
+    }};
+}
+
 mod batch;
 mod bench;
 mod bench_grammar;

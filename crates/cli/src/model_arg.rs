@@ -1,7 +1,8 @@
 //! The options shared by the subcommands, in groups each subcommand takes only where they
 //! apply: [`ModelArgs`] (`--model`, `--dtype`, `--weights`: every command that reads a
 //! model), [`DeviceArgs`] (`--device`, `--vram-budget`: the commands that run one) and its
-//! [`HybridArgs`] (`--policy`, `--defer`, `--hardware`, `--profile`: `--device hybrid`).
+//! [`HybridArgs`] (`--policy`, `--defer`, `--hardware`, `--profile`: `--device hybrid`) and
+//! [`SamplingArgs`] (`--temperature`, `--top-p`, ..., `--seed`: the commands that generate).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -13,6 +14,7 @@ use strata_kernels::PackedFormat;
 use strata_model::model::STRATA_FILE;
 use strata_model::{LoadOptions, Model, Precision};
 use strata_runtime::engine::Engine;
+use strata_runtime::sampling::SamplingParams;
 
 use crate::progress::Progress;
 
@@ -131,6 +133,44 @@ pub enum DType {
     Fast,
     /// Everything in f32.
     F32,
+}
+
+/// Options of the sampler.
+#[derive(Debug, Args)]
+pub struct SamplingArgs {
+    /// Sampling temperature; 0 = greedy.
+    #[arg(long, default_value_t = 0.8)]
+    temperature: f32,
+    /// Nucleus sampling: keep the most likely tokens up to this probability mass.
+    #[arg(long, default_value_t = 0.95)]
+    top_p: f32,
+    /// Keep only the K most likely tokens; 0 = all.
+    #[arg(long, default_value_t = 40)]
+    top_k: usize,
+    /// Drop tokens less likely than this fraction of the most likely one.
+    #[arg(long, default_value_t = 0.05)]
+    min_p: f32,
+    /// Penalise tokens already present (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    repetition_penalty: f32,
+    /// Random seed, for reproducible sampling.
+    #[arg(long)]
+    seed: Option<u64>,
+}
+
+impl SamplingArgs {
+    /// The sampler's settings (not yet validated: [`SamplingParams::validate`]).
+    pub fn params(&self) -> SamplingParams {
+        SamplingParams {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repetition_penalty: self.repetition_penalty,
+            seed: self.seed,
+            ..SamplingParams::default()
+        }
+    }
 }
 
 impl ModelArgs {

@@ -138,11 +138,11 @@ fn print_reproduction(name: &str, json: bool, plot: Option<&Path>) -> anyhow::Re
             row["relative_error"] = serde_json::json!(a.map(|(off, _)| off));
             row["agrees"] = serde_json::json!(a.map(|(_, ok)| ok));
         }
-        println!("{}", serde_json::to_string_pretty(&doc)?);
+        outln!("{}", serde_json::to_string_pretty(&doc)?)?;
         return Ok(());
     }
     let tol = format!("±{:.0}%", TOLERANCE * 100.0);
-    println!(
+    outln!(
         "{:<22} {:<16} {:<12} {:>5} {:>6} {:<36} {:>10} {:>10} {:>8} {:>6}",
         "policy",
         "model",
@@ -154,7 +154,7 @@ fn print_reproduction(name: &str, json: bool, plot: Option<&Path>) -> anyhow::Re
         "paper",
         "off",
         tol
-    );
+    )?;
     let (mut compared, mut agreed) = (0, 0);
     for row in &r.rows {
         let paper = row.paper.map_or("-".to_string(), |p| format!("{p:.3}"));
@@ -169,7 +169,7 @@ fn print_reproduction(name: &str, json: bool, plot: Option<&Path>) -> anyhow::Re
             }
             None => ("-".to_string(), "-"),
         };
-        println!(
+        outln!(
             "{:<22} {:<16} {:<12} {:>5} {:>6} {:<36} {:>10.3} {:>10} {:>8} {:>6}",
             row.policy,
             row.model,
@@ -181,12 +181,12 @@ fn print_reproduction(name: &str, json: bool, plot: Option<&Path>) -> anyhow::Re
             paper,
             off,
             verdict
-        );
+        )?;
     }
-    println!(
+    outln!(
         "{agreed} of {compared} values with a paper figure are within {tol} of it; \
          docs/benchmarks.md says why the others differ"
-    );
+    )?;
     Ok(())
 }
 
@@ -232,12 +232,12 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
         plot::write(path, plot::timeline(&report))?;
     }
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?)?;
         return Ok(());
     }
-    println!("policy     {}", report.policy);
-    println!("hardware   {}", report.hardware);
-    println!(
+    outln!("policy     {}", report.policy)?;
+    outln!("hardware   {}", report.hardware)?;
+    outln!(
         "model      {} ({} MoE layers, {} experts, top-{}, {:.1} MB per expert, {} GPU slots per layer)",
         args.model,
         m.moe_layers(),
@@ -245,12 +245,12 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
         m.top_k,
         cost.expert_bytes() as f64 / 1e6,
         cost.cache_slots_per_layer()
-    );
+    )?;
     for (name, p) in [("prefill", &report.prefill), ("decode", &report.decode)] {
         if p.tokens == 0 {
             continue;
         }
-        println!(
+        outln!(
             "{name:<8}   {:>8.2} tok/s  {:>6} tokens in {:.3} s  hit {:.1}%  GPU {:.0}%  CPU {:.0}%  PCIe {:.0}%",
             p.tokens_per_s,
             p.tokens,
@@ -259,14 +259,14 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
             100.0 * p.util_gpu,
             100.0 * p.util_cpu,
             100.0 * p.util_pcie
-        );
+        )?;
     }
-    println!("pcie       {:.2} GB copied", report.pcie_bytes as f64 / 1e9);
+    outln!("pcie       {:.2} GB copied", report.pcie_bytes as f64 / 1e9)?;
     if let Some(a) = report.predictor_accuracy {
-        println!(
+        outln!(
             "predictor  {:.1}% of next-token experts predicted",
             100.0 * a
-        );
+        )?;
     }
     Ok(())
 }

@@ -316,9 +316,9 @@ pub fn run(args: StratifyArgs) -> anyhow::Result<()> {
                 "oracle": r.oracle,
             })).collect::<Vec<_>>(),
         });
-        println!("{}", serde_json::to_string_pretty(&doc)?);
+        outln!("{}", serde_json::to_string_pretty(&doc)?)?;
     } else {
-        println!(
+        outln!(
             "{} prompts ({} tokens), {} MoE layers x {} experts; {} strata, {} prototypes probed",
             all.len(),
             ids.iter().map(Vec::len).sum::<usize>(),
@@ -326,13 +326,19 @@ pub fn run(args: StratifyArgs) -> anyhow::Result<()> {
             n_exp,
             clusters.centroids.len(),
             protos.len()
-        );
-        println!(
+        )?;
+        outln!(
             "{:>8} {:>10} {:>11} {:>8} {:>14} {:>8} {:>14}",
-            "budget", "scope", "stratified", "random", "random sample", "oracle", "vs random"
-        );
+            "budget",
+            "scope",
+            "stratified",
+            "random",
+            "random sample",
+            "oracle",
+            "vs random"
+        )?;
         for r in &rows {
-            println!(
+            outln!(
                 "{:>8} {:>10} {:>11.3} {:>8.3} {:>14.3} {:>8.3} {:>+13.1}%",
                 r.budget,
                 if r.per_layer {
@@ -345,7 +351,7 @@ pub fn run(args: StratifyArgs) -> anyhow::Result<()> {
                 r.random_sample,
                 r.oracle,
                 100.0 * (r.stratified / r.random - 1.0)
-            );
+            )?;
         }
     }
     Ok(())

@@ -8,6 +8,8 @@
 //! (lengths, offsets, dtypes, shapes) and report the file and tensor in every error, because
 //! checkpoints are user input: a hostile or truncated file must never panic or read out of range.
 
+#![deny(missing_docs)]
+
 mod error;
 pub mod gguf;
 mod mmap;

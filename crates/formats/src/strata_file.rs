@@ -497,22 +497,10 @@ pub fn parse_header(path: &Path, b: &[u8]) -> Result<StrataHeader> {
             .try_fold(1usize, |a, &d| a.checked_mul(d))
             .ok_or_else(|| bad_tensor(format!("shape {:?} overflows", e.shape)))?;
         let (kind, scales) = match (e.kind.as_str(), &e.packed) {
-            (k @ ("f32" | "bf16"), None) => {
-                let (kind, size) = if k == "f32" {
-                    (StoredKind::F32, 4)
-                } else {
-                    (StoredKind::Bf16, 2)
-                };
-                if numel.checked_mul(size) != Some(data.len()) {
-                    return Err(bad_tensor(format!(
-                        "{k} shape {:?} needs {} bytes, the directory says {}",
-                        e.shape,
-                        numel.saturating_mul(size),
-                        data.len()
-                    )));
-                }
-                (kind, 0..0)
-            }
+            (k @ ("f32" | "bf16"), None) => (
+                float_kind(k, &e.shape, numel, data.len()).map_err(bad_tensor)?,
+                0..0,
+            ),
             ("packed", Some(p)) => {
                 let fmt = parse_packed_format(&p.format)
                     .ok_or_else(|| bad_tensor(format!("unknown packed format `{}`", p.format)))?;
@@ -549,32 +537,10 @@ pub fn parse_header(path: &Path, b: &[u8]) -> Result<StrataHeader> {
                 }
                 (StoredKind::Packed(fmt), scales)
             }
-            (k, None) if k.starts_with("ggml:") => {
-                let name = &k["ggml:".len()..];
-                let ty = GgmlType::ALL
-                    .into_iter()
-                    .find(|t| t.name() == name)
-                    .ok_or_else(|| bad_tensor(format!("unknown ggml type `{name}`")))?;
-                let [n, k] = e.shape[..] else {
-                    return Err(bad_tensor(format!(
-                        "ggml blocks need a shape [n, k], got {:?}",
-                        e.shape
-                    )));
-                };
-                let want = ty
-                    .row_bytes(k as u64)
-                    .and_then(|r| r.checked_mul(n as u64))
-                    .ok_or_else(|| {
-                        bad_tensor(format!("rows of {k} values are not whole {ty} blocks"))
-                    })?;
-                if want != data.len() as u64 {
-                    return Err(bad_tensor(format!(
-                        "{ty} [{n}, {k}] needs {want} bytes, the directory says {}",
-                        data.len()
-                    )));
-                }
-                (StoredKind::Ggml(ty), 0..0)
-            }
+            (k, None) if k.starts_with("ggml:") => (
+                ggml_kind(k, &e.shape, data.len()).map_err(bad_tensor)?,
+                0..0,
+            ),
             (k, _) => {
                 return Err(bad_tensor(format!(
                     "unknown tensor kind `{k}` (expected f32, bf16, ggml:<TYPE> or packed with its packed entry)"
@@ -611,6 +577,52 @@ pub fn parse_header(path: &Path, b: &[u8]) -> Result<StrataHeader> {
         tensors,
         blobs,
     })
+}
+
+/// The kind of an `f32` or `bf16` tensor, whose data must hold exactly its shape.
+fn float_kind(
+    k: &str,
+    shape: &[usize],
+    numel: usize,
+    data_len: usize,
+) -> Result<StoredKind, String> {
+    let (kind, size) = if k == "f32" {
+        (StoredKind::F32, 4)
+    } else {
+        (StoredKind::Bf16, 2)
+    };
+    if numel.checked_mul(size) != Some(data_len) {
+        return Err(format!(
+            "{k} shape {:?} needs {} bytes, the directory says {}",
+            shape,
+            numel.saturating_mul(size),
+            data_len
+        ));
+    }
+    Ok(kind)
+}
+
+/// The kind of a `ggml:<TYPE>` tensor: whole blocks of that type, `[n, k]`.
+fn ggml_kind(k: &str, shape: &[usize], data_len: usize) -> Result<StoredKind, String> {
+    let name = &k["ggml:".len()..];
+    let ty = GgmlType::ALL
+        .into_iter()
+        .find(|t| t.name() == name)
+        .ok_or_else(|| format!("unknown ggml type `{name}`"))?;
+    let [n, k] = shape[..] else {
+        return Err(format!("ggml blocks need a shape [n, k], got {:?}", shape));
+    };
+    let want = ty
+        .row_bytes(k as u64)
+        .and_then(|r| r.checked_mul(n as u64))
+        .ok_or_else(|| format!("rows of {k} values are not whole {ty} blocks"))?;
+    if want != data_len as u64 {
+        return Err(format!(
+            "{ty} [{n}, {k}] needs {want} bytes, the directory says {}",
+            data_len
+        ));
+    }
+    Ok(StoredKind::Ggml(ty))
 }
 
 impl StrataFile {

@@ -105,9 +105,10 @@ pub fn config_from_gguf(g: &GgufFile) -> Result<ModelConfig> {
     let arch = g
         .architecture()
         .ok_or_else(|| unsupported("general.architecture", "missing".into()))?;
-    let key = |k: &str| format!("{arch}.{k}");
-    let u = |k: &str| g.get_u32(&key(k)).map(|v| v as usize);
-    let f = |k: &str| g.get_f32(&key(k)).map(f64::from);
+    let keys = ArchKeys { g, arch };
+    let key = |k: &str| keys.key(k);
+    let u = |k: &str| keys.u(k);
+    let f = |k: &str| keys.f(k);
     let has_experts = u("expert_count").unwrap_or(0) > 0;
     let hf_arch = match arch {
         "llama" if has_experts => Arch::Mixtral,
@@ -166,67 +167,7 @@ pub fn config_from_gguf(g: &GgufFile) -> Result<ModelConfig> {
         Arch::Mixtral => raw.intermediate_size = u("feed_forward_length"),
         Arch::Qwen3Moe => raw.norm_topk_prob = Some(true),
         Arch::Qwen2Moe => raw.norm_topk_prob = Some(false),
-        Arch::DeepseekV3 | Arch::Glm4Moe => {
-            // llama.cpp renormalizes only when the key is present and true.
-            raw.norm_topk_prob = Some(g.get_bool(&key("expert_weights_norm")).unwrap_or(false));
-            raw.scoring_func = Some(
-                match u("expert_gating_func") {
-                    Some(2) => "sigmoid",
-                    Some(1) => "softmax",
-                    None if hf_arch == Arch::Glm4Moe => "sigmoid",
-                    // llama.cpp's default for `deepseek2` files without the key (the early
-                    // DeepSeek-V2 conversions). A DeepSeek-V3 checkpoint whose config.json
-                    // lacks `scoring_func` converts to such a file and runs with softmax in
-                    // llama.cpp too.
-                    None => "softmax",
-                    Some(other) => {
-                        return Err(unsupported(&key("expert_gating_func"), format!("{other}")));
-                    }
-                }
-                .to_owned(),
-            );
-            let bias = g
-                .tensors()
-                .iter()
-                .any(|t| t.name.ends_with("exp_probs_b.bias"));
-            let groups = raw.n_group.unwrap_or(1) > 1;
-            raw.topk_method = Some(
-                match (bias, groups) {
-                    (true, _) => "noaux_tc",
-                    (false, true) => "group_limited_greedy",
-                    (false, false) => "greedy",
-                }
-                .to_owned(),
-            );
-            if bias && !groups {
-                raw.n_group = Some(1);
-                raw.topk_group = Some(1);
-            }
-            if hf_arch == Arch::DeepseekV3 {
-                // Current converters store MLA as MQA over the latent: key_length is
-                // kv_lora_rank + rope and value_length is kv_lora_rank; the per-head sizes
-                // are in the `_mla` keys. Older files (with attn_kv_b) have only key_length
-                // = nope + rope and value_length = v_head_dim.
-                let k = u("attention.key_length_mla").or(u("attention.key_length"));
-                let v = u("attention.value_length_mla").or(u("attention.value_length"));
-                raw.qk_nope_head_dim = match (k, raw.qk_rope_head_dim) {
-                    (Some(k), Some(r)) if k > r => Some(k - r),
-                    _ => None,
-                };
-                raw.v_head_dim = v;
-                raw.head_dim = raw.qk_rope_head_dim;
-                // head_count_kv is 1 in the MQA form; the decompressed attention has one
-                // key/value head per query head.
-                raw.num_key_value_heads = n_heads;
-            } else {
-                raw.partial_rotary_factor = match (u("rope.dimension_count"), raw.head_dim) {
-                    (Some(r), Some(h)) if h > 0 => Some(r as f64 / h as f64),
-                    _ => None,
-                };
-                raw.use_qk_norm = Some(g.tensor_info("blk.0.attn_q_norm.weight").is_some());
-                raw.attention_bias = Some(g.tensor_info("blk.0.attn_q.bias").is_some());
-            }
-        }
+        Arch::DeepseekV3 | Arch::Glm4Moe => grouped_moe_keys(&keys, hf_arch, &mut raw)?,
         Arch::Llama | Arch::Qwen2 => {}
         Arch::DeepseekV2 => unreachable!("deepseek2 GGUFs are read as DeepseekV3"),
     }
@@ -272,6 +213,104 @@ pub fn config_from_gguf(g: &GgufFile) -> Result<ModelConfig> {
     cfg.bos_token_id = special.bos;
     cfg.eos_token_ids = special.eos.into_iter().chain(special.eot).collect();
     Ok(cfg)
+}
+
+/// The metadata keys of a GGUF file's architecture (`{arch}.{name}`).
+struct ArchKeys<'a> {
+    g: &'a GgufFile,
+    arch: &'a str,
+}
+
+impl ArchKeys<'_> {
+    fn key(&self, k: &str) -> String {
+        format!("{}.{k}", self.arch)
+    }
+
+    fn u(&self, k: &str) -> Option<usize> {
+        self.g.get_u32(&self.key(k)).map(|v| v as usize)
+    }
+
+    fn f(&self, k: &str) -> Option<f64> {
+        self.g.get_f32(&self.key(k)).map(f64::from)
+    }
+}
+
+/// The router and attention keys of DeepSeek-V3 and GLM-4.5 files, which llama.cpp stores
+/// in its own terms (gating function, bias tensor, MLA as MQA over the latent).
+fn grouped_moe_keys(keys: &ArchKeys, hf_arch: Arch, raw: &mut RawConfig) -> Result<()> {
+    // llama.cpp renormalizes only when the key is present and true.
+    raw.norm_topk_prob = Some(
+        keys.g
+            .get_bool(&keys.key("expert_weights_norm"))
+            .unwrap_or(false),
+    );
+    raw.scoring_func = Some(
+        match keys.u("expert_gating_func") {
+            Some(2) => "sigmoid",
+            Some(1) => "softmax",
+            None if hf_arch == Arch::Glm4Moe => "sigmoid",
+            // llama.cpp's default for `deepseek2` files without the key (the early
+            // DeepSeek-V2 conversions). A DeepSeek-V3 checkpoint whose config.json
+            // lacks `scoring_func` converts to such a file and runs with softmax in
+            // llama.cpp too.
+            None => "softmax",
+            Some(other) => {
+                return Err(Error::Unsupported {
+                    path: keys.g.path().to_owned(),
+                    field: keys.key("expert_gating_func"),
+                    message: format!("{other}"),
+                });
+            }
+        }
+        .to_owned(),
+    );
+    let bias = keys
+        .g
+        .tensors()
+        .iter()
+        .any(|t| t.name.ends_with("exp_probs_b.bias"));
+    let groups = raw.n_group.unwrap_or(1) > 1;
+    raw.topk_method = Some(
+        match (bias, groups) {
+            (true, _) => "noaux_tc",
+            (false, true) => "group_limited_greedy",
+            (false, false) => "greedy",
+        }
+        .to_owned(),
+    );
+    if bias && !groups {
+        raw.n_group = Some(1);
+        raw.topk_group = Some(1);
+    }
+    if hf_arch == Arch::DeepseekV3 {
+        // Current converters store MLA as MQA over the latent: key_length is
+        // kv_lora_rank + rope and value_length is kv_lora_rank; the per-head sizes
+        // are in the `_mla` keys. Older files (with attn_kv_b) have only key_length
+        // = nope + rope and value_length = v_head_dim.
+        let k = keys
+            .u("attention.key_length_mla")
+            .or(keys.u("attention.key_length"));
+        let v = keys
+            .u("attention.value_length_mla")
+            .or(keys.u("attention.value_length"));
+        raw.qk_nope_head_dim = match (k, raw.qk_rope_head_dim) {
+            (Some(k), Some(r)) if k > r => Some(k - r),
+            _ => None,
+        };
+        raw.v_head_dim = v;
+        raw.head_dim = raw.qk_rope_head_dim;
+        // head_count_kv is 1 in the MQA form; the decompressed attention has one
+        // key/value head per query head.
+        raw.num_key_value_heads = raw.num_attention_heads;
+    } else {
+        raw.partial_rotary_factor = match (keys.u("rope.dimension_count"), raw.head_dim) {
+            (Some(r), Some(h)) if h > 0 => Some(r as f64 / h as f64),
+            _ => None,
+        };
+        raw.use_qk_norm = Some(keys.g.tensor_info("blk.0.attn_q_norm.weight").is_some());
+        raw.attention_bias = Some(keys.g.tensor_info("blk.0.attn_q.bias").is_some());
+    }
+    Ok(())
 }
 
 /// Rebuilds DeepSeek's `kv_b_proj` (`[heads * (nope + v), lora]`, per head the `nope`

@@ -23,13 +23,14 @@
 //! assert_eq!(logits[0].len(), model.config.vocab_size);
 //! # Ok::<(), strata_model::Error>(())
 //! ```
+#![deny(missing_docs)]
 
 pub mod attention;
-pub mod cache;
+mod cache;
 pub mod config;
 mod error;
 pub mod experts;
-pub mod gguf;
+mod gguf;
 pub mod linear;
 pub mod memory;
 pub mod model;
@@ -42,7 +43,7 @@ mod shape;
 pub mod source;
 
 pub use attention::SeqSpan;
-pub use cache::KvCache;
+pub use cache::{KvCache, LayerCache};
 pub use config::{Arch, ModelConfig};
 pub use error::{Error, Result};
 pub use linear::{LoadOptions, Precision};

@@ -15,8 +15,8 @@
 
 #![deny(missing_docs)]
 
-pub mod cost;
-pub mod decision;
+mod cost;
+mod decision;
 pub mod layout;
 pub mod policies;
 pub mod predictor;

@@ -26,6 +26,7 @@
 //! println!("\n{:?}: {:.1} tok/s", outputs[0].finish, stats.decode_tps());
 //! # Ok::<(), strata_runtime::engine::EngineError>(())
 //! ```
+#![deny(missing_docs)]
 
 pub mod engine;
 pub mod grammar;

@@ -14,7 +14,7 @@
 mod engine;
 pub mod report;
 pub mod reproduce;
-pub mod throughput;
+mod throughput;
 pub mod trace;
 pub mod workload;
 

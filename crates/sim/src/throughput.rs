@@ -541,6 +541,28 @@ fn candidates(batch: usize) -> Vec<usize> {
     v
 }
 
+/// The micro-batch among [`candidates`] with the fastest baseline step (the first of equals);
+/// `None` when none fits.
+fn fastest_micro_batch(
+    cost: &CostModel,
+    w: &PhaseWork,
+    rows: &[Vec<f64>],
+    batch: usize,
+    pipelined: bool,
+    context: f64,
+) -> Option<usize> {
+    let mut best: Option<(f64, usize)> = None;
+    for mb in candidates(batch) {
+        let mut l = Lanes::default();
+        if let Some((t, _)) = baseline_step(cost, w, rows, mb, pipelined, context, &mut l)
+            && best.is_none_or(|b| t < b.0)
+        {
+            best = Some((t, mb));
+        }
+    }
+    best.map(|(_, mb)| mb)
+}
+
 /// Simulates `system` on `setup`.
 pub fn run(cost: &CostModel, system: &System, setup: &Setup) -> Result<ThroughputReport> {
     if setup.batch == 0 || setup.prompt == 0 || setup.generate == 0 {
@@ -617,43 +639,12 @@ pub fn run(cost: &CostModel, system: &System, setup: &Setup) -> Result<Throughpu
             let pipelined = *system == System::MoeLightning;
             let pre_rows = expected_rows(cost, &setup.popularity, pre_w.tokens());
             let dec_rows = expected_rows(cost, &setup.popularity, setup.batch);
-            let mut best: Option<(f64, usize, f64, usize)> = None;
-            for mb in candidates(setup.batch) {
-                let mut l = Lanes::default();
-                let Some((t, _)) = baseline_step(
-                    cost,
-                    &pre_w,
-                    &pre_rows,
-                    mb,
-                    pipelined,
-                    setup.context_bytes,
-                    &mut l,
-                ) else {
-                    continue;
-                };
-                if best.as_ref().is_none_or(|b| t < b.0) {
-                    best = Some((t, mb, 0.0, 0));
-                }
-            }
-            let (_, pmb, _, _) = best.ok_or_else(|| no_fit(system, setup, "prefill"))?;
             let mean_w = work(setup, Phase::Decode, setup.generate / 2);
-            let mut dbest: Option<(f64, usize)> = None;
-            for mb in candidates(setup.batch) {
-                let mut l = Lanes::default();
-                if let Some((t, _)) = baseline_step(
-                    cost,
-                    &mean_w,
-                    &dec_rows,
-                    mb,
-                    pipelined,
-                    setup.context_bytes,
-                    &mut l,
-                ) && dbest.is_none_or(|b| t < b.0)
-                {
-                    dbest = Some((t, mb));
-                }
-            }
-            let (_, dmb) = dbest.ok_or_else(|| no_fit(system, setup, "decode"))?;
+            let fastest = |w: &PhaseWork, rows: &[Vec<f64>]| {
+                fastest_micro_batch(cost, w, rows, setup.batch, pipelined, setup.context_bytes)
+            };
+            let pmb = fastest(&pre_w, &pre_rows).ok_or_else(|| no_fit(system, setup, "prefill"))?;
+            let dmb = fastest(&mean_w, &dec_rows).ok_or_else(|| no_fit(system, setup, "decode"))?;
             let mut lanes = Lanes::default();
             let (p, ppin) = baseline_step(
                 cost,

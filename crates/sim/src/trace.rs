@@ -146,72 +146,8 @@ pub fn read(input: impl BufRead, path: &str) -> Result<(Header, Workload)> {
         if line.trim().is_empty() {
             continue;
         }
-        let r: Record = serde_json::from_str(&line).map_err(|e| bad(n, e.to_string()))?;
-        let phase = match r.phase.as_str() {
-            "prefill" => Phase::Prefill,
-            "decode" => Phase::Decode,
-            other => {
-                return Err(bad(
-                    n,
-                    format!("phase {other:?}, expected prefill or decode"),
-                ));
-            }
-        };
-        if r.ids.len() != r.tokens * k || r.weights.len() != r.tokens * k {
-            return Err(bad(
-                n,
-                format!(
-                    "{} ids and {} weights, expected {}",
-                    r.ids.len(),
-                    r.weights.len(),
-                    r.tokens * k
-                ),
-            ));
-        }
-        if let Some(&e) = r.ids.iter().find(|&&e| e as usize >= header.n_experts) {
-            return Err(bad(
-                n,
-                format!("expert id {e} out of range 0..{}", header.n_experts),
-            ));
-        }
-        if let Some(h) = &r.hidden
-            && h.len() != r.tokens * d
-        {
-            return Err(bad(
-                n,
-                format!("{} hidden values, expected {}", h.len(), r.tokens * d),
-            ));
-        }
-        let p = header.candidates;
-        let candidates = match (r.candidate_ids, r.candidate_scores) {
-            (None, None) => None,
-            (Some(ids), Some(scores))
-                if p > 0 && ids.len() == r.tokens * p && scores.len() == r.tokens * p =>
-            {
-                if let Some(&e) = ids.iter().find(|&&e| e as usize >= header.n_experts) {
-                    return Err(bad(
-                        n,
-                        format!("candidate id {e} out of range 0..{}", header.n_experts),
-                    ));
-                }
-                Some(Candidates {
-                    per_token: p,
-                    ids,
-                    scores,
-                })
-            }
-            (ids, scores) => {
-                return Err(bad(
-                    n,
-                    format!(
-                        "{} candidate ids and {} scores, expected {} of each",
-                        ids.map_or(0, |v| v.len()),
-                        scores.map_or(0, |v| v.len()),
-                        r.tokens * p
-                    ),
-                ));
-            }
-        };
+        let mut r: Record = serde_json::from_str(&line).map_err(|e| bad(n, e.to_string()))?;
+        let (phase, candidates) = check_record(&header, &mut r).map_err(|msg| bad(n, msg))?;
         if key != Some((r.request, r.step)) {
             if let Some(s) = steps.last()
                 && s.layers.len() != header.moe_layers
@@ -273,6 +209,73 @@ pub fn read(input: impl BufRead, path: &str) -> Result<(Header, Workload)> {
         steps,
     };
     Ok((header, w))
+}
+
+/// Checks one record against the header: its phase, the lengths of its ids, weights,
+/// hidden states and candidates, and the expert ids' range. Takes its candidates out.
+fn check_record(
+    header: &Header,
+    r: &mut Record,
+) -> std::result::Result<(Phase, Option<Candidates>), String> {
+    let (k, d) = (header.top_k, header.hidden_dim);
+    let phase = match r.phase.as_str() {
+        "prefill" => Phase::Prefill,
+        "decode" => Phase::Decode,
+        other => {
+            return Err(format!("phase {other:?}, expected prefill or decode"));
+        }
+    };
+    if r.ids.len() != r.tokens * k || r.weights.len() != r.tokens * k {
+        return Err(format!(
+            "{} ids and {} weights, expected {}",
+            r.ids.len(),
+            r.weights.len(),
+            r.tokens * k
+        ));
+    }
+    if let Some(&e) = r.ids.iter().find(|&&e| e as usize >= header.n_experts) {
+        return Err(format!(
+            "expert id {e} out of range 0..{}",
+            header.n_experts
+        ));
+    }
+    if let Some(h) = &r.hidden
+        && h.len() != r.tokens * d
+    {
+        return Err(format!(
+            "{} hidden values, expected {}",
+            h.len(),
+            r.tokens * d
+        ));
+    }
+    let p = header.candidates;
+    let candidates = match (r.candidate_ids.take(), r.candidate_scores.take()) {
+        (None, None) => None,
+        (Some(ids), Some(scores))
+            if p > 0 && ids.len() == r.tokens * p && scores.len() == r.tokens * p =>
+        {
+            if let Some(&e) = ids.iter().find(|&&e| e as usize >= header.n_experts) {
+                return Err(format!(
+                    "candidate id {e} out of range 0..{}",
+                    header.n_experts
+                ));
+            }
+            Some(Candidates {
+                per_token: p,
+                ids,
+                scores,
+            })
+        }
+        (ids, scores) => {
+            return Err(format!(
+                "{} candidate ids and {} scores, expected {} of each",
+                ids.map_or(0, |v| v.len()),
+                scores.map_or(0, |v| v.len()),
+                r.tokens * p
+            ));
+        }
+    };
+    Ok((phase, candidates))
 }
 
 /// Reads a trace file.

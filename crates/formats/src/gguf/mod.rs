@@ -636,38 +636,12 @@ pub fn parse_header(path: &Path, bytes: &[u8]) -> Result<GgufHeader> {
     let mut tensors: Vec<TensorInfo> = Vec::with_capacity(n_tensors as usize);
     let mut tensor_index = HashMap::with_capacity(n_tensors as usize);
     for i in 0..n_tensors {
-        let name = c.string(&format_args!("name of tensor {i}"))?;
-        let n_dims = c.u32(&format_args!("dim count of tensor `{name}`"))?;
-        if n_dims as usize > MAX_DIMS {
-            return Err(c.err(format!(
-                "tensor `{name}`: {n_dims} dims exceed the limit of {MAX_DIMS}"
-            )));
-        }
-        let mut dims = Vec::with_capacity(n_dims as usize);
-        for d in 0..n_dims {
-            dims.push(c.u64(&format_args!("dim {d} of tensor `{name}`"))?);
-        }
-        let type_id = c.u32(&format_args!("type of tensor `{name}`"))?;
-        let ggml_type = GgmlType::from_id(type_id)
-            .ok_or_else(|| c.err(format!("tensor `{name}`: unknown tensor type {type_id}")))?;
-        let offset = c.u64(&format_args!("offset of tensor `{name}`"))?;
-        let n_bytes = tensor_bytes(ggml_type, &dims)
-            .map_err(|m| c.err(format!("tensor `{name}`: {ggml_type} x {dims:?}: {m}")))?;
-        if offset % alignment != 0 {
-            return Err(c.err(format!(
-                "tensor `{name}`: data offset {offset} is not a multiple of the alignment {alignment}"
-            )));
-        }
+        let info = tensor_info(&mut c, i, alignment)?;
+        let name = info.name.clone();
         if tensor_index.insert(name.clone(), tensors.len()).is_some() {
             return Err(c.err(format!("duplicate tensor name `{name}`")));
         }
-        tensors.push(TensorInfo {
-            name,
-            ggml_type,
-            dims,
-            offset,
-            n_bytes,
-        });
+        tensors.push(info);
     }
 
     let data_offset = if n_tensors == 0 {
@@ -711,6 +685,39 @@ pub fn parse_header(path: &Path, bytes: &[u8]) -> Result<GgufHeader> {
         tensor_index,
         alignment,
         data_offset,
+    })
+}
+
+/// Reads the info of tensor `i` and checks its dims, type, size and alignment.
+fn tensor_info(c: &mut Cursor, i: u64, alignment: u64) -> Result<TensorInfo> {
+    let name = c.string(&format_args!("name of tensor {i}"))?;
+    let n_dims = c.u32(&format_args!("dim count of tensor `{name}`"))?;
+    if n_dims as usize > MAX_DIMS {
+        return Err(c.err(format!(
+            "tensor `{name}`: {n_dims} dims exceed the limit of {MAX_DIMS}"
+        )));
+    }
+    let mut dims = Vec::with_capacity(n_dims as usize);
+    for d in 0..n_dims {
+        dims.push(c.u64(&format_args!("dim {d} of tensor `{name}`"))?);
+    }
+    let type_id = c.u32(&format_args!("type of tensor `{name}`"))?;
+    let ggml_type = GgmlType::from_id(type_id)
+        .ok_or_else(|| c.err(format!("tensor `{name}`: unknown tensor type {type_id}")))?;
+    let offset = c.u64(&format_args!("offset of tensor `{name}`"))?;
+    let n_bytes = tensor_bytes(ggml_type, &dims)
+        .map_err(|m| c.err(format!("tensor `{name}`: {ggml_type} x {dims:?}: {m}")))?;
+    if offset % alignment != 0 {
+        return Err(c.err(format!(
+            "tensor `{name}`: data offset {offset} is not a multiple of the alignment {alignment}"
+        )));
+    }
+    Ok(TensorInfo {
+        name,
+        ggml_type,
+        dims,
+        offset,
+        n_bytes,
     })
 }
 

@@ -201,27 +201,7 @@ pub fn tokenizer_json(gguf: &GgufFile) -> Result<Json> {
         .map(|(&t, &id)| (t.to_owned(), json!(id)))
         .collect();
 
-    let added_tokens: Vec<Json> = types
-        .iter()
-        .enumerate()
-        .filter(|&(_, &ty)| {
-            matches!(
-                ty,
-                token_type::CONTROL | token_type::USER_DEFINED | token_type::UNKNOWN
-            )
-        })
-        .map(|(id, &ty)| {
-            json!({
-                "id": id,
-                "content": tokens[id],
-                "single_word": false,
-                "lstrip": false,
-                "rstrip": false,
-                "normalized": false,
-                "special": ty != token_type::USER_DEFINED,
-            })
-        })
-        .collect();
+    let added_tokens = added_tokens(&tokens, &types);
 
     let token_text = |id: Option<u32>| id.map(|id| tokens[id as usize]);
     let post_processor = template_processing(&special, &token_text);
@@ -234,24 +214,7 @@ pub fn tokenizer_json(gguf: &GgufFile) -> Result<Json> {
                     "metadata `tokenizer.ggml.pre`: pre-tokenizer `{pre}` is not supported"
                 ))
             })?;
-            let merges = gguf.get_str_array("tokenizer.ggml.merges").ok_or_else(|| {
-                bad("metadata `tokenizer.ggml.merges`: missing or not an array of strings".into())
-            })?;
-            let merges = merges
-                .iter()
-                .enumerate()
-                .map(|(i, m)| {
-                    // As llama.cpp: split at the first space after the first byte.
-                    // (A space byte is never inside a multi-byte character, so both halves
-                    // are valid strings.)
-                    match m.bytes().skip(1).position(|b| b == b' ') {
-                        Some(p) => Ok(json!([&m[..p + 1], &m[p + 2..]])),
-                        None => Err(bad(format!(
-                            "metadata `tokenizer.ggml.merges`: merge {i} `{m}` has no space"
-                        ))),
-                    }
-                })
-                .collect::<Result<Vec<_>>>()?;
+            let merges = bpe_merges(gguf)?;
             let byte_level = json!({
                 "type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false,
                 "use_regex": false
@@ -335,6 +298,54 @@ pub fn tokenizer_json(gguf: &GgufFile) -> Result<Json> {
         }
     };
     Ok(doc)
+}
+
+/// The control, user-defined and unknown tokens, as `added_tokens` entries.
+fn added_tokens(tokens: &[&str], types: &[i32]) -> Vec<Json> {
+    types
+        .iter()
+        .enumerate()
+        .filter(|&(_, &ty)| {
+            matches!(
+                ty,
+                token_type::CONTROL | token_type::USER_DEFINED | token_type::UNKNOWN
+            )
+        })
+        .map(|(id, &ty)| {
+            json!({
+                "id": id,
+                "content": tokens[id],
+                "single_word": false,
+                "lstrip": false,
+                "rstrip": false,
+                "normalized": false,
+                "special": ty != token_type::USER_DEFINED,
+            })
+        })
+        .collect()
+}
+
+/// The BPE merges, each split in two at its space as llama.cpp splits them.
+fn bpe_merges(gguf: &GgufFile) -> Result<Vec<Json>> {
+    let bad = |m: String| Error::malformed(gguf.path(), m);
+    let merges = gguf.get_str_array("tokenizer.ggml.merges").ok_or_else(|| {
+        bad("metadata `tokenizer.ggml.merges`: missing or not an array of strings".into())
+    })?;
+    merges
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            // As llama.cpp: split at the first space after the first byte.
+            // (A space byte is never inside a multi-byte character, so both halves
+            // are valid strings.)
+            match m.bytes().skip(1).position(|b| b == b' ') {
+                Some(p) => Ok(json!([&m[..p + 1], &m[p + 2..]])),
+                None => Err(bad(format!(
+                    "metadata `tokenizer.ggml.merges`: merge {i} `{m}` has no space"
+                ))),
+            }
+        })
+        .collect::<Result<Vec<_>>>()
 }
 
 /// A `TemplateProcessing` post-processor adding BOS/EOS as the metadata asks, or `None` when

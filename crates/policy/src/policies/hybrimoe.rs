@@ -69,6 +69,69 @@ impl HybriMoE {
             .unwrap_or(0.0)
     }
 
+    /// Updates layer `view.layer`'s scores: the router's top 2k with their scores when
+    /// the view has them, else the chosen experts with their weights; the step's mean
+    /// per expert is folded in with weight 1/2.
+    fn update_scores(&mut self, view: &LayerView, n: usize) {
+        let l = view.layer;
+        let mut ssum = vec![0.0f32; n];
+        let mut seen = vec![0usize; n];
+        let (ids, scores) = match view.candidates {
+            Some(c) => (c.ids, c.scores),
+            None => (view.ids, view.weights),
+        };
+        for (&e, &w) in ids.iter().zip(scores) {
+            if let (Some(s), Some(c)) = (ssum.get_mut(e as usize), seen.get_mut(e as usize)) {
+                *s += w;
+                *c += 1;
+            }
+        }
+        for e in 0..n {
+            let s = &mut self.scores[l][e];
+            *s = if seen[e] == 0 {
+                0.5 * *s
+            } else {
+                0.5 * (ssum[e] / seen[e] as f32) + 0.5 * *s
+            };
+        }
+    }
+
+    /// Prefetches the best-scored experts of layer `nl` that are not cached, evicting
+    /// lower-scored ones when its slots are full.
+    fn prefetch_next(&mut self, nl: usize, n: usize, d: &mut Decision) {
+        let mut cand: Vec<u32> = (0..n as u32)
+            .filter(|&e| !self.cached[nl][e as usize] && self.scores[nl][e as usize] > 0.0)
+            .collect();
+        cand.sort_by(|&a, &b| {
+            self.scores[nl][b as usize]
+                .total_cmp(&self.scores[nl][a as usize])
+                .then(a.cmp(&b))
+        });
+        for e in cand.into_iter().take(self.prefetch) {
+            let count = self.cached[nl].iter().filter(|&&c| c).count();
+            if count >= self.slots {
+                let Some(v) = self.lowest_scored(nl, |_| false) else {
+                    break;
+                };
+                if self.scores[nl][v as usize] >= self.scores[nl][e as usize] {
+                    break;
+                }
+                self.cached[nl][v as usize] = false;
+                d.evictions.push(Eviction {
+                    layer: nl,
+                    expert: v,
+                });
+            }
+            self.cached[nl][e as usize] = true;
+            d.transfers.push(Transfer {
+                layer: nl,
+                expert: e,
+                kind: TransferKind::Prefetch,
+                priority: d.transfers.len() as u32,
+            });
+        }
+    }
+
     fn gpu_cost(&self, cost: &CostModel, tokens: usize, cached: bool) -> f64 {
         match self.costs {
             HybriCosts::Model => {
@@ -117,28 +180,7 @@ impl Policy for HybriMoE {
             self.cached[l][e] = view.is_resident(e as u32);
         }
         let rows = view.rows_per_expert(n);
-        // Score update: the router's top 2k with their scores when the view has them,
-        // else the chosen experts with their weights; `s` is the mean over the step's tokens.
-        let mut ssum = vec![0.0f32; n];
-        let mut seen = vec![0usize; n];
-        let (ids, scores) = match view.candidates {
-            Some(c) => (c.ids, c.scores),
-            None => (view.ids, view.weights),
-        };
-        for (&e, &w) in ids.iter().zip(scores) {
-            if let (Some(s), Some(c)) = (ssum.get_mut(e as usize), seen.get_mut(e as usize)) {
-                *s += w;
-                *c += 1;
-            }
-        }
-        for e in 0..n {
-            let s = &mut self.scores[l][e];
-            *s = if seen[e] == 0 {
-                0.5 * *s
-            } else {
-                0.5 * (ssum[e] / seen[e] as f32) + 0.5 * *s
-            };
-        }
+        self.update_scores(view, n);
         // Earliest-finish two-ended assignment.
         let mut order: Vec<u32> = (0..n as u32)
             .filter(|&e| !rows[e as usize].is_empty())
@@ -205,40 +247,8 @@ impl Policy for HybriMoE {
                 priority: d.transfers.len() as u32,
             });
         }
-        // Next-layer prefetch by score.
         if l + 1 < view.n_moe_layers && self.slots > 0 {
-            let nl = l + 1;
-            let mut cand: Vec<u32> = (0..n as u32)
-                .filter(|&e| !self.cached[nl][e as usize] && self.scores[nl][e as usize] > 0.0)
-                .collect();
-            cand.sort_by(|&a, &b| {
-                self.scores[nl][b as usize]
-                    .total_cmp(&self.scores[nl][a as usize])
-                    .then(a.cmp(&b))
-            });
-            for e in cand.into_iter().take(self.prefetch) {
-                let count = self.cached[nl].iter().filter(|&&c| c).count();
-                if count >= self.slots {
-                    let Some(v) = self.lowest_scored(nl, |_| false) else {
-                        break;
-                    };
-                    if self.scores[nl][v as usize] >= self.scores[nl][e as usize] {
-                        break;
-                    }
-                    self.cached[nl][v as usize] = false;
-                    d.evictions.push(Eviction {
-                        layer: nl,
-                        expert: v,
-                    });
-                }
-                self.cached[nl][e as usize] = true;
-                d.transfers.push(Transfer {
-                    layer: nl,
-                    expert: e,
-                    kind: TransferKind::Prefetch,
-                    priority: d.transfers.len() as u32,
-                });
-            }
+            self.prefetch_next(l + 1, n, &mut d);
         }
         let gpu_rank = |e: u32| on_gpu.iter().position(|&g| g == e);
         let mut tasks: Vec<Task> = rows

@@ -1,0 +1,197 @@
+//! The wgpu backend: Vulkan on Linux (Metal and DX12 through the `metal` and `dx12`
+//! features), kernels in WGSL compiled once per weight type and cached.
+//!
+//! Key types: [`WgpuDevice`] (one adapter's device and queue, the pending command encoder,
+//! the buffer pool) and `WgpuBuffer` (one logical buffer as one or more wgpu buffers, split
+//! at row or slot boundaries when it exceeds the binding limit).
+//!
+//! Its parts: `adapter` finds adapters and what they can do, `buffers` holds the pool and
+//! the transfers, `pipeline` compiles kernels and records dispatches, `ops` encodes each
+//! [`Op`] as dispatches of its kernel.
+//!
+//! A key design decision made here is that the backend is chosen explicitly (no GL
+//! adapter, never the silent fallback wgpu otherwise takes) and that every wgpu error is
+//! captured by the device's error handler and returned from the next call, rather than
+//! wgpu's default of panicking.
+
+mod adapter;
+mod buffers;
+mod ops;
+mod pipeline;
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+pub use adapter::enumerate;
+use buffers::Pool;
+
+use crate::device::{
+    Buffer, Device, DeviceInfo, DeviceOptions, Event, MemoryUse, Op, Readback, WeightType,
+};
+use crate::{Error, Result};
+
+/// Locks `m`, recovering the data of a poisoned lock (every critical section leaves it
+/// consistent).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// One wgpu device and its queue.
+#[derive(Debug)]
+pub struct WgpuDevice {
+    info: DeviceInfo,
+    device: wgpu::Device,
+    queue: wgpu::Queue,
+    max_binding: u64,
+    device_binding: u64,
+    pipelines: Mutex<HashMap<(&'static str, WeightType), wgpu::ComputePipeline>>,
+    pending: Mutex<Option<wgpu::CommandEncoder>>,
+    pool: Arc<Mutex<Pool>>,
+    error: Arc<Mutex<Option<String>>>,
+    dummy: wgpu::Buffer,
+}
+
+impl WgpuDevice {
+    /// Opens device `opts.index` of [`enumerate`].
+    pub fn open(opts: &DeviceOptions) -> Result<WgpuDevice> {
+        let found = adapter::adapters()?;
+        let count = found.len();
+        let adapter = found
+            .into_iter()
+            .nth(opts.index)
+            .ok_or(Error::NoSuchDevice {
+                index: opts.index,
+                count,
+            })?;
+        let info = adapter::info_of(opts.index, &adapter);
+        let limits = adapter.limits();
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("strata"),
+            required_features: wgpu::Features::empty(),
+            required_limits: limits.clone(),
+            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            memory_hints: wgpu::MemoryHints::Performance,
+            trace: wgpu::Trace::Off,
+        }))
+        .map_err(|e| Error::Device(format!("cannot open {}: {e}", info.name)))?;
+        let error = Arc::new(Mutex::new(None::<String>));
+        let sink = error.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            let mut slot = lock(&sink);
+            if slot.is_none() {
+                *slot = Some(e.to_string());
+            }
+        }));
+        let device_binding = limits
+            .max_storage_buffer_binding_size
+            .min(limits.max_buffer_size);
+        let max_binding = opts.max_binding.unwrap_or(u64::MAX).min(device_binding);
+        let dummy = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("unused binding"),
+            size: 16,
+            usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
+        });
+        Ok(WgpuDevice {
+            info,
+            device,
+            queue,
+            max_binding,
+            device_binding,
+            pipelines: Mutex::new(HashMap::new()),
+            pending: Mutex::new(None),
+            pool: Arc::new(Mutex::new(Pool::new(opts.vram_budget.unwrap_or(u64::MAX)))),
+            error,
+            dummy,
+        })
+    }
+
+    /// The first error wgpu reported since the last check, if any.
+    fn check(&self) -> Result<()> {
+        match lock(&self.error).take() {
+            Some(e) => Err(Error::Device(e)),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Device for WgpuDevice {
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn memory(&self) -> MemoryUse {
+        let p = lock(&self.pool);
+        MemoryUse {
+            live: p.live,
+            pooled: p.pooled,
+            budget: p.budget,
+        }
+    }
+
+    fn alloc(&self, bytes: u64, granule: u64, label: &str) -> Result<Buffer> {
+        self.alloc_buffer(bytes, granule, label)
+    }
+
+    fn upload(&self, buf: &Buffer, offset: u64, data: &[u8]) -> Result<Event> {
+        self.write(buf, offset, data)?;
+        self.submit()
+    }
+
+    fn download_async(&self, buf: &Buffer, offset: u64, len: u64) -> Result<Readback> {
+        self.read_back(buf, offset, len)
+    }
+
+    fn copy(
+        &self,
+        src: &Buffer,
+        src_offset: u64,
+        dst: &Buffer,
+        dst_offset: u64,
+        len: u64,
+    ) -> Result<()> {
+        self.copy_bytes(src, src_offset, dst, dst_offset, len)
+    }
+
+    fn enqueue(&self, op: &Op<'_>) -> Result<()> {
+        self.encode(op)?;
+        self.check()
+    }
+
+    fn submit(&self) -> Result<Event> {
+        let cmds: Vec<wgpu::CommandBuffer> = lock(&self.pending)
+            .take()
+            .map(|e| e.finish())
+            .into_iter()
+            .collect();
+        self.queue.submit(cmds);
+        let (event, flag) = Event::new();
+        self.queue
+            .on_submitted_work_done(move || flag.store(true, Ordering::Release));
+        self.check()?;
+        Ok(event)
+    }
+
+    fn wait(&self, event: &Event) -> Result<()> {
+        if !event.is_done() {
+            self.device
+                .poll(wgpu::PollType::wait_indefinitely())
+                .map_err(|e| Error::Device(e.to_string()))?;
+        }
+        self.check()?;
+        if !event.is_done() {
+            return Err(Error::Device(
+                "waited for submitted work that never completed".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    fn poll(&self) -> Result<()> {
+        self.device
+            .poll(wgpu::PollType::Poll)
+            .map_err(|e| Error::Device(e.to_string()))?;
+        self.check()
+    }
+}

@@ -1,0 +1,464 @@
+//! Encoding each [`Op`] as dispatches of its kernel: one function per op, each checking
+//! the shapes its kernel supports and mapping the op's fields onto the kernel's uniform
+//! words and bindings. Weights split across bindings (embedding tables, matrices, expert
+//! slots) are dispatched once per chunk.
+//!
+//! The functions take the op's fields in the order `Op` declares them; where an op has
+//! many, its buffers and its shape words are passed as arrays, destructured by name.
+
+use super::WgpuDevice;
+use super::pipeline::{linear_groups, rows_groups};
+use crate::device::{Buffer, ExpertSlots, Op, RopeKind, TopKParams, WeightType};
+use crate::{Error, Result};
+
+/// A float as the uniform word the kernels read it from.
+fn f(x: f32) -> u32 {
+    x.to_bits()
+}
+
+impl WgpuDevice {
+    /// Records `op`'s dispatches on the pending encoder.
+    pub(super) fn encode(&self, op: &Op<'_>) -> Result<()> {
+        match *op {
+            Op::Embed {
+                table,
+                wtype,
+                ids,
+                out,
+                rows,
+                dim,
+            } => self.embed(table, wtype, ids, out, rows, dim),
+            Op::Matmul {
+                x,
+                w,
+                wtype,
+                bias,
+                out,
+                m,
+                n,
+                k,
+            } => self.matmul(x, w, wtype, bias, out, [m, n, k]),
+            Op::RmsNorm {
+                x,
+                w,
+                out,
+                rows,
+                dim,
+                eps,
+            } => self.rms_norm(x, w, out, rows, dim, eps),
+            Op::Rope {
+                x,
+                positions,
+                table,
+                rows,
+                n_heads,
+                head_stride,
+                offset,
+                half,
+                kind,
+            } => self.rope(
+                x,
+                positions,
+                table,
+                [rows, n_heads, head_stride, offset, half],
+                kind,
+            ),
+            Op::Attention {
+                q,
+                k,
+                v,
+                out,
+                n_tokens,
+                start_pos,
+                n_heads,
+                n_kv_heads,
+                head_dim,
+                window,
+                scale,
+            } => self.attention(
+                [q, k, v, out],
+                [n_tokens, start_pos, n_heads, n_kv_heads, head_dim, window],
+                scale,
+            ),
+            Op::MlaAttention {
+                q,
+                latent,
+                k_rope,
+                kv_b,
+                out,
+                n_tokens,
+                start_pos,
+                n_heads,
+                kv_lora,
+                nope,
+                rope,
+                v_dim,
+                scale,
+            } => self.mla_attention(
+                [q, latent, k_rope, kv_b, out],
+                [n_tokens, start_pos, n_heads, kv_lora, nope, rope, v_dim],
+                scale,
+            ),
+            Op::SiluMul { x, y, n } => self.silu_mul(x, y, n),
+            Op::Add { x, y, gate, n, dim } => self.add(x, y, gate, n, dim),
+            Op::TopK {
+                logits,
+                bias,
+                ids,
+                weights,
+                tokens,
+                params,
+            } => self.topk(logits, bias, ids, weights, tokens, params),
+            Op::ExpertFfn {
+                x,
+                slots,
+                pairs,
+                out,
+                n_pairs,
+                stage,
+            } => self.expert_ffn(x, slots, pairs, out, n_pairs, stage),
+            Op::MoeCombine {
+                out,
+                y,
+                weights,
+                pair_of,
+                tokens,
+                hidden,
+                k,
+            } => self.moe_combine([out, y, weights, pair_of], tokens, hidden, k),
+        }
+    }
+
+    /// [`Op::Embed`]: one dispatch per chunk of the table, each gathering its rows.
+    fn embed(
+        &self,
+        table: &Buffer,
+        wtype: WeightType,
+        ids: &Buffer,
+        out: &Buffer,
+        rows: u32,
+        dim: u32,
+    ) -> Result<()> {
+        let t = self.raw(table)?;
+        let row_bytes = wtype.elem_bytes() * dim.max(1) as u64;
+        let (ids, out) = (self.single(ids, "ids")?, self.single(out, "embed output")?);
+        for (ci, chunk) in t.chunks.iter().enumerate() {
+            let r0 = (ci as u64 * (t.chunk_bytes / row_bytes)) as u32;
+            let r1 = r0.saturating_add((chunk.size() / row_bytes) as u32);
+            self.dispatch(
+                "embed",
+                wtype,
+                &[rows, dim, r0, r1],
+                &[chunk, ids, out],
+                linear_groups(rows as u64 * dim as u64),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// [`Op::Matmul`]: one dispatch per chunk of the weight, each computing its rows;
+    /// `dims` is `[m, n, k]`.
+    fn matmul(
+        &self,
+        x: &Buffer,
+        w: &Buffer,
+        wtype: WeightType,
+        bias: Option<&Buffer>,
+        out: &Buffer,
+        dims: [u32; 3],
+    ) -> Result<()> {
+        let [m, n, k] = dims;
+        let wr = self.raw(w)?;
+        let (xb, ob) = (
+            self.single(x, "matmul input")?,
+            self.single(out, "matmul output")?,
+        );
+        let bb = match bias {
+            Some(b) => self.single(b, "bias")?,
+            None => &self.dummy,
+        };
+        // Rows per chunk: chunks are cut at whole rows (in words for 16-bit types).
+        let elems_per_chunk = match wtype {
+            WeightType::F32 => wr.chunk_bytes / 4,
+            _ => wr.chunk_bytes / 2,
+        };
+        let rows_per_chunk = if k == 0 {
+            n as u64
+        } else {
+            elems_per_chunk / k as u64
+        };
+        for (ci, chunk) in wr.chunks.iter().enumerate() {
+            let n0 = ci as u64 * rows_per_chunk;
+            if n0 >= n as u64 {
+                break;
+            }
+            let n_rows = rows_per_chunk.min(n as u64 - n0) as u32;
+            self.dispatch(
+                "matmul",
+                wtype,
+                &[m, k, n0 as u32, n_rows, n, bias.is_some() as u32],
+                &[xb, chunk, bb, ob],
+                (n_rows.div_ceil(16), m.div_ceil(16)),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// [`Op::RmsNorm`].
+    fn rms_norm(
+        &self,
+        x: &Buffer,
+        w: &Buffer,
+        out: &Buffer,
+        rows: u32,
+        dim: u32,
+        eps: f32,
+    ) -> Result<()> {
+        self.dispatch(
+            "rms_norm",
+            WeightType::F32,
+            &[rows, dim, f(eps)],
+            &[
+                self.single(x, "rms_norm input")?,
+                self.single(w, "rms_norm weight")?,
+                self.single(out, "rms_norm output")?,
+            ],
+            rows_groups(rows),
+        )
+    }
+
+    /// [`Op::Rope`]; `dims` is `[rows, n_heads, head_stride, offset, half]`.
+    fn rope(
+        &self,
+        x: &Buffer,
+        positions: &Buffer,
+        table: &Buffer,
+        dims: [u32; 5],
+        kind: RopeKind,
+    ) -> Result<()> {
+        let [rows, n_heads, head_stride, offset, half] = dims;
+        self.dispatch(
+            "rope",
+            WeightType::F32,
+            &[
+                rows,
+                n_heads,
+                head_stride,
+                offset,
+                half,
+                (kind == RopeKind::Interleaved) as u32,
+            ],
+            &[
+                self.single(x, "rope data")?,
+                self.single(positions, "positions")?,
+                self.single(table, "rope table")?,
+            ],
+            linear_groups(rows as u64 * n_heads as u64 * half as u64),
+        )
+    }
+
+    /// [`Op::Attention`]; `buffers` is `[q, k, v, out]`, `dims` is `[n_tokens, start_pos,
+    /// n_heads, n_kv_heads, head_dim, window]`.
+    fn attention(&self, buffers: [&Buffer; 4], dims: [u32; 6], scale: f32) -> Result<()> {
+        let [q, k, v, out] = buffers;
+        let [n_tokens, start_pos, n_heads, n_kv_heads, head_dim, window] = dims;
+        if head_dim > 256 || n_kv_heads == 0 || n_heads % n_kv_heads != 0 {
+            return Err(Error::Shape {
+                op: "attention",
+                message: format!(
+                    "head_dim {head_dim} (at most 256), {n_heads} heads over {n_kv_heads} kv heads"
+                ),
+            });
+        }
+        self.dispatch(
+            "attention",
+            WeightType::F32,
+            &[
+                n_tokens,
+                start_pos,
+                n_heads,
+                n_kv_heads,
+                head_dim,
+                window,
+                f(scale),
+            ],
+            &[
+                self.single(q, "queries")?,
+                self.single(k, "key cache")?,
+                self.single(v, "value cache")?,
+                self.single(out, "attention output")?,
+            ],
+            (n_heads, n_tokens),
+        )
+    }
+
+    /// [`Op::MlaAttention`]; `buffers` is `[q, latent, k_rope, kv_b, out]`, `dims` is
+    /// `[n_tokens, start_pos, n_heads, kv_lora, nope, rope, v_dim]`.
+    fn mla_attention(&self, buffers: [&Buffer; 5], dims: [u32; 7], scale: f32) -> Result<()> {
+        let [q, latent, k_rope, kv_b, out] = buffers;
+        let [n_tokens, start_pos, n_heads, kv_lora, nope, rope, v_dim] = dims;
+        if kv_lora > 512 || rope > 64 {
+            return Err(Error::Shape {
+                op: "mla attention",
+                message: format!(
+                    "latent rank {kv_lora} (at most 512), rotary dims {rope} (at most 64)"
+                ),
+            });
+        }
+        self.dispatch(
+            "mla_attention",
+            WeightType::F32,
+            &[
+                n_tokens,
+                start_pos,
+                n_heads,
+                kv_lora,
+                nope,
+                rope,
+                v_dim,
+                f(scale),
+            ],
+            &[
+                self.single(q, "queries")?,
+                self.single(latent, "latent cache")?,
+                self.single(k_rope, "rotary key cache")?,
+                self.single(kv_b, "kv_b_proj")?,
+                self.single(out, "attention output")?,
+            ],
+            (n_heads, n_tokens),
+        )
+    }
+
+    /// [`Op::SiluMul`]: the elementwise kernel's mode 0.
+    fn silu_mul(&self, x: &Buffer, y: &Buffer, n: u32) -> Result<()> {
+        self.dispatch(
+            "elementwise",
+            WeightType::F32,
+            &[n, 1, 0, 0],
+            &[self.single(x, "gate")?, self.single(y, "up")?, &self.dummy],
+            linear_groups(n as u64),
+        )
+    }
+
+    /// [`Op::Add`]: the elementwise kernel's mode 1, gated when `gate` is given.
+    fn add(&self, x: &Buffer, y: &Buffer, gate: Option<&Buffer>, n: u32, dim: u32) -> Result<()> {
+        let g = match gate {
+            Some(g) => self.single(g, "gate")?,
+            None => &self.dummy,
+        };
+        self.dispatch(
+            "elementwise",
+            WeightType::F32,
+            &[n, dim.max(1), 1, gate.is_some() as u32],
+            &[self.single(x, "sum")?, self.single(y, "addend")?, g],
+            linear_groups(n as u64),
+        )
+    }
+
+    /// [`Op::TopK`].
+    fn topk(
+        &self,
+        logits: &Buffer,
+        bias: Option<&Buffer>,
+        ids: &Buffer,
+        weights: &Buffer,
+        tokens: u32,
+        p: TopKParams,
+    ) -> Result<()> {
+        if p.n_experts > 256 || p.k == 0 || p.k > p.n_experts {
+            return Err(Error::Shape {
+                op: "topk",
+                message: format!("top-{} of {} experts (at most 256)", p.k, p.n_experts),
+            });
+        }
+        let (n_group, topk_group, top2) = p.groups.unwrap_or((1, 1, false));
+        let b = match bias {
+            Some(b) => self.single(b, "router bias")?,
+            None => &self.dummy,
+        };
+        self.dispatch(
+            "topk",
+            WeightType::F32,
+            &[
+                tokens,
+                p.n_experts,
+                p.k,
+                p.sigmoid as u32,
+                bias.is_some() as u32,
+                n_group,
+                topk_group,
+                top2 as u32,
+                p.norm as u32,
+                f(p.scaling),
+            ],
+            &[
+                self.single(logits, "router logits")?,
+                b,
+                self.single(ids, "expert ids")?,
+                self.single(weights, "expert weights")?,
+            ],
+            linear_groups(tokens as u64),
+        )
+    }
+
+    /// [`Op::ExpertFfn`]: one dispatch per chunk of the slots, each serving the pairs
+    /// whose slot it holds.
+    fn expert_ffn(
+        &self,
+        x: &Buffer,
+        slots: &ExpertSlots,
+        pairs: &Buffer,
+        out: &Buffer,
+        n_pairs: u32,
+        stage: u32,
+    ) -> Result<()> {
+        let sr = self.raw(&slots.buffer)?;
+        let slots_per_chunk = (sr.chunk_bytes / slots.slot_bytes()) as u32;
+        let width = if stage == 0 {
+            slots.inter
+        } else {
+            slots.hidden
+        };
+        let (xb, pb, ob) = (
+            self.single(x, "expert input")?,
+            self.single(pairs, "expert pairs")?,
+            self.single(out, "expert output")?,
+        );
+        for (ci, chunk) in sr.chunks.iter().enumerate() {
+            let s0 = ci as u32 * slots_per_chunk;
+            self.dispatch(
+                "expert_ffn",
+                slots.wtype,
+                &[
+                    n_pairs,
+                    slots.hidden,
+                    slots.inter,
+                    slots.slot_elems() as u32,
+                    s0,
+                    s0 + slots_per_chunk,
+                    stage,
+                ],
+                &[xb, chunk, pb, ob],
+                linear_groups(n_pairs as u64 * width as u64),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// [`Op::MoeCombine`]; `buffers` is `[out, y, weights, pair_of]`.
+    fn moe_combine(&self, buffers: [&Buffer; 4], tokens: u32, hidden: u32, k: u32) -> Result<()> {
+        let [out, y, weights, pair_of] = buffers;
+        self.dispatch(
+            "moe_combine",
+            WeightType::F32,
+            &[tokens, hidden, k],
+            &[
+                self.single(out, "moe output")?,
+                self.single(y, "expert outputs")?,
+                self.single(weights, "expert weights")?,
+                self.single(pair_of, "pair index")?,
+            ],
+            linear_groups(tokens as u64 * hidden as u64),
+        )
+    }
+}

@@ -1,0 +1,166 @@
+//! Kernels and their dispatch: WGSL sources compiled once per weight type and cached, the
+//! pending command encoder, and one recorded dispatch with its uniform and bindings.
+
+use std::sync::MutexGuard;
+
+use wgpu::util::DeviceExt;
+
+use super::{WgpuDevice, lock};
+use crate::device::WeightType;
+use crate::{Error, Result};
+
+const PRELUDE: &str = include_str!("../../shaders/prelude.wgsl");
+
+/// Kernels by name: WGSL source.
+const KERNELS: &[(&str, &str)] = &[
+    ("embed", include_str!("../../shaders/embed.wgsl")),
+    ("matmul", include_str!("../../shaders/matmul.wgsl")),
+    ("rms_norm", include_str!("../../shaders/rms_norm.wgsl")),
+    ("rope", include_str!("../../shaders/rope.wgsl")),
+    ("attention", include_str!("../../shaders/attention.wgsl")),
+    (
+        "mla_attention",
+        include_str!("../../shaders/mla_attention.wgsl"),
+    ),
+    (
+        "elementwise",
+        include_str!("../../shaders/elementwise.wgsl"),
+    ),
+    ("topk", include_str!("../../shaders/topk.wgsl")),
+    ("expert_ffn", include_str!("../../shaders/expert_ffn.wgsl")),
+    (
+        "moe_combine",
+        include_str!("../../shaders/moe_combine.wgsl"),
+    ),
+];
+
+/// Linear dispatch of `n` invocations in workgroups of 64, folded into y past 65535.
+pub(super) fn linear_groups(n: u64) -> (u32, u32) {
+    let groups = n.div_ceil(64);
+    let x = groups.min(65535);
+    (x as u32, groups.div_ceil(x.max(1)) as u32)
+}
+
+/// One workgroup per row, folded into y past 65535.
+pub(super) fn rows_groups(rows: u32) -> (u32, u32) {
+    let x = rows.min(65535);
+    (x, rows.div_ceil(x.max(1)))
+}
+
+impl WgpuDevice {
+    fn pipeline(&self, name: &'static str, wtype: WeightType) -> Result<wgpu::ComputePipeline> {
+        let mut cache = lock(&self.pipelines);
+        if let Some(p) = cache.get(&(name, wtype)) {
+            return Ok(p.clone());
+        }
+        let body = KERNELS
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, s)| *s)
+            .ok_or_else(|| Error::Unsupported(name.to_string()))?;
+        let code = match wtype {
+            WeightType::F32 => "0",
+            WeightType::Bf16 => "1",
+            WeightType::F16 => "2",
+        };
+        let src = format!("{}\n{body}", PRELUDE.replace("__WTYPE__", code));
+        let module = self
+            .device
+            .create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(name),
+                source: wgpu::ShaderSource::Wgsl(src.into()),
+            });
+        let p = self
+            .device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(name),
+                layout: None,
+                module: &module,
+                entry_point: Some("main"),
+                compilation_options: Default::default(),
+                cache: None,
+            });
+        self.check()?;
+        cache.insert((name, wtype), p.clone());
+        Ok(p)
+    }
+
+    /// The pending command encoder, created on first use.
+    pub(super) fn encoder(&self) -> MutexGuard<'_, Option<wgpu::CommandEncoder>> {
+        let mut g = lock(&self.pending);
+        if g.is_none() {
+            *g = Some(
+                self.device
+                    .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None }),
+            );
+        }
+        g
+    }
+
+    /// Submits the pending encoder, if any, without an event.
+    pub(super) fn flush_pending(&self) {
+        if let Some(enc) = lock(&self.pending).take() {
+            self.queue.submit([enc.finish()]);
+        }
+    }
+
+    /// Records one dispatch of `name` with a uniform of `params` words and `buffers` at
+    /// bindings 1...
+    pub(super) fn dispatch(
+        &self,
+        name: &'static str,
+        wtype: WeightType,
+        params: &[u32],
+        buffers: &[&wgpu::Buffer],
+        groups: (u32, u32),
+    ) -> Result<()> {
+        if groups.0 == 0 || groups.1 == 0 {
+            return Ok(());
+        }
+        let limit = self.device.limits().max_compute_workgroups_per_dimension;
+        if groups.0 > limit || groups.1 > limit {
+            return Err(Error::Limit {
+                what: format!("{name} workgroups"),
+                got: groups.0.max(groups.1) as u64,
+                limit: limit as u64,
+            });
+        }
+        let pipeline = self.pipeline(name, wtype)?;
+        let mut words = params.to_vec();
+        words.resize(params.len().div_ceil(4).max(1) * 4, 0);
+        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let uniform = self
+            .device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some(name),
+                contents: &bytes,
+                usage: wgpu::BufferUsages::UNIFORM,
+            });
+        let mut entries = vec![wgpu::BindGroupEntry {
+            binding: 0,
+            resource: uniform.as_entire_binding(),
+        }];
+        for (i, b) in buffers.iter().enumerate() {
+            entries.push(wgpu::BindGroupEntry {
+                binding: i as u32 + 1,
+                resource: b.as_entire_binding(),
+            });
+        }
+        let bind = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(name),
+            layout: &pipeline.get_bind_group_layout(0),
+            entries: &entries,
+        });
+        let mut enc = self.encoder();
+        let enc = enc.as_mut().expect("encoder() creates one");
+        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some(name),
+            timestamp_writes: None,
+        });
+        pass.set_pipeline(&pipeline);
+        pass.set_bind_group(0, &bind, &[]);
+        pass.dispatch_workgroups(groups.0, groups.1, 1);
+        drop(pass);
+        Ok(())
+    }
+}
