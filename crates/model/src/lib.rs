@@ -43,7 +43,7 @@ mod shape;
 pub mod source;
 
 pub use attention::SeqSpan;
-pub use cache::{KvCache, LayerCache};
+pub use cache::{BLOCK as KV_BLOCK, KvCache, LayerCache};
 pub use config::{Arch, ModelConfig};
 pub use error::{Error, Result};
 pub use linear::{LoadOptions, Precision};

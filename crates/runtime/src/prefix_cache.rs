@@ -25,7 +25,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::hash::{DefaultHasher, Hash, Hasher};
 
 use strata_model::KvCache;
-pub use strata_model::cache::BLOCK;
+pub use strata_model::KV_BLOCK as BLOCK;
 
 /// Hash of the empty prefix, the parent of every first block.
 const ROOT: u64 = 0x5354_5241_5441_5046;
