@@ -24,8 +24,8 @@
 use std::collections::{BTreeSet, HashMap};
 use std::hash::{DefaultHasher, Hash, Hasher};
 
-use strata_model::KvCache;
 pub use strata_model::KV_BLOCK as BLOCK;
+use strata_model::KvCache;
 
 /// Hash of the empty prefix, the parent of every first block.
 const ROOT: u64 = 0x5354_5241_5441_5046;
