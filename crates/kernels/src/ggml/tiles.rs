@@ -124,6 +124,8 @@ pub(crate) fn block(
                 .0
                 .as_mut_slice();
             fill(w, &mut bytes[..data], &layout);
+            // BF16 kernels read no scales; zero them rather than leave a larger tile's bytes.
+            bytes[data..data + scales].fill(0);
         }
         let view = PackedMatrix::from_stored(
             tile.clone(),
