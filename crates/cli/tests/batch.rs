@@ -106,7 +106,7 @@ fn a_batch_whose_kv_cache_cannot_fit_is_refused_before_it_starts() {
     assert!(!out.status.success(), "{stderr}");
     assert!(stderr.contains("not enough memory"), "{stderr}");
     assert!(
-        stderr.contains("lower --ctx-size or --max-batch"),
+        stderr.contains("lower --ctx-size, --max-batch or --prefix-cache-mb"),
         "{stderr}"
     );
     let written = fs::read_to_string(&output).unwrap_or_default();
