@@ -17,7 +17,6 @@
 //! Nothing is copied or repacked at load: a matrix is a byte range of its owner, so a mapped
 //! file's pages stay shared and evictable, and experts that are never routed are never read.
 
-use std::cell::Cell;
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -28,6 +27,7 @@ use crate::packed::{Activations, StableBytes};
 use crate::{Isa, KernelError, parallel_for, vector};
 
 use super::dot::{Q8Rows, WRow, dot_rows};
+use super::scratch::with_scratch;
 use super::unpack::{UNIT, decoder, unpack_rows};
 use super::{GgmlType, dequantize_row};
 use super::{tiles, vecdot};
@@ -400,27 +400,4 @@ pub(crate) enum Input {
     Q8(Q8Rows),
     F32(Vec<f32>),
     Bf16(Activations, Kernel),
-}
-
-/// Per-thread scratch: decoded rows, dequantized rows, one row's results and the output
-/// tile (reused across tasks, so a task allocates nothing).
-#[derive(Default)]
-struct Scratch {
-    q: Vec<i8>,
-    d: Vec<f32>,
-    m: Vec<f32>,
-    f: Vec<f32>,
-    /// One row's results for the task's tokens.
-    col: Vec<f32>,
-    tile: Vec<f32>,
-}
-
-fn with_scratch<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
-    thread_local! {
-        static SCRATCH: Cell<Scratch> = Cell::new(Scratch::default());
-    }
-    let mut s = SCRATCH.take();
-    let r = f(&mut s);
-    SCRATCH.set(s);
-    r
 }

@@ -21,6 +21,7 @@ mod dot;
 mod iq;
 mod matrix;
 mod moe;
+mod scratch;
 mod tiles;
 mod types;
 mod unpack;

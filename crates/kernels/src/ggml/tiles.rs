@@ -22,6 +22,7 @@ use crate::isa::Isa;
 use crate::packed::micro::{self, Kernel};
 use crate::packed::{Activations, LINE, PackedFormat, PackedLayout, STRIP, StableBytes};
 
+use super::scratch::{Scratch, with_scratch};
 use super::unpack::{UNIT, unpack_rows};
 use super::{GgmlType, dequantize_row, has_fast_kernel};
 
@@ -221,26 +222,6 @@ fn fill_body(s: &mut Scratch, w: Rows<'_>, bytes: &mut [u8], layout: &PackedLayo
             }
         }
     }
-}
-
-/// Per-thread decode scratch (reused across tasks).
-#[derive(Default)]
-struct Scratch {
-    q: Vec<i8>,
-    d: Vec<f32>,
-    m: Vec<f32>,
-    f: Vec<f32>,
-    h: Vec<u16>,
-}
-
-fn with_scratch<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
-    thread_local! {
-        static SCRATCH: Cell<Scratch> = Cell::new(Scratch::default());
-    }
-    let mut s = SCRATCH.take();
-    let r = f(&mut s);
-    SCRATCH.set(s);
-    r
 }
 
 #[cfg(test)]
