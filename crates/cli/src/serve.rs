@@ -222,6 +222,23 @@ impl MetricsSource for ExecMetrics {
             "GPU tasks run on the CPU because their weights were not on the device.",
             &[("", s.fallbacks as f64)],
         );
+        metric(
+            "strata_hybrid_deferred_experts_total",
+            "counter",
+            "Routed expert tasks whose output was added at the next MoE layer (expert deferral).",
+            &[("", s.deferred_experts as f64)],
+        );
+        let resident: usize = self.0.resident_experts().iter().map(Vec::len).sum();
+        metric(
+            "strata_hybrid_resident_experts",
+            "gauge",
+            "Experts held in the device's expert cache, all MoE layers.",
+            &[("", resident as f64)],
+        );
+    }
+
+    fn resident_experts(&self) -> Option<Vec<Vec<u32>>> {
+        Some(self.0.resident_experts())
     }
 }
 

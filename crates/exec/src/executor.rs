@@ -322,6 +322,21 @@ impl HybridExecutor {
             .unwrap_or_default()
     }
 
+    /// The experts the device cache holds (or is copying in), per MoE layer: what the
+    /// policy sees as resident.
+    pub fn resident_experts(&self) -> Vec<Vec<u32>> {
+        let st = self.lock();
+        let n_experts = st.host.n_experts();
+        (0..st.host.n_layers())
+            .map(|layer| {
+                let held = st.cache.resident(layer, n_experts);
+                (0..n_experts as u32)
+                    .filter(|&e| held[e as usize])
+                    .collect()
+            })
+            .collect()
+    }
+
     /// The policy's name.
     pub fn policy_name(&self) -> String {
         self.lock().policy.name()

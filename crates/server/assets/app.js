@@ -319,8 +319,21 @@ function drawHeat(f) {
       g.fillRect(left + e * cw, 20 + l * rowH, Math.max(1, cw - 0.5), rowH - 1);
     }
   }
+  // Experts the accelerator holds (--device hybrid): outlined.
+  let resident = 0;
+  g.strokeStyle = "#1b3a8c";
+  g.lineWidth = 1.5;
+  (f.resident || []).forEach((experts, l) => {
+    if (l >= L) return;
+    for (const e of experts) {
+      if (e >= E) continue;
+      g.strokeRect(left + e * cw + 0.75, 20 + l * rowH + 0.75, Math.max(1, cw - 2), rowH - 2.5);
+      resident++;
+    }
+  });
   g.fillStyle = "#6b7480";
   for (let e = 0; e < E; e += Math.max(1, Math.ceil(E / 16))) g.fillText(`${e}`, left + e * cw, 12);
+  canvas.dataset.resident = String(resident);
   canvas.dataset.updates = String(Number(canvas.dataset.updates) + 1);
   canvas.dataset.tokens = String(f.heat_tokens.reduce((a, b) => a + b, 0));
 }
@@ -338,8 +351,9 @@ $("heat").addEventListener("mousemove", (e) => {
   const tokens = f.heat_tokens[l] || 0;
   const n = f.heat[l][ex] || 0;
   const share = tokens ? ((100 * n) / tokens).toFixed(1) : "0";
+  const held = f.resident && (f.resident[l] || []).includes(ex) ? ", resident on the accelerator" : "";
   $("heat-tip").textContent =
-    `layer ${live.layout.layers[l]}, expert ${ex}: ${n} of ${tokens} recent tokens (${share}%)`;
+    `layer ${live.layout.layers[l]}, expert ${ex}: ${n} of ${tokens} recent tokens (${share}%)${held}`;
 });
 
 // The hybrid executor's counters, as rates over the last few seconds.
@@ -371,9 +385,11 @@ function showHybrid(f) {
     ["expert tasks gpu / cpu", `${get(now, 'strata_hybrid_experts_total{device="gpu"}')} / ${get(now, 'strata_hybrid_experts_total{device="cpu"}')}`],
     ["evictions", `${get(now, "strata_hybrid_evictions_total")}`],
     ["fallbacks to the cpu", `${get(now, "strata_hybrid_fallbacks_total")}`],
+    ["deferred expert tasks", `${get(now, "strata_hybrid_deferred_experts_total")} (${rate("strata_hybrid_deferred_experts_total").toFixed(1)}/s)`],
+    ["resident experts", `${get(now, "strata_hybrid_resident_experts")} (outlined in the heat map)`],
   ];
   // Counters this page does not know yet, as /metrics names them.
-  const shown = /^strata_hybrid_(busy_seconds|cache_lookups|upload_bytes|experts|evictions|fallbacks)_total/;
+  const shown = /^strata_hybrid_((busy_seconds|cache_lookups|upload_bytes|experts|evictions|fallbacks|deferred_experts)_total|resident_experts)/;
   for (const [k, v] of now) if (!shown.test(k)) rows.push([k.replace(/^strata_hybrid_/, ""), `${v}`]);
   $("hybrid-table").tBodies[0].replaceChildren(...rows.map(([k, v]) => {
     const tr = document.createElement("tr");

@@ -157,6 +157,9 @@ pub struct Frame {
     /// The hybrid executor's counters as `/metrics` renders them (`name{labels}` to
     /// value), when the server has them.
     pub hybrid: Option<Vec<(String, f64)>>,
+    /// The experts held on the accelerator, `resident[moe layer]`, when the server has an
+    /// accelerator's expert cache.
+    pub resident: Option<Vec<Vec<u32>>>,
 }
 
 /// The live view's state, one per [`AppState`].
@@ -299,6 +302,7 @@ impl Sampler {
                 x.render(&mut text);
                 parse_exposition(&text)
             }),
+            resident: st.extra_metrics.as_ref().and_then(|x| x.resident_experts()),
         }
     }
 }

@@ -52,6 +52,12 @@ impl Histogram {
 pub trait MetricsSource: Send + Sync + fmt::Debug {
     /// Appends Prometheus text exposition lines, `# HELP` and `# TYPE` included, to `out`.
     fn render(&self, out: &mut String);
+
+    /// The experts held on an accelerator per MoE layer, for the live view (`None`: the
+    /// experts live on the CPU only).
+    fn resident_experts(&self) -> Option<Vec<Vec<u32>>> {
+        None
+    }
 }
 
 /// The server's metrics.
