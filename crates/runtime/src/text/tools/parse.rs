@@ -40,8 +40,12 @@ pub struct ToolParser {
     format: ToolFormat,
     /// Per tool, the arguments whose schema is a string (GLM-4.5 writes those raw).
     string_args: HashMap<String, Vec<String>>,
+    /// The tools' names: a bare JSON call must name one of them.
+    names: Vec<String>,
     buf: String,
     in_call: bool,
+    /// Whether text other than whitespace has been released: a bare call must come first.
+    content: bool,
     /// Trailing whitespace of the text so far, released only if text follows.
     held: String,
     calls: usize,
@@ -65,8 +69,10 @@ impl ToolParser {
         ToolParser {
             format,
             string_args,
+            names: tools.iter().map(|t| t.name.clone()).collect(),
             buf: String::new(),
             in_call: false,
+            content: false,
             held: String::new(),
             calls: 0,
         }
@@ -100,6 +106,19 @@ impl ToolParser {
 
     fn scan(&mut self, last: bool, out: &mut Vec<ToolEvent>) {
         loop {
+            if !self.in_call && self.format == ToolFormat::Hermes && !self.content {
+                match self.bare_call(last) {
+                    Parsed::Calls(calls, used) => {
+                        self.buf.drain(..used);
+                        self.held.clear();
+                        self.calls += calls.len();
+                        out.extend(calls.into_iter().map(ToolEvent::Call));
+                        continue;
+                    }
+                    Parsed::More => return,
+                    Parsed::NotACall => {}
+                }
+            }
             if !self.in_call {
                 let markers = markers(self.format);
                 let found = markers.iter().filter_map(|m| self.buf.find(m)).min();
@@ -147,6 +166,7 @@ impl ToolParser {
             self.held.push_str(text);
             return;
         }
+        self.content = true;
         let mut t = std::mem::take(&mut self.held);
         t.push_str(&text[..body]);
         self.held.push_str(&text[body..]);
@@ -167,6 +187,51 @@ impl ToolParser {
             ToolFormat::Mistral => mistral(s, last),
             ToolFormat::Llama3 => llama3(s, last),
         }
+    }
+
+    /// A call without its `<tool_call>` tags at the start of the reply, bare or in a
+    /// ```` ```json ```` fence: `{"name": TOOL, "arguments": {...}}` naming one of the
+    /// request's tools. Small Hermes-template models (Qwen2.5-Coder) often write calls so,
+    /// and llama.cpp's server reads them as calls too.
+    fn bare_call(&self, last: bool) -> Parsed {
+        const FENCE: &str = "```";
+        let more = if last { Parsed::NotACall } else { Parsed::More };
+        let s = self.buf.trim_start();
+        let (fenced, t) = match s.strip_prefix(FENCE) {
+            Some(r) if !last && r.len() < 4 && "json".starts_with(r) => return Parsed::More,
+            Some(r) => (true, r.strip_prefix("json").unwrap_or(r)),
+            None if FENCE.starts_with(s) => return more,
+            None => (false, s),
+        };
+        let t = t.trim_start();
+        if t.is_empty() {
+            return more;
+        }
+        if !t.starts_with('{') {
+            return Parsed::NotACall;
+        }
+        let at = self.buf.len() - t.len();
+        let (v, used) = match json_prefix(t) {
+            Ok(parsed) => parsed,
+            Err(true) => return more,
+            Err(false) => return Parsed::NotACall,
+        };
+        let Some(call) = call_from_value(&v, &["arguments", "parameters"])
+            .filter(|c| self.names.iter().any(|n| *n == c.name))
+        else {
+            return Parsed::NotACall;
+        };
+        let mut end = at + used;
+        if fenced {
+            let rest = &self.buf[end..];
+            let r = rest.trim_start();
+            if r.starts_with(FENCE) {
+                end += rest.len() - r.len() + FENCE.len();
+            } else if !last && FENCE.starts_with(r) {
+                return Parsed::More;
+            }
+        }
+        Parsed::Calls(vec![call], end)
     }
 
     /// `NAME\n<arg_key>k</arg_key>\n<arg_value>v</arg_value>...`
@@ -519,6 +584,44 @@ mod tests {
             &[],
         );
         check(ToolFormat::Hermes, "a < b <tool", "a < b <tool", &[]);
+        // Qwen2.5-Coder-0.5B's shape with `tool_choice: auto` (recorded from the GGUF):
+        // the call without its tags, bare or fenced, one or several.
+        let oslo = call("get_weather", json!({"city": "Oslo"}));
+        check(
+            ToolFormat::Hermes,
+            "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}",
+            "",
+            std::slice::from_ref(&paris),
+        );
+        check(
+            ToolFormat::Hermes,
+            "```json\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n```\n",
+            "",
+            std::slice::from_ref(&paris),
+        );
+        check(
+            ToolFormat::Hermes,
+            "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}",
+            "",
+            &[paris.clone(), oslo],
+        );
+        // Not calls: JSON that names no tool, JSON after text, and text that is not JSON.
+        let other = "{\"name\": \"Ada\", \"arguments\": {\"x\": 1}}";
+        check(ToolFormat::Hermes, other, other, &[]);
+        let late = "Call it as {\"name\": \"get_weather\", \"arguments\": {}}";
+        check(ToolFormat::Hermes, late, late, &[]);
+        check(
+            ToolFormat::Hermes,
+            "{braces} and ``` fences",
+            "{braces} and ``` fences",
+            &[],
+        );
+        check(
+            ToolFormat::Hermes,
+            "```python\nprint(1)\n```",
+            "```python\nprint(1)\n```",
+            &[],
+        );
         check(ToolFormat::Hermes, "plain answer\n", "plain answer\n", &[]);
     }
 
