@@ -196,6 +196,36 @@ impl AttentionConfig {
             AttentionConfig::Gqa { n_heads, .. } | AttentionConfig::Mla { n_heads, .. } => *n_heads,
         }
     }
+
+    /// Length of the query-key dot product of one head: `head_dim` for GQA, the non-rotary
+    /// plus the rotary dimensions for MLA.
+    pub fn qk_head_dim(&self) -> usize {
+        match *self {
+            AttentionConfig::Gqa { head_dim, .. } => head_dim,
+            AttentionConfig::Mla {
+                qk_nope_head_dim,
+                qk_rope_head_dim,
+                ..
+            } => qk_nope_head_dim + qk_rope_head_dim,
+        }
+    }
+
+    /// Values one layer's KV cache holds per position: a key and a value for every KV head
+    /// (GQA), or the compressed latent and the rotary key all heads share (MLA).
+    pub fn kv_elems(&self) -> usize {
+        match *self {
+            AttentionConfig::Gqa {
+                n_kv_heads,
+                head_dim,
+                ..
+            } => 2 * n_kv_heads * head_dim,
+            AttentionConfig::Mla {
+                kv_lora_rank,
+                qk_rope_head_dim,
+                ..
+            } => kv_lora_rank + qk_rope_head_dim,
+        }
+    }
 }
 
 /// How router logits become expert choices and weights.
@@ -322,6 +352,26 @@ impl ModelConfig {
     /// Number of decoder layers.
     pub fn n_layers(&self) -> usize {
         self.layers.len()
+    }
+
+    /// Softmax scale of attention scores: `1/sqrt(d_qk)`, times YaRN's `mscale²` for MLA
+    /// (DeepSeek's `mscale_all_dim`).
+    pub fn attention_scale(&self) -> f32 {
+        match self.attention {
+            AttentionConfig::Gqa { head_dim, .. } => 1.0 / (head_dim as f32).sqrt(),
+            AttentionConfig::Mla { .. } => {
+                let base = 1.0 / (self.attention.qk_head_dim() as f64).sqrt();
+                let m = match self.rope.scaling {
+                    RopeScaling::Yarn {
+                        factor,
+                        mscale_all_dim,
+                        ..
+                    } if mscale_all_dim != 0.0 => yarn_mscale(factor, mscale_all_dim),
+                    _ => 1.0,
+                };
+                (base * m * m) as f32
+            }
+        }
     }
 }
 
