@@ -379,3 +379,35 @@ impl ModelConfig {
 pub fn config_path(dir: &Path) -> PathBuf {
     dir.join("config.json")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture(name: &str) -> ModelConfig {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures");
+        ModelConfig::load(&config_path(&dir.join(name))).unwrap()
+    }
+
+    /// The attention sizes the KV cache, the policies' shapes and the softmax use, against
+    /// values worked out by hand from each fixture's config.json.
+    #[test]
+    fn attention_sizes_and_scale_follow_the_config() {
+        // Qwen3-MoE: 2 KV heads of 12, a key and a value each.
+        let qwen = fixture("qwen3_moe");
+        assert_eq!(qwen.attention.qk_head_dim(), 12);
+        assert_eq!(qwen.attention.kv_elems(), 2 * 2 * 12);
+        assert_eq!(qwen.attention_scale(), 1.0 / 12f32.sqrt());
+        // DeepSeek-V2 (MLA): latent 18 plus rotary key 6 cached; q·k over 10 + 6; YaRN
+        // factor 4 with mscale_all_dim 0.707 scales the softmax by mscale².
+        let ds = fixture("deepseek_v2");
+        assert_eq!(ds.attention.qk_head_dim(), 16);
+        assert_eq!(ds.attention.kv_elems(), 18 + 6);
+        let m = 0.1 * 0.707 * 4f64.ln() + 1.0;
+        assert_eq!(ds.attention_scale(), (m * m / 4.0) as f32);
+        // DeepSeek-V3, YaRN in transformers 5's `rope_parameters` (mscale_all_dim 0.7).
+        let v3 = fixture("deepseek_v3");
+        let m = 0.1 * 0.7 * 4f64.ln() + 1.0;
+        assert_eq!(v3.attention_scale(), (1.0 / 22f64.sqrt() * m * m) as f32);
+    }
+}
