@@ -7,6 +7,7 @@
 - `unsafe` only in the crates that need it (kernels, the mmap in formats, the Python FFI).
 - No source file over the length limit outside tests.
 - No function over the length limit outside tests and the kernels crate.
+- Every crate root denies `missing_docs`.
 
 Exits 1 naming every violation. Standard library only (runs before any venv exists).
 """
@@ -233,6 +234,10 @@ def main():
             continue
         for comp in module_cycles(d):
             problems.append(f"crates/{name}: module cycle between {', '.join(comp)}")
+        for root in ("lib.rs", "main.rs"):
+            path = os.path.join(d, "src", root)
+            if os.path.exists(path) and "#![deny(missing_docs)]" not in open(path).read():
+                problems.append(f"crates/{name}/src/{root}: no #![deny(missing_docs)]")
         for path in crate_sources(d):
             rel = os.path.relpath(path, ROOT)
             text = open(path, encoding="utf-8").read()
@@ -250,7 +255,7 @@ def main():
         print("architecture:", p)
     if problems:
         sys.exit(1)
-    print("architecture: layering, module cycles, unsafe, file and function lengths hold")
+    print("architecture: layering, module cycles, unsafe, file and function lengths, docs hold")
 
 
 if __name__ == "__main__":

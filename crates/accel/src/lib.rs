@@ -13,6 +13,35 @@
 //! that finds no adapter, is an error value naming what is missing ([`Error::NotCompiledWith`],
 //! [`Error::NoAdapter`]), never a `cfg` the callers must repeat nor a panic: `strata` builds
 //! and runs the same with or without a GPU.
+//!
+//! ```
+//! use strata_accel::{DeviceOptions, Error, Op};
+//!
+//! let dev = match strata_accel::open(&DeviceOptions::default()) {
+//!     Ok(dev) => dev,
+//!     Err(e @ (Error::NotCompiledWith { .. } | Error::NoAdapter { .. })) => {
+//!         println!("no accelerator here: {e}");
+//!         return Ok(());
+//!     }
+//!     Err(e) => return Err(e),
+//! };
+//! // RMSNorm of two rows of four f32 values, with gain `w`.
+//! let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+//! let (x, w, out) = (dev.alloc(32, 0, "x")?, dev.alloc(16, 0, "w")?, dev.alloc(32, 0, "out")?);
+//! dev.upload(&x, 0, &bytes(&[1.0, -1.0, 1.0, -1.0, 2.0, 2.0, 2.0, 2.0]))?;
+//! dev.upload(&w, 0, &bytes(&[1.0, 2.0, 3.0, 4.0]))?;
+//! dev.enqueue(&Op::RmsNorm { x: &x, w: &w, out: &out, rows: 2, dim: 4, eps: 0.0 })?;
+//! dev.synchronize()?;
+//! let y: Vec<f32> = dev
+//!     .download(&out, 0, 32)?
+//!     .chunks_exact(4)
+//!     .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+//!     .collect();
+//! // Both rows have an RMS of their first value's magnitude (1 and 2).
+//! let want = [1.0, -2.0, 3.0, -4.0, 1.0, 2.0, 3.0, 4.0];
+//! assert!(y.iter().zip(want).all(|(a, b)| (a - b).abs() < 1e-5), "{y:?}");
+//! # Ok::<(), strata_accel::Error>(())
+//! ```
 #![deny(missing_docs)]
 
 mod device;

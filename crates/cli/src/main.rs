@@ -5,6 +5,10 @@
 //! library crates take. Errors print with their whole cause chain and exit with status 2; a
 //! closed stdout (`strata generate | head`) is not an error.
 
+// A binary exports nothing, so this checks the crate doc above and any `pub` item of this
+// file; the modules below are private.
+#![deny(missing_docs)]
+
 /// `println!` that returns the write's error instead of panicking on it: a closed pipe
 /// (`strata simulate | head`) then ends the command quietly through `is_broken_pipe`.
 macro_rules! outln {

@@ -16,6 +16,41 @@
 //! A key design decision made in this crate is that weights are always `[out, in]` row-major
 //! (the Hugging Face `nn.Linear` layout) at the API, so a checkpoint's mapped bytes can be
 //! packed as they are, without a transpose by the caller.
+//!
+//! ```
+//! use strata_kernels::moe::fused_moe_ref;
+//! use strata_kernels::{Expert, MoeExperts, PackedFormat, fused_moe};
+//!
+//! // Two experts of a small MLP (hidden 32, intermediate 16), packed once as BF16 from
+//! // row-major `gate`, `up` `[inter, hidden]` and `down` `[hidden, inter]`.
+//! let (hidden, inter) = (32, 16);
+//! let values = |seed: f32, n: usize| -> Vec<f32> {
+//!     (0..n).map(|i| (i as f32 * 0.37 + seed).sin() * 0.1).collect()
+//! };
+//! let experts = (0..2)
+//!     .map(|e| {
+//!         let s = e as f32;
+//!         let (gate, up) = (values(s, inter * hidden), values(s + 0.5, inter * hidden));
+//!         let down = values(s + 0.25, hidden * inter);
+//!         Expert::pack(&gate, &up, &down, hidden, inter, PackedFormat::Bf16)
+//!     })
+//!     .collect::<Result<Vec<_>, _>>()?;
+//! let experts = MoeExperts::new(hidden, inter, experts)?;
+//!
+//! // Two tokens `[2, hidden]`, each routed to both experts (top-2) with the router's weights.
+//! let x = values(3.0, 2 * hidden);
+//! let (ids, weights) = ([0, 1, 1, 0], [0.75, 0.25, 0.6, 0.4]);
+//! let mut out = vec![0.0; 2 * hidden];
+//! fused_moe(&experts, &x, &ids, &weights, &mut out)?;
+//!
+//! // The plain reference gives the same sums, up to the order of additions.
+//! let mut want = vec![0.0; 2 * hidden];
+//! fused_moe_ref(&experts, &x, &ids, &weights, &mut want)?;
+//! assert!(out.iter().zip(&want).all(|(a, b)| (a - b).abs() <= 1e-5 + 1e-4 * b.abs()));
+//! # Ok::<(), strata_kernels::KernelError>(())
+//! ```
+
+#![deny(missing_docs)]
 
 mod buf;
 mod error;

@@ -12,11 +12,13 @@
 //! architecture, serves all of them. Which tensor holds which weight is answered in one
 //! place, [`names`], for every reader of a checkpoint.
 //!
-//! ```no_run
+//! ```
 //! use std::path::Path;
 //! use strata_model::{LogitsWanted, Model, Precision, SeqInput};
 //!
-//! let model = Model::load(Path::new("../shared/models/strata-tiny-moe"), Precision::Fast)?;
+//! // The tiny Qwen3-MoE-shaped test model kept in the repository.
+//! let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/strata-tiny-moe");
+//! let model = Model::load(&dir, Precision::Fast)?;
 //! let mut cache = model.new_cache();
 //! let mut seqs = [SeqInput { tokens: &[1, 2, 3], cache: &mut cache, logits: LogitsWanted::Last }];
 //! let logits = model.forward(&mut seqs)?; // one row of `vocab_size` logits

@@ -8,7 +8,7 @@
 //! still runs (slower). What counts is private memory: weights the loader converts or
 //! repacks, the KV cache of the sequences to be run, and a fixed scratch reserve.
 
-use crate::config::{AttentionConfig, ModelConfig};
+use crate::config::ModelConfig;
 use crate::linear::{LoadOptions, Precision};
 use crate::source::Source;
 use crate::{Error, Result};
@@ -83,19 +83,7 @@ fn gib(b: u64) -> String {
 
 /// KV cache bytes per position of one sequence.
 pub fn kv_bytes_per_token(cfg: &ModelConfig) -> u64 {
-    let per_layer = match &cfg.attention {
-        AttentionConfig::Gqa {
-            n_kv_heads,
-            head_dim,
-            ..
-        } => 2 * n_kv_heads * head_dim,
-        AttentionConfig::Mla {
-            kv_lora_rank,
-            qk_rope_head_dim,
-            ..
-        } => kv_lora_rank + qk_rope_head_dim,
-    };
-    (per_layer * cfg.n_layers() * 4) as u64
+    (cfg.attention.kv_elems() * cfg.n_layers() * 4) as u64
 }
 
 /// `(private, mapped)` weight bytes: which stored tensors the loader copies under `opts`.

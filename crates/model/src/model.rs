@@ -11,7 +11,7 @@ use strata_formats::strata_file::StrataFile;
 
 use crate::attention::{Attention, SeqSpan};
 use crate::cache::KvCache;
-use crate::config::{AttentionConfig, FfnConfig, ModelConfig, RopeScaling, yarn_mscale};
+use crate::config::{FfnConfig, ModelConfig};
 use crate::linear::{Linear, LoadOptions, Loader, Precision, Recording};
 use crate::memory::MemoryPlan;
 use crate::moe::{ExpertExecutor, Ffn, MoeBlock};
@@ -239,7 +239,7 @@ impl Model {
             Some(ld.projection(names::LM_HEAD, v, h, false)?)
         };
         let rope = Rope::new(&config.rope);
-        let attn_scale = attention_scale(&config);
+        let attn_scale = config.attention_scale();
         Ok(Model {
             config,
             embed,
@@ -459,28 +459,4 @@ pub fn open(path: &Path) -> Result<(ModelConfig, Source)> {
     let config = ModelConfig::load(&path.join("config.json"))?;
     let ck = Checkpoint::open_dir(path)?;
     Ok((config, Source::Safetensors(ck)))
-}
-
-/// Softmax scale of attention scores: `1/sqrt(d_qk)`, times YaRN's `mscale²` for MLA
-/// (DeepSeek's `mscale_all_dim`).
-fn attention_scale(cfg: &ModelConfig) -> f32 {
-    match &cfg.attention {
-        AttentionConfig::Gqa { head_dim, .. } => 1.0 / (*head_dim as f32).sqrt(),
-        AttentionConfig::Mla {
-            qk_nope_head_dim,
-            qk_rope_head_dim,
-            ..
-        } => {
-            let base = 1.0 / ((qk_nope_head_dim + qk_rope_head_dim) as f64).sqrt();
-            let m = match cfg.rope.scaling {
-                RopeScaling::Yarn {
-                    factor,
-                    mscale_all_dim,
-                    ..
-                } if mscale_all_dim != 0.0 => yarn_mscale(factor, mscale_all_dim),
-                _ => 1.0,
-            };
-            (base * m * m) as f32
-        }
-    }
 }

@@ -111,25 +111,6 @@ impl ModelConfig {
                 FfnConfig::Moe(_) => None,
             })
         };
-        let (n_heads, head_dim, kv_elems) = match self.attention {
-            AttentionConfig::Gqa {
-                n_heads,
-                n_kv_heads,
-                head_dim,
-                ..
-            } => (n_heads, head_dim, 2 * n_kv_heads * head_dim),
-            AttentionConfig::Mla {
-                n_heads,
-                kv_lora_rank,
-                qk_nope_head_dim,
-                qk_rope_head_dim,
-                ..
-            } => (
-                n_heads,
-                qk_nope_head_dim + qk_rope_head_dim,
-                kv_lora_rank + qk_rope_head_dim,
-            ),
-        };
         Some(MoeShape {
             hidden: self.hidden_size,
             moe_intermediate: moe.intermediate,
@@ -142,10 +123,10 @@ impl ModelConfig {
             n_layers: self.layers.len(),
             dense_layers: dense().count(),
             dense_intermediate: dense().next().unwrap_or(0),
-            n_heads,
-            head_dim,
+            n_heads: self.attention.n_heads(),
+            head_dim: self.attention.qk_head_dim(),
             attn_params: self.attention_params(),
-            kv_elems,
+            kv_elems: self.attention.kv_elems(),
             vocab: self.vocab_size,
         })
     }

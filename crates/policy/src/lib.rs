@@ -12,6 +12,45 @@
 //! functions of what they are shown (plus their own bookkeeping, such as LRU order or LFU
 //! counts), so the runtime's executor and the simulator (`strata-sim`) get the same
 //! decisions from the same inputs, and a policy can be tested on hand-made views.
+//!
+//! ```
+//! use strata_policy::policies::GpuLru;
+//! use strata_policy::{CostModel, Device, GpuView, Hardware, LayerView, ModelShape, Phase, Policy};
+//! use strata_policy::{Transfer, TransferKind};
+//!
+//! // Qwen3-30B-A3B with BF16 experts on the SMoE paper's RTX 4090 machine (built-in presets).
+//! let cost = CostModel::new(
+//!     Hardware::load("smoe-4090")?,
+//!     ModelShape::load("qwen3-30b-a3b")?,
+//!     16.0,
+//!     16.0,
+//! )?;
+//! // One decode token routed to experts 3 and 7 of the first MoE layer; 3 is on the GPU.
+//! let mut resident = vec![false; cost.model.n_experts];
+//! resident[3] = true;
+//! let view = LayerView {
+//!     layer: 0,
+//!     n_moe_layers: cost.model.moe_layers(),
+//!     phase: Phase::Decode,
+//!     step: 0,
+//!     top_k: 2,
+//!     ids: &[3, 7],
+//!     weights: &[0.6, 0.4],
+//!     hidden: None,
+//!     candidates: None,
+//!     gpu: GpuView { resident: &resident, free_bytes: 1 << 30, busy_s: 0.0 },
+//!     cpu_busy_s: 0.0,
+//!     pcie_busy_s: 0.0,
+//!     context: None,
+//! };
+//! // GPU-only with 8 cached experts per layer: both run on the GPU, 7 is copied on demand.
+//! let decision = GpuLru::new(8).decide(&view, &cost);
+//! decision.check(&view)?;
+//! assert!(decision.tasks.iter().all(|t| t.device == Device::Gpu));
+//! let copy = Transfer { layer: 0, expert: 7, kind: TransferKind::OnDemand, priority: 0 };
+//! assert_eq!(decision.transfers, [copy]);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 #![deny(missing_docs)]
 

@@ -5,6 +5,26 @@
 //! Errors are Python exceptions carrying the Rust message: `TypeError` for a wrong kind of
 //! argument (dtype, no buffer), `ValueError` for a wrong value (shape, layout, format),
 //! `RuntimeError` for a failure while loading or running a model.
+//!
+//! ```python
+//! import numpy as np
+//! import strata
+//!
+//! llm = strata.LLM("../shared/models/strata-tiny-moe")
+//! (out,) = llm.generate("Once upon a time", strata.SamplingParams(temperature=0, max_tokens=16))
+//! print(out.outputs[0].text, out.outputs[0].finish_reason)
+//!
+//! # The CPU expert kernels on NumPy arrays: 4 experts, hidden 128, intermediate 64, top-2.
+//! rng = np.random.default_rng(0)
+//! w13 = rng.standard_normal((4, 128, 128), dtype=np.float32)  # [E, 2 I, H]: gate then up
+//! w2 = rng.standard_normal((4, 128, 64), dtype=np.float32)    # [E, H, I]
+//! x = rng.standard_normal((3, 128), dtype=np.float32)          # [T, H]
+//! ids = np.array([[0, 1], [2, 3], [1, 2]], dtype=np.int32)    # [T, k]
+//! w = np.full((3, 2), 0.5, dtype=np.float32)
+//! y = strata.ops.fused_moe(x, strata.ops.MoeWeights(w2, w13=w13, format="int8"), w, ids)
+//! ```
+
+#![deny(missing_docs)]
 
 mod buffer;
 mod llm;

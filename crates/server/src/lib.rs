@@ -11,6 +11,50 @@
 //! sequences when dropped: when a client disconnects, hyper drops the handler's future or
 //! the response stream, and the sequences leave the batch before its next step, whether
 //! the request streamed or not.
+//!
+//! ```
+//! use std::path::Path;
+//! use std::sync::Arc;
+//!
+//! use axum::body::{Body, to_bytes};
+//! use axum::http::{Request, StatusCode};
+//! use strata_model::Precision;
+//! use strata_runtime::engine::Engine;
+//! use strata_runtime::scheduler::SchedulerConfig;
+//! use strata_server::{AppState, app};
+//! use tower::ServiceExt;
+//!
+//! // The tiny test model kept in the repository, served in process (no socket).
+//! let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/strata-tiny-moe");
+//! let engine = Arc::new(Engine::load(&dir, Precision::Fast)?);
+//! let config = SchedulerConfig {
+//!     max_batch: 4,
+//!     max_queue: 8,
+//!     step_tokens: 64,
+//!     ctx_size: 256,
+//!     prefix_cache_bytes: 0,
+//! };
+//! let state = Arc::new(AppState::new(engine, config, "strata-tiny-moe".into()));
+//! let body = serde_json::json!({
+//!     "model": "strata-tiny-moe", "prompt": "Once upon a time", "max_tokens": 4, "temperature": 0,
+//! });
+//! let request = Request::post("/v1/completions")
+//!     .header("content-type", "application/json")
+//!     .body(Body::from(body.to_string()))?;
+//! let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+//! let (status, body) = rt.block_on(async {
+//!     let response = app(Arc::clone(&state)).oneshot(request).await?;
+//!     let status = response.status();
+//!     let body = to_bytes(response.into_body(), usize::MAX).await?;
+//!     Ok::<_, Box<dyn std::error::Error>>((status, body))
+//! })?;
+//! assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+//! let json: serde_json::Value = serde_json::from_slice(&body)?;
+//! println!("Once upon a time{}", json["choices"][0]["text"].as_str().unwrap_or_default());
+//! assert!(json["usage"]["completion_tokens"].as_u64() <= Some(4));
+//! state.scheduler.shutdown();
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 #![deny(missing_docs)]
 

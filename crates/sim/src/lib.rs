@@ -8,6 +8,33 @@
 //! A key design decision: the simulator owns time and memory, the policy owns decisions;
 //! the two meet only through `LayerView` and `Decision`, so what is simulated is exactly
 //! what the runtime's executor would be told to do.
+//!
+//! ```
+//! use strata_policy::policies::KTransformers;
+//! use strata_policy::{CostModel, Hardware, ModelShape};
+//! use strata_sim::workload::{SyntheticParams, synthetic};
+//!
+//! // Qwen3-30B-A3B with BF16 experts on the SMoE paper's RTX 4090 machine (built-in presets).
+//! let cost = CostModel::new(
+//!     Hardware::load("smoe-4090")?,
+//!     ModelShape::load("qwen3-30b-a3b")?,
+//!     16.0,
+//!     16.0,
+//! )?;
+//! // One request, a 16-token prompt then 4 decode steps, routed by a seeded skewed model.
+//! let m = &cost.model;
+//! let workload = synthetic(&SyntheticParams {
+//!     requests: 1,
+//!     prompt_tokens: 16,
+//!     decode_tokens: 4,
+//!     ..SyntheticParams::calibrated(m.moe_layers(), m.n_experts, m.top_k)
+//! });
+//! // KTransformers: routed experts on the CPU, nothing deferred.
+//! let report = strata_sim::simulate(&mut KTransformers::new(0), &cost, &workload)?;
+//! assert_eq!((report.prefill.tokens, report.decode.tokens), (16, 4));
+//! println!("decode: {:.1} tokens/s", report.decode.tokens_per_s);
+//! # Ok::<(), strata_sim::Error>(())
+//! ```
 
 #![deny(missing_docs)]
 

@@ -7,35 +7,6 @@ struct P { n_tokens: u32, start_pos: u32, n_heads: u32, n_kv_heads: u32, hd: u32
 
 var<workgroup> qs: array<f32, 256>;
 var<workgroup> sc: array<f32, 64>;
-var<workgroup> red: array<f32, 64>;
-
-fn reduce_max(v: f32, tid: u32) -> f32 {
-    red[tid] = v;
-    workgroupBarrier();
-    for (var off = 32u; off > 0u; off >>= 1u) {
-        if (tid < off) {
-            red[tid] = max(red[tid], red[tid + off]);
-        }
-        workgroupBarrier();
-    }
-    let r = red[0];
-    workgroupBarrier();
-    return r;
-}
-
-fn reduce_sum(v: f32, tid: u32) -> f32 {
-    red[tid] = v;
-    workgroupBarrier();
-    for (var off = 32u; off > 0u; off >>= 1u) {
-        if (tid < off) {
-            red[tid] += red[tid + off];
-        }
-        workgroupBarrier();
-    }
-    let r = red[0];
-    workgroupBarrier();
-    return r;
-}
 
 // Causal attention of one query row and head over the device KV cache (GQA: kv head =
 // head / group), 64 cached positions at a time with an online softmax, so prefill and

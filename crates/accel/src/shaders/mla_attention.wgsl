@@ -10,25 +10,6 @@ struct P { n_tokens: u32, start_pos: u32, n_heads: u32, l: u32, nope: u32, rd: u
 var<workgroup> ql: array<f32, 512>;
 var<workgroup> qr: array<f32, 64>;
 var<workgroup> sc: array<f32, 64>;
-var<workgroup> red: array<f32, 64>;
-
-fn reduce(v: f32, tid: u32, is_max: bool) -> f32 {
-    red[tid] = v;
-    workgroupBarrier();
-    for (var off = 32u; off > 0u; off >>= 1u) {
-        if (tid < off) {
-            if (is_max) {
-                red[tid] = max(red[tid], red[tid + off]);
-            } else {
-                red[tid] += red[tid + off];
-            }
-        }
-        workgroupBarrier();
-    }
-    let r = red[0];
-    workgroupBarrier();
-    return r;
-}
 
 // Multi-head latent attention of one query row and head in latent space (DeepSeek's
 // weight absorption): q_lat = W_UKᵀ q_nope, scores q_lat . c_j + q_rope . k_rope_j over the
@@ -70,14 +51,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) li: 
             }
             s = dot * p.scale;
         }
-        let new_m = max(m, reduce(s, tid, true));
+        let new_m = max(m, reduce_max(s, tid));
         let alpha = exp(m - new_m);
         var pr = 0.0;
         if (j <= pos) {
             pr = exp(s - new_m);
         }
         sc[tid] = pr;
-        den = den * alpha + reduce(pr, tid, false);
+        den = den * alpha + reduce_sum(pr, tid);
         let cnt = min(64u, pos + 1u - j0);
         for (var r = 0u; r < 8u; r++) {
             let c = tid + r * 64u;

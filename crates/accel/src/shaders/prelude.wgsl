@@ -1,4 +1,5 @@
-// Shared by every kernel: weight loads by type and the 2D -> linear invocation index.
+// Shared by every kernel: weight loads by type, the 2D -> linear invocation index and the
+// workgroup reductions.
 
 // Element `i` of a weight stored as 32-bit words: f32 (one per word), bf16 or f16 (two per
 // word, element 0 in the low half). `WTYPE` is replaced per pipeline: 0 f32, 1 bf16, 2 f16.
@@ -29,3 +30,36 @@ fn linear_id(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
 }
 
 const NEG_BIG: f32 = -3.0e38;
+
+// Sum and maximum over a workgroup of 64 by halving: every invocation calls them with its
+// value and gets the result; `red` is free again when they return. The fixed tree makes the
+// result independent of timing.
+var<workgroup> red: array<f32, 64>;
+
+fn reduce_sum(v: f32, tid: u32) -> f32 {
+    red[tid] = v;
+    workgroupBarrier();
+    for (var off = 32u; off > 0u; off >>= 1u) {
+        if (tid < off) {
+            red[tid] += red[tid + off];
+        }
+        workgroupBarrier();
+    }
+    let r = red[0];
+    workgroupBarrier();
+    return r;
+}
+
+fn reduce_max(v: f32, tid: u32) -> f32 {
+    red[tid] = v;
+    workgroupBarrier();
+    for (var off = 32u; off > 0u; off >>= 1u) {
+        if (tid < off) {
+            red[tid] = max(red[tid], red[tid + off]);
+        }
+        workgroupBarrier();
+    }
+    let r = red[0];
+    workgroupBarrier();
+    return r;
+}

@@ -4,8 +4,6 @@ struct P { rows: u32, dim: u32, eps: f32, _a: u32 }
 @group(0) @binding(2) var<storage, read> w: array<f32>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
 
-var<workgroup> red: array<f32, 64>;
-
 // One workgroup per row: out = x * w / sqrt(mean(x^2) + eps).
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -20,15 +18,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         let v = x[base + i];
         s += v * v;
     }
-    red[l.x] = s;
-    workgroupBarrier();
-    for (var off = 32u; off > 0u; off >>= 1u) {
-        if (l.x < off) {
-            red[l.x] += red[l.x + off];
-        }
-        workgroupBarrier();
-    }
-    let inv = 1.0 / sqrt(red[0] / f32(p.dim) + p.eps);
+    let inv = 1.0 / sqrt(reduce_sum(s, l.x) / f32(p.dim) + p.eps);
     for (var i = l.x; i < p.dim; i += 64u) {
         out[base + i] = x[base + i] * inv * w[i];
     }

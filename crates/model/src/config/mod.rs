@@ -196,6 +196,36 @@ impl AttentionConfig {
             AttentionConfig::Gqa { n_heads, .. } | AttentionConfig::Mla { n_heads, .. } => *n_heads,
         }
     }
+
+    /// Length of the query-key dot product of one head: `head_dim` for GQA, the non-rotary
+    /// plus the rotary dimensions for MLA.
+    pub fn qk_head_dim(&self) -> usize {
+        match *self {
+            AttentionConfig::Gqa { head_dim, .. } => head_dim,
+            AttentionConfig::Mla {
+                qk_nope_head_dim,
+                qk_rope_head_dim,
+                ..
+            } => qk_nope_head_dim + qk_rope_head_dim,
+        }
+    }
+
+    /// Values one layer's KV cache holds per position: a key and a value for every KV head
+    /// (GQA), or the compressed latent and the rotary key all heads share (MLA).
+    pub fn kv_elems(&self) -> usize {
+        match *self {
+            AttentionConfig::Gqa {
+                n_kv_heads,
+                head_dim,
+                ..
+            } => 2 * n_kv_heads * head_dim,
+            AttentionConfig::Mla {
+                kv_lora_rank,
+                qk_rope_head_dim,
+                ..
+            } => kv_lora_rank + qk_rope_head_dim,
+        }
+    }
 }
 
 /// How router logits become expert choices and weights.
@@ -323,9 +353,61 @@ impl ModelConfig {
     pub fn n_layers(&self) -> usize {
         self.layers.len()
     }
+
+    /// Softmax scale of attention scores: `1/sqrt(d_qk)`, times YaRN's `mscale²` for MLA
+    /// (DeepSeek's `mscale_all_dim`).
+    pub fn attention_scale(&self) -> f32 {
+        match self.attention {
+            AttentionConfig::Gqa { head_dim, .. } => 1.0 / (head_dim as f32).sqrt(),
+            AttentionConfig::Mla { .. } => {
+                let base = 1.0 / (self.attention.qk_head_dim() as f64).sqrt();
+                let m = match self.rope.scaling {
+                    RopeScaling::Yarn {
+                        factor,
+                        mscale_all_dim,
+                        ..
+                    } if mscale_all_dim != 0.0 => yarn_mscale(factor, mscale_all_dim),
+                    _ => 1.0,
+                };
+                (base * m * m) as f32
+            }
+        }
+    }
 }
 
 /// Path of `config.json` inside a model directory.
 pub fn config_path(dir: &Path) -> PathBuf {
     dir.join("config.json")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture(name: &str) -> ModelConfig {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures");
+        ModelConfig::load(&config_path(&dir.join(name))).unwrap()
+    }
+
+    /// The attention sizes the KV cache, the policies' shapes and the softmax use, against
+    /// values worked out by hand from each fixture's config.json.
+    #[test]
+    fn attention_sizes_and_scale_follow_the_config() {
+        // Qwen3-MoE: 2 KV heads of 12, a key and a value each.
+        let qwen = fixture("qwen3_moe");
+        assert_eq!(qwen.attention.qk_head_dim(), 12);
+        assert_eq!(qwen.attention.kv_elems(), 2 * 2 * 12);
+        assert_eq!(qwen.attention_scale(), 1.0 / 12f32.sqrt());
+        // DeepSeek-V2 (MLA): latent 18 plus rotary key 6 cached; q·k over 10 + 6; YaRN
+        // factor 4 with mscale_all_dim 0.707 scales the softmax by mscale².
+        let ds = fixture("deepseek_v2");
+        assert_eq!(ds.attention.qk_head_dim(), 16);
+        assert_eq!(ds.attention.kv_elems(), 18 + 6);
+        let m = 0.1 * 0.707 * 4f64.ln() + 1.0;
+        assert_eq!(ds.attention_scale(), (m * m / 4.0) as f32);
+        // DeepSeek-V3, YaRN in transformers 5's `rope_parameters` (mscale_all_dim 0.7).
+        let v3 = fixture("deepseek_v3");
+        let m = 0.1 * 0.7 * 4f64.ln() + 1.0;
+        assert_eq!(v3.attention_scale(), (1.0 / 22f64.sqrt() * m * m) as f32);
+    }
 }

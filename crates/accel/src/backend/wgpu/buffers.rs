@@ -112,6 +112,19 @@ impl WgpuDevice {
         }
     }
 
+    /// The binding of an optional input (a bias, a gate): its single binding, or the
+    /// dummy buffer when absent, which the kernel never reads (the op passes it a flag).
+    pub(super) fn single_or_dummy<'a>(
+        &'a self,
+        b: Option<&'a Buffer>,
+        what: &str,
+    ) -> Result<&'a wgpu::Buffer> {
+        match b {
+            Some(b) => self.single(b, what),
+            None => Ok(&self.dummy),
+        }
+    }
+
     /// Pieces `(chunk, offset in chunk, length)` of `len` bytes from `offset`.
     fn pieces(&self, b: &Buffer, offset: u64, len: u64) -> Result<Vec<(usize, u64, u64)>> {
         if offset + len > b.bytes() {

@@ -173,10 +173,7 @@ impl WgpuDevice {
             self.single(x, "matmul input")?,
             self.single(out, "matmul output")?,
         );
-        let bb = match bias {
-            Some(b) => self.single(b, "bias")?,
-            None => &self.dummy,
-        };
+        let bb = self.single_or_dummy(bias, "bias")?;
         // Rows per chunk: chunks are cut at whole rows (in words for 16-bit types).
         let elems_per_chunk = match wtype {
             WeightType::F32 => wr.chunk_bytes / 4,
@@ -261,7 +258,7 @@ impl WgpuDevice {
     /// n_heads, n_kv_heads, head_dim, window]`.
     fn attention(&self, buffers: [&Buffer; 4], dims: [u32; 6], scale: f32) -> Result<()> {
         let [q, k, v, out] = buffers;
-        let [n_tokens, start_pos, n_heads, n_kv_heads, head_dim, window] = dims;
+        let [n_tokens, _, n_heads, n_kv_heads, head_dim, _] = dims;
         if head_dim > 256 || n_kv_heads == 0 || n_heads % n_kv_heads != 0 {
             return Err(Error::Shape {
                 op: "attention",
@@ -270,24 +267,16 @@ impl WgpuDevice {
                 ),
             });
         }
-        self.dispatch(
+        self.dispatch_attention(
             "attention",
-            WeightType::F32,
             &[
-                n_tokens,
-                start_pos,
-                n_heads,
-                n_kv_heads,
-                head_dim,
-                window,
-                f(scale),
+                (q, "queries"),
+                (k, "key cache"),
+                (v, "value cache"),
+                (out, "attention output"),
             ],
-            &[
-                self.single(q, "queries")?,
-                self.single(k, "key cache")?,
-                self.single(v, "value cache")?,
-                self.single(out, "attention output")?,
-            ],
+            &dims,
+            scale,
             (n_heads, n_tokens),
         )
     }
@@ -296,7 +285,7 @@ impl WgpuDevice {
     /// `[n_tokens, start_pos, n_heads, kv_lora, nope, rope, v_dim]`.
     fn mla_attention(&self, buffers: [&Buffer; 5], dims: [u32; 7], scale: f32) -> Result<()> {
         let [q, latent, k_rope, kv_b, out] = buffers;
-        let [n_tokens, start_pos, n_heads, kv_lora, nope, rope, v_dim] = dims;
+        let [n_tokens, _, n_heads, kv_lora, _, rope, _] = dims;
         if kv_lora > 512 || rope > 64 {
             return Err(Error::Shape {
                 op: "mla attention",
@@ -305,28 +294,38 @@ impl WgpuDevice {
                 ),
             });
         }
-        self.dispatch(
+        self.dispatch_attention(
             "mla_attention",
-            WeightType::F32,
             &[
-                n_tokens,
-                start_pos,
-                n_heads,
-                kv_lora,
-                nope,
-                rope,
-                v_dim,
-                f(scale),
+                (q, "queries"),
+                (latent, "latent cache"),
+                (k_rope, "rotary key cache"),
+                (kv_b, "kv_b_proj"),
+                (out, "attention output"),
             ],
-            &[
-                self.single(q, "queries")?,
-                self.single(latent, "latent cache")?,
-                self.single(k_rope, "rotary key cache")?,
-                self.single(kv_b, "kv_b_proj")?,
-                self.single(out, "attention output")?,
-            ],
+            &dims,
+            scale,
             (n_heads, n_tokens),
         )
+    }
+
+    /// Dispatches an attention kernel over `groups` (one workgroup per head and token): its
+    /// uniform words are the op's `dims` then the softmax `scale`, its bindings `buffers`
+    /// in order, each one binding (named in the error when it is not).
+    fn dispatch_attention(
+        &self,
+        kernel: &'static str,
+        buffers: &[(&Buffer, &str)],
+        dims: &[u32],
+        scale: f32,
+        groups: (u32, u32),
+    ) -> Result<()> {
+        let params: Vec<u32> = dims.iter().copied().chain([f(scale)]).collect();
+        let bindings = buffers
+            .iter()
+            .map(|&(b, what)| self.single(b, what))
+            .collect::<Result<Vec<_>>>()?;
+        self.dispatch(kernel, WeightType::F32, &params, &bindings, groups)
     }
 
     /// [`Op::SiluMul`]: the elementwise kernel's mode 0.
@@ -342,10 +341,7 @@ impl WgpuDevice {
 
     /// [`Op::Add`]: the elementwise kernel's mode 1, gated when `gate` is given.
     fn add(&self, x: &Buffer, y: &Buffer, gate: Option<&Buffer>, n: u32, dim: u32) -> Result<()> {
-        let g = match gate {
-            Some(g) => self.single(g, "gate")?,
-            None => &self.dummy,
-        };
+        let g = self.single_or_dummy(gate, "gate")?;
         self.dispatch(
             "elementwise",
             WeightType::F32,
@@ -372,10 +368,7 @@ impl WgpuDevice {
             });
         }
         let (n_group, topk_group, top2) = p.groups.unwrap_or((1, 1, false));
-        let b = match bias {
-            Some(b) => self.single(b, "router bias")?,
-            None => &self.dummy,
-        };
+        let b = self.single_or_dummy(bias, "router bias")?;
         self.dispatch(
             "topk",
             WeightType::F32,
