@@ -20,9 +20,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use strata_accel::{Buffer, Device, ExpertSlots, TopKParams, WeightType};
-use strata_model::config::{
-    AttentionConfig, FfnConfig, GroupScore, ModelConfig, RopeScaling, Scoring, yarn_mscale,
-};
+use strata_model::config::{AttentionConfig, FfnConfig, GroupScore, ModelConfig, Scoring};
 use strata_model::model::open;
 use strata_model::names::{self, AttentionNames, ExpertLayout, LayerNames};
 use strata_model::rope::Rope;
@@ -415,22 +413,19 @@ impl GpuModel {
         config: ModelConfig,
         src: &Source,
     ) -> Result<GpuModel> {
-        let (shape, scale) = match config.attention {
+        let shape = match config.attention {
             AttentionConfig::Gqa {
                 n_heads,
                 n_kv_heads,
                 head_dim,
                 sliding_window,
                 ..
-            } => (
-                Shape::Gqa {
-                    n_heads,
-                    n_kv_heads,
-                    head_dim,
-                    window: sliding_window.unwrap_or(0),
-                },
-                1.0 / (head_dim as f32).sqrt(),
-            ),
+            } => Shape::Gqa {
+                n_heads,
+                n_kv_heads,
+                head_dim,
+                window: sliding_window.unwrap_or(0),
+            },
             AttentionConfig::Mla {
                 n_heads,
                 kv_lora_rank,
@@ -438,29 +433,15 @@ impl GpuModel {
                 qk_rope_head_dim,
                 v_head_dim,
                 ..
-            } => {
-                // 1/sqrt(d_qk), times YaRN's mscale² (DeepSeek's `mscale_all_dim`).
-                let base = 1.0 / ((qk_nope_head_dim + qk_rope_head_dim) as f64).sqrt();
-                let m = match config.rope.scaling {
-                    RopeScaling::Yarn {
-                        factor,
-                        mscale_all_dim,
-                        ..
-                    } if mscale_all_dim != 0.0 => yarn_mscale(factor, mscale_all_dim),
-                    _ => 1.0,
-                };
-                (
-                    Shape::Mla {
-                        n_heads,
-                        kv_lora: kv_lora_rank,
-                        nope: qk_nope_head_dim,
-                        rope: qk_rope_head_dim,
-                        v_dim: v_head_dim,
-                    },
-                    (base * m * m) as f32,
-                )
-            }
+            } => Shape::Mla {
+                n_heads,
+                kv_lora: kv_lora_rank,
+                nope: qk_nope_head_dim,
+                rope: qk_rope_head_dim,
+                v_dim: v_head_dim,
+            },
         };
+        let scale = config.attention_scale();
         let ld = Loader {
             dev: &*dev,
             src,

@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-pub use normalise::yarn_mscale;
+pub(crate) use normalise::yarn_mscale;
 pub use raw::RawConfig;
 
 use crate::{Error, Result};

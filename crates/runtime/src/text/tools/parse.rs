@@ -217,7 +217,7 @@ impl ToolParser {
             Err(false) => return Parsed::NotACall,
         };
         let Some(call) = call_from_value(&v, &["arguments", "parameters"])
-            .filter(|c| self.names.iter().any(|n| *n == c.name))
+            .filter(|c| self.names.contains(&c.name))
         else {
             return Parsed::NotACall;
         };
