@@ -188,6 +188,8 @@ struct Shared {
     prefilled_tokens: AtomicU64,
     prefix_bytes: AtomicUsize,
     prefix_blocks: AtomicUsize,
+    /// Bytes of the running sequences' own KV caches.
+    kv_bytes: AtomicUsize,
 }
 
 enum Command {
@@ -340,6 +342,12 @@ impl Scheduler {
         self.shared.prefilled_tokens.load(Ordering::Relaxed)
     }
 
+    /// Bytes the running sequences' own KV caches hold now (the prefix cache apart): 0
+    /// whenever the batch is empty.
+    pub fn kv_cache_bytes(&self) -> usize {
+        self.shared.kv_bytes.load(Ordering::Acquire)
+    }
+
     /// Bytes and blocks the prefix cache holds now.
     pub fn prefix_cache_usage(&self) -> (usize, usize) {
         (
@@ -439,7 +447,7 @@ fn run(engine: &Engine, cfg: SchedulerConfig, rx: &mpsc::Receiver<Command>, shar
                 running.push(seq);
             }
         }
-        shared.active.store(running.len(), Ordering::Release);
+        publish(shared, &running);
         if running.is_empty() {
             continue;
         }
@@ -448,14 +456,22 @@ fn run(engine: &Engine, cfg: SchedulerConfig, rx: &mpsc::Receiver<Command>, shar
         shared.prefix_bytes.store(pool.bytes(), Ordering::Relaxed);
         shared.prefix_blocks.store(pool.blocks(), Ordering::Relaxed);
         let finished: Vec<Seq<'_>> = running.extract_if(.., |s| s.finished.is_some()).collect();
-        shared.active.store(running.len(), Ordering::Release);
+        publish(shared, &running);
         for mut seq in finished {
             if let Some(Finished::Tell(last)) = seq.finished.take() {
                 seq.sink.send(last);
             }
         }
     }
-    shared.active.store(0, Ordering::Release);
+    publish(shared, &[]);
+}
+
+/// Publishes the batch's size and the bytes its caches hold, bytes first: a reader that
+/// sees the size then reads bytes at least as recent.
+fn publish(shared: &Shared, running: &[Seq<'_>]) {
+    let bytes = running.iter().map(|s| s.cache.bytes()).sum();
+    shared.kv_bytes.store(bytes, Ordering::Release);
+    shared.active.store(running.len(), Ordering::Release);
 }
 
 /// Applies one command; returns whether it asks for shutdown.

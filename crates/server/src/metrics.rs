@@ -138,8 +138,9 @@ impl Metrics {
     }
 }
 
-/// The scheduler's prefix cache on `/metrics`: prompt tokens served from it and prefilled,
-/// and what the pool holds now.
+/// The scheduler's KV memory on `/metrics`: prompt tokens served from the prefix cache and
+/// prefilled, what the prefix cache holds now and its budget, and what the running
+/// sequences' own caches hold (0 when the batch is empty: a leak shows there).
 pub fn render_prefix_cache(out: &mut String, s: &strata_runtime::scheduler::Scheduler) {
     let (bytes, blocks) = s.prefix_cache_usage();
     let _ = writeln!(
@@ -153,9 +154,15 @@ pub fn render_prefix_cache(out: &mut String, s: &strata_runtime::scheduler::Sche
          # HELP strata_prefix_cache_bytes Bytes of KV rows the prefix cache holds.\n\
          # TYPE strata_prefix_cache_bytes gauge\nstrata_prefix_cache_bytes {bytes}\n\
          # HELP strata_prefix_cache_blocks Blocks the prefix cache holds.\n\
-         # TYPE strata_prefix_cache_blocks gauge\nstrata_prefix_cache_blocks {blocks}",
+         # TYPE strata_prefix_cache_blocks gauge\nstrata_prefix_cache_blocks {blocks}\n\
+         # HELP strata_prefix_cache_budget_bytes Most bytes the prefix cache may hold.\n\
+         # TYPE strata_prefix_cache_budget_bytes gauge\nstrata_prefix_cache_budget_bytes {}\n\
+         # HELP strata_kv_cache_bytes Bytes of KV cache held by the running sequences.\n\
+         # TYPE strata_kv_cache_bytes gauge\nstrata_kv_cache_bytes {}",
         s.cached_tokens(),
         s.prefilled_tokens(),
+        s.config().prefix_cache_bytes,
+        s.kv_cache_bytes(),
     );
 }
 

@@ -168,6 +168,11 @@ async fn a_shared_system_prompt_reports_cached_tokens() {
         (prompt - 1) / 16 * 16 + cached
     );
     assert!(text.contains(&hits), "missing {hits:?} in\n{text}");
+    let budget = format!("strata_prefix_cache_budget_bytes {}\n", 16 << 20);
+    // Every request has ended: no sequence holds KV cache.
+    for line in [budget.as_str(), "strata_kv_cache_bytes 0\n"] {
+        assert!(text.contains(line), "missing {line:?} in\n{text}");
+    }
 }
 
 /// A stand-in for the hybrid executor's counters.

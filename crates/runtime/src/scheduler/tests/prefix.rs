@@ -1,6 +1,6 @@
 //! The shared prefix cache under the scheduler: same greedy tokens with and without it (GQA
 //! and MLA caches), fewer tokens prefilled, LRU eviction under a tiny budget, hits from a
-//! sequence still running, cancellation mid-prefill.
+//! sequence still running, cancellation mid-prefill (and the caches of sequences gone freed).
 
 use strata_model::Model;
 use strata_model::memory::kv_bytes_per_token;
@@ -152,17 +152,31 @@ fn a_running_sequence_shares_its_prompt_and_cancellation_keeps_the_pool_sound() 
     let second = fixed(second, 6);
     let (got, cached) = run_one(&s, &second);
     assert_eq!(s.active(), 1, "the first sequence still runs");
+    assert!(
+        s.kv_cache_bytes() > 0,
+        "the running sequence's cache is counted"
+    );
     assert_eq!(cached, 96, "blocks of the running sequence");
     assert_eq!(got, run_one(&off, &second).0);
     s.cancel(first);
     drop(rx);
     wait_idle(&s);
+    assert_eq!(
+        s.kv_cache_bytes(),
+        0,
+        "a cancelled sequence's cache is freed"
+    );
     // A client gone after two steps of its prefill (32 tokens each) leaves its first
     // four blocks behind, and they are sound.
     let long = fixed(tokens(120, 9, vocab), 4);
     s.submit(long.clone(), Box::new(GoneAfter(AtomicUsize::new(0))))
         .unwrap();
     wait_idle(&s);
+    assert_eq!(
+        s.kv_cache_bytes(),
+        0,
+        "an abandoned sequence's cache is freed"
+    );
     let (got, cached) = run_one(&s, &long);
     assert_eq!(cached, 64);
     assert_eq!(got, run_one(&off, &long).0);
