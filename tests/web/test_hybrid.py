@@ -15,7 +15,8 @@ from conftest import Server
 TIMEOUT_MS = 60_000
 
 
-def start_hybrid(log_dir, policy_args, name):
+def hybrid_server(log_dir, policy_args, name):
+    """A `--device hybrid` server for a module's tests, stopped cleanly after them."""
     s = Server(os.environ["STRATA_BIN"], log_dir,
                extra=["--device", "hybrid", *policy_args], name=name)
     try:
@@ -25,25 +26,22 @@ def start_hybrid(log_dir, policy_args, name):
         if os.environ.get("STRATA_GPU_TESTS") == "1":
             raise AssertionError(f"{e}\n{log}")
         pytest.skip(f"no accelerator for --device hybrid (STRATA_GPU_TESTS unset): {log}")
-    return s
+    yield s
+    if s.proc.poll() is None:
+        assert s.stop() == 0
 
 
 @pytest.fixture(scope="module")
 def hybrid(log_dir):
     # 4 MiB holds 21 of the shipped model's expert slots (192 KiB each in BF16), two of
     # them staging: the cache hits and misses, and every layer's 32 experts compete.
-    s = start_hybrid(log_dir, ["--policy", "gpu-lru", "--vram-budget", "4MiB"], "serve-hybrid")
-    yield s
-    if s.proc.poll() is None:
-        assert s.stop() == 0
+    yield from hybrid_server(log_dir, ["--policy", "gpu-lru", "--vram-budget", "4MiB"],
+                             "serve-hybrid")
 
 
 @pytest.fixture(scope="module")
 def deferring(log_dir):
-    s = start_hybrid(log_dir, ["--policy", "ktransformers", "--defer", "1"], "serve-defer")
-    yield s
-    if s.proc.poll() is None:
-        assert s.stop() == 0
+    yield from hybrid_server(log_dir, ["--policy", "ktransformers", "--defer", "1"], "serve-defer")
 
 
 def table_value(page, name):

@@ -109,10 +109,7 @@ impl ToolParser {
             if !self.in_call && self.format == ToolFormat::Hermes && !self.content {
                 match self.bare_call(last) {
                     Parsed::Calls(calls, used) => {
-                        self.buf.drain(..used);
-                        self.held.clear();
-                        self.calls += calls.len();
-                        out.extend(calls.into_iter().map(ToolEvent::Call));
+                        self.take_calls(calls, used, out);
                         continue;
                     }
                     Parsed::More => return,
@@ -139,13 +136,8 @@ impl ToolParser {
             }
             match self.parse(last) {
                 Parsed::Calls(calls, used) => {
-                    self.buf.drain(..used);
                     self.in_call = false;
-                    if !calls.is_empty() {
-                        self.held.clear();
-                    }
-                    self.calls += calls.len();
-                    out.extend(calls.into_iter().map(ToolEvent::Call));
+                    self.take_calls(calls, used, out);
                 }
                 Parsed::More => return,
                 Parsed::NotACall => {
@@ -157,6 +149,17 @@ impl ToolParser {
                 }
             }
         }
+    }
+
+    /// Emits the calls parsed from the first `used` bytes of the buffer; whitespace held
+    /// before them is dropped.
+    fn take_calls(&mut self, calls: Vec<ToolCall>, used: usize, out: &mut Vec<ToolEvent>) {
+        self.buf.drain(..used);
+        if !calls.is_empty() {
+            self.held.clear();
+        }
+        self.calls += calls.len();
+        out.extend(calls.into_iter().map(ToolEvent::Call));
     }
 
     /// Releases text, holding back trailing whitespace.
