@@ -35,6 +35,86 @@ pub fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
     axpy_lanes(alpha, x, y);
 }
 
+/// `out[j] = x · rows[j · stride ..][.. x.len()]` for every `j < out.len()`: one query
+/// against many keys of an attention cache, whose rows lie `stride` values apart.
+///
+/// Each product is summed in the same order as [`dot`]'s, so the results are identical to
+/// calling it per row; one call per query instead of per key saves the dispatch and keeps the
+/// query in registers.
+///
+/// # Panics
+/// If the last row ends past `rows`.
+pub fn dot_rows(x: &[f32], rows: &[f32], stride: usize, out: &mut [f32]) {
+    check_rows(x.len(), rows.len(), stride, out.len());
+    #[cfg(target_arch = "x86_64")]
+    if Isa::selected() >= Isa::Avx2 {
+        // SAFETY: `Isa::Avx2` or better is only selected when the CPU has AVX2 and FMA.
+        unsafe { dot_rows_avx2(x, rows, stride, out) };
+        return;
+    }
+    dot_rows_lanes(x, rows, stride, out);
+}
+
+/// `y += Σ_j alpha[j] · rows[j · stride ..][.. y.len()]`: the weighted sum of an attention
+/// cache's value rows.
+///
+/// The sum over `j` is formed in order, starting from zero, and added to `y` once, so with
+/// `y` zero on entry the result is identical to [`axpy`] per row; `y` stays in registers
+/// across the rows instead of being loaded and stored for each.
+///
+/// # Panics
+/// If the last row ends past `rows`.
+pub fn axpy_rows(alpha: &[f32], rows: &[f32], stride: usize, y: &mut [f32]) {
+    check_rows(y.len(), rows.len(), stride, alpha.len());
+    #[cfg(target_arch = "x86_64")]
+    if Isa::selected() >= Isa::Avx2 {
+        // SAFETY: `Isa::Avx2` or better is only selected when the CPU has AVX2 and FMA.
+        unsafe { axpy_rows_avx2(alpha, rows, stride, y) };
+        return;
+    }
+    axpy_rows_lanes(alpha, rows, stride, y);
+}
+
+fn check_rows(width: usize, len: usize, stride: usize, n_rows: usize) {
+    if n_rows > 0 {
+        let end = (n_rows - 1) * stride + width;
+        assert!(
+            end <= len,
+            "{n_rows} rows of {width} values, {stride} apart, need {end} values, got {len}"
+        );
+    }
+}
+
+#[inline(always)]
+fn dot_rows_lanes(x: &[f32], rows: &[f32], stride: usize, out: &mut [f32]) {
+    let n = x.len();
+    for (j, o) in out.iter_mut().enumerate() {
+        *o = dot_lanes(x, &rows[j * stride..j * stride + n]);
+    }
+}
+
+/// Values of `y` summed at once: eight vectors of eight, within AVX2's sixteen registers.
+const AXPY_CHUNK: usize = 64;
+
+#[inline(always)]
+fn axpy_rows_lanes(alpha: &[f32], rows: &[f32], stride: usize, y: &mut [f32]) {
+    let mut c = 0;
+    while c < y.len() {
+        let w = (y.len() - c).min(AXPY_CHUNK);
+        let mut acc = [0.0f32; AXPY_CHUNK];
+        for (j, &a) in alpha.iter().enumerate() {
+            let r = &rows[j * stride + c..j * stride + c + w];
+            for (s, v) in acc[..w].iter_mut().zip(r) {
+                *s += a * v;
+            }
+        }
+        for (yi, s) in y[c..c + w].iter_mut().zip(&acc) {
+            *yi += s;
+        }
+        c += w;
+    }
+}
+
 #[inline(always)]
 fn dot_lanes(a: &[f32], b: &[f32]) -> f32 {
     let n = a.len().min(b.len());
@@ -82,6 +162,62 @@ unsafe fn axpy_avx2(alpha: f32, x: &[f32], y: &mut [f32]) {
     axpy_lanes(alpha, x, y);
 }
 
+/// [`dot_rows_lanes`] on AVX2, four rows side by side: each row's sum is one chain of
+/// dependent adds, so four interleaved chains keep the adder busy where one would wait on
+/// its latency. Every row sees the same multiplications and additions in the same order as
+/// in [`dot_lanes`] (separate multiply and add, lanes summed first to last, then the tail),
+/// so the results are bit for bit those of [`dot`].
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA; the rows lie within `rows` ([`check_rows`]).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot_rows_avx2(x: &[f32], rows: &[f32], stride: usize, out: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let n = x.len();
+    let whole = n - n % 8;
+    let groups = out.len() / 4;
+    for g in 0..groups {
+        let at: [usize; 4] = std::array::from_fn(|i| (4 * g + i) * stride);
+        let mut acc = [_mm256_setzero_ps(); 4];
+        for c in (0..whole).step_by(8) {
+            // SAFETY: `c + 8 <= n`, and each row `at[i] .. at[i] + n` lies within `rows`
+            // (the caller checked the last one; the others end before it).
+            unsafe {
+                let xv = _mm256_loadu_ps(x.as_ptr().add(c));
+                for (a, &r) in acc.iter_mut().zip(&at) {
+                    let rv = _mm256_loadu_ps(rows.as_ptr().add(r + c));
+                    *a = _mm256_add_ps(*a, _mm256_mul_ps(xv, rv));
+                }
+            }
+        }
+        for i in 0..4 {
+            let mut lanes = [0.0f32; 8];
+            // SAFETY: `lanes` holds 8 f32; unaligned store.
+            unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), acc[i]) };
+            let tail: f32 = x[whole..]
+                .iter()
+                .zip(&rows[at[i] + whole..at[i] + n])
+                .map(|(p, q)| p * q)
+                .sum();
+            out[4 * g + i] = lanes.iter().sum::<f32>() + tail;
+        }
+    }
+    for j in 4 * groups..out.len() {
+        out[j] = dot_lanes(x, &rows[j * stride..j * stride + n]);
+    }
+}
+
+/// [`axpy_rows_lanes`] compiled with AVX2 and FMA enabled.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn axpy_rows_avx2(alpha: &[f32], rows: &[f32], stride: usize, y: &mut [f32]) {
+    axpy_rows_lanes(alpha, rows, stride, y);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -105,5 +241,41 @@ mod tests {
                 assert_eq!(y[i], b[i] + 0.5 * a[i], "axpy n {n} at {i}");
             }
         }
+    }
+
+    /// The row kernels against per-row `dot` / `axpy`: identical values, on ragged widths
+    /// (below, at and past one register chunk), strides wider than a row, and zero rows.
+    #[test]
+    fn row_kernels_equal_per_row_calls() {
+        for width in [1, 7, 8, 64, 72, 128, 131] {
+            for n_rows in [0, 1, 3, 17] {
+                let stride = width + 5;
+                let len = n_rows * stride;
+                let rows: Vec<f32> = (0..len).map(|i| (i as f32 * 0.013).sin()).collect();
+                let x: Vec<f32> = (0..width).map(|i| (i as f32 * 0.7).cos()).collect();
+                let alpha: Vec<f32> = (0..n_rows).map(|j| 0.1 + j as f32 * 0.03).collect();
+                let mut scores = vec![f32::NAN; n_rows];
+                dot_rows(&x, &rows, stride, &mut scores);
+                let mut y = vec![0.0f32; width];
+                axpy_rows(&alpha, &rows, stride, &mut y);
+                let mut want_y = vec![0.0f32; width];
+                for j in 0..n_rows {
+                    let r = &rows[j * stride..j * stride + width];
+                    assert_eq!(scores[j], dot(&x, r), "dot_rows width {width} row {j}");
+                    axpy(alpha[j], r, &mut want_y);
+                }
+                assert_eq!(y, want_y, "axpy_rows width {width}, {n_rows} rows");
+                let mut portable = vec![0.0f32; width];
+                axpy_rows_lanes(&alpha, &rows, stride, &mut portable);
+                assert_eq!(portable, want_y, "portable axpy_rows width {width}");
+            }
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "need")]
+    fn row_kernels_refuse_rows_past_the_end() {
+        let mut out = [0.0f32; 3];
+        dot_rows(&[1.0; 8], &[0.0; 20], 8, &mut out);
     }
 }

@@ -7,6 +7,8 @@
 //! so its cache is 10-20x smaller than full keys and values, as in the reference
 //! implementation's cache.
 
+use std::ops::Range;
+
 use crate::Result;
 use crate::cache::LayerCache;
 use crate::config::AttentionConfig;
@@ -14,7 +16,7 @@ use crate::linear::{Linear, Loader};
 use crate::names::AttentionNames;
 use crate::ops::{parallel_map, rms_norm, softmax};
 use crate::rope::Rope;
-use strata_kernels::vector::{axpy, dot};
+use strata_kernels::vector::{axpy_rows, dot, dot_rows};
 
 /// DeepSeek's `q_a_layernorm` and `kv_a_layernorm` use a fixed epsilon, not `rms_norm_eps`.
 const MLA_NORM_EPS: f32 = 1e-6;
@@ -231,20 +233,47 @@ fn apply_rope_rows(x: &mut [f32], positions: &[usize], stride: usize, offset: us
     }
 }
 
-/// Scatters per-(sequence, head) outputs `[len, width]` into `[T, n_heads * width]`.
+/// Query rows of one sequence's prompt that one attention task takes: a long prompt is split
+/// so that its heads' work spreads evenly over the cores (nine heads on two cores left one
+/// waiting a ninth of the time).
+const ROWS_PER_TASK: usize = 32;
+
+/// One attention task: query rows `rows` of span `span` for head `head`.
+#[derive(Clone)]
+struct HeadTask {
+    span: usize,
+    head: usize,
+    rows: Range<usize>,
+}
+
+/// The attention tasks of a batch: every span's rows in chunks, for every head.
+fn head_tasks(spans: &[SeqSpan], n_heads: usize) -> Vec<HeadTask> {
+    let mut tasks = Vec::new();
+    for (span, s) in spans.iter().enumerate() {
+        for head in 0..n_heads {
+            for start in (0..s.len).step_by(ROWS_PER_TASK) {
+                let rows = start..(start + ROWS_PER_TASK).min(s.len);
+                tasks.push(HeadTask { span, head, rows });
+            }
+        }
+    }
+    tasks
+}
+
+/// Scatters the tasks' outputs (`[rows, width]` each) into `[T, n_heads * width]`.
 fn scatter_heads(
     outs: Vec<Vec<f32>>,
+    tasks: &[HeadTask],
     spans: &[SeqSpan],
     n_heads: usize,
     width: usize,
     t: usize,
 ) -> Vec<f32> {
     let mut attn = vec![0.0f32; t * n_heads * width];
-    for (task, out) in outs.into_iter().enumerate() {
-        let (s, head) = (task / n_heads, task % n_heads);
-        for r in 0..spans[s].len {
-            let dst = (spans[s].row + r) * n_heads * width + head * width;
-            attn[dst..dst + width].copy_from_slice(&out[r * width..(r + 1) * width]);
+    for (task, out) in tasks.iter().zip(outs) {
+        for (i, r) in task.rows.clone().enumerate() {
+            let dst = (spans[task.span].row + r) * n_heads * width + task.head * width;
+            attn[dst..dst + width].copy_from_slice(&out[i * width..(i + 1) * width]);
         }
     }
     attn
@@ -286,33 +315,33 @@ impl Gqa {
         }
         let caches: &[&mut LayerCache] = caches;
         let group = self.n_heads / self.n_kv_heads;
-        let outs = parallel_map(spans.len() * self.n_heads, |task| {
-            let (s, head) = (task / self.n_heads, task % self.n_heads);
-            let span = &spans[s];
-            let cache = &caches[s];
+        let tasks = head_tasks(spans, self.n_heads);
+        let outs = parallel_map(tasks.len(), |i| {
+            let HeadTask { span, head, rows } = tasks[i].clone();
+            let (cache, span) = (&caches[span], &spans[span]);
             let kv_head = head / group;
-            let mut out = vec![0.0f32; span.len * hd];
+            let mut out = vec![0.0f32; rows.len() * hd];
             let mut scores = Vec::new();
-            for r in 0..span.len {
+            for r in rows.clone() {
                 let pos = span.start_pos + r;
                 let lo = self
                     .sliding_window
                     .map_or(0, |w| (pos + 1).saturating_sub(w));
                 let qrow = &q[(span.row + r) * self.n_heads * hd + head * hd..][..hd];
+                let first = lo * kv_w + kv_head * hd;
                 scores.clear();
-                for j in lo..=pos {
-                    let krow = &cache.a()[j * kv_w + kv_head * hd..][..hd];
-                    scores.push(dot(qrow, krow) * scale);
+                scores.resize(pos + 1 - lo, 0.0);
+                dot_rows(qrow, &cache.a()[first..], kv_w, &mut scores);
+                for s in &mut scores {
+                    *s *= scale;
                 }
                 softmax(&mut scores);
-                let o = &mut out[r * hd..(r + 1) * hd];
-                for (j, &p) in (lo..=pos).zip(&scores) {
-                    axpy(p, &cache.b()[j * kv_w + kv_head * hd..][..hd], o);
-                }
+                let o = &mut out[(r - rows.start) * hd..][..hd];
+                axpy_rows(&scores, &cache.b()[first..], kv_w, o);
             }
             out
         });
-        let attn = scatter_heads(outs, spans, self.n_heads, hd, t);
+        let attn = scatter_heads(outs, &tasks, spans, self.n_heads, hd, t);
         self.o.forward(&attn, t)
     }
 }
@@ -359,15 +388,16 @@ impl Mla {
         }
         let caches: &[&mut LayerCache] = caches;
         let (l, rd, vd) = (self.kv_lora, self.rope_dim, self.v_dim);
-        let outs = parallel_map(spans.len() * self.n_heads, |task| {
-            let (s, head) = (task / self.n_heads, task % self.n_heads);
-            let span = &spans[s];
-            let cache = &caches[s];
+        let tasks = head_tasks(spans, self.n_heads);
+        let outs = parallel_map(tasks.len(), |i| {
+            let HeadTask { span, head, rows } = tasks[i].clone();
+            let (cache, span) = (&caches[span], &spans[span]);
             let w_head = &self.kv_b[head * (self.nope + vd) * l..(head + 1) * (self.nope + vd) * l];
             let (w_uk, w_uv) = w_head.split_at(self.nope * l);
-            let mut out = vec![0.0f32; span.len * vd];
-            let (mut q_lat, mut o_lat, mut scores) = (vec![0.0f32; l], vec![0.0f32; l], Vec::new());
-            for r in 0..span.len {
+            let mut out = vec![0.0f32; rows.len() * vd];
+            let (mut q_lat, mut o_lat) = (vec![0.0f32; l], vec![0.0f32; l]);
+            let (mut scores, mut rope_scores) = (Vec::new(), Vec::new());
+            for r in rows.clone() {
                 let pos = span.start_pos + r;
                 let qrow = &q[(span.row + r) * self.n_heads * qk + head * qk..][..qk];
                 // Absorb W_UK: q_lat = W_UKᵀ q_nope, so q_nope · (W_UK c) = q_lat · c.
@@ -377,25 +407,24 @@ impl Mla {
                         *ql += qd * w;
                     }
                 }
-                scores.clear();
-                for j in 0..=pos {
-                    let s = dot(&q_lat, &cache.a()[j * l..(j + 1) * l])
-                        + dot(&qrow[self.nope..], &cache.b()[j * rd..(j + 1) * rd]);
-                    scores.push(s * scale);
+                scores.resize(pos + 1, 0.0);
+                rope_scores.resize(pos + 1, 0.0);
+                dot_rows(&q_lat, cache.a(), l, &mut scores);
+                dot_rows(&qrow[self.nope..], cache.b(), rd, &mut rope_scores);
+                for (s, r) in scores.iter_mut().zip(&rope_scores) {
+                    *s = (*s + r) * scale;
                 }
                 softmax(&mut scores);
                 o_lat.fill(0.0);
-                for (j, &p) in scores.iter().enumerate() {
-                    axpy(p, &cache.a()[j * l..(j + 1) * l], &mut o_lat);
-                }
+                axpy_rows(&scores, cache.a(), l, &mut o_lat);
                 // Absorb W_UV: out = W_UV · Σ p_j c_j.
-                for (vi, o) in out[r * vd..(r + 1) * vd].iter_mut().enumerate() {
+                for (vi, o) in out[(r - rows.start) * vd..][..vd].iter_mut().enumerate() {
                     *o = dot(&w_uv[vi * l..(vi + 1) * l], &o_lat);
                 }
             }
             out
         });
-        let attn = scatter_heads(outs, spans, self.n_heads, vd, t);
+        let attn = scatter_heads(outs, &tasks, spans, self.n_heads, vd, t);
         self.o.forward(&attn, t)
     }
 }

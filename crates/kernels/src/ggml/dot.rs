@@ -18,7 +18,8 @@
 #![allow(clippy::needless_range_loop)]
 
 use crate::Isa;
-use crate::buf::AlignedBuf;
+use crate::buf::{AlignedBuf, SharedMut};
+use crate::parallel_for;
 
 use super::unpack::UNIT;
 
@@ -45,42 +46,36 @@ impl Q8Rows {
     /// Quantizes rows `row(0) .. row(m - 1)` (each `k` values, `k` a multiple of `block`)
     /// with one scale per `block` values: 32, or 256 for weights in 256-value blocks, whose
     /// kernels then apply a block's integer sub-scales before converting to f32 once per
-    /// block (ggml's `Q8_K`).
+    /// block (ggml's `Q8_K`). Prompts' rows are quantized on the pool: done on the calling
+    /// thread alone, they left the other cores waiting for a tenth of a prefill.
     pub(crate) fn quantize<'x>(
         k: usize,
         block: usize,
         m: usize,
-        row: impl Fn(usize) -> &'x [f32],
+        row: impl Fn(usize) -> &'x [f32] + Sync,
     ) -> Q8Rows {
         debug_assert!(block.is_multiple_of(QBLOCK) && k.is_multiple_of(block));
         let mut q = AlignedBuf::zeroed(m * k);
         let mut s = vec![0.0f32; m * k / QBLOCK];
         let mut sums = vec![0.0f32; m * k / UNIT];
         let mut isums = vec![0i16; m * k / UNIT];
-        let bytes = q.as_mut_slice();
-        for r in 0..m {
-            let x = row(r);
-            let qr = &mut bytes[r * k..(r + 1) * k];
-            for (b, xb) in x.chunks_exact(block).enumerate() {
-                let amax = xb.iter().fold(0.0f32, |a, v| a.max(v.abs()));
-                let scale = amax / 127.0;
-                let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
-                let base = b * block;
-                for (u, xu) in xb.chunks_exact(UNIT).enumerate() {
-                    let mut unit_sum = 0i32;
-                    for (j, &v) in xu.iter().enumerate() {
-                        let qi = (v * inv).round() as i32;
-                        qr[base + u * UNIT + j] = qi as i8 as u8;
-                        unit_sum += qi;
-                    }
-                    let at = r * k / UNIT + base / UNIT + u;
-                    sums[at] = scale * unit_sum as f32;
-                    // |Σ q| <= 16 · 127 fits i16.
-                    isums[at] = unit_sum as i16;
-                }
-                s[(r * k + base) / QBLOCK..(r * k + base + block) / QBLOCK].fill(scale);
+        let (q_w, s_w) = (SharedMut::new(q.as_mut_slice()), SharedMut::new(&mut s));
+        let (sums_w, isums_w) = (SharedMut::new(&mut sums), SharedMut::new(&mut isums));
+        let per_task = QUANTIZE_ROWS_PER_TASK;
+        parallel_for(m.div_ceil(per_task), |task| {
+            for r in task * per_task..((task + 1) * per_task).min(m) {
+                // SAFETY: row `r` of each buffer is written by this task alone.
+                let (qr, sr, sumr, isumr) = unsafe {
+                    (
+                        q_w.part(r * k, k),
+                        s_w.part(r * k / QBLOCK, k / QBLOCK),
+                        sums_w.part(r * k / UNIT, k / UNIT),
+                        isums_w.part(r * k / UNIT, k / UNIT),
+                    )
+                };
+                quantize_row(row(r), block, qr, sr, sumr, isumr);
             }
-        }
+        });
         Q8Rows {
             k,
             m,
@@ -127,6 +122,48 @@ impl Q8Rows {
     pub(crate) fn value(&self, r: usize, p: usize) -> f32 {
         self.q(r)[p] as f32 * self.s(r)[p / QBLOCK]
     }
+}
+
+/// Rows one task of [`Q8Rows::quantize`] takes: a decode's handful stays on one thread.
+const QUANTIZE_ROWS_PER_TASK: usize = 8;
+
+/// One activation row: int8 values `q`, a scale per 32 `s`, and per 16 values `s · Σ q`
+/// (`sums`) and `Σ q` (`isums`).
+fn quantize_row(
+    x: &[f32],
+    block: usize,
+    q: &mut [u8],
+    s: &mut [f32],
+    sums: &mut [f32],
+    isums: &mut [i16],
+) {
+    for (b, xb) in x.chunks_exact(block).enumerate() {
+        let amax = xb.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+        let scale = amax / 127.0;
+        let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+        let base = b * block;
+        for (u, xu) in xb.chunks_exact(UNIT).enumerate() {
+            let mut unit_sum = 0i32;
+            for (j, &v) in xu.iter().enumerate() {
+                let qi = round_half_away(v * inv);
+                q[base + u * UNIT + j] = qi as i8 as u8;
+                unit_sum += qi;
+            }
+            sums[base / UNIT + u] = scale * unit_sum as f32;
+            // |Σ q| <= 16 · 127 fits i16.
+            isums[base / UNIT + u] = unit_sum as i16;
+        }
+        s[base / QBLOCK..(base + block) / QBLOCK].fill(scale);
+    }
+}
+
+/// `v.round() as i32` (halves away from zero, as C's `roundf` that ggml uses) for
+/// `|v| < 2^23`, without the library call: the truncation and the fraction are exact there.
+#[inline(always)]
+fn round_half_away(v: f32) -> i32 {
+    let t = v as i32;
+    let frac = v - t as f32;
+    t + (frac >= 0.5) as i32 - (frac <= -0.5) as i32
 }
 
 /// One unpacked weight row: values, and a scale and a min per 16 (`m` empty: no mins).
@@ -271,6 +308,26 @@ mod tests {
                     assert!((a.value(0, p) - x[p]).abs() <= 0.5 * step + 1e-7);
                 }
             }
+        }
+    }
+
+    /// The inlined rounding equals `f32::round` (C's `roundf`) on every halfway case and
+    /// their neighbours within the int8 range, and on a sweep of ordinary values.
+    #[test]
+    fn rounding_matches_roundf() {
+        for i in -256..=256 {
+            let half = i as f32 * 0.5;
+            for v in [
+                half,
+                f32::from_bits(half.to_bits() + 1),
+                f32::from_bits(half.to_bits().saturating_sub(1)),
+            ] {
+                assert_eq!(round_half_away(v), v.round() as i32, "{v:e}");
+            }
+        }
+        for i in 0..100_000 {
+            let v = (i as f32 * 0.002_71 - 135.0) * 0.999;
+            assert_eq!(round_half_away(v), v.round() as i32, "{v:e}");
         }
     }
 }

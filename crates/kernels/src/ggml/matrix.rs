@@ -269,7 +269,7 @@ impl GgmlMatrix {
         &self,
         form: Form,
         m: usize,
-        row: impl Fn(usize) -> &'x [f32],
+        row: impl Fn(usize) -> &'x [f32] + Sync,
     ) -> Input {
         match form {
             Form::Q8(block) => Input::Q8(Q8Rows::quantize(self.k, block, m, row)),
