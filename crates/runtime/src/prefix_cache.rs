@@ -9,7 +9,9 @@
 //! loses its tail before its head. The scheduler owns the pool on its own thread: sequences
 //! put their full prompt blocks in as their prefill advances (so a hit can come from a
 //! sequence still running), and a new sequence starts from the longest cached prefix,
-//! leaving at least one prompt token to prefill so that its first logits are computed.
+//! leaving at least one prompt token to prefill so that its first logits are computed. A
+//! sequence still prefilling looks again at each block boundary, so requests that arrive
+//! together with one new prompt prefill it once (see the scheduler's step).
 //!
 //! A key design decision made here is to *copy* cached rows into the new sequence's own
 //! [`KvCache`] rather than share the blocks between sequences (vLLM's paged attention).
@@ -111,28 +113,39 @@ impl PrefixCache {
         }
     }
 
-    /// Fills the empty `cache` with the longest cached prefix of `prompt` (`hashes` from
-    /// [`block_hashes`]) that leaves at least one token to prefill; returns its length.
+    /// Extends `cache`, which holds the first `cache.len()` tokens of `prompt` (whole
+    /// blocks; `hashes` from [`block_hashes`]), with the cached blocks that follow, as far as
+    /// they leave at least one token to prefill; returns how many tokens it added. An empty
+    /// cache gets the longest cached prefix; a prefilling one catches up with blocks other
+    /// sequences finished since.
     pub fn lookup(&mut self, prompt: &[u32], hashes: &[u64], cache: &mut KvCache) -> usize {
-        if !cache.is_empty() {
+        let have = cache.len();
+        if !have.is_multiple_of(BLOCK) {
             return 0;
         }
-        let most = prompt.len().saturating_sub(1) / BLOCK;
-        let mut parent = ROOT;
+        let first = have / BLOCK;
+        let most = (prompt.len().saturating_sub(1) / BLOCK).min(hashes.len());
+        let mut parent = match first {
+            0 => ROOT,
+            _ => match hashes.get(first - 1) {
+                Some(&h) => h,
+                None => return 0,
+            },
+        };
         let mut hit = 0;
-        for (i, &hash) in hashes.iter().take(most).enumerate() {
-            if !self.holds(hash, parent, &prompt[i * BLOCK..(i + 1) * BLOCK]) {
+        for i in first..most {
+            if !self.holds(hashes[i], parent, &prompt[i * BLOCK..(i + 1) * BLOCK]) {
                 break;
             }
-            parent = hash;
+            parent = hashes[i];
             hit += 1;
         }
-        for &hash in &hashes[..hit] {
+        for &hash in &hashes[first..first + hit] {
             let block = &self.blocks[&hash];
             let rows = block.rows.iter().map(|(a, b)| (a.as_slice(), b.as_slice()));
             if cache.extend(BLOCK, rows).is_err() {
-                // Rows of another shape (cannot happen with one model): start from scratch.
-                cache.truncate(0);
+                // Rows of another shape (cannot happen with one model): keep what it had.
+                cache.truncate(have);
                 return 0;
             }
             self.touch(hash);

@@ -11,7 +11,10 @@
 //!
 //! Full prompt blocks go into a shared [`PrefixCache`] as they are prefilled, and a new
 //! sequence starts from the longest prefix found there (`prefix_cache_bytes`, 0 disables
-//! it); its `Done` event reports how many prompt tokens came from the cache.
+//! it); its `Done` event reports how many prompt tokens came from the cache. Sequences that
+//! share a prompt no one has prefilled yet (a burst of requests with one system prompt)
+//! compute it once: a prefilling sequence waits while one admitted before it computes the
+//! block it needs next, and takes that block from the cache when it is done.
 //!
 //! A key design decision made here is that requesters talk to the scheduler through a sink
 //! trait rather than a particular channel type: the server plugs in an async channel, the
@@ -19,7 +22,7 @@
 //! sink that reports its receiver gone (a disconnected client) cancels its sequence before
 //! the next step.
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
@@ -28,7 +31,7 @@ use strata_model::{KvCache, LogitsWanted, SeqInput};
 
 use crate::engine::{Engine, FinishReason};
 use crate::grammar::Grammar;
-use crate::prefix_cache::{PrefixCache, block_hashes};
+use crate::prefix_cache::{BLOCK, PrefixCache, block_hashes};
 use crate::sampling::{Sampler, SamplingError, SamplingParams};
 pub use crate::step::TokenLogprobs;
 use crate::step::{SequenceOptions, SequenceState};
@@ -395,6 +398,33 @@ struct Seq<'e> {
     finished: Option<Finished>,
 }
 
+impl Seq<'_> {
+    /// Before a prefill chunk at a block boundary: takes the blocks the pool gained since
+    /// (another sequence with the same prompt prefilled them), and returns whether to wait
+    /// this step because a sequence planned before it is computing the block it needs next.
+    /// A burst of requests with one new system prompt so prefills it once, the first of them
+    /// leading, instead of once per request.
+    fn catch_up(
+        &mut self,
+        pool: &mut PrefixCache,
+        shared: &Shared,
+        computing: &HashSet<u64>,
+    ) -> bool {
+        if self.hashes.is_empty() || !self.prefilled.is_multiple_of(BLOCK) {
+            return false;
+        }
+        let more = pool.lookup(&self.req.prompt, &self.hashes, &mut self.cache);
+        self.prefilled += more;
+        self.cached += more;
+        shared
+            .cached_tokens
+            .fetch_add(more as u64, Ordering::Relaxed);
+        self.hashes
+            .get(self.prefilled / BLOCK)
+            .is_some_and(|h| computing.contains(h))
+    }
+}
+
 /// How a sequence ended.
 enum Finished {
     /// With this last event, sent only after the sequence has left the batch so that a
@@ -561,18 +591,25 @@ fn step(
         .step_tokens
         .saturating_sub(decodes)
         .max(MIN_PREFILL_CHUNK);
+    // Blocks the sequences planned so far compute in this step.
+    let mut computing = HashSet::new();
     let plan: Vec<Work> = running
-        .iter()
+        .iter_mut()
         .map(|s| {
             if s.decoding {
-                Work::Decode
-            } else if budget > 0 {
-                let n = (s.req.prompt.len() - s.prefilled).min(budget);
-                budget -= n;
-                Work::Prefill(n)
-            } else {
-                Work::Idle
+                return Work::Decode;
             }
+            if s.catch_up(pool, shared, &computing) {
+                return Work::Idle;
+            }
+            if budget == 0 {
+                return Work::Idle;
+            }
+            let n = (s.req.prompt.len() - s.prefilled).min(budget);
+            budget -= n;
+            let blocks = s.prefilled / BLOCK..(s.prefilled + n).div_ceil(BLOCK);
+            computing.extend(s.hashes.get(blocks).into_iter().flatten());
+            Work::Prefill(n)
         })
         .collect();
     let mut inputs = Vec::with_capacity(running.len());

@@ -1,6 +1,7 @@
 //! The shared prefix cache under the scheduler: same greedy tokens with and without it (GQA
 //! and MLA caches), fewer tokens prefilled, LRU eviction under a tiny budget, hits from a
-//! sequence still running, cancellation mid-prefill (and the caches of sequences gone freed).
+//! sequence still running, one prefill of a prompt that a burst of requests shares,
+//! cancellation mid-prefill (and the caches of sequences gone freed).
 
 use strata_model::Model;
 use strata_model::memory::kv_bytes_per_token;
@@ -180,6 +181,70 @@ fn a_running_sequence_shares_its_prompt_and_cancellation_keeps_the_pool_sound() 
     let (got, cached) = run_one(&s, &long);
     assert_eq!(cached, 64);
     assert_eq!(got, run_one(&off, &long).0);
+}
+
+#[test]
+fn requests_that_arrive_together_prefill_their_shared_prompt_once() {
+    let engine = engine();
+    let vocab = engine.model.config.vocab_size as u32;
+    let system = tokens(64, 3, vocab);
+    let reqs: Vec<GenRequest> = (0..3)
+        .map(|i| {
+            let mut p = system.clone();
+            p.extend(tokens(5 + 7 * i, 30 + i as u32, vocab));
+            fixed(p, 6)
+        })
+        .collect();
+    let s = Scheduler::start(engine.clone(), config(64 << 20));
+    // Hold the scheduler inside a step while the three requests are submitted, so that
+    // they join the batch together, none of the prompt cached yet.
+    let (entered_tx, entered) = mpsc::channel();
+    let (resume, resume_rx) = mpsc::channel();
+    s.submit(
+        fixed(tokens(8, 4, vocab), 100),
+        Box::new(Paused(entered_tx, resume_rx)),
+    )
+    .unwrap();
+    entered.recv_timeout(Duration::from_secs(30)).unwrap();
+    let before = s.prefilled_tokens();
+    let (txs, rxs): (Vec<_>, Vec<_>) = reqs.iter().map(|_| mpsc::channel()).unzip();
+    for (req, tx) in reqs.iter().zip(txs) {
+        s.submit(req.clone(), Box::new(move |e| tx.send(e).is_ok()))
+            .unwrap();
+    }
+    resume.send(()).unwrap();
+    let off = Scheduler::start(engine.clone(), config(0));
+    for (i, (req, rx)) in reqs.iter().zip(rxs).enumerate() {
+        let mut got = Vec::new();
+        let cached = loop {
+            match rx.recv_timeout(Duration::from_secs(60)).unwrap() {
+                Event::Token { id, .. } => got.push(id),
+                Event::Done { cached_tokens, .. } => break cached_tokens,
+                other => panic!("request {i}: {other:?}"),
+            }
+        };
+        assert_eq!(got, run_one(&off, req).0, "request {i}: greedy tokens");
+        // The first leads; the others wait for its blocks and take them from the pool.
+        assert_eq!(cached, [0, 64, 64][i], "request {i}: cached tokens");
+    }
+    let suffixes: usize = reqs.iter().map(|r| r.prompt.len() - 64).sum();
+    assert_eq!(
+        s.prefilled_tokens() - before,
+        (64 + suffixes) as u64,
+        "the shared 64 tokens are prefilled once"
+    );
+}
+
+/// A sink that, at its first token, tells the test it holds the scheduler, waits to be
+/// resumed, and then reports its receiver gone (which ends its sequence).
+struct Paused(mpsc::Sender<()>, mpsc::Receiver<()>);
+
+impl EventSink for Paused {
+    fn send(&mut self, _: Event) -> bool {
+        let _ = self.0.send(());
+        let _ = self.1.recv();
+        false
+    }
 }
 
 /// A sink whose receiver is gone from its third check on: the scheduler checks once before
