@@ -8,21 +8,23 @@
 //! with a shared [`prefix_cache::PrefixCache`] of prompt prefixes).
 //! Every front end steps its sequences through [`step`], so they stop and count alike.
 //!
-//! ```no_run
+//! ```
 //! use std::path::Path;
 //! use strata_model::Precision;
 //! use strata_runtime::engine::{Engine, Request};
 //! use strata_runtime::sampling::SamplingParams;
 //!
-//! let engine = Engine::load(Path::new("../shared/models/strata-tiny-moe"), Precision::Fast)?;
+//! let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/strata-tiny-moe");
+//! let engine = Engine::load(&dir, Precision::Fast)?;
 //! let request = Request {
 //!     prompt: engine.text_prompt("Once upon a time")?,
 //!     max_tokens: 32,
-//!     sampling: SamplingParams::default(),
+//!     sampling: SamplingParams::greedy(),
 //!     stop: vec![],
 //!     grammar: None,
 //! };
 //! let (outputs, stats) = engine.generate_batch(&[request], |_, piece| print!("{piece}"))?;
+//! assert!(!outputs[0].tokens.is_empty() && outputs[0].tokens.len() <= 32);
 //! println!("\n{:?}: {:.1} tok/s", outputs[0].finish, stats.decode_tps());
 //! # Ok::<(), strata_runtime::engine::EngineError>(())
 //! ```
