@@ -39,6 +39,21 @@ const ROW_BLOCK_IN_REGISTER: usize = 128;
 /// Weight rows decoded per task into scratch (the portable and generic paths), small enough
 /// for the decoded rows to stay in L1/L2.
 const ROW_BLOCK_DECODED: usize = 16;
+/// Tasks per thread a call aims for at least, when its rows allow: with fewer, the last
+/// tasks leave threads waiting (a decode's 576-row matrix in blocks of 128 made five tasks
+/// for two threads, one of them idle a fifth of the call).
+const MIN_TASKS_PER_THREAD: usize = 4;
+
+/// Weight rows per task: at most `most`, fewer when that gives each thread
+/// [`MIN_TASKS_PER_THREAD`] tasks over `chunks` token chunks, in multiples of 8.
+fn balanced_rows(n: usize, most: usize, chunks: usize) -> usize {
+    let want = MIN_TASKS_PER_THREAD * crate::num_threads();
+    let row_blocks = want.div_ceil(chunks.max(1));
+    n.div_ceil(row_blocks)
+        .next_multiple_of(8)
+        .clamp(8.min(most), most)
+}
+
 /// Tokens per task: a task's activations (`TOKEN_CHUNK · k` bytes) stay in L2 while its
 /// decoded rows (`ROW_BLOCK_DECODED · k` bytes plus scales) stay in L1/L2.
 const TOKEN_CHUNK: usize = 64;
@@ -230,10 +245,13 @@ impl GgmlMatrix {
     pub(crate) fn matmul_as(&self, isa: Isa, form: Form, x: &[f32], m: usize, out: &mut [f32]) {
         let input = self.input(form, m, |r| &x[r * self.k..(r + 1) * self.k]);
         let out_w = SharedMut::new(out);
-        let row_block = self.row_block(isa, form);
-        let n_blocks = self.n.div_ceil(row_block);
         let chunk = form.token_chunk();
         let chunks = m.div_ceil(chunk);
+        let row_block = match form {
+            Form::Bf16(_) => self.row_block(isa, form),
+            _ => balanced_rows(self.n, self.row_block(isa, form), chunks),
+        };
+        let n_blocks = self.n.div_ceil(row_block);
         parallel_for(n_blocks * chunks, |task| {
             let (c, b) = (task / n_blocks, task % n_blocks);
             let rows = b * row_block..((b + 1) * row_block).min(self.n);
