@@ -6,8 +6,6 @@ import re
 import urllib.request
 import uuid
 
-BLOCK = 16
-
 
 def system_prompt() -> str:
     # A fresh prompt per test run: nothing of it is cached before the first request.
@@ -41,16 +39,18 @@ def test_a_shared_system_prompt_is_served_from_the_cache(client, model, base_url
     system = system_prompt()
     hits_before = hit_tokens(base_url)
     first = chat(client, model, system, "What is a tide?")
-    assert cached(first.usage) == 0
+    # At most the opening it shares with every session prompt (template, "Session").
+    assert cached(first.usage) < 16, first.usage
     second = chat(client, model, system, "Why is the sea salty?")
     n = cached(second.usage)
-    # The system prompt (well over 100 tokens) comes from the cache, in whole blocks.
+    # The system prompt (well over 100 tokens) comes from the cache, and the template's
+    # tokens after it up to where the questions differ.
     assert 100 <= n < second.usage.prompt_tokens, second.usage
-    assert n % BLOCK == 0
-    # The same request again: everything but its last block is cached, and the greedy
-    # answer is the one computed from scratch.
+    # The same request again: everything but its last token is cached (that one is
+    # computed for the first logits), and the greedy answer is the one computed from
+    # scratch.
     again = chat(client, model, system, "What is a tide?")
-    assert cached(again.usage) == (first.usage.prompt_tokens - 1) // BLOCK * BLOCK
+    assert cached(again.usage) == first.usage.prompt_tokens - 1
     assert again.choices[0].message.content == first.choices[0].message.content
     assert hit_tokens(base_url) - hits_before >= n + cached(again.usage)
 

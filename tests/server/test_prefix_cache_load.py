@@ -1,8 +1,8 @@
 """64 concurrent requests sharing a long system prompt, with random disconnects (issue 13):
 every request that completes gets exactly the greedy answer the same request gets alone,
 and afterwards `/metrics` shows the batch and queue empty, no KV cache held by sequences
-(`strata_kv_cache_bytes`), and the prefix cache's accounting intact (whole blocks, within
-its budget, nothing added by prompts it already holds).
+(`strata_kv_cache_bytes`), and the prefix cache's accounting intact (within its budget,
+nothing added by prompts it already holds).
 
 The issue asks for a 2,000-token system prompt; the suite's server runs the tiny model
 (1,024 positions) at `--ctx-size 512`, so the system prompt here is the longest that
@@ -25,7 +25,6 @@ import uuid
 
 import openai
 
-BLOCK = 16
 QUESTIONS = ["What is a tide?", "Name a fish.", "Why do ships float?", "What makes wind?"]
 PER_PROMPT = 32
 MAX_TOKENS = 8
@@ -59,10 +58,10 @@ def metrics(base_url) -> dict:
     return {m[1]: float(m[2]) for m in re.finditer(r"^(\w+) (\S+)$", text, re.M)}
 
 
-def full_blocks(prompt_tokens) -> int:
+def all_cached(prompt_tokens) -> int:
     """Prompt tokens a request served from a fully cached prompt gets from the cache (one
     token is always left to prefill)."""
-    return (prompt_tokens - 1) // BLOCK * BLOCK
+    return prompt_tokens - 1
 
 
 def alone(client, model, system, question):
@@ -162,16 +161,11 @@ def wait_idle(base_url) -> dict:
         time.sleep(0.1)
 
 
-def check_pool(m, block_bytes=None) -> int:
-    """The invariants of an idle server's KV memory; returns the bytes of one block."""
+def check_pool(m):
+    """The invariants of an idle server's KV memory."""
     assert m["strata_kv_cache_bytes"] == 0, "sequences that left the batch still hold KV cache"
     blocks, held = m["strata_prefix_cache_blocks"], m["strata_prefix_cache_bytes"]
-    assert 0 < held <= m["strata_prefix_cache_budget_bytes"], m
-    # Every block holds the same rows: the bytes counted are whole blocks.
-    assert held % blocks == 0, (held, blocks)
-    if block_bytes is not None:
-        assert held == blocks * block_bytes, (held, blocks, block_bytes)
-    return int(held // blocks)
+    assert blocks > 0 and 0 < held <= m["strata_prefix_cache_budget_bytes"], m
 
 
 def test_64_concurrent_requests_with_disconnects_match_their_answers_alone(
@@ -185,13 +179,15 @@ def test_64_concurrent_requests_with_disconnects_match_their_answers_alone(
     for q, question in enumerate(QUESTIONS):
         want["hot", q], usage = alone(client, model, hot, question)
         if q == 0:
-            assert usage.prompt_tokens_details.cached_tokens == 0, usage
+            # Nothing of the session's prompt is cached: at most the tokens it shares with
+            # every other session prompt (the chat template's opening and "Session").
+            assert usage.prompt_tokens_details.cached_tokens < 16, usage
             # The longest system prompt that fits: the answer's tokens still fit the context.
             assert 380 <= usage.prompt_tokens <= 512 - LONG_TOKENS, usage
         else:
             assert usage.prompt_tokens_details.cached_tokens >= 350, usage
     before = wait_idle(base_url)
-    block_bytes = check_pool(before)
+    check_pool(before)
     t_ref = time.time()
 
     rng = random.Random(64)
@@ -201,20 +197,20 @@ def test_64_concurrent_requests_with_disconnects_match_their_answers_alone(
     t_load = time.time()
 
     after = wait_idle(base_url)
-    check_pool(after, block_bytes)
+    check_pool(after)
     # The cold prompt's blocks went in: 26 of the system prompt, and those of the questions.
     assert after["strata_prefix_cache_blocks"] - before["strata_prefix_cache_blocks"] >= 24
 
     # Answers alone on the cold prompt, now all served from the blocks the load put in.
     for q, question in enumerate(QUESTIONS):
         want["cold", q], usage = alone(client, model, cold, question)
-        assert usage.prompt_tokens_details.cached_tokens == full_blocks(usage.prompt_tokens), (
+        assert usage.prompt_tokens_details.cached_tokens == all_cached(usage.prompt_tokens), (
             f"question {q}: its prompt was prefilled whole under load, so all of it is cached",
             usage,
         )
     # ...which added nothing to the cache: no block was lost or counted twice.
     last = wait_idle(base_url)
-    check_pool(last, block_bytes)
+    check_pool(last)
     for key in ("strata_prefix_cache_blocks", "strata_prefix_cache_bytes"):
         assert last[key] == after[key], (key, after[key], last[key])
 
@@ -226,9 +222,8 @@ def test_64_concurrent_requests_with_disconnects_match_their_answers_alone(
         if "answer" in res:
             assert res["answer"] == want[req["tag"], req["q"]], (where, res)
             cached = res["usage"].prompt_tokens_details.cached_tokens
-            assert cached % BLOCK == 0, (where, res["usage"])
             if req["tag"] == "hot":
-                assert cached == full_blocks(res["usage"].prompt_tokens), (where, res["usage"])
+                assert cached == all_cached(res["usage"].prompt_tokens), (where, res["usage"])
             elif cached >= 350:
                 cold_hits += 1
         elif req["kind"] == "disconnect":

@@ -8,10 +8,14 @@
 //! least recently used block without cached children is evicted first, so a chain always
 //! loses its tail before its head. The scheduler owns the pool on its own thread: sequences
 //! put their full prompt blocks in as their prefill advances (so a hit can come from a
-//! sequence still running), and a new sequence starts from the longest cached prefix,
-//! leaving at least one prompt token to prefill so that its first logits are computed. A
-//! sequence still prefilling looks again at each block boundary, so requests that arrive
-//! together with one new prompt prefill it once (see the scheduler's step).
+//! sequence still running), then the prompt's last partial block, and when they end their
+//! whole history, prompt and answer (the next turn of a chat sends it back). A new sequence
+//! starts from the longest cached prefix: whole blocks by hash, then as many leading tokens
+//! as it shares with one of the cached blocks that follow (so a prompt seen before is
+//! served up to its last token, as llama-server's prompt cache does), always leaving at
+//! least one prompt token to prefill so that its first logits are computed. A sequence
+//! still prefilling looks again at each block boundary, so requests that arrive together
+//! with one new prompt prefill it once (see the scheduler's step).
 //!
 //! A key design decision made here is to *copy* cached rows into the new sequence's own
 //! [`KvCache`] rather than share the blocks between sequences (vLLM's paged attention).
@@ -32,24 +36,29 @@ use strata_model::KvCache;
 /// Hash of the empty prefix, the parent of every first block.
 const ROOT: u64 = 0x5354_5241_5441_5046;
 
+/// The hash of `tokens` following the prefix hashed `parent`.
+fn chain(parent: u64, tokens: &[u32]) -> u64 {
+    // `DefaultHasher::new()` has fixed keys: the same tokens always hash alike.
+    let mut h = DefaultHasher::new();
+    parent.hash(&mut h);
+    tokens.hash(&mut h);
+    h.finish()
+}
+
 /// The chained hashes of the full [`BLOCK`]-token blocks of `tokens`.
 pub fn block_hashes(tokens: &[u32]) -> Vec<u64> {
     let mut parent = ROOT;
     tokens
         .chunks_exact(BLOCK)
         .map(|block| {
-            // `DefaultHasher::new()` has fixed keys: the same tokens always hash alike.
-            let mut h = DefaultHasher::new();
-            parent.hash(&mut h);
-            block.hash(&mut h);
-            parent = h.finish();
+            parent = chain(parent, block);
             parent
         })
         .collect()
 }
 
-/// One cached block: its tokens (checked on every hit, so a hash collision is a miss) and
-/// its rows, `(a, b)` per layer.
+/// One cached block: its tokens (checked on every hit, so a hash collision is a miss; fewer
+/// than [`BLOCK`] for the tail of a sequence) and its rows, `(a, b)` per layer.
 #[derive(Debug)]
 struct Block {
     parent: u64,
@@ -57,8 +66,6 @@ struct Block {
     rows: Vec<(Vec<f32>, Vec<f32>)>,
     /// Last use, for LRU order.
     used: u64,
-    /// Cached blocks whose parent this is; only blocks without any are evicted.
-    children: usize,
 }
 
 /// The pool of cached prefix blocks, LRU under a byte budget.
@@ -67,6 +74,10 @@ pub struct PrefixCache {
     budget: usize,
     bytes: usize,
     blocks: HashMap<u64, Block>,
+    /// The cached blocks that follow each prefix (by its hash; [`ROOT`] for the first):
+    /// where a prompt that leaves the chain of full blocks looks for a partial match. Only
+    /// blocks without any are evicted.
+    children: HashMap<u64, Vec<u64>>,
     /// `(used, hash)` of blocks without children: the eviction candidates, oldest first.
     leaves: BTreeSet<(u64, u64)>,
     clock: u64,
@@ -79,6 +90,7 @@ impl PrefixCache {
             budget,
             bytes: 0,
             blocks: HashMap::new(),
+            children: HashMap::new(),
             leaves: BTreeSet::new(),
             clock: 0,
         }
@@ -101,11 +113,16 @@ impl PrefixCache {
             .is_some_and(|b| b.parent == parent && *b.tokens == *tokens)
     }
 
+    fn is_leaf(&self, hash: u64) -> bool {
+        self.children.get(&hash).is_none_or(Vec::is_empty)
+    }
+
     fn touch(&mut self, hash: u64) {
         self.clock += 1;
         let clock = self.clock;
+        let leaf = self.is_leaf(hash);
         if let Some(b) = self.blocks.get_mut(&hash) {
-            if b.children == 0 {
+            if leaf {
                 self.leaves.remove(&(b.used, hash));
                 self.leaves.insert((clock, hash));
             }
@@ -114,17 +131,20 @@ impl PrefixCache {
     }
 
     /// Extends `cache`, which holds the first `cache.len()` tokens of `prompt` (whole
-    /// blocks; `hashes` from [`block_hashes`]), with the cached blocks that follow, as far as
-    /// they leave at least one token to prefill; returns how many tokens it added. An empty
-    /// cache gets the longest cached prefix; a prefilling one catches up with blocks other
-    /// sequences finished since.
+    /// blocks; `hashes` from [`block_hashes`]), with the cached rows that follow, as far as
+    /// they leave at least one token to prefill; returns how many tokens it added. Whole
+    /// blocks are matched by hash; after the last one, the cached block (whole, or the tail
+    /// of an earlier sequence) that shares the most leading tokens with the rest of the
+    /// prompt gives those rows, so a prompt seen before is served up to its last token, as
+    /// llama-server's prompt cache does. An empty cache gets the longest cached prefix; a
+    /// prefilling one catches up with blocks other sequences finished since.
     pub fn lookup(&mut self, prompt: &[u32], hashes: &[u64], cache: &mut KvCache) -> usize {
         let have = cache.len();
-        if !have.is_multiple_of(BLOCK) {
+        if !have.is_multiple_of(BLOCK) || have >= prompt.len() {
             return 0;
         }
         let first = have / BLOCK;
-        let most = (prompt.len().saturating_sub(1) / BLOCK).min(hashes.len());
+        let most = (prompt.len() - 1) / BLOCK;
         let mut parent = match first {
             0 => ROOT,
             _ => match hashes.get(first - 1) {
@@ -132,78 +152,125 @@ impl PrefixCache {
                 None => return 0,
             },
         };
-        let mut hit = 0;
-        for i in first..most {
+        let mut chain = Vec::new();
+        for i in first..most.min(hashes.len()) {
             if !self.holds(hashes[i], parent, &prompt[i * BLOCK..(i + 1) * BLOCK]) {
                 break;
             }
             parent = hashes[i];
-            hit += 1;
+            chain.push((hashes[i], BLOCK));
         }
-        for &hash in &hashes[first..first + hit] {
+        let at = have + chain.len() * BLOCK;
+        if let Some(partial) = self.best_child(parent, &prompt[at..prompt.len() - 1]) {
+            chain.push(partial);
+        }
+        let mut added = 0;
+        for (hash, n) in chain {
             let block = &self.blocks[&hash];
-            let rows = block.rows.iter().map(|(a, b)| (a.as_slice(), b.as_slice()));
-            if cache.extend(BLOCK, rows).is_err() {
+            let rows = block
+                .rows
+                .iter()
+                .zip(cache.widths())
+                .map(|((a, b), &(wa, wb))| (&a[..n * wa], &b[..n * wb]));
+            let rows: Vec<_> = rows.collect();
+            if cache.extend(n, rows).is_err() {
                 // Rows of another shape (cannot happen with one model): keep what it had.
                 cache.truncate(have);
                 return 0;
             }
             self.touch(hash);
+            added += n;
         }
-        hit * BLOCK
+        added
     }
 
-    /// Puts the full blocks among the first `upto` positions of `prompt` that `cache` holds
-    /// into the pool (those already there are marked used), evicting least recently used
-    /// blocks to stay within the budget.
-    pub fn insert(&mut self, prompt: &[u32], hashes: &[u64], cache: &KvCache, upto: usize) {
-        let full = upto.min(cache.len()).min(prompt.len()) / BLOCK;
+    /// The child of `parent` whose tokens share the longest start with `rest`, and that
+    /// length (at least one token).
+    fn best_child(&self, parent: u64, rest: &[u32]) -> Option<(u64, usize)> {
+        let common = |b: &Block| {
+            b.tokens
+                .iter()
+                .zip(rest)
+                .take_while(|(a, b)| a == b)
+                .count()
+        };
+        self.children
+            .get(&parent)?
+            .iter()
+            .map(|&h| (h, common(&self.blocks[&h])))
+            .filter(|&(_, n)| n > 0)
+            .max_by_key(|&(_, n)| n)
+    }
+
+    /// Puts the blocks among the first `upto` positions of `tokens` that `cache` holds into
+    /// the pool (those already there are marked used), evicting least recently used blocks
+    /// to stay within the budget. Full blocks always; when `upto` is all of `tokens`, its
+    /// last partial block too, so the same tokens again find every row but the last.
+    pub fn insert(&mut self, tokens: &[u32], hashes: &[u64], cache: &KvCache, upto: usize) {
+        let upto = upto.min(cache.len()).min(tokens.len());
+        let full = upto / BLOCK;
         let mut parent = ROOT;
         for (i, &hash) in hashes.iter().take(full).enumerate() {
-            let tokens = &prompt[i * BLOCK..(i + 1) * BLOCK];
-            if self.blocks.contains_key(&hash) {
-                if !self.holds(hash, parent, tokens) {
-                    // A hash collision: keep the block there, cache nothing after it.
-                    return;
-                }
-                self.touch(hash);
-                parent = hash;
-                continue;
-            }
-            let Some(rows) = (0..cache.widths().len())
-                .map(|l| {
-                    let (a, b) = cache.rows(l, i * BLOCK, (i + 1) * BLOCK)?;
-                    Some((a.to_vec(), b.to_vec()))
-                })
-                .collect::<Option<Vec<_>>>()
-            else {
-                return;
-            };
-            let size = rows.iter().map(|(a, b)| (a.len() + b.len()) * 4).sum();
-            if !self.make_room(size, parent) {
+            let block = &tokens[i * BLOCK..(i + 1) * BLOCK];
+            if !self.add(hash, parent, block, cache, i * BLOCK) {
                 return;
             }
-            if let Some(p) = self.blocks.get_mut(&parent) {
-                if p.children == 0 {
-                    self.leaves.remove(&(p.used, parent));
-                }
-                p.children += 1;
-            }
-            self.clock += 1;
-            self.blocks.insert(
-                hash,
-                Block {
-                    parent,
-                    tokens: tokens.into(),
-                    rows,
-                    used: self.clock,
-                    children: 0,
-                },
-            );
-            self.leaves.insert((self.clock, hash));
-            self.bytes += size;
             parent = hash;
         }
+        if upto == tokens.len() && upto > full * BLOCK && hashes.len() >= full {
+            let tail = &tokens[full * BLOCK..upto];
+            self.add(chain(parent, tail), parent, tail, cache, full * BLOCK);
+        }
+    }
+
+    /// Adds block `hash` (`block`, cache positions from `start`) after `parent`, or marks it
+    /// used when it is there; returns whether the chain may go on after it.
+    fn add(
+        &mut self,
+        hash: u64,
+        parent: u64,
+        block: &[u32],
+        cache: &KvCache,
+        start: usize,
+    ) -> bool {
+        if self.blocks.contains_key(&hash) {
+            if !self.holds(hash, parent, block) {
+                // A hash collision: keep the block there, cache nothing after it.
+                return false;
+            }
+            self.touch(hash);
+            return true;
+        }
+        let Some(rows) = (0..cache.widths().len())
+            .map(|l| {
+                let (a, b) = cache.rows(l, start, start + block.len())?;
+                Some((a.to_vec(), b.to_vec()))
+            })
+            .collect::<Option<Vec<_>>>()
+        else {
+            return false;
+        };
+        let size = rows.iter().map(|(a, b)| (a.len() + b.len()) * 4).sum();
+        if !self.make_room(size, parent) {
+            return false;
+        }
+        if self.blocks.contains_key(&parent) && self.is_leaf(parent) {
+            self.leaves.remove(&(self.blocks[&parent].used, parent));
+        }
+        self.children.entry(parent).or_default().push(hash);
+        self.clock += 1;
+        self.blocks.insert(
+            hash,
+            Block {
+                parent,
+                tokens: block.into(),
+                rows,
+                used: self.clock,
+            },
+        );
+        self.leaves.insert((self.clock, hash));
+        self.bytes += size;
+        true
     }
 
     /// Evicts least recently used leaves (never `keep`) until `size` more bytes fit;
@@ -217,15 +284,19 @@ impl PrefixCache {
             let Some(block) = self.blocks.remove(&hash) else {
                 continue;
             };
+            self.children.remove(&hash);
             self.bytes -= block
                 .rows
                 .iter()
                 .map(|(a, b)| (a.len() + b.len()) * 4)
                 .sum::<usize>();
-            if let Some(p) = self.blocks.get_mut(&block.parent) {
-                p.children -= 1;
-                if p.children == 0 {
-                    self.leaves.insert((p.used, block.parent));
+            if let Some(siblings) = self.children.get_mut(&block.parent) {
+                siblings.retain(|&h| h != hash);
+                if siblings.is_empty() {
+                    self.children.remove(&block.parent);
+                    if let Some(p) = self.blocks.get(&block.parent) {
+                        self.leaves.insert((p.used, block.parent));
+                    }
                 }
             }
         }

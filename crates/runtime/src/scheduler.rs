@@ -399,6 +399,23 @@ struct Seq<'e> {
 }
 
 impl Seq<'_> {
+    /// Puts the sequence's tokens, prompt and answer, into the pool when it ends (before
+    /// its requester hears so): the next turn of a chat sends them back as the start of its
+    /// prompt. A sequence that failed leaves nothing.
+    fn share_history(&self, pool: &mut PrefixCache) {
+        if self.hashes.is_empty() || matches!(self.finished, Some(Finished::Tell(Event::Failed(_))))
+        {
+            return;
+        }
+        let mut tokens = self.req.prompt.clone();
+        tokens.extend_from_slice(self.state.generated());
+        // The cache holds every token fed to the model: all but a last sampled one.
+        tokens.truncate(self.cache.len());
+        if tokens.len() == self.cache.len() {
+            pool.insert(&tokens, &block_hashes(&tokens), &self.cache, tokens.len());
+        }
+    }
+
     /// Before a prefill chunk at a block boundary: takes the blocks the pool gained since
     /// (another sequence with the same prompt prefilled them), and returns whether to wait
     /// this step because a sequence planned before it is computing the block it needs next.
@@ -483,15 +500,16 @@ fn run(engine: &Engine, cfg: SchedulerConfig, rx: &mpsc::Receiver<Command>, shar
         }
         let generated = step(engine, cfg, &mut running, &mut pool, shared);
         shared.generated.fetch_add(generated, Ordering::Relaxed);
-        shared.prefix_bytes.store(pool.bytes(), Ordering::Relaxed);
-        shared.prefix_blocks.store(pool.blocks(), Ordering::Relaxed);
         let finished: Vec<Seq<'_>> = running.extract_if(.., |s| s.finished.is_some()).collect();
         publish(shared, &running);
         for mut seq in finished {
+            seq.share_history(&mut pool);
             if let Some(Finished::Tell(last)) = seq.finished.take() {
                 seq.sink.send(last);
             }
         }
+        shared.prefix_bytes.store(pool.bytes(), Ordering::Relaxed);
+        shared.prefix_blocks.store(pool.blocks(), Ordering::Relaxed);
     }
     publish(shared, &[]);
 }

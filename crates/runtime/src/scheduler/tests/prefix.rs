@@ -1,6 +1,7 @@
 //! The shared prefix cache under the scheduler: same greedy tokens with and without it (GQA
 //! and MLA caches), fewer tokens prefilled, LRU eviction under a tiny budget, hits from a
-//! sequence still running, one prefill of a prompt that a burst of requests shares,
+//! sequence still running, a prompt served up to its last token, the next turn of a chat
+//! finding the previous answer, one prefill of a prompt that a burst of requests shares,
 //! cancellation mid-prefill (and the caches of sequences gone freed).
 
 use strata_model::Model;
@@ -80,8 +81,8 @@ fn check_reuse(engine: &Arc<Engine>) {
         let (got, cached) = run_one(&on, req);
         assert_eq!(got, want, "request {i}: greedy tokens with the cache");
         // 64 shared tokens: 4 full blocks after the first request; the system prompt
-        // alone leaves its last block to prefill, so that its logits are computed.
-        let expect = [0, 64, 64, 48][i];
+        // alone is served up to its last token, which is prefilled for its logits.
+        let expect = [0, 64, 64, 63][i];
         assert_eq!(cached, expect, "request {i}: cached tokens");
         assert_eq!(
             on.prefilled_tokens() - before,
@@ -89,7 +90,7 @@ fn check_reuse(engine: &Arc<Engine>) {
             "request {i}: prefilled tokens"
         );
     }
-    assert_eq!(on.cached_tokens(), 64 + 64 + 48);
+    assert_eq!(on.cached_tokens(), 64 + 64 + 63);
     let (bytes, blocks) = on.prefix_cache_usage();
     assert!(blocks >= 4 && bytes > 0, "{blocks} blocks, {bytes} bytes");
 }
@@ -109,18 +110,19 @@ fn a_tiny_budget_evicts_the_least_recently_used_block() {
     let engine = engine();
     let vocab = engine.model.config.vocab_size as u32;
     let block_bytes = kv_bytes_per_token(&engine.model.config) as usize * BLOCK;
-    // Room for two blocks; prompts of 17 tokens have one full block each.
+    // Room for two blocks; prompts of 16 tokens with one token generated (not fed to the
+    // model) leave one block each, served again up to its last token.
     let s = Scheduler::start(engine.clone(), config(2 * block_bytes));
     let p: Vec<GenRequest> = (0..3)
-        .map(|i| fixed(tokens(17, 100 + i, vocab), 2))
+        .map(|i| fixed(tokens(16, 100 + i, vocab), 1))
         .collect();
     let cached = |r: &GenRequest| run_one(&s, r).1;
     assert_eq!((cached(&p[0]), cached(&p[1])), (0, 0));
-    assert_eq!(cached(&p[0]), 16, "p0 is cached");
+    assert_eq!(cached(&p[0]), 15, "p0 is cached");
     // p2 takes the place of p1, the least recently used.
     assert_eq!(cached(&p[2]), 0);
     assert_eq!(s.prefix_cache_usage(), (2 * block_bytes, 2));
-    assert_eq!(cached(&p[0]), 16, "p0 stays");
+    assert_eq!(cached(&p[0]), 15, "p0 stays");
     assert_eq!(cached(&p[1]), 0, "p1 was evicted");
     // A budget smaller than one block caches nothing.
     let none = Scheduler::start(engine.clone(), config(block_bytes - 1));
@@ -157,7 +159,8 @@ fn a_running_sequence_shares_its_prompt_and_cancellation_keeps_the_pool_sound() 
         s.kv_cache_bytes() > 0,
         "the running sequence's cache is counted"
     );
-    assert_eq!(cached, 96, "blocks of the running sequence");
+    // Six full blocks and the 4-token tail of the running sequence's prompt.
+    assert_eq!(cached, 100, "rows of the running sequence");
     assert_eq!(got, run_one(&off, &second).0);
     s.cancel(first);
     drop(rx);
@@ -245,6 +248,29 @@ impl EventSink for Paused {
         let _ = self.1.recv();
         false
     }
+}
+
+#[test]
+fn the_next_turn_of_a_chat_finds_the_previous_answer() {
+    let engine = engine();
+    let vocab = engine.model.config.vocab_size as u32;
+    let s = Scheduler::start(engine.clone(), config(64 << 20));
+    let off = Scheduler::start(engine.clone(), config(0));
+    let first = fixed(tokens(21, 50, vocab), 9);
+    let (answer, _) = run_one(&s, &first);
+    let mut next = first.prompt.clone();
+    next.extend(&answer);
+    next.extend(tokens(6, 51, vocab));
+    let next = fixed(next, 5);
+    let (got, cached) = run_one(&s, &next);
+    // Everything the first sequence fed to the model: its prompt and its answer but the
+    // last token (sampled, never fed), across a block boundary and into a partial block.
+    assert_eq!(cached, 21 + 9 - 1, "cached tokens of the second turn");
+    assert_eq!(
+        got,
+        run_one(&off, &next).0,
+        "greedy tokens of the second turn"
+    );
 }
 
 /// A sink whose receiver is gone from its third check on: the scheduler checks once before
