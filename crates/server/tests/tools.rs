@@ -115,7 +115,10 @@ async fn required_calls_are_valid_and_stream_as_deltas() {
             assert_eq!(d["index"], 0, "{c}");
             // The naming delta comes first, with empty arguments; then argument pieces.
             if d["id"].is_null() {
-                assert!(call["id"].is_string(), "arguments before the call's id: {c}");
+                assert!(
+                    call["id"].is_string(),
+                    "arguments before the call's id: {c}"
+                );
                 pieces += 1;
             } else {
                 assert_eq!(d["function"]["arguments"], "", "{c}");
