@@ -77,7 +77,7 @@ pub(super) struct AssistantMessage<'a> {
 }
 
 /// A call in a response.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Serialize)]
 pub(super) struct ToolCallOut {
     id: String,
     #[serde(rename = "type")]
@@ -86,7 +86,7 @@ pub(super) struct ToolCallOut {
 }
 
 /// The function of a [`ToolCallOut`].
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Serialize)]
 pub(super) struct FunctionOut {
     name: String,
     arguments: String,

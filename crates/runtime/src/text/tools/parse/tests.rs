@@ -159,6 +159,16 @@ fn hermes_outputs() {
         "",
         &[call("get_weather", r#"{"city": "}</tool_call>"}"#)],
     );
+    // Nested values, escapes and characters of several bytes, cut anywhere.
+    let nested = r#"{"city": "Zürich \"Züri\" 東京", "days": [1, {"n": -2.5e1}], "x": null}"#;
+    check(
+        ToolFormat::Hermes,
+        &format!(
+            "<tool_call>\n{{\"name\": \"get_weather\", \"arguments\": {nested}}}\n</tool_call>"
+        ),
+        "",
+        &[call("get_weather", nested)],
+    );
     // Not a call: the tags stay text.
     for text in [
         "Use <tool_call>like this</tool_call> to call.",
