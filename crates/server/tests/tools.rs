@@ -1,6 +1,6 @@
 //! Tool calls through the router on the strata-tiny-moe model: `tool_choice` "required"
-//! gives a valid call, streamed as `delta.tool_calls` chunks that add up to the
-//! non-streamed response; a history with calls and results renders.
+//! gives a valid call, streamed as `delta.tool_calls` chunks (its name, then its arguments
+//! in pieces) that add up to the non-streamed response; a history with calls and results renders.
 
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
@@ -104,6 +104,7 @@ async fn required_calls_are_valid_and_stream_as_deltas() {
         .collect();
     let mut call = json!({"function": {"name": "", "arguments": ""}});
     let mut finish = Value::Null;
+    let mut pieces = 0;
     for c in &chunks {
         let ch = &c["choices"][0];
         assert!(
@@ -112,6 +113,16 @@ async fn required_calls_are_valid_and_stream_as_deltas() {
         );
         for d in ch["delta"]["tool_calls"].as_array().into_iter().flatten() {
             assert_eq!(d["index"], 0, "{c}");
+            // The naming delta comes first, with empty arguments; then argument pieces.
+            if d["id"].is_null() {
+                assert!(
+                    call["id"].is_string(),
+                    "arguments before the call's id: {c}"
+                );
+                pieces += 1;
+            } else {
+                assert_eq!(d["function"]["arguments"], "", "{c}");
+            }
             for k in ["id", "type"] {
                 if !d[k].is_null() {
                     call[k] = d[k].clone();
@@ -128,6 +139,7 @@ async fn required_calls_are_valid_and_stream_as_deltas() {
         }
     }
     assert_eq!(finish, "tool_calls", "{text}");
+    assert!(pieces > 1, "arguments in {pieces} piece(s): {text}");
     assert_eq!(check_call(&call), whole);
 }
 

@@ -312,11 +312,9 @@ impl StreamState {
         }
     }
 
-    fn calls(&mut self, index: usize, calls: Vec<(usize, response::ToolCallOut)>) {
-        for (k, call) in calls {
-            for c in self.out.call_chunks(index, k, call) {
-                self.pending.push_back(data(c));
-            }
+    fn calls(&mut self, index: usize, calls: Vec<response::ToolCallDelta>) {
+        for d in calls {
+            self.pending.push_back(data(self.out.call_chunk(index, d)));
         }
     }
 }

@@ -2,9 +2,9 @@
 //! OpenAI's JSON, whole or as streamed chunks, through typed response structs.
 //!
 //! A key design decision made here is that tool calls are read out of the text as it
-//! arrives ([`ToolParser`] per choice), so a streamed call goes out as `delta.tool_calls`
-//! as soon as it is complete, and the non-streamed response holds exactly the calls the
-//! stream would have sent.
+//! arrives ([`ToolParser`] per choice): a streamed call goes out as `delta.tool_calls`
+//! pieces as the model writes it (its id and name, then its arguments piece by piece), and
+//! the non-streamed response holds exactly the calls those pieces add up to.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -77,7 +77,7 @@ pub(super) struct AssistantMessage<'a> {
 }
 
 /// A call in a response.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Serialize)]
 pub(super) struct ToolCallOut {
     id: String,
     #[serde(rename = "type")]
@@ -86,7 +86,7 @@ pub(super) struct ToolCallOut {
 }
 
 /// The function of a [`ToolCallOut`].
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Serialize)]
 pub(super) struct FunctionOut {
     name: String,
     arguments: String,
@@ -153,7 +153,8 @@ pub(super) struct Delta<'a> {
     tool_calls: Vec<ToolCallDelta>,
 }
 
-/// A streamed piece of a call: the first names it, the next carries its arguments.
+/// A streamed piece of a call: the first names it (arguments empty), the next carry pieces
+/// of its arguments.
 #[derive(Debug, Serialize)]
 pub(super) struct ToolCallDelta {
     index: usize,
@@ -236,19 +237,19 @@ struct Choice {
 
 /// What one event means for the response.
 pub(super) enum Update {
-    /// A token: its text for the content, the calls it completed (index among the
-    /// choice's calls, call) and its log-probabilities for streaming.
+    /// A token: its text for the content, what it adds to the choice's calls and its
+    /// log-probabilities for streaming.
     Token {
         index: usize,
         text: String,
-        calls: Vec<(usize, ToolCallOut)>,
+        calls: Vec<ToolCallDelta>,
         logprobs: Option<ChunkLogprobs>,
     },
-    /// The choice ended: its last text and calls, and the finish reason.
+    /// The choice ended: its last text and call pieces, and the finish reason.
     Done {
         index: usize,
         text: String,
-        calls: Vec<(usize, ToolCallOut)>,
+        calls: Vec<ToolCallDelta>,
         finish: &'static str,
     },
     /// The choice failed (already logged).
@@ -355,14 +356,9 @@ impl Output {
         }
     }
 
-    /// Adds generated text to a choice: returns the part that is content and the calls it
-    /// completed; with `last`, the choice's text ends here.
-    fn take_text(
-        &mut self,
-        index: usize,
-        text: &str,
-        last: bool,
-    ) -> (String, Vec<(usize, ToolCallOut)>) {
+    /// Adds generated text to a choice: returns the part that is content and what it adds
+    /// to the calls; with `last`, the choice's text ends here.
+    fn take_text(&mut self, index: usize, text: &str, last: bool) -> (String, Vec<ToolCallDelta>) {
         let created = self.st.created;
         let c = &mut self.choices[index];
         let Some(parser) = c.parser.as_mut() else {
@@ -374,26 +370,57 @@ impl Output {
             events.extend(parser.finish());
         }
         let mut content = String::new();
-        let mut calls = Vec::new();
+        let mut deltas: Vec<ToolCallDelta> = Vec::new();
         for e in events {
             match e {
                 ToolEvent::Text(t) => content.push_str(&t),
-                ToolEvent::Call(call) => {
-                    let out = ToolCallOut {
-                        id: call_id(created),
+                ToolEvent::CallStart(name) => {
+                    let id = call_id(created);
+                    deltas.push(ToolCallDelta {
+                        index: c.calls.len(),
+                        id: Some(id.clone()),
+                        kind: Some("function"),
+                        function: FunctionDelta {
+                            name: Some(name.clone()),
+                            arguments: String::new(),
+                        },
+                    });
+                    c.calls.push(ToolCallOut {
+                        id,
                         kind: "function",
                         function: FunctionOut {
-                            name: call.name,
-                            arguments: call.arguments,
+                            name,
+                            arguments: String::new(),
                         },
+                    });
+                }
+                ToolEvent::Arguments(piece) => {
+                    // The parser starts a call before its arguments.
+                    let Some(call) = c.calls.last_mut() else {
+                        continue;
                     };
-                    calls.push((c.calls.len(), out.clone()));
-                    c.calls.push(out);
+                    call.function.arguments.push_str(&piece);
+                    let index = c.calls.len() - 1;
+                    // Pieces of one token go out together; the naming delta stays first.
+                    match deltas.last_mut() {
+                        Some(d) if d.index == index && d.id.is_none() => {
+                            d.function.arguments.push_str(&piece);
+                        }
+                        _ => deltas.push(ToolCallDelta {
+                            index,
+                            id: None,
+                            kind: None,
+                            function: FunctionDelta {
+                                name: None,
+                                arguments: piece,
+                            },
+                        }),
+                    }
                 }
             }
         }
         c.text.push_str(&content);
-        (content, calls)
+        (content, deltas)
     }
 
     /// Records a token's log-probabilities; returns them in the shape of one streamed
@@ -548,40 +575,18 @@ impl Output {
         to_json(&self.envelope(true, vec![choice], None))
     }
 
-    /// The two chunks of one call: its id and name, then its arguments.
-    pub fn call_chunks(&self, index: usize, call_index: usize, call: ToolCallOut) -> [String; 2] {
-        let chunk = |d: ToolCallDelta| {
-            let choice = ChunkChoice::Chat {
-                index,
-                delta: Delta {
-                    tool_calls: vec![d],
-                    ..Delta::default()
-                },
-                logprobs: None,
-                finish_reason: None,
-            };
-            to_json(&self.envelope(true, vec![choice], None))
+    /// The chunk of one piece of a call.
+    pub fn call_chunk(&self, index: usize, delta: ToolCallDelta) -> String {
+        let choice = ChunkChoice::Chat {
+            index,
+            delta: Delta {
+                tool_calls: vec![delta],
+                ..Delta::default()
+            },
+            logprobs: None,
+            finish_reason: None,
         };
-        [
-            chunk(ToolCallDelta {
-                index: call_index,
-                id: Some(call.id),
-                kind: Some(call.kind),
-                function: FunctionDelta {
-                    name: Some(call.function.name),
-                    arguments: String::new(),
-                },
-            }),
-            chunk(ToolCallDelta {
-                index: call_index,
-                id: None,
-                kind: None,
-                function: FunctionDelta {
-                    name: None,
-                    arguments: call.function.arguments,
-                },
-            }),
-        ]
+        to_json(&self.envelope(true, vec![choice], None))
     }
 
     /// The last chunk of a stream with `include_usage`: no choices, the usage.

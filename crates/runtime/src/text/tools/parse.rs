@@ -2,13 +2,24 @@
 //!
 //! [`ToolParser`] scans for the format's opening markers; text that cannot be part of a
 //! marker is released at once, a possible marker prefix is held back, and from a marker
-//! on the text is buffered until the call it opens is complete (then a [`ToolEvent::Call`])
-//! or turns out not to be a call (then it is released as text). Whitespace around calls is
-//! dropped, as vLLM and llama.cpp do.
+//! on the text is parsed again as it grows. A call starts ([`ToolEvent::CallStart`]) as
+//! soon as its name and the start of its arguments are out, and its arguments follow in
+//! pieces ([`ToolEvent::Arguments`]) as the model writes them. Text that turns out not to
+//! be a call is released as text. Whitespace around calls is dropped, as vLLM and
+//! llama.cpp do.
+//!
+//! A key design decision made here is that streamed arguments are the model's own text of
+//! the arguments object, cut where JSON says the object ends (serde_json reads the prefix
+//! again as it grows): nothing is held back, since a brace inside the object cannot be the
+//! wrapper's, and the pieces add up to exactly the arguments of the finished call. Once a
+//! call has started it stays a call: arguments that stop being JSON end at their last valid
+//! byte, as a call cut off by the token limit does. Arguments written other ways (a JSON
+//! string, keys in another order) are parsed whole when the call is complete and sent in
+//! one piece, as compact JSON.
 
 use std::collections::HashMap;
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use super::{
     DS_CALL_BEGIN, DS_CALL_END, DS_CALLS_BEGIN, DS_CALLS_END, DS_SEP, ToolCall, ToolFormat,
@@ -20,18 +31,33 @@ use super::{
 pub enum ToolEvent {
     /// Text for the message's content.
     Text(String),
-    /// A complete call.
-    Call(ToolCall),
+    /// A call begins: the function's name. Its arguments follow.
+    CallStart(String),
+    /// The next piece of the last started call's arguments: a call's pieces add up to its
+    /// arguments.
+    Arguments(String),
 }
 
 /// The outcome of parsing from an opening marker.
 enum Parsed {
     /// Calls (possibly none: a marker that only closes a block) and the bytes they took.
     Calls(Vec<ToolCall>, usize),
+    /// The text ends inside a call: the calls so far, the last with its arguments so far.
+    Open(Vec<ToolCall>),
     /// The call is not complete yet.
     More,
     /// The marker does not open a call: it is text.
     NotACall,
+}
+
+/// How far the start of a call has been read: `{"name": NAME, KEY: {`.
+enum Head {
+    /// The call's name, and where its arguments object starts.
+    Args(String, usize),
+    /// The text ends inside the head.
+    More,
+    /// Not a call in this shape.
+    No,
 }
 
 /// Splits one choice's generated text into content and calls.
@@ -49,6 +75,10 @@ pub struct ToolParser {
     /// Trailing whitespace of the text so far, released only if text follows.
     held: String,
     calls: usize,
+    /// Calls of the block being parsed that have started, and the bytes of the last one's
+    /// arguments sent.
+    started: usize,
+    sent: usize,
 }
 
 impl ToolParser {
@@ -75,15 +105,17 @@ impl ToolParser {
             content: false,
             held: String::new(),
             calls: 0,
+            started: 0,
+            sent: 0,
         }
     }
 
-    /// Calls found so far.
+    /// Calls started so far.
     pub fn calls(&self) -> usize {
         self.calls
     }
 
-    /// Feeds generated text; returns what it completes.
+    /// Feeds generated text; returns what it adds.
     pub fn push(&mut self, text: &str) -> Vec<ToolEvent> {
         self.buf.push_str(text);
         let mut out = Vec::new();
@@ -91,8 +123,8 @@ impl ToolParser {
         out
     }
 
-    /// Ends the text: a call still open is parsed as far as it goes (a model may stop
-    /// without the closing marker), else released as text.
+    /// Ends the text: a call still open ends as far as it goes (a model may stop without
+    /// the closing marker), a marker that opened none is released as text.
     pub fn finish(&mut self) -> Vec<ToolEvent> {
         let mut out = Vec::new();
         self.scan(true, &mut out);
@@ -108,12 +140,13 @@ impl ToolParser {
         loop {
             if !self.in_call && self.format == ToolFormat::Hermes && !self.content {
                 match self.bare_call(last) {
-                    Parsed::Calls(calls, used) => {
-                        self.take_calls(calls, used, out);
-                        continue;
-                    }
-                    Parsed::More => return,
                     Parsed::NotACall => {}
+                    parsed => {
+                        if self.take(parsed, out) {
+                            continue;
+                        }
+                        return;
+                    }
                 }
             }
             if !self.in_call {
@@ -135,11 +168,6 @@ impl ToolParser {
                 return;
             }
             match self.parse(last) {
-                Parsed::Calls(calls, used) => {
-                    self.in_call = false;
-                    self.take_calls(calls, used, out);
-                }
-                Parsed::More => return,
                 Parsed::NotACall => {
                     // The marker is text: release its first character and look again after it.
                     let n = self.buf.chars().next().map_or(0, char::len_utf8);
@@ -147,19 +175,48 @@ impl ToolParser {
                     self.text(&first, out);
                     self.in_call = false;
                 }
+                parsed => {
+                    if !self.take(parsed, out) {
+                        return;
+                    }
+                    self.in_call = false;
+                }
             }
         }
     }
 
-    /// Emits the calls parsed from the first `used` bytes of the buffer; whitespace held
-    /// before them is dropped.
-    fn take_calls(&mut self, calls: Vec<ToolCall>, used: usize, out: &mut Vec<ToolEvent>) {
-        self.buf.drain(..used);
-        if !calls.is_empty() {
-            self.held.clear();
+    /// Emits what `parsed` adds to the calls sent so far; returns whether the block is
+    /// complete (its text then taken out of the buffer).
+    fn take(&mut self, parsed: Parsed, out: &mut Vec<ToolEvent>) -> bool {
+        let (calls, used) = match parsed {
+            Parsed::Calls(calls, used) => (calls, Some(used)),
+            Parsed::Open(calls) => (calls, None),
+            Parsed::More | Parsed::NotACall => return false,
+        };
+        // The text is parsed again from the marker each time: calls before the last
+        // started one were sent whole, the last one grew.
+        for (i, call) in calls.into_iter().enumerate().skip(self.started.max(1) - 1) {
+            if i == self.started {
+                if self.started == 0 {
+                    self.held.clear();
+                }
+                out.push(ToolEvent::CallStart(call.name));
+                self.started += 1;
+                self.calls += 1;
+                self.sent = 0;
+            }
+            if let Some(piece) = call.arguments.get(self.sent..).filter(|p| !p.is_empty()) {
+                out.push(ToolEvent::Arguments(piece.to_string()));
+                self.sent = call.arguments.len();
+            }
         }
-        self.calls += calls.len();
-        out.extend(calls.into_iter().map(ToolEvent::Call));
+        let Some(used) = used else {
+            return false;
+        };
+        self.buf.drain(..used);
+        self.started = 0;
+        self.sent = 0;
+        true
     }
 
     /// Releases text, holding back trailing whitespace.
@@ -182,10 +239,8 @@ impl ToolParser {
     fn parse(&self, last: bool) -> Parsed {
         let s = self.buf.as_str();
         match self.format {
-            ToolFormat::Hermes | ToolFormat::Generic => {
-                tagged(s, last, |inner| json_call(inner, "arguments"))
-            }
-            ToolFormat::Glm45 => tagged(s, last, |inner| self.glm_call(inner)),
+            ToolFormat::Hermes | ToolFormat::Generic => hermes(s, last),
+            ToolFormat::Glm45 => self.glm(s, last),
             ToolFormat::DeepSeekV3 => deepseek(s, last),
             ToolFormat::Mistral => mistral(s, last),
             ToolFormat::Llama3 => llama3(s, last),
@@ -213,69 +268,131 @@ impl ToolParser {
         if !t.starts_with('{') {
             return Parsed::NotACall;
         }
-        let at = self.buf.len() - t.len();
+        let buf = self.buf.as_str();
+        let at = buf.len() - t.len();
+        // After the call object, a fenced call's closing fence.
+        let fence_end = |end: usize| {
+            let rest = &buf[end..];
+            let r = rest.trim_start();
+            if !fenced {
+                Some(end)
+            } else if r.starts_with(FENCE) {
+                Some(end + rest.len() - r.len() + FENCE.len())
+            } else if !last && FENCE.starts_with(r) {
+                None
+            } else {
+                Some(end)
+            }
+        };
+        match json_head(t, &["arguments", "parameters"]) {
+            Head::Args(name, args) if self.names.contains(&name) => {
+                return streamed_call(buf, at + args, name, last, |a| {
+                    fence_end(object_end(buf, at, a)?)
+                });
+            }
+            Head::Args(..) => return Parsed::NotACall,
+            Head::More if !last => return Parsed::More,
+            Head::More | Head::No => {}
+        }
         let (v, used) = match json_prefix(t) {
             Ok(parsed) => parsed,
             Err(true) => return more,
             Err(false) => return Parsed::NotACall,
         };
-        let Some(call) = call_from_value(&v, &["arguments", "parameters"])
+        match call_from_value(&v, &["arguments", "parameters"])
             .filter(|c| self.names.contains(&c.name))
-        else {
-            return Parsed::NotACall;
-        };
-        let mut end = at + used;
-        if fenced {
-            let rest = &self.buf[end..];
-            let r = rest.trim_start();
-            if r.starts_with(FENCE) {
-                end += rest.len() - r.len() + FENCE.len();
-            } else if !last && FENCE.starts_with(r) {
-                return Parsed::More;
-            }
+        {
+            Some(call) => match fence_end(at + used) {
+                Some(end) => Parsed::Calls(vec![call], end),
+                None => Parsed::More,
+            },
+            None => Parsed::NotACall,
         }
-        Parsed::Calls(vec![call], end)
     }
 
-    /// `NAME\n<arg_key>k</arg_key>\n<arg_value>v</arg_value>...`
-    fn glm_call(&self, inner: &str) -> Option<ToolCall> {
-        let (name, mut rest) = inner.split_at(inner.find("<arg_key>").unwrap_or(inner.len()));
-        let name = name.trim();
+    /// GLM-4.5: `<tool_call>NAME\n<arg_key>k</arg_key>\n<arg_value>v</arg_value>...</tool_call>`.
+    /// The call starts at its first `<arg_key>` (or its end); the arguments are built as
+    /// compact JSON, one piece per complete pair, and closed at the end of the call.
+    fn glm(&self, s: &str, last: bool) -> Parsed {
+        let body = &s[TOOL_OPEN.len()..];
+        let close = body.find(TOOL_CLOSE);
+        let inner = &body[..close.unwrap_or(body.len())];
+        let Some(name_end) = inner.find("<arg_key>").or(close.map(|_| inner.len())) else {
+            return if last {
+                glm_end(inner, "", s.len())
+            } else {
+                Parsed::More
+            };
+        };
+        let name = inner[..name_end].trim();
         if name.is_empty() || name.contains(char::is_whitespace) {
-            return None;
+            return Parsed::NotACall;
         }
         let strings = self.string_args.get(name);
-        let mut args = Map::new();
-        loop {
-            rest = rest.trim_start();
-            if rest.is_empty() {
-                break;
-            }
-            let (key, r) = rest.strip_prefix("<arg_key>")?.split_once("</arg_key>")?;
-            let (value, r) = r
-                .trim_start()
-                .strip_prefix("<arg_value>")?
-                .split_once("</arg_value>")?;
-            let key = key.trim();
+        let mut args = String::from("{");
+        let mut rest = &inner[name_end..];
+        while let Some((key, value, r)) = glm_pair(rest) {
             let value = if strings.is_some_and(|s| s.iter().any(|k| k == key)) {
                 Value::String(value.to_string())
             } else {
                 serde_json::from_str(value).unwrap_or_else(|_| Value::String(value.to_string()))
             };
-            args.insert(key.to_string(), value);
+            if args.len() > 1 {
+                args.push(',');
+            }
+            args.push_str(&Value::String(key.to_string()).to_string());
+            args.push(':');
+            args.push_str(&value.to_string());
             rest = r;
         }
-        Some(ToolCall {
-            name: name.to_string(),
-            arguments: Value::Object(args).to_string(),
-        })
+        match close {
+            Some(e) => glm_end(name, &args, TOOL_OPEN.len() + e + TOOL_CLOSE.len()),
+            None if last => glm_end(name, &args, s.len()),
+            None => Parsed::Open(vec![ToolCall {
+                name: name.to_string(),
+                arguments: args,
+            }]),
+        }
     }
+}
+
+const TOOL_OPEN: &str = "<tool_call>";
+const TOOL_CLOSE: &str = "</tool_call>";
+
+/// A GLM-4.5 call named `name` with the pairs `args` (an unclosed object), ending at `used`.
+fn glm_end(name: &str, args: &str, used: usize) -> Parsed {
+    let name = name.trim();
+    if name.is_empty() || name.contains(char::is_whitespace) {
+        return Parsed::NotACall;
+    }
+    let args = if args.is_empty() { "{" } else { args };
+    Parsed::Calls(
+        vec![ToolCall {
+            name: name.to_string(),
+            arguments: format!("{args}}}"),
+        }],
+        used,
+    )
+}
+
+/// One complete `<arg_key>k</arg_key>\n<arg_value>v</arg_value>` at the start of `s`
+/// (after whitespace): the key, the value and the text after it.
+fn glm_pair(s: &str) -> Option<(&str, &str, &str)> {
+    let (key, r) = s
+        .trim_start()
+        .strip_prefix("<arg_key>")?
+        .split_once("</arg_key>")?;
+    let (value, r) = r
+        .trim_start()
+        .strip_prefix("<arg_value>")?
+        .split_once("</arg_value>")?;
+    Some((key.trim(), value, r))
 }
 
 /// The markers that may open a call (or, for DeepSeek-V3, close a block of calls).
 fn markers(format: ToolFormat) -> &'static [&'static str] {
     match format {
-        ToolFormat::Hermes | ToolFormat::Generic | ToolFormat::Glm45 => &["<tool_call>"],
+        ToolFormat::Hermes | ToolFormat::Generic | ToolFormat::Glm45 => &[TOOL_OPEN],
         ToolFormat::DeepSeekV3 => &[DS_CALLS_BEGIN, DS_CALL_BEGIN, DS_CALLS_END],
         // Decoding drops `[TOOL_CALLS]` where it is a special token: the array alone opens too.
         ToolFormat::Mistral => &["[TOOL_CALLS]", "[{\"name\""],
@@ -295,17 +412,117 @@ fn held_prefix(buf: &str, markers: &[&str]) -> usize {
         .unwrap_or(0)
 }
 
-/// `<tool_call>INNER</tool_call>`, INNER read by `call`.
-fn tagged(s: &str, last: bool, call: impl Fn(&str) -> Option<ToolCall>) -> Parsed {
-    const OPEN: &str = "<tool_call>";
-    const CLOSE: &str = "</tool_call>";
-    let body = &s[OPEN.len()..];
-    let (inner, used) = match body.find(CLOSE) {
-        Some(e) => (&body[..e], OPEN.len() + e + CLOSE.len()),
-        None if last => (body, s.len()),
+/// `{"name": NAME, KEY: {` at the start of `s` (after whitespace), KEY one of `keys`.
+fn json_head(s: &str, keys: &[&str]) -> Head {
+    let mut i = 0;
+    let mut name = String::new();
+    // The head's pieces in order: `{` "name" `:` NAME `,` KEY `:` `{`.
+    for piece in 0..8 {
+        i += leading_ws(&s[i..]);
+        let t = &s[i..];
+        if t.is_empty() {
+            return Head::More;
+        }
+        let punct = match piece {
+            0 | 7 => Some('{'),
+            2 | 6 => Some(':'),
+            4 => Some(','),
+            _ => None,
+        };
+        if let Some(p) = punct {
+            if !t.starts_with(p) {
+                return Head::No;
+            }
+            if piece == 7 {
+                return Head::Args(name, i);
+            }
+            i += 1;
+            continue;
+        }
+        if !t.starts_with('"') {
+            return Head::No;
+        }
+        let (word, used) = match json_prefix(t) {
+            Ok((Value::String(w), used)) => (w, used),
+            Err(true) => return Head::More,
+            _ => return Head::No,
+        };
+        let fits = match piece {
+            1 => word == "name",
+            3 => !word.is_empty(),
+            _ => keys.contains(&word.as_str()),
+        };
+        if !fits {
+            return Head::No;
+        }
+        if piece == 3 {
+            name = word;
+        }
+        i += used;
+    }
+    Head::No
+}
+
+/// A call named `name` whose arguments object starts at `s[at..]`, read as far as the text
+/// goes. `end(e)`, given where the arguments end, finds where the call ends (`None`: not
+/// in the text yet); at the end of the text the call ends there.
+fn streamed_call(
+    s: &str,
+    at: usize,
+    name: String,
+    last: bool,
+    end: impl Fn(usize) -> Option<usize>,
+) -> Parsed {
+    let args = &s[at..];
+    let (len, closed) = match json_prefix(args) {
+        Ok((_, used)) => (used, true),
+        Err(true) => (args.len(), false),
+        Err(false) => (valid_prefix(args), true),
+    };
+    let call = ToolCall {
+        name,
+        arguments: args[..len].to_string(),
+    };
+    match closed.then(|| end(at + len)).flatten() {
+        Some(used) => Parsed::Calls(vec![call], used),
+        None if last => Parsed::Calls(vec![call], s.len()),
+        None => Parsed::Open(vec![call]),
+    }
+}
+
+/// Where the call object at `s[from..]` ends: `None` while it is not complete; where its
+/// arguments end (`args_end`) when it is not JSON.
+fn object_end(s: &str, from: usize, args_end: usize) -> Option<usize> {
+    match json_prefix(&s[from..]) {
+        Ok((_, used)) => Some(from + used),
+        Err(true) => None,
+        Err(false) => Some(args_end),
+    }
+}
+
+/// The end of the longest start of `s` that may still grow into JSON (`s` itself cannot).
+fn valid_prefix(s: &str) -> usize {
+    let starts: Vec<usize> = s.char_indices().map(|(i, _)| i).collect();
+    // Every start of a valid start is valid: the first invalid one is found by bisection.
+    let n = starts.partition_point(|&e| matches!(json_prefix(&s[..e]), Err(true)));
+    starts[n.max(1) - 1]
+}
+
+/// Hermes: `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`.
+fn hermes(s: &str, last: bool) -> Parsed {
+    let body = TOOL_OPEN.len();
+    let close = |a: usize| s[a..].find(TOOL_CLOSE).map(|e| a + e + TOOL_CLOSE.len());
+    match json_head(&s[body..], &["arguments"]) {
+        Head::Args(name, at) => return streamed_call(s, body + at, name, last, close),
+        Head::More if !last && close(body).is_none() => return Parsed::More,
+        Head::More | Head::No => {}
+    }
+    let (inner, used) = match close(body) {
+        Some(e) => (&s[body..e - TOOL_CLOSE.len()], e),
+        None if last => (&s[body..], s.len()),
         None => return Parsed::More,
     };
-    match call(inner) {
+    match json_call(inner, "arguments") {
         Some(c) => Parsed::Calls(vec![c], used),
         None => Parsed::NotACall,
     }
@@ -368,8 +585,15 @@ fn deepseek(s: &str, last: bool) -> Parsed {
         return Parsed::Calls(Vec::new(), i + DS_CALLS_END.len());
     }
     if let Some(body) = t.strip_prefix(DS_CALL_BEGIN) {
-        let (inner, used) = match body.find(DS_CALL_END) {
-            Some(e) => (&body[..e], i + DS_CALL_BEGIN.len() + e + DS_CALL_END.len()),
+        let b = i + DS_CALL_BEGIN.len();
+        let close = |a: usize| s[a..].find(DS_CALL_END).map(|e| a + e + DS_CALL_END.len());
+        match deepseek_head(body) {
+            Head::Args(name, at) => return streamed_call(s, b + at, name, last, close),
+            Head::More if !last && close(b).is_none() => return Parsed::More,
+            Head::More | Head::No => {}
+        }
+        let (inner, used) = match close(b) {
+            Some(e) => (&s[b..e - DS_CALL_END.len()], e),
             None if last => (body, s.len()),
             None => return Parsed::More,
         };
@@ -383,6 +607,39 @@ fn deepseek(s: &str, last: bool) -> Parsed {
     }
     // An opening marker followed by something else: the block is over.
     Parsed::Calls(Vec::new(), i)
+}
+
+/// The start of a DeepSeek call up to its arguments object: `function<｜tool▁sep｜>NAME\n```json\n{`
+/// (V3) or `NAME<｜tool▁sep｜>{` (V3.1).
+fn deepseek_head(body: &str) -> Head {
+    const FENCE: &str = "```json";
+    let Some((kind, rest)) = body.split_once(DS_SEP) else {
+        return Head::More;
+    };
+    let (name, args) = if kind.trim() == "function" {
+        let Some((name, after)) = rest.split_once('\n') else {
+            return Head::More;
+        };
+        let a = after.trim_start();
+        match a.strip_prefix(FENCE) {
+            Some(r) => (name, r),
+            None if FENCE.starts_with(a) => return Head::More,
+            None => (name, a),
+        }
+    } else {
+        (kind, rest)
+    };
+    let name = name.trim();
+    let a = args.trim_start();
+    if name.is_empty() || name.contains(char::is_whitespace) {
+        Head::No
+    } else if a.is_empty() {
+        Head::More
+    } else if a.starts_with('{') {
+        Head::Args(name.to_string(), body.len() - a.len())
+    } else {
+        Head::No
+    }
 }
 
 /// `function<｜tool▁sep｜>NAME\n```json\nARGS\n```` (V3) or `NAME<｜tool▁sep｜>ARGS` (V3.1).
@@ -415,20 +672,7 @@ fn mistral(s: &str, last: bool) -> Parsed {
         return if last { Parsed::NotACall } else { Parsed::More };
     }
     if t.starts_with('[') {
-        return match json_prefix(t) {
-            Ok((Value::Array(items), used)) => {
-                let calls: Option<Vec<ToolCall>> = items
-                    .iter()
-                    .map(|v| call_from_value(v, &["arguments", "parameters"]))
-                    .collect();
-                match calls {
-                    Some(calls) if !calls.is_empty() => Parsed::Calls(calls, start + used),
-                    _ => Parsed::NotACall,
-                }
-            }
-            Err(true) if !last => Parsed::More,
-            _ => Parsed::NotACall,
-        };
+        return mistral_array(s, start + 1, last);
     }
     let Some((name, rest)) = t.split_once("[ARGS]") else {
         let plausible = t.len() < 128 && !t.contains(char::is_whitespace);
@@ -438,16 +682,18 @@ fn mistral(s: &str, last: bool) -> Parsed {
             Parsed::NotACall
         };
     };
-    let args_at = start + name.len() + "[ARGS]".len();
+    let name = name.trim().to_string();
+    let r = rest.trim_start();
+    if r.starts_with('{') {
+        return streamed_call(s, s.len() - r.len(), name, last, Some);
+    }
+    if r.is_empty() && !last {
+        return Parsed::More;
+    }
+    let args_at = s.len() - rest.len();
     match json_prefix(rest) {
         Ok((v, used)) => match arguments_text(&v) {
-            Some(arguments) => Parsed::Calls(
-                vec![ToolCall {
-                    name: name.trim().to_string(),
-                    arguments,
-                }],
-                args_at + used,
-            ),
+            Some(arguments) => Parsed::Calls(vec![ToolCall { name, arguments }], args_at + used),
             None => Parsed::NotACall,
         },
         Err(true) if !last => Parsed::More,
@@ -455,9 +701,60 @@ fn mistral(s: &str, last: bool) -> Parsed {
     }
 }
 
+/// The items of a Mistral array of calls from `s[i..]` (after its `[`), each streamed as it
+/// comes; the block ends at the `]`, or with the last call before an item that is none.
+fn mistral_array(s: &str, mut i: usize, last: bool) -> Parsed {
+    const KEYS: &[&str] = &["arguments", "parameters"];
+    let mut calls = Vec::new();
+    let mut end = i;
+    // What the text says when it ends or stops being calls before item `calls.len()`.
+    let stop = |calls: Vec<ToolCall>, at: usize, ended: bool| match (calls.is_empty(), ended) {
+        (true, true) if !last => Parsed::More,
+        (true, _) => Parsed::NotACall,
+        (false, true) if !last => Parsed::Open(calls),
+        (false, _) => Parsed::Calls(calls, at),
+    };
+    loop {
+        let from = i + leading_ws(&s[i..]);
+        let t = &s[from..];
+        let item = match json_head(t, KEYS) {
+            Head::Args(name, at) => {
+                streamed_call(s, from + at, name, last, |a| object_end(s, from, a))
+            }
+            Head::More if !last => return stop(calls, end, true),
+            Head::More | Head::No => match json_prefix(t) {
+                Ok((v, used)) => match call_from_value(&v, KEYS) {
+                    Some(call) => Parsed::Calls(vec![call], from + used),
+                    None => return stop(calls, end, false),
+                },
+                Err(ended) => return stop(calls, end, ended),
+            },
+        };
+        match item {
+            Parsed::Calls(c, used) => {
+                calls.extend(c);
+                end = used;
+            }
+            Parsed::Open(c) => {
+                calls.extend(c);
+                return Parsed::Open(calls);
+            }
+            Parsed::More | Parsed::NotACall => return stop(calls, end, false),
+        }
+        let after = end + leading_ws(&s[end..]);
+        match s[after..].chars().next() {
+            Some(',') => i = after + 1,
+            Some(']') => return Parsed::Calls(calls, after + 1),
+            None if !last => return Parsed::Open(calls),
+            _ => return Parsed::Calls(calls, end),
+        }
+    }
+}
+
 /// Llama 3.x: `{"name": ..., "parameters": {...}}`, after an optional `<|python_tag|>`,
 /// several separated by `;`.
 fn llama3(s: &str, last: bool) -> Parsed {
+    const KEYS: &[&str] = &["parameters", "arguments"];
     let mut i = s
         .strip_prefix("<|python_tag|>")
         .map_or(0, |_| "<|python_tag|>".len());
@@ -466,239 +763,35 @@ fn llama3(s: &str, last: bool) -> Parsed {
     if t.is_empty() {
         return if last { Parsed::NotACall } else { Parsed::More };
     }
+    // After the call, a `;` (another call may follow it).
+    let separator = |end: usize| {
+        let sep = s[end..].trim_start();
+        match sep.strip_prefix(';') {
+            Some(rest) => Some(s.len() - rest.len()),
+            None if sep.is_empty() && !last => None,
+            None => Some(end),
+        }
+    };
+    match json_head(t, KEYS) {
+        Head::Args(name, at) => {
+            return streamed_call(s, i + at, name, last, |a| separator(object_end(s, i, a)?));
+        }
+        Head::More if !last => return Parsed::More,
+        Head::More | Head::No => {}
+    }
     let (v, used) = match json_prefix(t) {
         Ok(x) => x,
         Err(true) if !last => return Parsed::More,
         Err(_) => return Parsed::NotACall,
     };
-    let Some(call) = call_from_value(&v, &["parameters", "arguments"]) else {
+    let Some(call) = call_from_value(&v, KEYS) else {
         return Parsed::NotACall;
     };
-    let mut end = i + used;
-    let after = &s[end..];
-    let sep = after.trim_start();
-    if sep.is_empty() && !last {
-        // A `;` and another call may follow.
-        return Parsed::More;
+    match separator(i + used) {
+        Some(end) => Parsed::Calls(vec![call], end),
+        None => Parsed::More,
     }
-    if let Some(rest) = sep.strip_prefix(';') {
-        end = s.len() - rest.len();
-    }
-    Parsed::Calls(vec![call], end)
 }
 
 #[cfg(test)]
-mod tests {
-    use serde_json::json;
-
-    use super::*;
-
-    fn tools() -> Vec<ToolSpec> {
-        vec![ToolSpec {
-            name: "get_weather".into(),
-            parameters: json!({"type": "object", "properties": {
-                "city": {"type": "string"}, "days": {"type": "integer"}}}),
-        }]
-    }
-
-    fn call(name: &str, args: Value) -> ToolCall {
-        ToolCall {
-            name: name.into(),
-            arguments: args.to_string(),
-        }
-    }
-
-    /// Parses `text` whole, in two chunks split at every character, and one character at a
-    /// time; all must give `text_want` as content and `calls_want`.
-    fn check(format: ToolFormat, text: &str, text_want: &str, calls_want: &[ToolCall]) {
-        let run = |chunks: &[&str]| {
-            let mut p = ToolParser::new(format, &tools());
-            let mut events: Vec<ToolEvent> = chunks.iter().flat_map(|c| p.push(c)).collect();
-            events.extend(p.finish());
-            let mut content = String::new();
-            let mut calls = Vec::new();
-            for e in events {
-                match e {
-                    ToolEvent::Text(t) => content.push_str(&t),
-                    ToolEvent::Call(c) => calls.push(c),
-                }
-            }
-            assert_eq!(p.calls(), calls.len());
-            (content, calls)
-        };
-        let want = (text_want.to_string(), calls_want.to_vec());
-        assert_eq!(run(&[text]), want, "{format:?} whole: {text}");
-        for (i, _) in text.char_indices().skip(1) {
-            let got = run(&[&text[..i], &text[i..]]);
-            assert_eq!(got, want, "{format:?} split at {i}: {text}");
-        }
-        let chars: Vec<String> = text.chars().map(String::from).collect();
-        let pieces: Vec<&str> = chars.iter().map(String::as_str).collect();
-        assert_eq!(run(&pieces), want, "{format:?} by character: {text}");
-    }
-
-    #[test]
-    fn written_calls_parse_back_in_every_format() {
-        let calls = [
-            call("get_weather", json!({"city": "Paris", "days": 3})),
-            call("get_weather", json!({"city": "Oslo"})),
-        ];
-        for format in [
-            ToolFormat::Hermes,
-            ToolFormat::Generic,
-            ToolFormat::DeepSeekV3,
-            ToolFormat::Glm45,
-            ToolFormat::Mistral,
-            ToolFormat::Llama3,
-        ] {
-            let text = format.write_calls(&calls);
-            check(format, &text, "", &calls);
-            check(
-                format,
-                &format!("Let me check.\n{text}"),
-                "Let me check.",
-                &calls,
-            );
-        }
-    }
-
-    #[test]
-    fn hermes_outputs() {
-        let paris = call("get_weather", json!({"city": "Paris"}));
-        // Qwen2.5-Instruct's shape: text, then calls on their own lines.
-        check(
-            ToolFormat::Hermes,
-            "I'll look that up.\n\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n",
-            "I'll look that up.",
-            std::slice::from_ref(&paris),
-        );
-        // Arguments as a JSON string, and a call cut off by the end of generation.
-        check(
-            ToolFormat::Hermes,
-            "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": \"{\\\"city\\\": \\\"Paris\\\"}\"}",
-            "",
-            std::slice::from_ref(&paris),
-        );
-        // Not a call: the tags stay text.
-        check(
-            ToolFormat::Hermes,
-            "Use <tool_call>like this</tool_call> to call.",
-            "Use <tool_call>like this</tool_call> to call.",
-            &[],
-        );
-        check(ToolFormat::Hermes, "a < b <tool", "a < b <tool", &[]);
-        // Qwen2.5-Coder-0.5B's shape with `tool_choice: auto` (recorded from the GGUF):
-        // the call without its tags, bare or fenced, one or several.
-        let oslo = call("get_weather", json!({"city": "Oslo"}));
-        check(
-            ToolFormat::Hermes,
-            "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}",
-            "",
-            std::slice::from_ref(&paris),
-        );
-        check(
-            ToolFormat::Hermes,
-            "```json\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n```\n",
-            "",
-            std::slice::from_ref(&paris),
-        );
-        check(
-            ToolFormat::Hermes,
-            "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}",
-            "",
-            &[paris.clone(), oslo],
-        );
-        // Not calls: JSON that names no tool, JSON after text, and text that is not JSON.
-        let other = "{\"name\": \"Ada\", \"arguments\": {\"x\": 1}}";
-        check(ToolFormat::Hermes, other, other, &[]);
-        let late = "Call it as {\"name\": \"get_weather\", \"arguments\": {}}";
-        check(ToolFormat::Hermes, late, late, &[]);
-        check(
-            ToolFormat::Hermes,
-            "{braces} and ``` fences",
-            "{braces} and ``` fences",
-            &[],
-        );
-        check(
-            ToolFormat::Hermes,
-            "```python\nprint(1)\n```",
-            "```python\nprint(1)\n```",
-            &[],
-        );
-        check(ToolFormat::Hermes, "plain answer\n", "plain answer\n", &[]);
-    }
-
-    #[test]
-    fn deepseek_outputs() {
-        let paris = call("get_weather", json!({"city": "Paris"}));
-        // V3's shape, with its closing token.
-        check(
-            ToolFormat::DeepSeekV3,
-            "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"city\": \"Paris\"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
-            "",
-            std::slice::from_ref(&paris),
-        );
-        // V3.1's shape, after text.
-        check(
-            ToolFormat::DeepSeekV3,
-            "Sure.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Paris\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
-            "Sure.",
-            std::slice::from_ref(&paris),
-        );
-    }
-
-    #[test]
-    fn glm_outputs() {
-        check(
-            ToolFormat::Glm45,
-            "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>123</arg_value>\n<arg_key>days</arg_key>\n<arg_value>2</arg_value>\n</tool_call>",
-            "",
-            &[call("get_weather", json!({"city": "123", "days": 2}))],
-        );
-    }
-
-    #[test]
-    fn mistral_outputs() {
-        let paris = call("get_weather", json!({"city": "Paris"}));
-        check(
-            ToolFormat::Mistral,
-            "[TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}, \"id\": \"abcdefghi\"}]",
-            "",
-            std::slice::from_ref(&paris),
-        );
-        check(
-            ToolFormat::Mistral,
-            "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Paris\"}",
-            "",
-            std::slice::from_ref(&paris),
-        );
-        check(
-            ToolFormat::Mistral,
-            "Here: [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}]",
-            "Here:",
-            std::slice::from_ref(&paris),
-        );
-        check(
-            ToolFormat::Mistral,
-            "[TOOL_CALLS] not json",
-            "[TOOL_CALLS] not json",
-            &[],
-        );
-    }
-
-    #[test]
-    fn llama3_outputs() {
-        check(
-            ToolFormat::Llama3,
-            "<|python_tag|>{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}",
-            "",
-            &[call("get_weather", json!({"city": "Paris"}))],
-        );
-        check(
-            ToolFormat::Llama3,
-            "The JSON {\"name\": \"x\"} has no parameters.",
-            "The JSON {\"name\": \"x\"} has no parameters.",
-            &[],
-        );
-    }
-}
+mod tests;
