@@ -41,17 +41,52 @@ unsafe fn signed_block<const N: usize>(
     }
 }
 
+/// Runs `$body` for every block of `$row` (`$size` bytes each), with `$x` the block's bytes,
+/// `$b` its index and `$acc` one of two sets of accumulators, even blocks into one and odd
+/// into the other (for up to two tokens); evaluates to their sum. With one set, each
+/// block's multiply-add waits for the previous one's: a decode row (one token, 18 blocks)
+/// was one chain of latencies; two chains overlap. A macro, not a closure: the body must be compiled inside the
+/// kernel, with its target features.
+macro_rules! two_chains {
+    ($n:expr, $row:expr, $size:expr, |$x:ident, $b:ident, $acc:ident| $body:block) => {{
+        let (row, size) = ($row, $size);
+        let mut even = [_mm256_setzero_ps(); $n];
+        let mut odd = [_mm256_setzero_ps(); $n];
+        let mut pairs = row.chunks_exact(2 * size);
+        for (p, pair) in pairs.by_ref().enumerate() {
+            {
+                let ($x, $b, $acc) = (&pair[..size], 2 * p, &mut even);
+                $body
+            }
+            {
+                // Four tokens are four chains already; more would spill registers.
+                let chain = if $n <= 2 { &mut odd } else { &mut even };
+                let ($x, $b, $acc) = (&pair[size..], 2 * p + 1, chain);
+                $body
+            }
+        }
+        let rest = pairs.remainder();
+        if !rest.is_empty() {
+            let ($x, $b, $acc) = (rest, row.len() / size - 1, &mut even);
+            $body
+        }
+        for j in 0..$n {
+            even[j] = _mm256_add_ps(even[j], odd[j]);
+        }
+        even
+    }};
+}
+
 /// Q8_0: `{f16 d; i8 qs[32]}`.
 ///
 /// # Safety
 /// AVX2, FMA and F16C; `row` is whole blocks matching the rows of `xt`.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn q8_0_n<const N: usize>(row: &[u8], xt: &Tokens<N>, out: &mut [f32; N]) {
-    let mut acc = [_mm256_setzero_ps(); N];
-    for (b, x) in row.chunks_exact(34).enumerate() {
+    let acc = two_chains!(N, row, 34, |x, b, acc| {
         // SAFETY: bytes 2..34 of the block; block `b` and the rows exist (caller).
-        unsafe { signed_block(load(x.as_ptr().add(2)), f16_at(x, 0), xt, b, &mut acc) };
-    }
+        unsafe { signed_block(load(x.as_ptr().add(2)), f16_at(x, 0), xt, b, acc) }
+    });
     for j in 0..N {
         out[j] = hsum(acc[j]);
     }
@@ -64,13 +99,14 @@ pub(super) unsafe fn q8_0_n<const N: usize>(row: &[u8], xt: &Tokens<N>, out: &mu
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn q4_0_n<const N: usize>(row: &[u8], xt: &Tokens<N>, out: &mut [f32; N]) {
     let eight = _mm256_set1_epi8(8);
-    let mut acc = [_mm256_setzero_ps(); N];
-    for (b, x) in row.chunks_exact(18).enumerate() {
-        // SAFETY: bytes 2..18 of the 18-byte block.
-        let w = _mm256_sub_epi8(nibbles(unsafe { load16(x.as_ptr().add(2)) }), eight);
-        // SAFETY: block `b` and the rows exist (caller).
-        unsafe { signed_block(w, f16_at(x, 0), xt, b, &mut acc) };
-    }
+    let acc = two_chains!(N, row, 18, |x, b, acc| {
+        // SAFETY: bytes 2..18 of the 18-byte block; block `b` and the rows exist
+        // (caller).
+        unsafe {
+            let w = _mm256_sub_epi8(nibbles(load16(x.as_ptr().add(2))), eight);
+            signed_block(w, f16_at(x, 0), xt, b, acc)
+        }
+    });
     for j in 0..N {
         out[j] = hsum(acc[j]);
     }
@@ -124,14 +160,15 @@ unsafe fn load16(p: *const u8) -> __m128i {
 /// As [`q8_0_n`].
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn q4_1_n<const N: usize>(row: &[u8], xt: &Tokens<N>, out: &mut [f32; N]) {
-    let mut acc = [_mm256_setzero_ps(); N];
     let mut mins = [0.0f32; N];
-    for (b, x) in row.chunks_exact(20).enumerate() {
-        // SAFETY: bytes 4..20 of the 20-byte block.
-        let w = nibbles(unsafe { load16(x.as_ptr().add(4)) });
-        // SAFETY: block `b` and the rows exist (caller).
-        unsafe { unsigned_block(w, f16_at(x, 0), f16_at(x, 2), xt, b, &mut acc, &mut mins) };
-    }
+    let acc = two_chains!(N, row, 20, |x, b, acc| {
+        // SAFETY: bytes 4..20 of the 20-byte block; block `b` and the rows exist
+        // (caller).
+        unsafe {
+            let w = nibbles(load16(x.as_ptr().add(4)));
+            unsigned_block(w, f16_at(x, 0), f16_at(x, 2), xt, b, acc, &mut mins)
+        }
+    });
     for j in 0..N {
         out[j] = hsum(acc[j]) + mins[j];
     }
@@ -144,18 +181,16 @@ pub(super) unsafe fn q4_1_n<const N: usize>(row: &[u8], xt: &Tokens<N>, out: &mu
 /// As [`q8_0_n`].
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn q5_0_n<const N: usize>(row: &[u8], xt: &Tokens<N>, out: &mut [f32; N]) {
-    let mut acc = [_mm256_setzero_ps(); N];
-    for (b, x) in row.chunks_exact(22).enumerate() {
+    let acc = two_chains!(N, row, 22, |x, b, acc| {
         let qh = u32::from_le_bytes([x[2], x[3], x[4], x[5]]);
-        // SAFETY: bytes 6..22 of the 22-byte block.
-        let q = _mm256_or_si256(
-            nibbles(unsafe { load16(x.as_ptr().add(6)) }),
-            bit4_of_each(qh),
-        );
-        let w = _mm256_sub_epi8(q, _mm256_set1_epi8(16));
-        // SAFETY: block `b` and the rows exist (caller).
-        unsafe { signed_block(w, f16_at(x, 0), xt, b, &mut acc) };
-    }
+        // SAFETY: bytes 6..22 of the 22-byte block; block `b` and the rows exist
+        // (caller).
+        unsafe {
+            let q = _mm256_or_si256(nibbles(load16(x.as_ptr().add(6))), bit4_of_each(qh));
+            let w = _mm256_sub_epi8(q, _mm256_set1_epi8(16));
+            signed_block(w, f16_at(x, 0), xt, b, acc)
+        }
+    });
     for j in 0..N {
         out[j] = hsum(acc[j]);
     }
@@ -167,18 +202,16 @@ pub(super) unsafe fn q5_0_n<const N: usize>(row: &[u8], xt: &Tokens<N>, out: &mu
 /// As [`q8_0_n`].
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn q5_1_n<const N: usize>(row: &[u8], xt: &Tokens<N>, out: &mut [f32; N]) {
-    let mut acc = [_mm256_setzero_ps(); N];
     let mut mins = [0.0f32; N];
-    for (b, x) in row.chunks_exact(24).enumerate() {
+    let acc = two_chains!(N, row, 24, |x, b, acc| {
         let qh = u32::from_le_bytes([x[4], x[5], x[6], x[7]]);
-        // SAFETY: bytes 8..24 of the 24-byte block.
-        let w = _mm256_or_si256(
-            nibbles(unsafe { load16(x.as_ptr().add(8)) }),
-            bit4_of_each(qh),
-        );
-        // SAFETY: block `b` and the rows exist (caller).
-        unsafe { unsigned_block(w, f16_at(x, 0), f16_at(x, 2), xt, b, &mut acc, &mut mins) };
-    }
+        // SAFETY: bytes 8..24 of the 24-byte block; block `b` and the rows exist
+        // (caller).
+        unsafe {
+            let w = _mm256_or_si256(nibbles(load16(x.as_ptr().add(8))), bit4_of_each(qh));
+            unsigned_block(w, f16_at(x, 0), f16_at(x, 2), xt, b, acc, &mut mins)
+        }
+    });
     for j in 0..N {
         out[j] = hsum(acc[j]) + mins[j];
     }
@@ -200,13 +233,14 @@ fn iq4_grid() -> __m256i {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn iq4_nl_n<const N: usize>(row: &[u8], xt: &Tokens<N>, out: &mut [f32; N]) {
     let grid = iq4_grid();
-    let mut acc = [_mm256_setzero_ps(); N];
-    for (b, x) in row.chunks_exact(18).enumerate() {
-        // SAFETY: bytes 2..18 of the 18-byte block.
-        let w = _mm256_shuffle_epi8(grid, nibbles(unsafe { load16(x.as_ptr().add(2)) }));
-        // SAFETY: block `b` and the rows exist (caller).
-        unsafe { signed_block(w, f16_at(x, 0), xt, b, &mut acc) };
-    }
+    let acc = two_chains!(N, row, 18, |x, b, acc| {
+        // SAFETY: bytes 2..18 of the 18-byte block; block `b` and the rows exist
+        // (caller).
+        unsafe {
+            let w = _mm256_shuffle_epi8(grid, nibbles(load16(x.as_ptr().add(2))));
+            signed_block(w, f16_at(x, 0), xt, b, acc)
+        }
+    });
     for j in 0..N {
         out[j] = hsum(acc[j]);
     }
