@@ -167,12 +167,12 @@ impl PrefixCache {
         let mut added = 0;
         for (hash, n) in chain {
             let block = &self.blocks[&hash];
+            // The first `n` of the block's rows: its buffers hold one row per token.
+            let t = block.tokens.len();
             let rows = block
                 .rows
                 .iter()
-                .zip(cache.widths())
-                .map(|((a, b), &(wa, wb))| (&a[..n * wa], &b[..n * wb]));
-            let rows: Vec<_> = rows.collect();
+                .map(|(a, b)| (&a[..a.len() / t * n], &b[..b.len() / t * n]));
             if cache.extend(n, rows).is_err() {
                 // Rows of another shape (cannot happen with one model): keep what it had.
                 cache.truncate(have);
