@@ -43,10 +43,12 @@ unsafe fn signed_block<const N: usize>(
 
 /// Runs `$body` for every block of `$row` (`$size` bytes each), with `$x` the block's bytes,
 /// `$b` its index and `$acc` one of two sets of accumulators, even blocks into one and odd
-/// into the other (for up to two tokens); evaluates to their sum. With one set, each
-/// block's multiply-add waits for the previous one's: a decode row (one token, 18 blocks)
-/// was one chain of latencies; two chains overlap. A macro, not a closure: the body must be compiled inside the
-/// kernel, with its target features.
+/// into the other; evaluates to their sum. With one set, each block's multiply-add waits
+/// for the previous one's: a decode row (one token, 18 blocks) was one chain of latencies;
+/// two chains overlap. Every token count sums in this same order, so a token's result does
+/// not depend on the tokens computed beside it (a request's answer is the same alone and
+/// in a batch). A macro, not a closure: the body must be compiled inside the kernel, with
+/// its target features.
 macro_rules! two_chains {
     ($n:expr, $row:expr, $size:expr, |$x:ident, $b:ident, $acc:ident| $body:block) => {{
         let (row, size) = ($row, $size);
@@ -59,9 +61,7 @@ macro_rules! two_chains {
                 $body
             }
             {
-                // Four tokens are four chains already; more would spill registers.
-                let chain = if $n <= 2 { &mut odd } else { &mut even };
-                let ($x, $b, $acc) = (&pair[size..], 2 * p + 1, chain);
+                let ($x, $b, $acc) = (&pair[size..], 2 * p + 1, &mut odd);
                 $body
             }
         }
