@@ -198,6 +198,7 @@ fn decode(
         stop: &[],
         ignore_eos: true,
         top_logprobs: None,
+        keep_special: &[],
     };
     let mut states = (0..batch)
         .map(|i| {

@@ -416,6 +416,7 @@ impl<'e> Session<'e> {
             stop: &[],
             ignore_eos: false,
             top_logprobs: None,
+            keep_special: &[],
         };
         let sampler = Sampler::new(s.sampling)?;
         let engine = self.engine;

@@ -235,6 +235,7 @@ fn run_gpu(args: &GenerateArgs, dir: &std::path::Path) -> anyhow::Result<()> {
         stop: &args.stop,
         ignore_eos: false,
         top_logprobs: None,
+        keep_special: &[],
     };
     let mut seq = SequenceState::new(
         &tokenizer,

@@ -557,6 +557,7 @@ fn the_scheduler_with_an_executor_gives_the_cpu_paths_greedy_tokens() {
         top_logprobs: None,
         ignore_eos: true,
         grammar: None,
+        keep_special: Vec::new(),
     })
     .collect();
     let want = run_all(cpu, &reqs);

@@ -285,6 +285,7 @@ impl Engine {
                     stop: &r.stop,
                     ignore_eos: false,
                     top_logprobs: None,
+                    keep_special: &[],
                 };
                 let sampler = Sampler::new(r.sampling.clone())?;
                 let mut state = SequenceState::new(&self.tokenizer, sampler, &r.prompt, opts)?;

@@ -89,6 +89,8 @@ pub struct GenRequest {
     pub ignore_eos: bool,
     /// A grammar the output must follow (structured outputs).
     pub grammar: Option<Grammar>,
+    /// Special ids kept in the text (the tool-call markers that are special tokens).
+    pub keep_special: Vec<u32>,
 }
 
 /// What a sequence reports back.
@@ -557,6 +559,7 @@ fn admit<'e>(
         stop: &p.req.stop,
         ignore_eos: p.req.ignore_eos,
         top_logprobs: p.req.top_logprobs,
+        keep_special: &p.req.keep_special,
     };
     let state = SequenceState::new(&engine.tokenizer, p.sampler, &p.req.prompt, opts)
         .map_err(|e| e.to_string())

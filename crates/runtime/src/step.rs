@@ -61,6 +61,9 @@ pub struct SequenceOptions<'a> {
     pub ignore_eos: bool,
     /// `Some(n)`: report each token's log-probability and the `n` most likely others.
     pub top_logprobs: Option<usize>,
+    /// Special ids kept in the text although special tokens are skipped
+    /// ([`StreamDecoder::keep_special`]).
+    pub keep_special: &'a [u32],
 }
 
 /// Log-probabilities of one generated token.
@@ -123,6 +126,7 @@ impl<'t> SequenceState<'t> {
         if opts.ignore_eos {
             decoder.set_stop_ids(&[]);
         }
+        decoder.keep_special(opts.keep_special);
         let mut history = Vec::with_capacity(prompt.len() + opts.max_tokens.min(4096));
         history.extend_from_slice(prompt);
         Ok(SequenceState {

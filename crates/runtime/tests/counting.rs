@@ -51,6 +51,7 @@ fn scheduled(engine: Arc<Engine>, r: &Request) -> (Vec<u32>, Event) {
         top_logprobs: None,
         ignore_eos: false,
         grammar: None,
+        keep_special: Vec::new(),
     };
     s.submit(req, Box::new(move |e| tx.send(e).is_ok()))
         .unwrap();

@@ -170,6 +170,7 @@ fn schedule_constrained_sequences_with_cancellation() {
             top_logprobs: None,
             ignore_eos: false,
             grammar: Some(engine.compile_format(&format).unwrap()),
+            keep_special: Vec::new(),
         };
         let (tx, rx) = mpsc::channel();
         s.submit(req, Box::new(move |e| tx.send(e).is_ok()))

@@ -430,6 +430,75 @@ fn eos_flushes_a_held_partial_stop_string() {
     assert_eq!(stop, Some(StopReason::Eos(0)));
 }
 
+/// Mistral's `[TOOL_CALLS]` is a special token: decoding skips it, so a decoder told to keep
+/// the format's markers writes it, and the Mistral parser reads the call behind it.
+#[test]
+fn kept_special_markers_reach_the_tool_parser() {
+    use strata_runtime::text::tools::{ToolCall, ToolEvent, ToolFormat, ToolParser, ToolSpec};
+
+    let mut doc: Value = read_json(&tiny_moe_dir().join("tokenizer.json"));
+    let id = doc["model"]["vocab"].as_object().unwrap().len() as u64;
+    doc["added_tokens"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({
+            "id": id, "content": "[TOOL_CALLS]", "single_word": false, "lstrip": false,
+            "rstrip": false, "normalized": false, "special": true
+        }));
+    let meta = TokenizerMeta {
+        eos_ids: vec![0],
+        ..TokenizerMeta::default()
+    };
+    let tok = Tokenizer::from_json_bytes(doc.to_string().as_bytes(), meta, "in-memory").unwrap();
+    let kept: Vec<u32> = ToolFormat::Mistral
+        .markers()
+        .iter()
+        .filter_map(|m| tok.special_token_id(m))
+        .collect();
+    assert_eq!(kept, [id as u32]);
+    let text =
+        "Sure.[TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}]";
+    let ids = tok.encode(text, false).unwrap();
+    assert!(ids.contains(&(id as u32)), "the marker is one token");
+
+    let decode = |keep: &[u32]| {
+        let mut decoder = StreamDecoder::new(&tok, &[], true).unwrap();
+        decoder.keep_special(keep);
+        let mut out = String::new();
+        for &i in &ids {
+            out.push_str(&decoder.push(i).unwrap().text);
+        }
+        out + &decoder.finish().unwrap().text
+    };
+    assert!(!decode(&[]).contains("[TOOL_CALLS]"), "skipped by default");
+    let out = decode(&kept);
+    assert!(out.starts_with("Sure.[TOOL_CALLS]"), "{out}");
+
+    let spec = ToolSpec {
+        name: "get_weather".into(),
+        parameters: serde_json::json!({"type": "object"}),
+    };
+    let mut parser = ToolParser::new(ToolFormat::Mistral, std::slice::from_ref(&spec));
+    let mut events = parser.push(&out);
+    events.extend(parser.finish());
+    let (mut content, mut calls) = (String::new(), Vec::new());
+    for e in events {
+        match e {
+            ToolEvent::Text(t) => content.push_str(&t),
+            ToolEvent::CallStart(name) => calls.push(ToolCall {
+                name,
+                arguments: String::new(),
+            }),
+            ToolEvent::Arguments(a) => calls.last_mut().unwrap().arguments.push_str(&a),
+        }
+    }
+    assert_eq!(content, "Sure.");
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    assert_eq!(calls[0].name, "get_weather");
+    let args: Value = serde_json::from_str(&calls[0].arguments).unwrap();
+    assert_eq!(args, serde_json::json!({"city": "Paris"}));
+}
+
 #[test]
 fn empty_stop_string_is_an_error() {
     let stops = vec!["ok".to_string(), String::new()];

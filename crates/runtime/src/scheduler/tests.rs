@@ -25,6 +25,7 @@ fn greedy(prompt: Vec<u32>, max_tokens: usize) -> GenRequest {
         top_logprobs: None,
         ignore_eos: false,
         grammar: None,
+        keep_special: Vec::new(),
     }
 }
 

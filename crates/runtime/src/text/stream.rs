@@ -37,6 +37,8 @@ pub struct StreamPiece {
 pub struct StreamDecoder<'t> {
     tokenizer: &'t Tokenizer,
     skip_special: bool,
+    /// Special ids written into the text even when `skip_special` is set.
+    kept_special: Vec<u32>,
     stop_ids: Vec<u32>,
     stop_strings: Vec<String>,
     ids: Vec<u32>,
@@ -64,6 +66,7 @@ impl<'t> StreamDecoder<'t> {
         Ok(Self {
             tokenizer,
             skip_special,
+            kept_special: Vec::new(),
             stop_ids: tokenizer.eos_ids().to_vec(),
             stop_strings: stop_strings.to_vec(),
             ids: Vec::new(),
@@ -80,6 +83,12 @@ impl<'t> StreamDecoder<'t> {
         self.stop_ids = ids.to_vec();
     }
 
+    /// Special ids whose text is kept although special tokens are skipped: the markers a
+    /// tool-call parser reads (Mistral's `[TOOL_CALLS]` is a special token).
+    pub fn keep_special(&mut self, ids: &[u32]) {
+        self.kept_special = ids.to_vec();
+    }
+
     /// Feeds one generated id and returns the text it completes.
     pub fn push(&mut self, id: u32) -> Result<StreamPiece, TextError> {
         if self.stopped.is_some() {
@@ -92,6 +101,15 @@ impl<'t> StreamDecoder<'t> {
                 self.stopped = Some(StopReason::Eos(id));
             }
             return Ok(self.stopped_piece(text));
+        }
+        if self.skip_special && self.kept_special.contains(&id) {
+            // Decoding skips it wherever it stands, so its text follows the text before it
+            // and the window restarts after it.
+            let mut text = self.take_window()?;
+            self.ids.push(id);
+            (self.prefix_offset, self.read_offset) = (self.ids.len(), self.ids.len());
+            text.push_str(&self.tokenizer.id_to_token(id).unwrap_or_default());
+            return Ok(self.release(text));
         }
         self.ids.push(id);
         let prefix = self.tokenizer.decode(
@@ -140,8 +158,9 @@ impl<'t> StreamDecoder<'t> {
         }
     }
 
-    /// Everything not yet emitted, checked once more for a stop string.
-    fn flush(&mut self) -> Result<String, TextError> {
+    /// The text of the ids not yet produced, incomplete characters included; the window
+    /// then starts after them.
+    fn take_window(&mut self) -> Result<String, TextError> {
         let prefix = self.tokenizer.decode(
             &self.ids[self.prefix_offset..self.read_offset],
             self.skip_special,
@@ -152,6 +171,12 @@ impl<'t> StreamDecoder<'t> {
         let delta = new_suffix(&prefix, &full).unwrap_or_default().to_string();
         self.prefix_offset = self.ids.len();
         self.read_offset = self.ids.len();
+        Ok(delta)
+    }
+
+    /// Everything not yet emitted, checked once more for a stop string.
+    fn flush(&mut self) -> Result<String, TextError> {
+        let delta = self.take_window()?;
         self.held.push_str(&delta);
         if let Some((at, stop)) = self.find_stop() {
             self.held.truncate(at);

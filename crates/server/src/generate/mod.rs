@@ -140,6 +140,7 @@ fn submit(st: &AppState, job: &Job) -> Result<Running, ApiError> {
                 top_logprobs: job.top_logprobs,
                 ignore_eos: job.ignore_eos,
                 grammar: job.grammar.clone(),
+                keep_special: job.keep_special.clone(),
             };
             let sink = ChannelSink {
                 index: p * job.n + j,

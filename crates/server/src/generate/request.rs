@@ -41,6 +41,8 @@ pub(super) struct Job {
     pub grammar: Option<Grammar>,
     /// How to read tool calls out of the output (`None`: no tools, or `tool_choice` none).
     pub tools: Option<CallParsing>,
+    /// The special ids that parsing reads and decoding must keep in the text.
+    pub keep_special: Vec<u32>,
 }
 
 /// Checks the fields both endpoints share; returns the sampling settings and `n`.
@@ -262,6 +264,19 @@ pub(super) async fn chat_job(st: &Arc<AppState>, body: &[u8]) -> Result<Job, Api
     let ctx = st.scheduler.config().ctx_size;
     let limit = req.max_completion_tokens.or(common_fields.max_tokens);
     let max = max_tokens(limit, None, prompt.len(), ctx, "messages")?;
+    let parsing = (tool_req.choice != Choice::None).then(|| CallParsing {
+        format,
+        specs: tool_req.specs,
+    });
+    let keep_special = match &parsing {
+        Some(p) => p
+            .format
+            .markers()
+            .iter()
+            .filter_map(|m| st.engine.tokenizer.special_token_id(m))
+            .collect(),
+        None => Vec::new(),
+    };
     Ok(Job {
         kind: Kind::Chat,
         prompts: vec![prompt],
@@ -274,10 +289,8 @@ pub(super) async fn chat_job(st: &Arc<AppState>, body: &[u8]) -> Result<Job, Api
         stop: api::stop_strings(common_fields.stop)?,
         top_logprobs,
         grammar,
-        tools: (tool_req.choice != Choice::None).then(|| CallParsing {
-            format,
-            specs: tool_req.specs,
-        }),
+        tools: parsing,
+        keep_special,
     })
 }
 
@@ -369,6 +382,7 @@ pub(super) async fn completion_job(st: &Arc<AppState>, body: &[u8]) -> Result<Jo
         top_logprobs,
         grammar,
         tools: None,
+        keep_special: Vec::new(),
     })
 }
 

@@ -71,6 +71,8 @@ const DS_CALLS_END: &str = "<｜tool▁calls▁end｜>";
 const DS_CALL_BEGIN: &str = "<｜tool▁call▁begin｜>";
 const DS_CALL_END: &str = "<｜tool▁call▁end｜>";
 const DS_SEP: &str = "<｜tool▁sep｜>";
+const TOOL_OPEN: &str = "<tool_call>";
+const TOOL_CLOSE: &str = "</tool_call>";
 
 impl ToolFormat {
     /// The family of a chat template, from markers in its source (as llama.cpp's
@@ -88,6 +90,33 @@ impl ToolFormat {
             ToolFormat::Llama3
         } else {
             ToolFormat::Generic
+        }
+    }
+
+    /// Every marker of the format's calls that the parser reads in the output text.
+    /// Where one is a special token of the vocabulary (Mistral's `[TOOL_CALLS]`, Llama
+    /// 3.1's `<|python_tag|>`), generation must keep it in the text
+    /// (`StreamDecoder::keep_special`): decoding leaves special tokens out.
+    pub fn markers(self) -> &'static [&'static str] {
+        match self {
+            ToolFormat::Hermes | ToolFormat::Generic => &[TOOL_OPEN, TOOL_CLOSE],
+            ToolFormat::DeepSeekV3 => &[
+                DS_CALLS_BEGIN,
+                DS_CALLS_END,
+                DS_CALL_BEGIN,
+                DS_CALL_END,
+                DS_SEP,
+            ],
+            ToolFormat::Glm45 => &[
+                TOOL_OPEN,
+                TOOL_CLOSE,
+                "<arg_key>",
+                "</arg_key>",
+                "<arg_value>",
+                "</arg_value>",
+            ],
+            ToolFormat::Mistral => &["[TOOL_CALLS]", "[ARGS]"],
+            ToolFormat::Llama3 => &["<|python_tag|>"],
         }
     }
 

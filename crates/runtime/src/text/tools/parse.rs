@@ -22,8 +22,8 @@ use std::collections::HashMap;
 use serde_json::Value;
 
 use super::{
-    DS_CALL_BEGIN, DS_CALL_END, DS_CALLS_BEGIN, DS_CALLS_END, DS_SEP, ToolCall, ToolFormat,
-    ToolSpec, properties,
+    DS_CALL_BEGIN, DS_CALL_END, DS_CALLS_BEGIN, DS_CALLS_END, DS_SEP, TOOL_CLOSE, TOOL_OPEN,
+    ToolCall, ToolFormat, ToolSpec, properties,
 };
 
 /// What a piece of generated text turned out to be.
@@ -150,7 +150,7 @@ impl ToolParser {
                 }
             }
             if !self.in_call {
-                let markers = markers(self.format);
+                let markers = openers(self.format);
                 let found = markers.iter().filter_map(|m| self.buf.find(m)).min();
                 if let Some(i) = found {
                     let before: String = self.buf.drain(..i).collect();
@@ -356,9 +356,6 @@ impl ToolParser {
     }
 }
 
-const TOOL_OPEN: &str = "<tool_call>";
-const TOOL_CLOSE: &str = "</tool_call>";
-
 /// A GLM-4.5 call named `name` with the pairs `args` (an unclosed object), ending at `used`.
 fn glm_end(name: &str, args: &str, used: usize) -> Parsed {
     let name = name.trim();
@@ -390,11 +387,11 @@ fn glm_pair(s: &str) -> Option<(&str, &str, &str)> {
 }
 
 /// The markers that may open a call (or, for DeepSeek-V3, close a block of calls).
-fn markers(format: ToolFormat) -> &'static [&'static str] {
+fn openers(format: ToolFormat) -> &'static [&'static str] {
     match format {
         ToolFormat::Hermes | ToolFormat::Generic | ToolFormat::Glm45 => &[TOOL_OPEN],
         ToolFormat::DeepSeekV3 => &[DS_CALLS_BEGIN, DS_CALL_BEGIN, DS_CALLS_END],
-        // Decoding drops `[TOOL_CALLS]` where it is a special token: the array alone opens too.
+        // A decoder that does not keep the special `[TOOL_CALLS]`: the array alone opens too.
         ToolFormat::Mistral => &["[TOOL_CALLS]", "[{\"name\""],
         ToolFormat::Llama3 => &["<|python_tag|>", "{\"name\""],
     }
