@@ -4,10 +4,12 @@ and afterwards `/metrics` shows the batch and queue empty, no KV cache held by s
 (`strata_kv_cache_bytes`), and the prefix cache's accounting intact (within its budget,
 nothing added by prompts it already holds).
 
-The issue asks for a 2,000-token system prompt; the suite's server runs the tiny model
-(1,024 positions) at `--ctx-size 512`, so the system prompt here is the longest that
-leaves room for the chat template, a short question and the tokens generated: about 420
-tokens, 26 blocks of the cache.
+The system prompt is the longest that leaves room in the server's context for the chat
+template, a short question and the tokens generated. run.sh runs this file twice: against
+the suite's server (the tiny MoE model, `--ctx-size 512`: about 420 tokens, 26 blocks of
+the cache) and against a second server on SmolLM2-135M's GGUF at `--ctx-size 2304`, for
+the 2,000-token system prompt the issue asks for. `STRATA_CTX_SIZE`,
+`STRATA_SYSTEM_SENTENCES` and `STRATA_MIN_PROMPT_TOKENS` say which.
 
 Two fresh system prompts (a uuid in each, so nothing of them is cached before): the
 answers on the first are computed alone before the load (the first one from scratch), so
@@ -16,6 +18,7 @@ requests arrive, so they race to fill the cache and hit blocks that sequences st
 running have just put there, and its answers alone are computed after the load.
 """
 
+import os
 import random
 import re
 import threading
@@ -30,6 +33,13 @@ PER_PROMPT = 32
 MAX_TOKENS = 8
 # Streams that disconnect ask for more so that they are still generating when they go.
 LONG_TOKENS = 64
+CTX_SIZE = int(os.environ.get("STRATA_CTX_SIZE", "512"))
+SENTENCES = int(os.environ.get("STRATA_SYSTEM_SENTENCES", "23"))
+MIN_PROMPT = int(os.environ.get("STRATA_MIN_PROMPT_TOKENS", "380"))
+# A prompt served from the cache reuses all of its system prompt: MIN_PROMPT less a margin
+# for the tokens of the template and question that follow it.
+CACHED_SYSTEM = MIN_PROMPT - 30
+BLOCK = 16
 WORDS = (
     "sea wind ship sail harbour tide wave storm captain rope anchor deck island coast "
     "current compass star night morning fish gull salt reef lighthouse chart voyage"
@@ -37,11 +47,11 @@ WORDS = (
 
 
 def system_prompt() -> str:
-    """About 420 tokens of varied sentences after a fresh tag."""
+    """`SENTENCES` varied sentences after a fresh tag."""
     rng = random.Random(13)
     sentences = [
         " ".join(rng.choice(WORDS) for _ in range(rng.randrange(6, 12))).capitalize() + "."
-        for _ in range(23)
+        for _ in range(SENTENCES)
     ]
     return (
         f"Session {uuid.uuid4().hex}. You are a careful assistant who answers briefly. "
@@ -145,8 +155,8 @@ def fire_all(client, model, reqs):
     for t in threads:
         t.start()
     for t in threads:
-        t.join(timeout=300)
-    assert not any(t.is_alive() for t in threads), "requests still running after 300 s"
+        t.join(timeout=600)
+    assert not any(t.is_alive() for t in threads), "requests still running after 600 s"
     assert not errors, errors
     return results
 
@@ -171,6 +181,8 @@ def check_pool(m):
 def test_64_concurrent_requests_with_disconnects_match_their_answers_alone(
     client, model, base_url
 ):
+    # A 2,000-token prompt takes more than a minute to prefill in run.sh's debug build.
+    client = client.with_options(timeout=600)
     hot, cold = system_prompt(), system_prompt()
     t0 = time.time()
 
@@ -183,9 +195,9 @@ def test_64_concurrent_requests_with_disconnects_match_their_answers_alone(
             # every other session prompt (the chat template's opening and "Session").
             assert usage.prompt_tokens_details.cached_tokens < 16, usage
             # The longest system prompt that fits: the answer's tokens still fit the context.
-            assert 380 <= usage.prompt_tokens <= 512 - LONG_TOKENS, usage
+            assert MIN_PROMPT <= usage.prompt_tokens <= CTX_SIZE - LONG_TOKENS, usage
         else:
-            assert usage.prompt_tokens_details.cached_tokens >= 350, usage
+            assert usage.prompt_tokens_details.cached_tokens >= CACHED_SYSTEM, usage
     before = wait_idle(base_url)
     check_pool(before)
     t_ref = time.time()
@@ -198,8 +210,9 @@ def test_64_concurrent_requests_with_disconnects_match_their_answers_alone(
 
     after = wait_idle(base_url)
     check_pool(after)
-    # The cold prompt's blocks went in: 26 of the system prompt, and those of the questions.
-    assert after["strata_prefix_cache_blocks"] - before["strata_prefix_cache_blocks"] >= 24
+    # The cold prompt's blocks went in: those of the system prompt, and of the questions.
+    added = after["strata_prefix_cache_blocks"] - before["strata_prefix_cache_blocks"]
+    assert added >= CACHED_SYSTEM // BLOCK, (added, before, after)
 
     # Answers alone on the cold prompt, now all served from the blocks the load put in.
     for q, question in enumerate(QUESTIONS):
@@ -224,7 +237,7 @@ def test_64_concurrent_requests_with_disconnects_match_their_answers_alone(
             cached = res["usage"].prompt_tokens_details.cached_tokens
             if req["tag"] == "hot":
                 assert cached == all_cached(res["usage"].prompt_tokens), (where, res["usage"])
-            elif cached >= 350:
+            elif cached >= CACHED_SYSTEM:
                 cold_hits += 1
         elif req["kind"] == "disconnect":
             assert res["chunks"] == req["k"], (where, res)
