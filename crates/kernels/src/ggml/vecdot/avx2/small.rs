@@ -45,30 +45,43 @@ unsafe fn signed_block<const N: usize>(
 /// `$b` its index and `$acc` one of two sets of accumulators, even blocks into one and odd
 /// into the other; evaluates to their sum. With one set, each block's multiply-add waits
 /// for the previous one's: a decode row (one token, 18 blocks) was one chain of latencies;
-/// two chains overlap. Every token count sums in this same order, so a token's result does
-/// not depend on the tokens computed beside it (a request's answer is the same alone and
-/// in a batch). A macro, not a closure: the body must be compiled inside the kernel, with
-/// its target features.
+/// two chains overlap. For one or two tokens the chains interleave; from three on, the
+/// tokens' own chains overlap already and two sets would spill registers, so the even
+/// blocks run first, then the odd ones: the same sums in the same order. A token's result
+/// therefore does not depend on the tokens computed beside it (a request's answer is the
+/// same alone and in a batch). A macro, not a closure: the body must be compiled inside
+/// the kernel, with its target features.
 macro_rules! two_chains {
     ($n:expr, $row:expr, $size:expr, |$x:ident, $b:ident, $acc:ident| $body:block) => {{
         let (row, size) = ($row, $size);
         let mut even = [_mm256_setzero_ps(); $n];
         let mut odd = [_mm256_setzero_ps(); $n];
-        let mut pairs = row.chunks_exact(2 * size);
-        for (p, pair) in pairs.by_ref().enumerate() {
-            {
-                let ($x, $b, $acc) = (&pair[..size], 2 * p, &mut even);
+        if $n <= 2 {
+            let mut pairs = row.chunks_exact(2 * size);
+            for (p, pair) in pairs.by_ref().enumerate() {
+                {
+                    let ($x, $b, $acc) = (&pair[..size], 2 * p, &mut even);
+                    $body
+                }
+                {
+                    let ($x, $b, $acc) = (&pair[size..], 2 * p + 1, &mut odd);
+                    $body
+                }
+            }
+            let rest = pairs.remainder();
+            if !rest.is_empty() {
+                let ($x, $b, $acc) = (rest, row.len() / size - 1, &mut even);
                 $body
             }
-            {
-                let ($x, $b, $acc) = (&pair[size..], 2 * p + 1, &mut odd);
+        } else {
+            for (p, block) in row.chunks_exact(size).step_by(2).enumerate() {
+                let ($x, $b, $acc) = (block, 2 * p, &mut even);
                 $body
             }
-        }
-        let rest = pairs.remainder();
-        if !rest.is_empty() {
-            let ($x, $b, $acc) = (rest, row.len() / size - 1, &mut even);
-            $body
+            for (p, block) in row.chunks_exact(size).skip(1).step_by(2).enumerate() {
+                let ($x, $b, $acc) = (block, 2 * p + 1, &mut odd);
+                $body
+            }
         }
         for j in 0..$n {
             even[j] = _mm256_add_ps(even[j], odd[j]);
@@ -112,9 +125,8 @@ pub(super) unsafe fn q4_0_n<const N: usize>(row: &[u8], xt: &Tokens<N>, out: &mu
     }
 }
 
-/// `N` tokens' products with one block of 32 unsigned weights `w` (at most 31) scaled by `d`,
-/// with the block's min `m` times each token's activation sum added to `mins`. Inlined as
-/// [`signed_block`] is.
+/// `N` tokens' products with one block of 32 unsigned weights `w` (at most 31) scaled by
+/// `d` (the blocks' min terms are [`min_terms`]). Inlined as [`signed_block`] is.
 ///
 /// # Safety
 /// The CPU has AVX2 and FMA; block `b` of 32 lies within the rows of `xt`.
@@ -122,11 +134,9 @@ pub(super) unsafe fn q4_0_n<const N: usize>(row: &[u8], xt: &Tokens<N>, out: &mu
 unsafe fn unsigned_block<const N: usize>(
     w: __m256i,
     d: f32,
-    m: f32,
     xt: &Tokens<N>,
     b: usize,
     acc: &mut [__m256; N],
-    mins: &mut [f32; N],
 ) {
     // SAFETY: the caller guarantees the CPU features and that block `b` lies within the
     // rows (values, one scale per 32 and one sum per 16).
@@ -137,10 +147,24 @@ unsafe fn unsigned_block<const N: usize>(
             let p = _mm256_madd_epi16(_mm256_maddubs_epi16(w, xv), ones);
             let scale = _mm256_set1_ps(d * *xt.s[j].get_unchecked(b));
             acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), scale, acc[j]);
-            let sums = xt.sums[j].get_unchecked(2 * b..2 * b + 2);
+        }
+    }
+}
+
+/// `Σ_b m_b · Σ x_b` per token, over the blocks of `row` (`size` bytes each, the f16 min at
+/// byte 2) in order: apart from [`two_chains!`], whose block order depends on `N`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn min_terms<const N: usize>(row: &[u8], size: usize, xt: &Tokens<N>) -> [f32; N] {
+    let mut mins = [0.0f32; N];
+    for (b, x) in row.chunks_exact(size).enumerate() {
+        let m = f16_at(x, 2);
+        for j in 0..N {
+            let sums = &xt.sums[j][2 * b..2 * b + 2];
             mins[j] += m * (sums[0] + sums[1]);
         }
     }
+    mins
 }
 
 /// 16 bytes at `p`.
@@ -160,15 +184,15 @@ unsafe fn load16(p: *const u8) -> __m128i {
 /// As [`q8_0_n`].
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn q4_1_n<const N: usize>(row: &[u8], xt: &Tokens<N>, out: &mut [f32; N]) {
-    let mut mins = [0.0f32; N];
     let acc = two_chains!(N, row, 20, |x, b, acc| {
         // SAFETY: bytes 4..20 of the 20-byte block; block `b` and the rows exist
         // (caller).
         unsafe {
             let w = nibbles(load16(x.as_ptr().add(4)));
-            unsigned_block(w, f16_at(x, 0), f16_at(x, 2), xt, b, acc, &mut mins)
+            unsigned_block(w, f16_at(x, 0), xt, b, acc)
         }
     });
+    let mins = min_terms(row, 20, xt);
     for j in 0..N {
         out[j] = hsum(acc[j]) + mins[j];
     }
@@ -202,16 +226,16 @@ pub(super) unsafe fn q5_0_n<const N: usize>(row: &[u8], xt: &Tokens<N>, out: &mu
 /// As [`q8_0_n`].
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn q5_1_n<const N: usize>(row: &[u8], xt: &Tokens<N>, out: &mut [f32; N]) {
-    let mut mins = [0.0f32; N];
     let acc = two_chains!(N, row, 24, |x, b, acc| {
         let qh = u32::from_le_bytes([x[4], x[5], x[6], x[7]]);
         // SAFETY: bytes 8..24 of the 24-byte block; block `b` and the rows exist
         // (caller).
         unsafe {
             let w = _mm256_or_si256(nibbles(load16(x.as_ptr().add(8))), bit4_of_each(qh));
-            unsigned_block(w, f16_at(x, 0), f16_at(x, 2), xt, b, acc, &mut mins)
+            unsigned_block(w, f16_at(x, 0), xt, b, acc)
         }
     });
+    let mins = min_terms(row, 24, xt);
     for j in 0..N {
         out[j] = hsum(acc[j]) + mins[j];
     }
