@@ -65,6 +65,19 @@ def test_one_prompt_token_ids_and_stop(llm):
         assert c.outputs[0].finish_reason == "stop" and stop not in c.outputs[0].text
 
 
+def test_many_prompts_sharing_a_prefix_equal_each_alone(llm):
+    """More prompts than the batch holds, sharing a long prefix: continuous batching and
+    the prefix cache give each the answer it gets alone."""
+    prefix = "The harbour log, kept by the captain on the night of the storm, says: " * 6
+    prompts = [f"{prefix}Entry {i}:" for i in range(20)]
+    params = strata.SamplingParams(temperature=0, max_tokens=6)
+    together = llm.generate(prompts, params)
+    for prompt, o in zip(prompts, together):
+        (alone,) = llm.generate(prompt, params)
+        assert o.outputs[0].token_ids == alone.outputs[0].token_ids, prompt
+        assert o.outputs[0].text == alone.outputs[0].text
+
+
 def test_bad_arguments_raise_clear_errors(llm, model_dir):
     with pytest.raises(ValueError, match="does not exist"):
         strata.LLM(str(model_dir / "missing"))
@@ -74,8 +87,15 @@ def test_bad_arguments_raise_clear_errors(llm, model_dir):
         strata.LLM(str(model_dir), policy="smoe")
     with pytest.raises(ValueError, match="max_tokens must be at least 1"):
         strata.SamplingParams(max_tokens=0)
-    with pytest.raises(RuntimeError, match="temperature"):
+    with pytest.raises(ValueError, match="prompt 0: .*temperature"):
         llm.generate("Hi", strata.SamplingParams(temperature=-1.0))
+    with pytest.raises(ValueError, match="max_batch must be at least 1"):
+        strata.LLM(str(model_dir), max_batch=0)
+    with pytest.raises(ValueError, match="ctx_size must be between 2 and the model's context"):
+        strata.LLM(str(model_dir), ctx_size=1)
+    with pytest.raises(RuntimeError, match="not enough memory.*lower ctx_size, max_batch or "
+                       "prefix_cache_mb"):
+        strata.LLM(str(model_dir), prefix_cache_mb=1 << 30)
     with pytest.raises(TypeError, match=r"prompts\[1\]: expected a string or a list of token ids"):
         llm.generate(["Hi", 3.5])
     with pytest.raises(TypeError, match=r"messages\[0\]\[0\]: expected a dict"):

@@ -8,7 +8,7 @@ use anyhow::bail;
 use clap::Args;
 use strata_exec::HybridExecutor;
 use strata_runtime::engine::Engine;
-use strata_runtime::scheduler::SchedulerConfig;
+use strata_runtime::scheduler::{SchedulerConfig, SchedulerLimits, Spelling};
 use strata_server::AppState;
 use strata_server::metrics::MetricsSource;
 
@@ -59,62 +59,17 @@ pub struct SchedArgs {
 }
 
 impl SchedArgs {
-    /// The checked scheduler limits for `engine`. Memory admission: `--max-batch` full
-    /// contexts of KV cache and the prefix cache must fit in the memory available now. Without `--ctx-size` the
-    /// context is the model's, lowered (and logged) to what fits; a `--ctx-size` that does
-    /// not fit is refused with what it needs, so a full batch is never OOM-killed.
+    /// The checked scheduler limits for `engine` ([`SchedulerLimits::admit`]): a full
+    /// batch's contexts and the prefix cache must fit in the memory available now.
     pub fn config(&self, engine: &Engine) -> anyhow::Result<SchedulerConfig> {
-        for (name, v) in [
-            ("--max-batch", self.max_batch),
-            ("--max-queue", self.max_queue),
-            ("--step-tokens", self.step_tokens),
-        ] {
-            if v == 0 {
-                bail!("{name} must be at least 1");
-            }
-        }
-        let max_ctx = engine.model.config.max_position_embeddings;
-        let plan = engine.model.memory();
-        let prefix_bytes = (self.prefix_cache_mb as u64).saturating_mul(1 << 20);
-        // The prefix cache's budget in positions of KV cache, as admission counts them.
-        let prefix_positions = prefix_bytes.div_ceil(plan.kv_per_token.max(1));
-        let ctx_size = match self.ctx_size {
-            Some(c) => c,
-            None => {
-                let fit = strata_model::memory::available_bytes().map_or(u64::MAX, |a| {
-                    plan.positions_that_fit(a).saturating_sub(prefix_positions)
-                        / self.max_batch as u64
-                });
-                let ctx = (max_ctx as u64).min(fit) as usize;
-                if ctx < max_ctx && ctx >= 2 {
-                    tracing::info!(
-                        ctx_size = ctx,
-                        model_context = max_ctx,
-                        max_batch = self.max_batch,
-                        "context per sequence lowered to what fits in the available memory"
-                    );
-                }
-                ctx.max(2)
-            }
-        };
-        if !(2..=max_ctx).contains(&ctx_size) {
-            bail!(
-                "--ctx-size must be between 2 and the model's context of {max_ctx}, got {ctx_size}"
-            );
-        }
-        plan.check(
-            (ctx_size as u64)
-                .saturating_mul(self.max_batch as u64)
-                .saturating_add(prefix_positions),
-            "lower --ctx-size, --max-batch or --prefix-cache-mb",
-        )?;
-        Ok(SchedulerConfig {
+        let limits = SchedulerLimits {
             max_batch: self.max_batch,
             max_queue: self.max_queue,
             step_tokens: self.step_tokens,
-            ctx_size,
-            prefix_cache_bytes: usize::try_from(prefix_bytes).unwrap_or(usize::MAX),
-        })
+            ctx_size: self.ctx_size,
+            prefix_cache_mb: self.prefix_cache_mb,
+        };
+        Ok(limits.admit(engine, Spelling::Flags)?)
     }
 }
 

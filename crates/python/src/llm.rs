@@ -7,15 +7,17 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, mpsc};
 
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString};
 use strata_kernels::PackedFormat;
 use strata_model::{LoadOptions, Precision};
-use strata_runtime::engine::{Engine, FinishReason, Request};
-use strata_runtime::scheduler::SchedulerConfig;
+use strata_runtime::engine::{Engine, FinishReason};
+use strata_runtime::scheduler::{
+    AdmissionError, Event, GenRequest, Scheduler, SchedulerConfig, SchedulerLimits, Spelling,
+};
 use strata_runtime::text::ChatMessage;
 use strata_server::AppState;
 
@@ -98,8 +100,8 @@ impl SamplingParams {
 }
 
 impl SamplingParams {
-    fn request(&self, prompt: Vec<u32>) -> Request {
-        Request {
+    fn request(&self, prompt: Vec<u32>) -> GenRequest {
+        GenRequest {
             prompt,
             max_tokens: self.max_tokens,
             sampling: strata_runtime::sampling::SamplingParams {
@@ -113,7 +115,10 @@ impl SamplingParams {
                 seed: self.seed,
             },
             stop: self.stop.clone(),
+            top_logprobs: None,
+            ignore_eos: false,
             grammar: None,
+            keep_special: Vec::new(),
         }
     }
 }
@@ -199,16 +204,23 @@ fn load_engine(py: Python<'_>, model: PathBuf, opts: LoadOptions) -> PyResult<En
 /// A model loaded for generation on Strata's engine.
 #[pyclass(module = "strata._strata", name = "LLM", frozen)]
 pub struct Llm {
-    engine: Engine,
+    engine: Arc<Engine>,
+    /// Continuous batching over the shared prefix cache, as `strata serve` runs requests:
+    /// prompts that share a prefix (a system prompt, earlier turns) prefill it once.
+    scheduler: Scheduler,
 }
 
 #[pymethods]
 impl Llm {
     /// Loads `model`. `device`: `cpu` (the CPU kernels; `--device gpu` and `hybrid` run
-    /// from the command line for now). `dtype` and `weights` are the command line's
-    /// `--dtype` and `--weights`.
+    /// from the command line for now). `dtype`, `weights`, `max_batch`, `ctx_size` and
+    /// `prefix_cache_mb` are the command line's `--dtype`, `--weights`, `--max-batch`,
+    /// `--ctx-size` and `--prefix-cache-mb`, admitted against the memory available as
+    /// `strata serve` admits them.
     #[new]
-    #[pyo3(signature = (model, *, device="cpu", policy=None, dtype="fast", weights=None))]
+    #[pyo3(signature = (model, *, device="cpu", policy=None, dtype="fast", weights=None,
+        max_batch=16, ctx_size=None, prefix_cache_mb=1024))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         model: PathBuf,
@@ -216,6 +228,9 @@ impl Llm {
         policy: Option<&str>,
         dtype: &str,
         weights: Option<&str>,
+        max_batch: usize,
+        ctx_size: Option<usize>,
+        prefix_cache_mb: usize,
     ) -> PyResult<Llm> {
         match (device, policy) {
             ("cpu", None) => {}
@@ -236,12 +251,23 @@ impl Llm {
                 )));
             }
         }
-        let engine = load_engine(py, model, load_options(dtype, weights)?)?;
-        Ok(Llm { engine })
+        let engine = Arc::new(load_engine(py, model, load_options(dtype, weights)?)?);
+        let limits = SchedulerLimits {
+            max_batch,
+            // Offline: every prompt of a call waits its turn.
+            max_queue: usize::MAX,
+            step_tokens: 512,
+            ctx_size,
+            prefix_cache_mb,
+        };
+        let config = admit(&limits, &engine)?;
+        let scheduler = Scheduler::start(Arc::clone(&engine), config);
+        Ok(Llm { engine, scheduler })
     }
 
     /// Generates for each prompt (a string, a list of token ids, or a list of either),
-    /// all together in one batch. Returns one `RequestOutput` per prompt, in order.
+    /// continuously batched (`max_batch` at a time) over the prefix cache. Returns one
+    /// `RequestOutput` per prompt, in order.
     #[pyo3(signature = (prompts, sampling_params=None))]
     fn generate(
         &self,
@@ -310,7 +336,8 @@ impl Llm {
 }
 
 impl Llm {
-    /// Generates for `(prompt text, prompt ids)` pairs, with the GIL released.
+    /// Generates for `(prompt text, prompt ids)` pairs on the scheduler, with the GIL
+    /// released while they run.
     fn run(
         &self,
         py: Python<'_>,
@@ -321,14 +348,18 @@ impl Llm {
             Some(p) => p,
             None => SamplingParams::new(16, 1.0, 1.0, 0, 0.0, 1.0, 0.0, 0.0, None, None)?,
         };
-        let requests: Vec<Request> = inputs
-            .iter()
-            .map(|(_, ids)| params.request(ids.clone()))
-            .collect();
-        let engine = &self.engine;
-        let (outputs, _) = py
-            .detach(|| engine.generate_batch(&requests, |_, _| {}))
-            .map_err(|e| runtime_err(&e))?;
+        let (tx, rx) = mpsc::channel::<(usize, Event)>();
+        for (i, (_, ids)) in inputs.iter().enumerate() {
+            let tx = tx.clone();
+            let sink = Box::new(move |e| tx.send((i, e)).is_ok());
+            // On a refusal, dropping `rx` cancels the requests already submitted.
+            self.scheduler
+                .submit(params.request(ids.clone()), sink)
+                .map_err(|e| PyValueError::new_err(format!("prompt {i}: {e}")))?;
+        }
+        drop(tx);
+        let n = inputs.len();
+        let outputs = py.detach(move || collect(&rx, n))?;
         Ok(inputs
             .into_iter()
             .zip(outputs)
@@ -339,7 +370,7 @@ impl Llm {
                     index: 0,
                     text: o.text,
                     token_ids: o.tokens,
-                    finish_reason: match o.finish {
+                    finish_reason: match o.finish.expect("collect waits for every finish") {
                         FinishReason::Stop => "stop",
                         FinishReason::Length | FinishReason::ContextFull => "length",
                     },
@@ -347,6 +378,51 @@ impl Llm {
             })
             .collect())
     }
+}
+
+/// One request's output, gathered from its events.
+#[derive(Default)]
+struct Gathered {
+    text: String,
+    tokens: Vec<u32>,
+    finish: Option<FinishReason>,
+}
+
+/// Waits for `n` requests' events on `rx` (sent as `(request, event)`).
+fn collect(rx: &mpsc::Receiver<(usize, Event)>, n: usize) -> PyResult<Vec<Gathered>> {
+    let mut out: Vec<Gathered> = (0..n).map(|_| Gathered::default()).collect();
+    let mut left = n;
+    while left > 0 {
+        let Ok((i, event)) = rx.recv() else {
+            return Err(PyRuntimeError::new_err("the scheduler stopped"));
+        };
+        match event {
+            Event::Token { id, text, .. } => {
+                out[i].tokens.push(id);
+                out[i].text.push_str(&text);
+            }
+            Event::Done { finish, text, .. } => {
+                out[i].text.push_str(&text);
+                out[i].finish = Some(finish);
+                left -= 1;
+            }
+            Event::Failed(message) => {
+                return Err(PyRuntimeError::new_err(format!("prompt {i}: {message}")));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The scheduler configuration `limits` give on `engine`, or a Python error naming the
+/// keyword argument to change.
+fn admit(limits: &SchedulerLimits, engine: &Engine) -> PyResult<SchedulerConfig> {
+    limits
+        .admit(engine, Spelling::Keywords)
+        .map_err(|e| match e {
+            AdmissionError::Invalid(m) => PyValueError::new_err(m),
+            e => runtime_err(&e),
+        })
 }
 
 /// Whether `prompts` is one prompt (a string or a list of ints) rather than a list of them.
@@ -387,7 +463,8 @@ fn chat_messages(conv: &Bound<'_, PyAny>, c: usize) -> PyResult<Vec<ChatMessage>
 /// `strata_server::run` that `strata serve` calls, on an engine loaded as above.
 #[pyfunction]
 #[pyo3(signature = (model, *, host="127.0.0.1", port=8080, dtype="fast", weights=None,
-    max_batch=16, max_queue=256, ctx_size=None, step_tokens=512, served_model_name=None))]
+    max_batch=16, max_queue=256, ctx_size=None, step_tokens=512, prefix_cache_mb=1024,
+    served_model_name=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn serve(
     py: Python<'_>,
@@ -400,6 +477,7 @@ pub fn serve(
     max_queue: usize,
     ctx_size: Option<usize>,
     step_tokens: usize,
+    prefix_cache_mb: usize,
     served_model_name: Option<String>,
 ) -> PyResult<()> {
     let _ = tracing_subscriber::fmt()
@@ -410,39 +488,20 @@ pub fn serve(
         .parse()
         .or_else(|_| format!("[{host}]:{port}").parse())
         .map_err(|_| PyValueError::new_err(format!("host: '{host}' is not an IP address")))?;
-    for (name, v) in [
-        ("max_batch", max_batch),
-        ("max_queue", max_queue),
-        ("step_tokens", step_tokens),
-    ] {
-        if v == 0 {
-            return Err(PyValueError::new_err(format!("{name} must be at least 1")));
-        }
-    }
     let id = served_model_name.unwrap_or_else(|| {
         model
             .file_stem()
             .map_or_else(|| "model".into(), |n| n.to_string_lossy().into_owned())
     });
     let engine = Arc::new(load_engine(py, model, load_options(dtype, weights)?)?);
-    let mut config = SchedulerConfig::for_engine(&engine);
-    let max_ctx = config.ctx_size;
-    config.ctx_size = ctx_size.unwrap_or(max_ctx);
-    if !(2..=max_ctx).contains(&config.ctx_size) {
-        return Err(PyValueError::new_err(format!(
-            "ctx_size must be between 2 and the model's context of {max_ctx}, got {}",
-            config.ctx_size
-        )));
-    }
-    (config.max_batch, config.max_queue, config.step_tokens) = (max_batch, max_queue, step_tokens);
-    engine
-        .model
-        .memory()
-        .check(
-            (config.ctx_size as u64).saturating_mul(max_batch as u64),
-            "lower ctx_size or max_batch",
-        )
-        .map_err(|e| runtime_err(&e))?;
+    let limits = SchedulerLimits {
+        max_batch,
+        max_queue,
+        step_tokens,
+        ctx_size,
+        prefix_cache_mb,
+    };
+    let config = admit(&limits, &engine)?;
     let state = Arc::new(AppState::new(engine, config, id));
     py.detach(|| strata_server::run(addr, state, strata_server::shutdown_signal()))
         .map_err(|e| runtime_err(&e))

@@ -36,6 +36,9 @@ use crate::sampling::{Sampler, SamplingError, SamplingParams};
 pub use crate::step::TokenLogprobs;
 use crate::step::{SequenceOptions, SequenceState};
 
+mod admission;
+pub use admission::{AdmissionError, SchedulerLimits, Spelling};
+
 /// Identifies a submitted sequence (for [`Scheduler::cancel`]).
 pub type SeqId = u64;
 

@@ -20,6 +20,8 @@ def main(argv=None):
     s.add_argument("--max-queue", type=int, default=256)
     s.add_argument("--ctx-size", type=int, help="context per sequence (default: the model's)")
     s.add_argument("--step-tokens", type=int, default=512)
+    s.add_argument("--prefix-cache-mb", type=int, default=1024,
+                   help="memory for the shared prefix cache in MiB (0 disables it)")
     s.add_argument("--served-model-name")
     a = p.parse_args(argv)
     try:
@@ -33,6 +35,7 @@ def main(argv=None):
             max_queue=a.max_queue,
             ctx_size=a.ctx_size,
             step_tokens=a.step_tokens,
+            prefix_cache_mb=a.prefix_cache_mb,
             served_model_name=a.served_model_name,
         )
     except (ValueError, RuntimeError) as e:
