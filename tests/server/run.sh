@@ -68,7 +68,7 @@ fi
 # The prefix cache under load with the 2,000-token system prompt of issue 13: the tiny
 # model's context is 1,024, so a second server runs SmolLM2-135M's GGUF (fetched by
 # scripts/fetch_assets.sh) at a context that holds it.
-smollm2="$root/.cache/assets/smollm2-135m-instruct-q4_1.gguf"
+smollm2="${STRATA_ASSETS:-$root/.cache/assets}/smollm2-135m-instruct-q4_1.gguf"
 if [ ! -f "$smollm2" ]; then
     echo "MISSING: $smollm2, needed by the 2,000-token prefix cache load test;" \
         "run scripts/fetch_assets.sh" >&2
