@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the Python tests of `strata serve` against a server on a free loopback port:
 # the official `openai` client, hostile requests, and concurrent streaming load; then a
-# second server on SmolLM2-135M for the prefix cache under load with a 2,000-token prompt.
+# second server on SmolLM2-135M for the prefix cache under load with a 2,000-token prompt
+# and the tool-call templates whose calls need more context.
 # Creates .venv-server at the repository root (pip installs openai, pytest and jsonschema), builds
 # the CLI, starts the server, runs pytest, then stops the server with SIGTERM and checks
 # that it drained and exited cleanly. Exits non-zero on any failure.
@@ -82,6 +83,12 @@ STRATA_URL="http://127.0.0.1:$port" STRATA_MODEL="smollm2-135m-instruct-q4_1" \
     STRATA_CTX_SIZE=2304 STRATA_SYSTEM_SENTENCES=210 STRATA_MIN_PROMPT_TOKENS=2000 \
     "$venv/bin/python" -m pytest -q -p no:cacheprovider \
     "$root/tests/server/test_prefix_cache_load.py" || status=$?
+# The tool-call round trips whose calls do not fit the first server's context: DeepSeek-V3's
+# and GLM-4.5's templates, and SmolLM2's own (a template without tools: the generic format).
+STRATA_URL="http://127.0.0.1:$port" STRATA_MODEL="smollm2-135m-instruct-q4_1" \
+    STRATA_TOOL_FAMILIES="model,deepseek_v3,glm45" \
+    "$venv/bin/python" -m pytest -q -p no:cacheprovider -k round_trip \
+    "$root/tests/server/test_tool_calls.py" || status=$?
 kill -TERM "$pid" 2>/dev/null || true
 wait "$pid" || status=$?
 if [ "$status" -ne 0 ]; then

@@ -58,8 +58,9 @@ def template(family):
 
 # DeepSeek-V3's and GLM-4.5's calls take the tiny model's tokenizer more than the ~100
 # tokens left by run.sh's 512-token context (DeepSeek's markers are spelled byte by byte):
-# those two are covered by the runtime's parser and grammar tests, not end to end here.
-FAMILIES = ["model", "qwen3", "mistral", "llama3"]
+# run.sh runs them on its second server (SmolLM2-135M, 2,304 positions), which names its
+# families in STRATA_TOOL_FAMILIES.
+FAMILIES = os.environ.get("STRATA_TOOL_FAMILIES", "model,qwen3,mistral,llama3").split(",")
 
 
 def ask(client, model, messages, family, stream, **kw):
