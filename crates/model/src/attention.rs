@@ -11,15 +11,12 @@ use std::ops::Range;
 
 use crate::Result;
 use crate::cache::LayerCache;
-use crate::config::AttentionConfig;
+use crate::config::{AttentionConfig, GqaConfig, MlaConfig};
 use crate::linear::{Linear, Loader};
 use crate::names::AttentionNames;
 use crate::ops::{parallel_map, rms_norm, softmax};
 use crate::rope::Rope;
 use strata_kernels::vector::{axpy_rows, dot, dot_rows};
-
-/// DeepSeek's `q_a_layernorm` and `kv_a_layernorm` use a fixed epsilon, not `rms_norm_eps`.
-const MLA_NORM_EPS: f32 = 1e-6;
 
 /// Where each sequence of a batch sits in the flattened rows.
 #[derive(Debug, Clone)]
@@ -82,7 +79,7 @@ impl Attention {
         hidden: usize,
     ) -> Result<Attention> {
         Ok(match *cfg {
-            AttentionConfig::Gqa {
+            AttentionConfig::Gqa(GqaConfig {
                 n_heads,
                 n_kv_heads,
                 head_dim,
@@ -90,7 +87,7 @@ impl Attention {
                 o_bias,
                 qk_norm,
                 sliding_window,
-            } => Attention::Gqa(Gqa {
+            }) => Attention::Gqa(Gqa {
                 q: ld.projection(&n.q(), n_heads * head_dim, hidden, qkv_bias)?,
                 k: ld.projection(&n.k(), n_kv_heads * head_dim, hidden, qkv_bias)?,
                 v: ld.projection(&n.v(), n_kv_heads * head_dim, hidden, qkv_bias)?,
@@ -110,7 +107,7 @@ impl Attention {
                 head_dim,
                 sliding_window,
             }),
-            AttentionConfig::Mla {
+            AttentionConfig::Mla(MlaConfig {
                 n_heads,
                 q_lora_rank,
                 kv_lora_rank,
@@ -118,7 +115,7 @@ impl Attention {
                 qk_rope_head_dim,
                 v_head_dim,
                 bias,
-            } => {
+            }) => {
                 let qk = qk_nope_head_dim + qk_rope_head_dim;
                 let (q_a, q) = match q_lora_rank {
                     Some(r) => (
@@ -187,37 +184,6 @@ impl Attention {
             }
         }
     }
-
-    /// Widths of one cached position: (first buffer, second buffer) =
-    /// (keys, values) for GQA, (latent, rotary key) for MLA.
-    pub fn cache_widths(&self) -> (usize, usize) {
-        match self {
-            Attention::Gqa(a) => (a.n_kv_heads * a.head_dim, a.n_kv_heads * a.head_dim),
-            Attention::Mla(a) => (a.kv_lora, a.rope_dim),
-        }
-    }
-
-    /// Runs attention for all rows `h: [T, hidden]` of the batch, appending the new keys and
-    /// values to each sequence's cache. Returns `[T, hidden]`.
-    pub fn forward(
-        &self,
-        h: &[f32],
-        spans: &[SeqSpan],
-        caches: &mut [&mut LayerCache],
-        rope: &Rope,
-        scale: f32,
-        eps: f32,
-    ) -> Vec<f32> {
-        let t: usize = spans.iter().map(|s| s.len).sum();
-        let positions: Vec<usize> = spans
-            .iter()
-            .flat_map(|s| s.start_pos..s.start_pos + s.len)
-            .collect();
-        match self {
-            Attention::Gqa(a) => a.forward(h, t, &positions, spans, caches, rope, scale, eps),
-            Attention::Mla(a) => a.forward(h, t, &positions, spans, caches, rope, scale),
-        }
-    }
 }
 
 /// Rotates every `stride`-wide head of each row by its position.
@@ -280,8 +246,10 @@ fn scatter_heads(
 }
 
 impl Gqa {
+    /// Attention of all rows `h: [T, hidden]` at `positions`, appending the new keys and
+    /// values to each sequence's cache; returns `[T, hidden]`.
     #[allow(clippy::too_many_arguments)]
-    fn forward(
+    pub(crate) fn forward(
         &self,
         h: &[f32],
         t: usize,
@@ -347,8 +315,10 @@ impl Gqa {
 }
 
 impl Mla {
+    /// Attention of all rows `h: [T, hidden]` at `positions`, appending the new latents and
+    /// rotary keys to each sequence's cache; returns `[T, hidden]`.
     #[allow(clippy::too_many_arguments)]
-    fn forward(
+    pub(crate) fn forward(
         &self,
         h: &[f32],
         t: usize,
@@ -362,7 +332,7 @@ impl Mla {
         let mut q = match &self.q_a {
             Some((q_a, norm)) => {
                 let mut c = q_a.forward(h, t);
-                rms_norm(&mut c, norm, MLA_NORM_EPS);
+                rms_norm(&mut c, norm, MlaConfig::NORM_EPS);
                 self.q.forward(&c, t)
             }
             None => self.q.forward(h, t),
@@ -376,7 +346,7 @@ impl Mla {
             latent.extend_from_slice(&row[..self.kv_lora]);
             k_rope.extend_from_slice(&row[self.kv_lora..]);
         }
-        rms_norm(&mut latent, &self.kv_a_norm, MLA_NORM_EPS);
+        rms_norm(&mut latent, &self.kv_a_norm, MlaConfig::NORM_EPS);
         apply_rope_rows(&mut k_rope, positions, self.rope_dim, 0, rope);
         for (s, cache) in spans.iter().zip(caches.iter_mut()) {
             cache.append(
