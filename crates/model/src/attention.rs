@@ -29,6 +29,24 @@ pub struct SeqSpan {
     pub start_pos: usize,
 }
 
+/// What every attention layer of one forward pass shares: the batch's layout and the
+/// rotary and score settings.
+#[derive(Debug)]
+pub(crate) struct Batch<'a> {
+    /// Rows in the batch.
+    pub t: usize,
+    /// Every row's position in its sequence.
+    pub positions: Vec<usize>,
+    /// Where each sequence's rows are.
+    pub spans: Vec<SeqSpan>,
+    /// Rotary embedding.
+    pub rope: &'a Rope,
+    /// Softmax scale of attention scores.
+    pub scale: f32,
+    /// RMSNorm epsilon (q/k norms).
+    pub eps: f32,
+}
+
 /// Weights of one attention layer.
 #[derive(Debug)]
 pub enum Attention {
@@ -47,10 +65,6 @@ pub struct Gqa {
     o: Linear,
     q_norm: Option<Vec<f32>>,
     k_norm: Option<Vec<f32>>,
-    n_heads: usize,
-    n_kv_heads: usize,
-    head_dim: usize,
-    sliding_window: Option<usize>,
 }
 
 /// Multi-head latent attention weights.
@@ -63,11 +77,6 @@ pub struct Mla {
     /// `kv_b_proj` in f32, `[n_heads * (nope + v), kv_lora]`, absorbed per head.
     kv_b: Vec<f32>,
     o: Linear,
-    n_heads: usize,
-    kv_lora: usize,
-    nope: usize,
-    rope_dim: usize,
-    v_dim: usize,
 }
 
 impl Attention {
@@ -86,7 +95,7 @@ impl Attention {
                 qkv_bias,
                 o_bias,
                 qk_norm,
-                sliding_window,
+                ..
             }) => Attention::Gqa(Gqa {
                 q: ld.projection(&n.q(), n_heads * head_dim, hidden, qkv_bias)?,
                 k: ld.projection(&n.k(), n_kv_heads * head_dim, hidden, qkv_bias)?,
@@ -102,10 +111,6 @@ impl Attention {
                 } else {
                     None
                 },
-                n_heads,
-                n_kv_heads,
-                head_dim,
-                sliding_window,
             }),
             AttentionConfig::Mla(MlaConfig {
                 n_heads,
@@ -142,11 +147,6 @@ impl Attention {
                         &[n_heads * (qk_nope_head_dim + v_head_dim), kv_lora_rank],
                     )?,
                     o: ld.projection(&n.o(), hidden, n_heads * v_head_dim, bias)?,
-                    n_heads,
-                    kv_lora: kv_lora_rank,
-                    nope: qk_nope_head_dim,
-                    rope_dim: qk_rope_head_dim,
-                    v_dim: v_head_dim,
                 })
             }
         })
@@ -246,21 +246,30 @@ fn scatter_heads(
 }
 
 impl Gqa {
-    /// Attention of all rows `h: [T, hidden]` at `positions`, appending the new keys and
+    /// Attention of the batch's rows `h: [T, hidden]`, appending the new keys and
     /// values to each sequence's cache; returns `[T, hidden]`.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn forward(
         &self,
+        cfg: &GqaConfig,
         h: &[f32],
-        t: usize,
-        positions: &[usize],
-        spans: &[SeqSpan],
+        b: &Batch,
         caches: &mut [&mut LayerCache],
-        rope: &Rope,
-        scale: f32,
-        eps: f32,
     ) -> Vec<f32> {
-        let hd = self.head_dim;
+        let Batch {
+            t,
+            ref positions,
+            ref spans,
+            rope,
+            scale,
+            eps,
+        } = *b;
+        let GqaConfig {
+            n_heads,
+            n_kv_heads,
+            head_dim: hd,
+            sliding_window,
+            ..
+        } = *cfg;
         let mut q = self.q.forward(h, t);
         let mut k = self.k.forward(h, t);
         let v = self.v.forward(h, t);
@@ -272,7 +281,7 @@ impl Gqa {
         }
         apply_rope_rows(&mut q, positions, hd, 0, rope);
         apply_rope_rows(&mut k, positions, hd, 0, rope);
-        let kv_w = self.n_kv_heads * hd;
+        let kv_w = cfg.kv_width();
         for (s, cache) in spans.iter().zip(caches.iter_mut()) {
             cache.append(
                 &k[s.row * kv_w..(s.row + s.len) * kv_w],
@@ -282,8 +291,8 @@ impl Gqa {
             );
         }
         let caches: &[&mut LayerCache] = caches;
-        let group = self.n_heads / self.n_kv_heads;
-        let tasks = head_tasks(spans, self.n_heads);
+        let group = n_heads / n_kv_heads;
+        let tasks = head_tasks(spans, n_heads);
         let outs = parallel_map(tasks.len(), |i| {
             let HeadTask { span, head, rows } = tasks[i].clone();
             let (cache, span) = (&caches[span], &spans[span]);
@@ -292,10 +301,8 @@ impl Gqa {
             let mut scores = Vec::new();
             for r in rows.clone() {
                 let pos = span.start_pos + r;
-                let lo = self
-                    .sliding_window
-                    .map_or(0, |w| (pos + 1).saturating_sub(w));
-                let qrow = &q[(span.row + r) * self.n_heads * hd + head * hd..][..hd];
+                let lo = sliding_window.map_or(0, |w| (pos + 1).saturating_sub(w));
+                let qrow = &q[(span.row + r) * n_heads * hd + head * hd..][..hd];
                 let first = lo * kv_w + kv_head * hd;
                 scores.clear();
                 scores.resize(pos + 1 - lo, 0.0);
@@ -309,26 +316,38 @@ impl Gqa {
             }
             out
         });
-        let attn = scatter_heads(outs, &tasks, spans, self.n_heads, hd, t);
+        let attn = scatter_heads(outs, &tasks, spans, n_heads, hd, t);
         self.o.forward(&attn, t)
     }
 }
 
 impl Mla {
-    /// Attention of all rows `h: [T, hidden]` at `positions`, appending the new latents and
+    /// Attention of the batch's rows `h: [T, hidden]`, appending the new latents and
     /// rotary keys to each sequence's cache; returns `[T, hidden]`.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn forward(
         &self,
+        cfg: &MlaConfig,
         h: &[f32],
-        t: usize,
-        positions: &[usize],
-        spans: &[SeqSpan],
+        b: &Batch,
         caches: &mut [&mut LayerCache],
-        rope: &Rope,
-        scale: f32,
     ) -> Vec<f32> {
-        let qk = self.nope + self.rope_dim;
+        let Batch {
+            t,
+            ref positions,
+            ref spans,
+            rope,
+            scale,
+            ..
+        } = *b;
+        let MlaConfig {
+            n_heads,
+            kv_lora_rank: kv_lora,
+            qk_nope_head_dim: nope,
+            qk_rope_head_dim: rope_dim,
+            v_head_dim: v_dim,
+            ..
+        } = *cfg;
+        let qk = cfg.qk_head_dim();
         let mut q = match &self.q_a {
             Some((q_a, norm)) => {
                 let mut c = q_a.forward(h, t);
@@ -337,42 +356,42 @@ impl Mla {
             }
             None => self.q.forward(h, t),
         };
-        apply_rope_rows(&mut q, positions, qk, self.nope, rope);
+        apply_rope_rows(&mut q, positions, qk, nope, rope);
         let kv = self.kv_a.forward(h, t);
-        let kv_w = self.kv_lora + self.rope_dim;
-        let mut latent = Vec::with_capacity(t * self.kv_lora);
-        let mut k_rope = Vec::with_capacity(t * self.rope_dim);
+        let kv_w = kv_lora + rope_dim;
+        let mut latent = Vec::with_capacity(t * kv_lora);
+        let mut k_rope = Vec::with_capacity(t * rope_dim);
         for row in kv.chunks_exact(kv_w) {
-            latent.extend_from_slice(&row[..self.kv_lora]);
-            k_rope.extend_from_slice(&row[self.kv_lora..]);
+            latent.extend_from_slice(&row[..kv_lora]);
+            k_rope.extend_from_slice(&row[kv_lora..]);
         }
         rms_norm(&mut latent, &self.kv_a_norm, MlaConfig::NORM_EPS);
-        apply_rope_rows(&mut k_rope, positions, self.rope_dim, 0, rope);
+        apply_rope_rows(&mut k_rope, positions, rope_dim, 0, rope);
         for (s, cache) in spans.iter().zip(caches.iter_mut()) {
             cache.append(
-                &latent[s.row * self.kv_lora..(s.row + s.len) * self.kv_lora],
-                &k_rope[s.row * self.rope_dim..(s.row + s.len) * self.rope_dim],
-                self.kv_lora,
-                self.rope_dim,
+                &latent[s.row * kv_lora..(s.row + s.len) * kv_lora],
+                &k_rope[s.row * rope_dim..(s.row + s.len) * rope_dim],
+                kv_lora,
+                rope_dim,
             );
         }
         let caches: &[&mut LayerCache] = caches;
-        let (l, rd, vd) = (self.kv_lora, self.rope_dim, self.v_dim);
-        let tasks = head_tasks(spans, self.n_heads);
+        let (l, rd, vd) = (kv_lora, rope_dim, v_dim);
+        let tasks = head_tasks(spans, n_heads);
         let outs = parallel_map(tasks.len(), |i| {
             let HeadTask { span, head, rows } = tasks[i].clone();
             let (cache, span) = (&caches[span], &spans[span]);
-            let w_head = &self.kv_b[head * (self.nope + vd) * l..(head + 1) * (self.nope + vd) * l];
-            let (w_uk, w_uv) = w_head.split_at(self.nope * l);
+            let w_head = &self.kv_b[head * (nope + vd) * l..(head + 1) * (nope + vd) * l];
+            let (w_uk, w_uv) = w_head.split_at(nope * l);
             let mut out = vec![0.0f32; rows.len() * vd];
             let (mut q_lat, mut o_lat) = (vec![0.0f32; l], vec![0.0f32; l]);
             let (mut scores, mut rope_scores) = (Vec::new(), Vec::new());
             for r in rows.clone() {
                 let pos = span.start_pos + r;
-                let qrow = &q[(span.row + r) * self.n_heads * qk + head * qk..][..qk];
+                let qrow = &q[(span.row + r) * n_heads * qk + head * qk..][..qk];
                 // Absorb W_UK: q_lat = W_UKᵀ q_nope, so q_nope · (W_UK c) = q_lat · c.
                 q_lat.fill(0.0);
-                for (d, &qd) in qrow[..self.nope].iter().enumerate() {
+                for (d, &qd) in qrow[..nope].iter().enumerate() {
                     for (ql, w) in q_lat.iter_mut().zip(&w_uk[d * l..(d + 1) * l]) {
                         *ql += qd * w;
                     }
@@ -380,7 +399,7 @@ impl Mla {
                 scores.resize(pos + 1, 0.0);
                 rope_scores.resize(pos + 1, 0.0);
                 dot_rows(&q_lat, cache.a(), l, &mut scores);
-                dot_rows(&qrow[self.nope..], cache.b(), rd, &mut rope_scores);
+                dot_rows(&qrow[nope..], cache.b(), rd, &mut rope_scores);
                 for (s, r) in scores.iter_mut().zip(&rope_scores) {
                     *s = (*s + r) * scale;
                 }
@@ -394,7 +413,7 @@ impl Mla {
             }
             out
         });
-        let attn = scatter_heads(outs, &tasks, spans, self.n_heads, vd, t);
+        let attn = scatter_heads(outs, &tasks, spans, n_heads, vd, t);
         self.o.forward(&attn, t)
     }
 }

@@ -122,7 +122,6 @@ pub trait Decoder {
     fn dense_mlp(
         &mut self,
         layer: usize,
-        intermediate: usize,
         h: &Self::Act,
         x: &mut Self::Act,
     ) -> Result<(), Self::Error>;
@@ -161,7 +160,7 @@ pub fn forward_pass<D: Decoder>(
         d.add(&mut x, a)?;
         let h = d.rms_norm(&x, Norm::Ffn(i))?;
         match &layer.ffn {
-            FfnConfig::Dense(inter) => d.dense_mlp(i, *inter, &h, &mut x)?,
+            FfnConfig::Dense(_) => d.dense_mlp(i, &h, &mut x)?,
             FfnConfig::Moe(cfg) => d.moe(i, cfg, &h, &mut x)?,
         }
     }
@@ -205,13 +204,7 @@ mod tests {
             self.0.push("add".into());
             Ok(())
         }
-        fn dense_mlp(
-            &mut self,
-            layer: usize,
-            _: usize,
-            _: &usize,
-            _: &mut usize,
-        ) -> Result<(), ()> {
+        fn dense_mlp(&mut self, layer: usize, _: &usize, _: &mut usize) -> Result<(), ()> {
             self.0.push(format!("dense {layer}"));
             Ok(())
         }

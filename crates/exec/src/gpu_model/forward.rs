@@ -276,10 +276,22 @@ impl GpuPass<'_> {
         }
     }
 
-    /// Byte offsets of the new positions in a layer's two cache buffers of `widths`.
-    fn cache_at(&self, (wa, wb): (usize, usize)) -> (u64, u64) {
-        let at = self.cache.len;
-        ((at * wa * 4) as u64, (at * wb * 4) as u64)
+    /// Appends the new rows' cache entries, `a: [t, wa]` and `b: [t, wb]`, to layer `li`'s
+    /// two cache buffers.
+    fn append(
+        &self,
+        li: usize,
+        (a, wa): (&Buffer, usize),
+        (b, wb): (&Buffer, usize),
+    ) -> Result<()> {
+        let (c, t, at) = (&*self.cache, self.t, self.cache.len);
+        self.m
+            .dev
+            .copy(a, 0, &c.k[li], (at * wa * 4) as u64, (t * wa * 4) as u64)?;
+        self.m
+            .dev
+            .copy(b, 0, &c.v[li], (at * wb * 4) as u64, (t * wb * 4) as u64)?;
+        Ok(())
     }
 }
 
@@ -327,7 +339,6 @@ impl Decoder for GpuPass<'_> {
         let (m, t, pos, cache) = (self.m, self.t, &self.pos, &*self.cache);
         let (n_heads, n_kv_heads, head_dim) = (cfg.n_heads, cfg.n_kv_heads, cfg.head_dim);
         let kv_w = cfg.kv_width();
-        let (at_a, at_b) = self.cache_at((kv_w, kv_w));
         let mut qb = m.matmul(&hs.buf, q, t)?;
         let mut kb = m.matmul(&hs.buf, k, t)?;
         let vb = m.matmul(&hs.buf, v, t)?;
@@ -339,10 +350,7 @@ impl Decoder for GpuPass<'_> {
         }
         m.rope(&qb, pos, cache, t, n_heads, head_dim, 0)?;
         m.rope(&kb, pos, cache, t, n_kv_heads, head_dim, 0)?;
-        m.dev
-            .copy(&kb, 0, &cache.k[li], at_a, (t * kv_w * 4) as u64)?;
-        m.dev
-            .copy(&vb, 0, &cache.v[li], at_b, (t * kv_w * 4) as u64)?;
+        self.append(li, (&kb, kv_w), (&vb, kv_w))?;
         let out = m.scratch(t * n_heads * head_dim, "attention output")?;
         m.dev.enqueue(&Op::Attention {
             q: &qb,
@@ -378,7 +386,6 @@ impl Decoder for GpuPass<'_> {
         let (m, t, pos, cache) = (self.m, self.t, &self.pos, &*self.cache);
         let (n_heads, kv_lora, nope) = (cfg.n_heads, cfg.kv_lora_rank, cfg.qk_nope_head_dim);
         let (rope, v_dim) = (cfg.qk_rope_head_dim, cfg.v_head_dim);
-        let (at_a, at_b) = self.cache_at((kv_lora, rope));
         let eps = MlaConfig::NORM_EPS;
         let qb = match q_a {
             Some((q_a, norm)) => {
@@ -403,10 +410,7 @@ impl Decoder for GpuPass<'_> {
         }
         let latent = m.rms_norm(&latent, kv_a_norm, t, kv_lora, eps)?;
         m.rope(&k_rope, pos, cache, t, 1, rope, 0)?;
-        m.dev
-            .copy(&latent, 0, &cache.k[li], at_a, (t * kv_lora * 4) as u64)?;
-        m.dev
-            .copy(&k_rope, 0, &cache.v[li], at_b, (t * rope * 4) as u64)?;
+        self.append(li, (&latent, kv_lora), (&k_rope, rope))?;
         let out = m.scratch(t * n_heads * v_dim, "attention output")?;
         m.dev.enqueue(&Op::MlaAttention {
             q: &qb,
@@ -433,7 +437,7 @@ impl Decoder for GpuPass<'_> {
         self.m.add(&x.buf, &y.buf, x.n)
     }
 
-    fn dense_mlp(&mut self, li: usize, _: usize, hs: &Rows, x: &mut Rows) -> Result<()> {
+    fn dense_mlp(&mut self, li: usize, hs: &Rows, x: &mut Rows) -> Result<()> {
         let Ffn::Dense(mlp) = &self.m.layers[li].ffn else {
             return Err(Self::mismatch(li, "feed-forward block"));
         };

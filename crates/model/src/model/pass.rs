@@ -2,7 +2,7 @@
 //! sequences of different lengths, driven by [`crate::graph::forward_pass`].
 
 use super::{ForwardObserver, LogitsWanted, Model, SeqInput};
-use crate::attention::{Attention, SeqSpan};
+use crate::attention::{Attention, Batch, SeqSpan};
 use crate::cache::LayerCache;
 use crate::config::{GqaConfig, MlaConfig, MoeConfig};
 use crate::graph::{Decoder, Norm};
@@ -15,11 +15,7 @@ pub(super) struct CpuPass<'p, 's> {
     model: &'p Model,
     seqs: &'p mut [SeqInput<'s>],
     observer: &'p mut dyn ForwardObserver,
-    spans: Vec<SeqSpan>,
-    /// Every row's position in its sequence.
-    positions: Vec<usize>,
-    /// Rows in the batch.
-    t: usize,
+    batch: Batch<'p>,
 }
 
 impl<'p, 's> CpuPass<'p, 's> {
@@ -49,13 +45,19 @@ impl<'p, 's> CpuPass<'p, 's> {
             .iter()
             .flat_map(|s| s.start_pos..s.start_pos + s.len)
             .collect();
+        let batch = Batch {
+            t: row,
+            positions,
+            spans,
+            rope: &model.rope,
+            scale: model.attn_scale,
+            eps: model.config.rms_norm_eps,
+        };
         Ok(CpuPass {
             model,
             seqs,
             observer,
-            spans,
-            positions,
-            t: row,
+            batch,
         })
     }
 
@@ -81,7 +83,7 @@ impl Decoder for CpuPass<'_, '_> {
 
     fn embed(&mut self) -> Result<Vec<f32>> {
         let h = self.model.config.hidden_size;
-        let mut x = vec![0.0f32; self.t * h];
+        let mut x = vec![0.0f32; self.batch.t * h];
         let tokens = self.seqs.iter().flat_map(|s| s.tokens.iter());
         for (tok, xr) in tokens.zip(x.chunks_exact_mut(h)) {
             self.model.embed.row_f32(*tok as usize, xr);
@@ -101,39 +103,18 @@ impl Decoder for CpuPass<'_, '_> {
         Ok(hs)
     }
 
-    fn gqa(&mut self, layer: usize, _: &GqaConfig, h: &Vec<f32>) -> Result<Vec<f32>> {
-        let m = self.model;
-        let Attention::Gqa(a) = &m.layers[layer].attn else {
+    fn gqa(&mut self, layer: usize, cfg: &GqaConfig, h: &Vec<f32>) -> Result<Vec<f32>> {
+        let Attention::Gqa(a) = &self.model.layers[layer].attn else {
             return Err(Self::mismatch(layer, "attention"));
         };
-        let mut caches = Self::caches(self.seqs, layer);
-        Ok(a.forward(
-            h,
-            self.t,
-            &self.positions,
-            &self.spans,
-            &mut caches,
-            &m.rope,
-            m.attn_scale,
-            m.config.rms_norm_eps,
-        ))
+        Ok(a.forward(cfg, h, &self.batch, &mut Self::caches(self.seqs, layer)))
     }
 
-    fn mla(&mut self, layer: usize, _: &MlaConfig, h: &Vec<f32>) -> Result<Vec<f32>> {
-        let m = self.model;
-        let Attention::Mla(a) = &m.layers[layer].attn else {
+    fn mla(&mut self, layer: usize, cfg: &MlaConfig, h: &Vec<f32>) -> Result<Vec<f32>> {
+        let Attention::Mla(a) = &self.model.layers[layer].attn else {
             return Err(Self::mismatch(layer, "attention"));
         };
-        let mut caches = Self::caches(self.seqs, layer);
-        Ok(a.forward(
-            h,
-            self.t,
-            &self.positions,
-            &self.spans,
-            &mut caches,
-            &m.rope,
-            m.attn_scale,
-        ))
+        Ok(a.forward(cfg, h, &self.batch, &mut Self::caches(self.seqs, layer)))
     }
 
     fn add(&mut self, x: &mut Vec<f32>, y: Vec<f32>) -> Result<()> {
@@ -141,11 +122,11 @@ impl Decoder for CpuPass<'_, '_> {
         Ok(())
     }
 
-    fn dense_mlp(&mut self, layer: usize, _: usize, h: &Vec<f32>, x: &mut Vec<f32>) -> Result<()> {
+    fn dense_mlp(&mut self, layer: usize, h: &Vec<f32>, x: &mut Vec<f32>) -> Result<()> {
         let Ffn::Dense(mlp) = &self.model.layers[layer].ffn else {
             return Err(Self::mismatch(layer, "feed-forward block"));
         };
-        add_assign(x, &mlp.dense(h, self.t)?);
+        add_assign(x, &mlp.dense(h, self.batch.t)?);
         Ok(())
     }
 
@@ -153,9 +134,13 @@ impl Decoder for CpuPass<'_, '_> {
         let Ffn::Moe(moe) = &self.model.layers[layer].ffn else {
             return Err(Self::mismatch(layer, "feed-forward block"));
         };
-        let routing = moe.route(h, self.t);
-        self.observer.on_routing(layer, &self.spans, &routing, h);
-        add_assign(x, &moe.forward_routed(h, self.t, &routing, &self.spans)?);
+        let routing = moe.route(h, self.batch.t);
+        self.observer
+            .on_routing(layer, &self.batch.spans, &routing, h);
+        add_assign(
+            x,
+            &moe.forward_routed(h, self.batch.t, &routing, &self.batch.spans)?,
+        );
         Ok(())
     }
 
@@ -168,7 +153,7 @@ impl Decoder for CpuPass<'_, '_> {
 
     fn wanted_rows(&mut self, x: Vec<f32>) -> Result<Vec<Vec<f32>>> {
         let h = self.model.config.hidden_size;
-        let rows = self.seqs.iter().zip(&self.spans).map(|(s, span)| {
+        let rows = self.seqs.iter().zip(&self.batch.spans).map(|(s, span)| {
             let rows = match s.logits {
                 LogitsWanted::All => span.row..span.row + span.len,
                 LogitsWanted::Last if span.len > 0 => span.row + span.len - 1..span.row + span.len,
