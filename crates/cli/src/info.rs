@@ -9,7 +9,9 @@
 use std::collections::BTreeMap;
 
 use clap::Args;
-use strata_model::config::{AttentionConfig, FfnConfig, ModelConfig, MoeConfig, Scoring};
+use strata_model::config::{
+    AttentionConfig, FfnConfig, GqaConfig, MlaConfig, ModelConfig, MoeConfig, Scoring,
+};
 use strata_model::source::Source;
 use strata_model::{MemoryPlan, Model};
 
@@ -180,18 +182,18 @@ pub fn run(args: InfoArgs) -> anyhow::Result<()> {
 /// The attention kind and its heads, as `info` shows them.
 fn attention_line(cfg: &ModelConfig) -> String {
     match &cfg.attention {
-        AttentionConfig::Gqa {
+        AttentionConfig::Gqa(GqaConfig {
             n_heads,
             n_kv_heads,
             head_dim,
             ..
-        } => format!("GQA, {n_heads} query / {n_kv_heads} key-value heads of {head_dim}"),
-        AttentionConfig::Mla {
+        }) => format!("GQA, {n_heads} query / {n_kv_heads} key-value heads of {head_dim}"),
+        AttentionConfig::Mla(MlaConfig {
             n_heads,
             q_lora_rank,
             kv_lora_rank,
             ..
-        } => format!(
+        }) => format!(
             "MLA, {n_heads} heads, kv_lora_rank {kv_lora_rank}, q_lora_rank {}",
             q_lora_rank.map_or("none".to_string(), |r| r.to_string())
         ),

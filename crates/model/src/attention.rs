@@ -11,15 +11,12 @@ use std::ops::Range;
 
 use crate::Result;
 use crate::cache::LayerCache;
-use crate::config::AttentionConfig;
+use crate::config::{AttentionConfig, GqaConfig, MlaConfig};
 use crate::linear::{Linear, Loader};
 use crate::names::AttentionNames;
 use crate::ops::{parallel_map, rms_norm, softmax};
 use crate::rope::Rope;
 use strata_kernels::vector::{axpy_rows, dot, dot_rows};
-
-/// DeepSeek's `q_a_layernorm` and `kv_a_layernorm` use a fixed epsilon, not `rms_norm_eps`.
-const MLA_NORM_EPS: f32 = 1e-6;
 
 /// Where each sequence of a batch sits in the flattened rows.
 #[derive(Debug, Clone)]
@@ -30,6 +27,24 @@ pub struct SeqSpan {
     pub len: usize,
     /// Position of the first new token (tokens already in the cache).
     pub start_pos: usize,
+}
+
+/// What every attention layer of one forward pass shares: the batch's layout and the
+/// rotary and score settings.
+#[derive(Debug)]
+pub(crate) struct Batch<'a> {
+    /// Rows in the batch.
+    pub t: usize,
+    /// Every row's position in its sequence.
+    pub positions: Vec<usize>,
+    /// Where each sequence's rows are.
+    pub spans: Vec<SeqSpan>,
+    /// Rotary embedding.
+    pub rope: &'a Rope,
+    /// Softmax scale of attention scores.
+    pub scale: f32,
+    /// RMSNorm epsilon (q/k norms).
+    pub eps: f32,
 }
 
 /// Weights of one attention layer.
@@ -50,10 +65,6 @@ pub struct Gqa {
     o: Linear,
     q_norm: Option<Vec<f32>>,
     k_norm: Option<Vec<f32>>,
-    n_heads: usize,
-    n_kv_heads: usize,
-    head_dim: usize,
-    sliding_window: Option<usize>,
 }
 
 /// Multi-head latent attention weights.
@@ -66,11 +77,6 @@ pub struct Mla {
     /// `kv_b_proj` in f32, `[n_heads * (nope + v), kv_lora]`, absorbed per head.
     kv_b: Vec<f32>,
     o: Linear,
-    n_heads: usize,
-    kv_lora: usize,
-    nope: usize,
-    rope_dim: usize,
-    v_dim: usize,
 }
 
 impl Attention {
@@ -82,15 +88,15 @@ impl Attention {
         hidden: usize,
     ) -> Result<Attention> {
         Ok(match *cfg {
-            AttentionConfig::Gqa {
+            AttentionConfig::Gqa(GqaConfig {
                 n_heads,
                 n_kv_heads,
                 head_dim,
                 qkv_bias,
                 o_bias,
                 qk_norm,
-                sliding_window,
-            } => Attention::Gqa(Gqa {
+                ..
+            }) => Attention::Gqa(Gqa {
                 q: ld.projection(&n.q(), n_heads * head_dim, hidden, qkv_bias)?,
                 k: ld.projection(&n.k(), n_kv_heads * head_dim, hidden, qkv_bias)?,
                 v: ld.projection(&n.v(), n_kv_heads * head_dim, hidden, qkv_bias)?,
@@ -105,12 +111,8 @@ impl Attention {
                 } else {
                     None
                 },
-                n_heads,
-                n_kv_heads,
-                head_dim,
-                sliding_window,
             }),
-            AttentionConfig::Mla {
+            AttentionConfig::Mla(MlaConfig {
                 n_heads,
                 q_lora_rank,
                 kv_lora_rank,
@@ -118,7 +120,7 @@ impl Attention {
                 qk_rope_head_dim,
                 v_head_dim,
                 bias,
-            } => {
+            }) => {
                 let qk = qk_nope_head_dim + qk_rope_head_dim;
                 let (q_a, q) = match q_lora_rank {
                     Some(r) => (
@@ -145,11 +147,6 @@ impl Attention {
                         &[n_heads * (qk_nope_head_dim + v_head_dim), kv_lora_rank],
                     )?,
                     o: ld.projection(&n.o(), hidden, n_heads * v_head_dim, bias)?,
-                    n_heads,
-                    kv_lora: kv_lora_rank,
-                    nope: qk_nope_head_dim,
-                    rope_dim: qk_rope_head_dim,
-                    v_dim: v_head_dim,
                 })
             }
         })
@@ -185,37 +182,6 @@ impl Attention {
                     + a.kv_b.len()
                     + a.o.n_out * a.o.k_in
             }
-        }
-    }
-
-    /// Widths of one cached position: (first buffer, second buffer) =
-    /// (keys, values) for GQA, (latent, rotary key) for MLA.
-    pub fn cache_widths(&self) -> (usize, usize) {
-        match self {
-            Attention::Gqa(a) => (a.n_kv_heads * a.head_dim, a.n_kv_heads * a.head_dim),
-            Attention::Mla(a) => (a.kv_lora, a.rope_dim),
-        }
-    }
-
-    /// Runs attention for all rows `h: [T, hidden]` of the batch, appending the new keys and
-    /// values to each sequence's cache. Returns `[T, hidden]`.
-    pub fn forward(
-        &self,
-        h: &[f32],
-        spans: &[SeqSpan],
-        caches: &mut [&mut LayerCache],
-        rope: &Rope,
-        scale: f32,
-        eps: f32,
-    ) -> Vec<f32> {
-        let t: usize = spans.iter().map(|s| s.len).sum();
-        let positions: Vec<usize> = spans
-            .iter()
-            .flat_map(|s| s.start_pos..s.start_pos + s.len)
-            .collect();
-        match self {
-            Attention::Gqa(a) => a.forward(h, t, &positions, spans, caches, rope, scale, eps),
-            Attention::Mla(a) => a.forward(h, t, &positions, spans, caches, rope, scale),
         }
     }
 }
@@ -280,19 +246,30 @@ fn scatter_heads(
 }
 
 impl Gqa {
-    #[allow(clippy::too_many_arguments)]
-    fn forward(
+    /// Attention of the batch's rows `h: [T, hidden]`, appending the new keys and
+    /// values to each sequence's cache; returns `[T, hidden]`.
+    pub(crate) fn forward(
         &self,
+        cfg: &GqaConfig,
         h: &[f32],
-        t: usize,
-        positions: &[usize],
-        spans: &[SeqSpan],
+        b: &Batch,
         caches: &mut [&mut LayerCache],
-        rope: &Rope,
-        scale: f32,
-        eps: f32,
     ) -> Vec<f32> {
-        let hd = self.head_dim;
+        let Batch {
+            t,
+            ref positions,
+            ref spans,
+            rope,
+            scale,
+            eps,
+        } = *b;
+        let GqaConfig {
+            n_heads,
+            n_kv_heads,
+            head_dim: hd,
+            sliding_window,
+            ..
+        } = *cfg;
         let mut q = self.q.forward(h, t);
         let mut k = self.k.forward(h, t);
         let v = self.v.forward(h, t);
@@ -304,7 +281,7 @@ impl Gqa {
         }
         apply_rope_rows(&mut q, positions, hd, 0, rope);
         apply_rope_rows(&mut k, positions, hd, 0, rope);
-        let kv_w = self.n_kv_heads * hd;
+        let kv_w = cfg.kv_width();
         for (s, cache) in spans.iter().zip(caches.iter_mut()) {
             cache.append(
                 &k[s.row * kv_w..(s.row + s.len) * kv_w],
@@ -314,8 +291,8 @@ impl Gqa {
             );
         }
         let caches: &[&mut LayerCache] = caches;
-        let group = self.n_heads / self.n_kv_heads;
-        let tasks = head_tasks(spans, self.n_heads);
+        let group = n_heads / n_kv_heads;
+        let tasks = head_tasks(spans, n_heads);
         let outs = parallel_map(tasks.len(), |i| {
             let HeadTask { span, head, rows } = tasks[i].clone();
             let (cache, span) = (&caches[span], &spans[span]);
@@ -324,10 +301,8 @@ impl Gqa {
             let mut scores = Vec::new();
             for r in rows.clone() {
                 let pos = span.start_pos + r;
-                let lo = self
-                    .sliding_window
-                    .map_or(0, |w| (pos + 1).saturating_sub(w));
-                let qrow = &q[(span.row + r) * self.n_heads * hd + head * hd..][..hd];
+                let lo = sliding_window.map_or(0, |w| (pos + 1).saturating_sub(w));
+                let qrow = &q[(span.row + r) * n_heads * hd + head * hd..][..hd];
                 let first = lo * kv_w + kv_head * hd;
                 scores.clear();
                 scores.resize(pos + 1 - lo, 0.0);
@@ -341,68 +316,82 @@ impl Gqa {
             }
             out
         });
-        let attn = scatter_heads(outs, &tasks, spans, self.n_heads, hd, t);
+        let attn = scatter_heads(outs, &tasks, spans, n_heads, hd, t);
         self.o.forward(&attn, t)
     }
 }
 
 impl Mla {
-    #[allow(clippy::too_many_arguments)]
-    fn forward(
+    /// Attention of the batch's rows `h: [T, hidden]`, appending the new latents and
+    /// rotary keys to each sequence's cache; returns `[T, hidden]`.
+    pub(crate) fn forward(
         &self,
+        cfg: &MlaConfig,
         h: &[f32],
-        t: usize,
-        positions: &[usize],
-        spans: &[SeqSpan],
+        b: &Batch,
         caches: &mut [&mut LayerCache],
-        rope: &Rope,
-        scale: f32,
     ) -> Vec<f32> {
-        let qk = self.nope + self.rope_dim;
+        let Batch {
+            t,
+            ref positions,
+            ref spans,
+            rope,
+            scale,
+            ..
+        } = *b;
+        let MlaConfig {
+            n_heads,
+            kv_lora_rank: kv_lora,
+            qk_nope_head_dim: nope,
+            qk_rope_head_dim: rope_dim,
+            v_head_dim: v_dim,
+            ..
+        } = *cfg;
+        let qk = cfg.qk_head_dim();
         let mut q = match &self.q_a {
             Some((q_a, norm)) => {
                 let mut c = q_a.forward(h, t);
-                rms_norm(&mut c, norm, MLA_NORM_EPS);
+                rms_norm(&mut c, norm, MlaConfig::NORM_EPS);
                 self.q.forward(&c, t)
             }
             None => self.q.forward(h, t),
         };
-        apply_rope_rows(&mut q, positions, qk, self.nope, rope);
+        apply_rope_rows(&mut q, positions, qk, nope, rope);
         let kv = self.kv_a.forward(h, t);
-        let kv_w = self.kv_lora + self.rope_dim;
-        let mut latent = Vec::with_capacity(t * self.kv_lora);
-        let mut k_rope = Vec::with_capacity(t * self.rope_dim);
+        let kv_w = kv_lora + rope_dim;
+        let mut latent = Vec::with_capacity(t * kv_lora);
+        let mut k_rope = Vec::with_capacity(t * rope_dim);
         for row in kv.chunks_exact(kv_w) {
-            latent.extend_from_slice(&row[..self.kv_lora]);
-            k_rope.extend_from_slice(&row[self.kv_lora..]);
+            latent.extend_from_slice(&row[..kv_lora]);
+            k_rope.extend_from_slice(&row[kv_lora..]);
         }
-        rms_norm(&mut latent, &self.kv_a_norm, MLA_NORM_EPS);
-        apply_rope_rows(&mut k_rope, positions, self.rope_dim, 0, rope);
+        rms_norm(&mut latent, &self.kv_a_norm, MlaConfig::NORM_EPS);
+        apply_rope_rows(&mut k_rope, positions, rope_dim, 0, rope);
         for (s, cache) in spans.iter().zip(caches.iter_mut()) {
             cache.append(
-                &latent[s.row * self.kv_lora..(s.row + s.len) * self.kv_lora],
-                &k_rope[s.row * self.rope_dim..(s.row + s.len) * self.rope_dim],
-                self.kv_lora,
-                self.rope_dim,
+                &latent[s.row * kv_lora..(s.row + s.len) * kv_lora],
+                &k_rope[s.row * rope_dim..(s.row + s.len) * rope_dim],
+                kv_lora,
+                rope_dim,
             );
         }
         let caches: &[&mut LayerCache] = caches;
-        let (l, rd, vd) = (self.kv_lora, self.rope_dim, self.v_dim);
-        let tasks = head_tasks(spans, self.n_heads);
+        let (l, rd, vd) = (kv_lora, rope_dim, v_dim);
+        let tasks = head_tasks(spans, n_heads);
         let outs = parallel_map(tasks.len(), |i| {
             let HeadTask { span, head, rows } = tasks[i].clone();
             let (cache, span) = (&caches[span], &spans[span]);
-            let w_head = &self.kv_b[head * (self.nope + vd) * l..(head + 1) * (self.nope + vd) * l];
-            let (w_uk, w_uv) = w_head.split_at(self.nope * l);
+            let w_head = &self.kv_b[head * (nope + vd) * l..(head + 1) * (nope + vd) * l];
+            let (w_uk, w_uv) = w_head.split_at(nope * l);
             let mut out = vec![0.0f32; rows.len() * vd];
             let (mut q_lat, mut o_lat) = (vec![0.0f32; l], vec![0.0f32; l]);
             let (mut scores, mut rope_scores) = (Vec::new(), Vec::new());
             for r in rows.clone() {
                 let pos = span.start_pos + r;
-                let qrow = &q[(span.row + r) * self.n_heads * qk + head * qk..][..qk];
+                let qrow = &q[(span.row + r) * n_heads * qk + head * qk..][..qk];
                 // Absorb W_UK: q_lat = W_UKᵀ q_nope, so q_nope · (W_UK c) = q_lat · c.
                 q_lat.fill(0.0);
-                for (d, &qd) in qrow[..self.nope].iter().enumerate() {
+                for (d, &qd) in qrow[..nope].iter().enumerate() {
                     for (ql, w) in q_lat.iter_mut().zip(&w_uk[d * l..(d + 1) * l]) {
                         *ql += qd * w;
                     }
@@ -410,7 +399,7 @@ impl Mla {
                 scores.resize(pos + 1, 0.0);
                 rope_scores.resize(pos + 1, 0.0);
                 dot_rows(&q_lat, cache.a(), l, &mut scores);
-                dot_rows(&qrow[self.nope..], cache.b(), rd, &mut rope_scores);
+                dot_rows(&qrow[nope..], cache.b(), rd, &mut rope_scores);
                 for (s, r) in scores.iter_mut().zip(&rope_scores) {
                     *s = (*s + r) * scale;
                 }
@@ -424,7 +413,7 @@ impl Mla {
             }
             out
         });
-        let attn = scatter_heads(outs, &tasks, spans, self.n_heads, vd, t);
+        let attn = scatter_heads(outs, &tasks, spans, n_heads, vd, t);
         self.o.forward(&attn, t)
     }
 }

@@ -9,7 +9,9 @@
 //! A key design decision made in this crate is that architectures differ only in their
 //! normalised config and tensor names, never in separate forward-pass code: one forward
 //! pass, checked against Hugging Face transformers on a tiny checkpoint of every
-//! architecture, serves all of them. Which tensor holds which weight is answered in one
+//! architecture, serves all of them. Its structure is data, the [`LayerGraph`], and its
+//! order of steps one function, [`forward_pass`], which drives every backend's
+//! [`Decoder`] steps: [`Model`]'s on the CPU and the accelerator model's in `strata-exec`. Which tensor holds which weight is answered in one
 //! place, [`names`], for every reader of a checkpoint.
 //!
 //! ```
@@ -33,6 +35,7 @@ pub mod config;
 mod error;
 pub mod experts;
 mod gguf;
+mod graph;
 pub mod linear;
 pub mod memory;
 pub mod model;
@@ -48,6 +51,7 @@ pub use attention::SeqSpan;
 pub use cache::{BLOCK as KV_BLOCK, KvCache, LayerCache};
 pub use config::{Arch, ModelConfig};
 pub use error::{Error, Result};
+pub use graph::{Decoder, Head, LayerGraph, LayerNode, Norm, forward_pass};
 pub use linear::{LoadOptions, Precision};
 pub use memory::MemoryPlan;
 pub use model::{

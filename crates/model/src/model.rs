@@ -12,15 +12,17 @@ use strata_formats::strata_file::StrataFile;
 use crate::attention::{Attention, SeqSpan};
 use crate::cache::KvCache;
 use crate::config::{FfnConfig, ModelConfig};
+use crate::graph::{self, Head, LayerGraph};
 use crate::linear::{Linear, LoadOptions, Loader, Precision, Recording};
 use crate::memory::MemoryPlan;
 use crate::moe::{ExpertExecutor, Ffn, MoeBlock};
 use crate::names::{self, LayerNames};
-use crate::ops::{add_assign, rms_norm};
 use crate::rope::Rope;
 use crate::routing::Routing;
 use crate::source::Source;
 use crate::{Error, Result};
+
+mod pass;
 
 /// The file name of a converted model inside its directory.
 pub const STRATA_FILE: &str = "model.strata";
@@ -107,6 +109,7 @@ pub struct ParamCounts {
 pub struct Model {
     /// Normalised configuration.
     pub config: ModelConfig,
+    graph: LayerGraph,
     embed: Linear,
     layers: Vec<Layer>,
     norm: Vec<f32>,
@@ -202,15 +205,17 @@ impl Model {
         precision: Precision,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Model> {
-        progress(0, config.n_layers());
+        let graph = LayerGraph::new(&config, ld.source());
+        let n_layers = graph.layers().len();
+        progress(0, n_layers);
         let h = config.hidden_size;
         let v = config.vocab_size;
         let embed = ld.linear(names::EMBED, v, h, false)?;
-        let mut layers = Vec::with_capacity(config.n_layers());
-        for (i, ffn_cfg) in config.layers.iter().enumerate() {
+        let mut layers = Vec::with_capacity(n_layers);
+        for (i, node) in graph.layers().iter().enumerate() {
             let n = LayerNames::new(i);
-            let attn = Attention::load(ld, &n.attention(), &config.attention, h)?;
-            let ffn = match ffn_cfg {
+            let attn = Attention::load(ld, &n.attention(), &node.attention, h)?;
+            let ffn = match &node.ffn {
                 FfnConfig::Dense(inter) => Ffn::load_dense(ld, &n.dense_mlp(), h, *inter)?,
                 FfnConfig::Moe(moe) => {
                     let names = n.moe(ld.source(), moe.shared.as_ref());
@@ -223,10 +228,10 @@ impl Model {
                 ffn_norm: ld.f32(&n.ffn_norm(), &[h])?,
                 ffn,
             });
-            progress(i + 1, config.n_layers());
+            progress(i + 1, n_layers);
         }
         let norm = ld.f32(names::FINAL_NORM, &[h])?;
-        let tied = config.tie_word_embeddings && !ld.has(&format!("{}.weight", names::LM_HEAD));
+        let tied = graph.head() == Head::Tied;
         let lm_head = if tied {
             match ld.dense_format(&format!("{}.weight", names::EMBED)) {
                 // ggml blocks serve both row lookups and the head's kernels in place.
@@ -242,6 +247,7 @@ impl Model {
         let attn_scale = config.attention_scale();
         Ok(Model {
             config,
+            graph,
             embed,
             layers,
             norm,
@@ -290,7 +296,8 @@ impl Model {
 
     /// An empty KV cache for one sequence.
     pub fn new_cache(&self) -> KvCache {
-        KvCache::new(self.layers.iter().map(|l| l.attn.cache_widths()).collect())
+        let layers = self.graph.layers().iter();
+        KvCache::new(layers.map(|l| l.attention.cache_widths()).collect())
     }
 
     /// Parameter counts and weight memory.
@@ -364,69 +371,8 @@ impl Model {
         seqs: &mut [SeqInput],
         observer: &mut dyn ForwardObserver,
     ) -> Result<Vec<Vec<f32>>> {
-        let h = self.config.hidden_size;
-        let v = self.config.vocab_size;
-        let mut spans = Vec::with_capacity(seqs.len());
-        let mut row = 0;
-        for s in seqs.iter() {
-            if let Some(&bad) = s.tokens.iter().find(|&&t| t as usize >= v) {
-                return Err(Error::Input(format!(
-                    "token id {bad} is out of range for a vocabulary of {v}"
-                )));
-            }
-            spans.push(SeqSpan {
-                row,
-                len: s.tokens.len(),
-                start_pos: s.cache.len(),
-            });
-            row += s.tokens.len();
-        }
-        let t = row;
-        let mut x = vec![0.0f32; t * h];
-        for (tok, xr) in seqs
-            .iter()
-            .flat_map(|s| s.tokens.iter())
-            .zip(x.chunks_exact_mut(h))
-        {
-            self.embed.row_f32(*tok as usize, xr);
-        }
-        let eps = self.config.rms_norm_eps;
-        for (li, layer) in self.layers.iter().enumerate() {
-            let mut hs = x.clone();
-            rms_norm(&mut hs, &layer.attn_norm, eps);
-            let mut caches: Vec<_> = seqs.iter_mut().map(|s| &mut s.cache.layers[li]).collect();
-            let a = layer
-                .attn
-                .forward(&hs, &spans, &mut caches, &self.rope, self.attn_scale, eps);
-            add_assign(&mut x, &a);
-            let mut hs = x.clone();
-            rms_norm(&mut hs, &layer.ffn_norm, eps);
-            let f = match &layer.ffn {
-                Ffn::Moe(moe) => {
-                    let routing = moe.route(&hs, t);
-                    observer.on_routing(li, &spans, &routing, &hs);
-                    moe.forward_routed(&hs, t, &routing, &spans)?
-                }
-                dense => dense.forward(&hs, t)?,
-            };
-            add_assign(&mut x, &f);
-        }
-        for s in seqs.iter_mut() {
-            s.cache.advance(s.tokens.len());
-        }
-        let head = self.lm_head.as_ref().unwrap_or(&self.embed);
-        let mut out = Vec::with_capacity(seqs.len());
-        for (s, span) in seqs.iter().zip(&spans) {
-            let rows = match s.logits {
-                LogitsWanted::All => span.row..span.row + span.len,
-                LogitsWanted::Last if span.len > 0 => span.row + span.len - 1..span.row + span.len,
-                _ => 0..0,
-            };
-            let mut xs = x[rows.start * h..rows.end * h].to_vec();
-            rms_norm(&mut xs, &self.norm, eps);
-            out.push(head.forward(&xs, rows.len()));
-        }
-        Ok(out)
+        let mut pass = pass::CpuPass::new(self, seqs, observer)?;
+        graph::forward_pass(&self.graph, &mut pass)
     }
 }
 

@@ -271,14 +271,6 @@ pub enum Ffn {
 }
 
 impl Ffn {
-    /// `x: [T, hidden]` -> `[T, hidden]`.
-    pub fn forward(&self, x: &[f32], t: usize) -> Result<Vec<f32>> {
-        match self {
-            Ffn::Dense(m) => m.dense(x, t),
-            Ffn::Moe(m) => m.forward(x, t),
-        }
-    }
-
     /// Loads a dense MLP `{prefix}.{gate,up,down}_proj`.
     pub fn load_dense(ld: &Loader, prefix: &str, hidden: usize, inter: usize) -> Result<Ffn> {
         let fmt = ld.dense_format(&format!("{}.weight", names::mlp(prefix)[0]));

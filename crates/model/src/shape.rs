@@ -6,7 +6,7 @@
 //! once for models far larger than memory (`strata info`), and every caller that needs a
 //! model's shape (the hybrid executor's cost model, `info`) derives it here, once.
 
-use crate::config::{AttentionConfig, FfnConfig, ModelConfig};
+use crate::config::{AttentionConfig, FfnConfig, GqaConfig, MlaConfig, ModelConfig};
 
 /// The shape of a model's mixture-of-experts layers and what surrounds them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,13 +71,13 @@ impl ModelConfig {
     fn attention_params(&self) -> usize {
         let h = self.hidden_size;
         match &self.attention {
-            AttentionConfig::Gqa {
+            AttentionConfig::Gqa(GqaConfig {
                 n_heads,
                 n_kv_heads,
                 head_dim,
                 ..
-            } => 2 * (n_heads + n_kv_heads) * head_dim * h,
-            AttentionConfig::Mla {
+            }) => 2 * (n_heads + n_kv_heads) * head_dim * h,
+            AttentionConfig::Mla(MlaConfig {
                 n_heads,
                 q_lora_rank,
                 kv_lora_rank,
@@ -85,7 +85,7 @@ impl ModelConfig {
                 qk_rope_head_dim,
                 v_head_dim,
                 ..
-            } => {
+            }) => {
                 let qk = qk_nope_head_dim + qk_rope_head_dim;
                 let q = match q_lora_rank {
                     Some(r) => r * h + n_heads * qk * r,

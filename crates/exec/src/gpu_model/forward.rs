@@ -1,10 +1,18 @@
-//! The forward pass of [`GpuModel`], kernel by kernel on its device.
+//! The forward pass of [`GpuModel`]: the layer graph's steps ([`strata_model::Decoder`]),
+//! kernel by kernel on its device, driven by [`strata_model::forward_pass`] as the CPU's are.
 
 use strata_accel::{Buffer, Op, RopeKind};
-use strata_model::config::RopeStyle;
+use strata_model::config::{GqaConfig, MlaConfig, MoeConfig, RopeStyle};
+use strata_model::{Decoder, Norm, forward_pass};
 
-use super::{Attn, Ffn, GpuCache, GpuModel, MLA_NORM_EPS, Matrix, Mlp, Moe, Shape};
+use super::{Attn, Ffn, GpuCache, GpuModel, Matrix, Mlp, Moe};
 use crate::{Error, Result};
+
+/// Activations on the device: `n` rows.
+pub(super) struct Rows {
+    buf: Buffer,
+    n: usize,
+}
 
 impl GpuModel {
     fn scratch(&self, n: usize, label: &str) -> Result<Buffer> {
@@ -58,6 +66,18 @@ impl GpuModel {
         self.matmul(&g, &m.down, t)
     }
 
+    /// `x += y`, both `[rows, hidden]`.
+    fn add(&self, x: &Buffer, y: &Buffer, rows: usize) -> Result<()> {
+        let h = self.config.hidden_size;
+        Ok(self.dev.enqueue(&Op::Add {
+            x,
+            y,
+            gate: None,
+            n: (rows * h) as u32,
+            dim: h as u32,
+        })?)
+    }
+
     /// Runs `tokens` through the model after the cached positions, appending to `cache`;
     /// returns the logits of every new position, `[tokens, vocab]`.
     pub fn forward(&self, tokens: &[u32], cache: &mut GpuCache) -> Result<Vec<f32>> {
@@ -72,7 +92,7 @@ impl GpuModel {
 
     fn forward_rows(&self, tokens: &[u32], cache: &mut GpuCache, last: bool) -> Result<Vec<f32>> {
         let t = tokens.len();
-        let (h, v) = (self.config.hidden_size, self.config.vocab_size);
+        let v = self.config.vocab_size;
         if let Some(&bad) = tokens.iter().find(|&&id| id as usize >= v) {
             return Err(Error::Shape {
                 op: "forward",
@@ -93,68 +113,28 @@ impl GpuModel {
         }
         let dev = &*self.dev;
         let ids = dev.alloc(t as u64 * 4, 0, "token ids")?;
-        dev.upload(
-            &ids,
-            0,
-            &tokens
-                .iter()
-                .flat_map(|x| x.to_le_bytes())
-                .collect::<Vec<u8>>(),
-        )?;
-        let positions: Vec<u8> = (cache.len..cache.len + t)
-            .flat_map(|p| (p as u32).to_le_bytes())
-            .collect();
+        dev.upload(&ids, 0, &u32_bytes(tokens.iter().copied()))?;
         let pos = dev.alloc(t as u64 * 4, 0, "positions")?;
-        dev.upload(&pos, 0, &positions)?;
-        let x = self.scratch(t * h, "residual")?;
-        dev.enqueue(&Op::Embed {
-            table: &self.embed.buf,
-            wtype: self.embed.wtype,
-            ids: &ids,
-            out: &x,
-            rows: t as u32,
-            dim: h as u32,
-        })?;
-        for (li, layer) in self.layers.iter().enumerate() {
-            let hs = self.rms_norm(&x, &layer.attn_norm, t, h, self.eps)?;
-            let o = self.attention(&layer.attn, li, &hs, &pos, cache, t)?;
-            dev.enqueue(&Op::Add {
-                x: &x,
-                y: &o,
-                gate: None,
-                n: (t * h) as u32,
-                dim: h as u32,
-            })?;
-            let hs = self.rms_norm(&x, &layer.ffn_norm, t, h, self.eps)?;
-            match &layer.ffn {
-                Ffn::Dense(m) => {
-                    let y = self.mlp(&hs, m, t)?;
-                    dev.enqueue(&Op::Add {
-                        x: &x,
-                        y: &y,
-                        gate: None,
-                        n: (t * h) as u32,
-                        dim: h as u32,
-                    })?;
-                }
-                Ffn::Moe(moe) => self.moe(&x, &hs, moe, t)?,
-            }
-        }
-        cache.len += t;
-        let (x, rows) = if last && t > 1 {
-            let row = self.scratch(h, "last row")?;
-            dev.copy(&x, ((t - 1) * h * 4) as u64, &row, 0, (h * 4) as u64)?;
-            (row, 1)
-        } else {
-            (x, t)
+        let positions = (cache.len..cache.len + t).map(|p| p as u32);
+        dev.upload(&pos, 0, &u32_bytes(positions))?;
+        let mut pass = GpuPass {
+            m: self,
+            cache,
+            ids,
+            pos,
+            t,
+            last,
         };
-        let xs = self.rms_norm(&x, &self.norm, rows, h, self.eps)?;
-        let logits = self.matmul(&xs, self.lm_head.as_ref().unwrap_or(&self.embed), rows)?;
-        let bytes = dev.download(&logits, 0, (rows * v * 4) as u64)?;
-        Ok(bytes
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect())
+        let mut logits = Vec::with_capacity(t * v);
+        for rows in forward_pass(&self.graph, &mut pass)? {
+            let bytes = dev.download(&rows.buf, 0, (rows.n * v * 4) as u64)?;
+            logits.extend(
+                bytes
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+            );
+        }
+        Ok(logits)
     }
 
     /// Rotates `heads` heads of `stride` values per row of `x`, from `offset` on.
@@ -183,143 +163,6 @@ impl GpuModel {
                 RopeStyle::Interleaved => RopeKind::Interleaved,
             },
         })?)
-    }
-
-    /// Self-attention of layer `li` for `hs: [t, hidden]`, appending to the cache;
-    /// returns the output projection `[t, hidden]`.
-    fn attention(
-        &self,
-        attn: &Attn,
-        li: usize,
-        hs: &Buffer,
-        pos: &Buffer,
-        cache: &GpuCache,
-        t: usize,
-    ) -> Result<Buffer> {
-        let dev = &*self.dev;
-        let (wa, wb) = self.shape.cache_widths();
-        let (at_a, at_b) = ((cache.len * wa * 4) as u64, (cache.len * wb * 4) as u64);
-        match (attn, self.shape) {
-            (
-                Attn::Gqa {
-                    q,
-                    k,
-                    v,
-                    o,
-                    q_norm,
-                    k_norm,
-                },
-                Shape::Gqa {
-                    n_heads,
-                    n_kv_heads,
-                    head_dim,
-                    window,
-                },
-            ) => {
-                let mut qb = self.matmul(hs, q, t)?;
-                let mut kb = self.matmul(hs, k, t)?;
-                let vb = self.matmul(hs, v, t)?;
-                if let Some(w) = q_norm {
-                    qb = self.rms_norm(&qb, w, t * n_heads, head_dim, self.eps)?;
-                }
-                if let Some(w) = k_norm {
-                    kb = self.rms_norm(&kb, w, t * n_kv_heads, head_dim, self.eps)?;
-                }
-                self.rope(&qb, pos, cache, t, n_heads, head_dim, 0)?;
-                self.rope(&kb, pos, cache, t, n_kv_heads, head_dim, 0)?;
-                dev.copy(&kb, 0, &cache.k[li], at_a, (t * wa * 4) as u64)?;
-                dev.copy(&vb, 0, &cache.v[li], at_b, (t * wb * 4) as u64)?;
-                let out = self.scratch(t * n_heads * head_dim, "attention output")?;
-                dev.enqueue(&Op::Attention {
-                    q: &qb,
-                    k: &cache.k[li],
-                    v: &cache.v[li],
-                    out: &out,
-                    n_tokens: t as u32,
-                    start_pos: cache.len as u32,
-                    n_heads: n_heads as u32,
-                    n_kv_heads: n_kv_heads as u32,
-                    head_dim: head_dim as u32,
-                    window: window as u32,
-                    scale: self.scale,
-                })?;
-                self.matmul(&out, o, t)
-            }
-            (
-                Attn::Mla {
-                    q_a,
-                    q,
-                    kv_a,
-                    kv_a_norm,
-                    kv_b,
-                    o,
-                },
-                Shape::Mla {
-                    n_heads,
-                    kv_lora,
-                    nope,
-                    rope,
-                    v_dim,
-                },
-            ) => {
-                let qb = match q_a {
-                    Some((q_a, norm)) => {
-                        let c = self.matmul(hs, q_a, t)?;
-                        let c = self.rms_norm(&c, norm, t, q_a.n, MLA_NORM_EPS)?;
-                        self.matmul(&c, q, t)?
-                    }
-                    None => self.matmul(hs, q, t)?,
-                };
-                self.rope(&qb, pos, cache, t, n_heads, nope + rope, nope)?;
-                // Split each row of kv_a's output into the latent and the rotary key.
-                let kv = self.matmul(hs, kv_a, t)?;
-                let latent = self.scratch(t * kv_lora, "latent")?;
-                let k_rope = self.scratch(t * rope, "rotary key")?;
-                let row = kv_lora + rope;
-                for r in 0..t {
-                    let src = (r * row * 4) as u64;
-                    dev.copy(
-                        &kv,
-                        src,
-                        &latent,
-                        (r * kv_lora * 4) as u64,
-                        (kv_lora * 4) as u64,
-                    )?;
-                    dev.copy(
-                        &kv,
-                        src + (kv_lora * 4) as u64,
-                        &k_rope,
-                        (r * rope * 4) as u64,
-                        (rope * 4) as u64,
-                    )?;
-                }
-                let latent = self.rms_norm(&latent, kv_a_norm, t, kv_lora, MLA_NORM_EPS)?;
-                self.rope(&k_rope, pos, cache, t, 1, rope, 0)?;
-                dev.copy(&latent, 0, &cache.k[li], at_a, (t * wa * 4) as u64)?;
-                dev.copy(&k_rope, 0, &cache.v[li], at_b, (t * wb * 4) as u64)?;
-                let out = self.scratch(t * n_heads * v_dim, "attention output")?;
-                dev.enqueue(&Op::MlaAttention {
-                    q: &qb,
-                    latent: &cache.k[li],
-                    k_rope: &cache.v[li],
-                    kv_b,
-                    out: &out,
-                    n_tokens: t as u32,
-                    start_pos: cache.len as u32,
-                    n_heads: n_heads as u32,
-                    kv_lora: kv_lora as u32,
-                    nope: nope as u32,
-                    rope: rope as u32,
-                    v_dim: v_dim as u32,
-                    scale: self.scale,
-                })?;
-                self.matmul(&out, o, t)
-            }
-            _ => Err(Error::Shape {
-                op: "attention",
-                message: "layer weights do not match the model's attention kind".into(),
-            }),
-        }
     }
 
     /// `x += routed experts (+ shared experts)` of `hs`.
@@ -400,5 +243,239 @@ impl GpuModel {
             hidden: h as u32,
             k: k as u32,
         })?)
+    }
+}
+
+/// Little-endian bytes of `values`.
+fn u32_bytes(values: impl Iterator<Item = u32>) -> Vec<u8> {
+    values.flat_map(u32::to_le_bytes).collect()
+}
+
+/// One forward pass of one sequence's new tokens on the device.
+struct GpuPass<'a> {
+    m: &'a GpuModel,
+    cache: &'a mut GpuCache,
+    /// Token ids `[t]`.
+    ids: Buffer,
+    /// Positions `[t]`.
+    pos: Buffer,
+    t: usize,
+    /// Only the last row's logits are wanted.
+    last: bool,
+}
+
+impl GpuPass<'_> {
+    /// The graph gave layer `layer` a `block` its weights were not loaded for (the graph
+    /// and the weights come from one config, so this is a bug, not bad input).
+    fn mismatch(layer: usize, block: &str) -> Error {
+        Error::Shape {
+            op: "forward",
+            message: format!(
+                "layer {layer}: the layer graph's {block} differs from the loaded weights'"
+            ),
+        }
+    }
+
+    /// Appends the new rows' cache entries, `a: [t, wa]` and `b: [t, wb]`, to layer `li`'s
+    /// two cache buffers.
+    fn append(
+        &self,
+        li: usize,
+        (a, wa): (&Buffer, usize),
+        (b, wb): (&Buffer, usize),
+    ) -> Result<()> {
+        let (c, t, at) = (&*self.cache, self.t, self.cache.len);
+        self.m
+            .dev
+            .copy(a, 0, &c.k[li], (at * wa * 4) as u64, (t * wa * 4) as u64)?;
+        self.m
+            .dev
+            .copy(b, 0, &c.v[li], (at * wb * 4) as u64, (t * wb * 4) as u64)?;
+        Ok(())
+    }
+}
+
+impl Decoder for GpuPass<'_> {
+    type Act = Rows;
+    type Error = Error;
+
+    fn embed(&mut self) -> Result<Rows> {
+        let (t, h) = (self.t, self.m.config.hidden_size);
+        let x = self.m.scratch(t * h, "residual")?;
+        self.m.dev.enqueue(&Op::Embed {
+            table: &self.m.embed.buf,
+            wtype: self.m.embed.wtype,
+            ids: &self.ids,
+            out: &x,
+            rows: t as u32,
+            dim: h as u32,
+        })?;
+        Ok(Rows { buf: x, n: t })
+    }
+
+    fn rms_norm(&mut self, x: &Rows, norm: Norm) -> Result<Rows> {
+        let m = self.m;
+        let w = match norm {
+            Norm::Attention(i) => &m.layers[i].attn_norm,
+            Norm::Ffn(i) => &m.layers[i].ffn_norm,
+            Norm::Final => &m.norm,
+        };
+        let buf = m.rms_norm(&x.buf, w, x.n, m.config.hidden_size, m.eps)?;
+        Ok(Rows { buf, n: x.n })
+    }
+
+    fn gqa(&mut self, li: usize, cfg: &GqaConfig, hs: &Rows) -> Result<Rows> {
+        let Attn::Gqa {
+            q,
+            k,
+            v,
+            o,
+            q_norm,
+            k_norm,
+        } = &self.m.layers[li].attn
+        else {
+            return Err(Self::mismatch(li, "attention"));
+        };
+        let (m, t, pos, cache) = (self.m, self.t, &self.pos, &*self.cache);
+        let (n_heads, n_kv_heads, head_dim) = (cfg.n_heads, cfg.n_kv_heads, cfg.head_dim);
+        let kv_w = cfg.kv_width();
+        let mut qb = m.matmul(&hs.buf, q, t)?;
+        let mut kb = m.matmul(&hs.buf, k, t)?;
+        let vb = m.matmul(&hs.buf, v, t)?;
+        if let Some(w) = q_norm {
+            qb = m.rms_norm(&qb, w, t * n_heads, head_dim, m.eps)?;
+        }
+        if let Some(w) = k_norm {
+            kb = m.rms_norm(&kb, w, t * n_kv_heads, head_dim, m.eps)?;
+        }
+        m.rope(&qb, pos, cache, t, n_heads, head_dim, 0)?;
+        m.rope(&kb, pos, cache, t, n_kv_heads, head_dim, 0)?;
+        self.append(li, (&kb, kv_w), (&vb, kv_w))?;
+        let out = m.scratch(t * n_heads * head_dim, "attention output")?;
+        m.dev.enqueue(&Op::Attention {
+            q: &qb,
+            k: &cache.k[li],
+            v: &cache.v[li],
+            out: &out,
+            n_tokens: t as u32,
+            start_pos: cache.len as u32,
+            n_heads: n_heads as u32,
+            n_kv_heads: n_kv_heads as u32,
+            head_dim: head_dim as u32,
+            window: cfg.sliding_window.unwrap_or(0) as u32,
+            scale: m.scale,
+        })?;
+        Ok(Rows {
+            buf: m.matmul(&out, o, t)?,
+            n: t,
+        })
+    }
+
+    fn mla(&mut self, li: usize, cfg: &MlaConfig, hs: &Rows) -> Result<Rows> {
+        let Attn::Mla {
+            q_a,
+            q,
+            kv_a,
+            kv_a_norm,
+            kv_b,
+            o,
+        } = &self.m.layers[li].attn
+        else {
+            return Err(Self::mismatch(li, "attention"));
+        };
+        let (m, t, pos, cache) = (self.m, self.t, &self.pos, &*self.cache);
+        let (n_heads, kv_lora, nope) = (cfg.n_heads, cfg.kv_lora_rank, cfg.qk_nope_head_dim);
+        let (rope, v_dim) = (cfg.qk_rope_head_dim, cfg.v_head_dim);
+        let eps = MlaConfig::NORM_EPS;
+        let qb = match q_a {
+            Some((q_a, norm)) => {
+                let c = m.matmul(&hs.buf, q_a, t)?;
+                let c = m.rms_norm(&c, norm, t, q_a.n, eps)?;
+                m.matmul(&c, q, t)?
+            }
+            None => m.matmul(&hs.buf, q, t)?,
+        };
+        m.rope(&qb, pos, cache, t, n_heads, nope + rope, nope)?;
+        // Split each row of kv_a's output into the latent and the rotary key.
+        let kv = m.matmul(&hs.buf, kv_a, t)?;
+        let latent = m.scratch(t * kv_lora, "latent")?;
+        let k_rope = m.scratch(t * rope, "rotary key")?;
+        let row = kv_lora + rope;
+        for r in 0..t {
+            let src = (r * row * 4) as u64;
+            let lat = ((r * kv_lora * 4) as u64, (kv_lora * 4) as u64);
+            m.dev.copy(&kv, src, &latent, lat.0, lat.1)?;
+            let rot = ((r * rope * 4) as u64, (rope * 4) as u64);
+            m.dev.copy(&kv, src + lat.1, &k_rope, rot.0, rot.1)?;
+        }
+        let latent = m.rms_norm(&latent, kv_a_norm, t, kv_lora, eps)?;
+        m.rope(&k_rope, pos, cache, t, 1, rope, 0)?;
+        self.append(li, (&latent, kv_lora), (&k_rope, rope))?;
+        let out = m.scratch(t * n_heads * v_dim, "attention output")?;
+        m.dev.enqueue(&Op::MlaAttention {
+            q: &qb,
+            latent: &cache.k[li],
+            k_rope: &cache.v[li],
+            kv_b,
+            out: &out,
+            n_tokens: t as u32,
+            start_pos: cache.len as u32,
+            n_heads: n_heads as u32,
+            kv_lora: kv_lora as u32,
+            nope: nope as u32,
+            rope: rope as u32,
+            v_dim: v_dim as u32,
+            scale: m.scale,
+        })?;
+        Ok(Rows {
+            buf: m.matmul(&out, o, t)?,
+            n: t,
+        })
+    }
+
+    fn add(&mut self, x: &mut Rows, y: Rows) -> Result<()> {
+        self.m.add(&x.buf, &y.buf, x.n)
+    }
+
+    fn dense_mlp(&mut self, li: usize, hs: &Rows, x: &mut Rows) -> Result<()> {
+        let Ffn::Dense(mlp) = &self.m.layers[li].ffn else {
+            return Err(Self::mismatch(li, "feed-forward block"));
+        };
+        let y = self.m.mlp(&hs.buf, mlp, self.t)?;
+        self.m.add(&x.buf, &y, self.t)
+    }
+
+    fn moe(&mut self, li: usize, _: &MoeConfig, hs: &Rows, x: &mut Rows) -> Result<()> {
+        let Ffn::Moe(moe) = &self.m.layers[li].ffn else {
+            return Err(Self::mismatch(li, "feed-forward block"));
+        };
+        self.m.moe(&x.buf, &hs.buf, moe, self.t)
+    }
+
+    fn commit(&mut self) -> Result<()> {
+        self.cache.len += self.t;
+        Ok(())
+    }
+
+    fn wanted_rows(&mut self, x: Rows) -> Result<Vec<Rows>> {
+        let (t, h) = (self.t, self.m.config.hidden_size);
+        if !self.last || t == 1 {
+            return Ok(vec![x]);
+        }
+        let row = self.m.scratch(h, "last row")?;
+        let size = (h * 4) as u64;
+        self.m
+            .dev
+            .copy(&x.buf, (t - 1) as u64 * size, &row, 0, size)?;
+        Ok(vec![Rows { buf: row, n: 1 }])
+    }
+
+    fn lm_head(&mut self, x: &Rows) -> Result<Rows> {
+        let m = self.m;
+        let head = m.lm_head.as_ref().unwrap_or(&m.embed);
+        Ok(Rows {
+            buf: m.matmul(&x.buf, head, x.n)?,
+            n: x.n,
+        })
     }
 }

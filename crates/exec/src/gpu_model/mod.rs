@@ -1,7 +1,8 @@
 //! A whole model on one accelerator: [`GpuModel`] holds every weight on the device (dense
-//! weights as matrices, routed experts in [`ExpertSlots`]) and runs the same forward pass
-//! as `strata_model::Model`, kernel by kernel, with the KV cache on the device
-//! ([`GpuCache`]).
+//! weights as matrices, routed experts in [`ExpertSlots`]) and runs `strata_model`'s layer
+//! graph ([`LayerGraph`], driven by `strata_model::forward_pass` as the CPU's `Model` is),
+//! kernel by kernel, with the KV cache on the device ([`GpuCache`]). Its weights are held
+//! per layer in one variant per variant of the graph.
 //!
 //! Supported: every architecture of `strata_model` (Llama, Qwen2, Qwen2-MoE, Qwen3-MoE,
 //! Mixtral, GLM-4.5 with grouped-query attention; DeepSeek-V2/V3 with multi-head latent
@@ -20,11 +21,14 @@ use std::path::Path;
 use std::sync::Arc;
 
 use strata_accel::{Buffer, Device, ExpertSlots, TopKParams, WeightType};
-use strata_model::config::{AttentionConfig, FfnConfig, GroupScore, ModelConfig, Scoring};
+use strata_model::config::{
+    AttentionConfig, FfnConfig, GqaConfig, GroupScore, MlaConfig, ModelConfig, Scoring,
+};
 use strata_model::model::open;
 use strata_model::names::{self, AttentionNames, ExpertLayout, LayerNames};
 use strata_model::rope::Rope;
 use strata_model::source::Source;
+use strata_model::{Head, LayerGraph};
 
 use crate::weights::{converted_expert, stored_values, wtype_of};
 use crate::{Error, Result};
@@ -56,12 +60,15 @@ struct Moe {
     shared_gate: Option<Matrix>,
 }
 
+/// A layer's feed-forward weights, one variant per feed-forward block of the layer graph.
 #[derive(Debug)]
 enum Ffn {
     Dense(Box<Mlp>),
     Moe(Box<Moe>),
 }
 
+/// A layer's attention weights, one variant per attention kind of the layer graph (whose
+/// [`GqaConfig`] / [`MlaConfig`] give the shapes).
 #[derive(Debug)]
 enum Attn {
     Gqa {
@@ -83,41 +90,6 @@ enum Attn {
         o: Matrix,
     },
 }
-
-/// Attention shapes shared by all layers.
-#[derive(Debug, Clone, Copy)]
-enum Shape {
-    Gqa {
-        n_heads: usize,
-        n_kv_heads: usize,
-        head_dim: usize,
-        window: usize,
-    },
-    Mla {
-        n_heads: usize,
-        kv_lora: usize,
-        nope: usize,
-        rope: usize,
-        v_dim: usize,
-    },
-}
-
-impl Shape {
-    /// Widths of the two cache buffers per position.
-    fn cache_widths(self) -> (usize, usize) {
-        match self {
-            Shape::Gqa {
-                n_kv_heads,
-                head_dim,
-                ..
-            } => (n_kv_heads * head_dim, n_kv_heads * head_dim),
-            Shape::Mla { kv_lora, rope, .. } => (kv_lora, rope),
-        }
-    }
-}
-
-/// DeepSeek's `q_a_layernorm` and `kv_a_layernorm` use a fixed epsilon.
-const MLA_NORM_EPS: f32 = 1e-6;
 
 #[derive(Debug)]
 struct Layer {
@@ -160,12 +132,12 @@ pub struct GpuModel {
     dev: Arc<dyn Device>,
     /// Normalised configuration.
     pub config: ModelConfig,
+    graph: LayerGraph,
     embed: Matrix,
     layers: Vec<Layer>,
     norm: Buffer,
     lm_head: Option<Matrix>,
     rope: Rope,
-    shape: Shape,
     scale: f32,
     eps: f32,
 }
@@ -239,7 +211,7 @@ impl<'a> Loader<'a> {
 
     fn attention(&self, a: &AttentionNames, cfg: &AttentionConfig, h: usize) -> Result<Attn> {
         Ok(match *cfg {
-            AttentionConfig::Gqa {
+            AttentionConfig::Gqa(GqaConfig {
                 n_heads,
                 n_kv_heads,
                 head_dim,
@@ -247,7 +219,7 @@ impl<'a> Loader<'a> {
                 o_bias,
                 qk_norm,
                 ..
-            } => {
+            }) => {
                 let (q_w, kv_w) = (n_heads * head_dim, n_kv_heads * head_dim);
                 let norm = |name: String| -> Result<Option<Buffer>> {
                     if qk_norm {
@@ -265,7 +237,7 @@ impl<'a> Loader<'a> {
                     k_norm: norm(a.k_norm())?,
                 }
             }
-            AttentionConfig::Mla {
+            AttentionConfig::Mla(MlaConfig {
                 n_heads,
                 q_lora_rank,
                 kv_lora_rank,
@@ -273,7 +245,7 @@ impl<'a> Loader<'a> {
                 qk_rope_head_dim,
                 v_head_dim,
                 bias,
-            } => {
+            }) => {
                 let qk = qk_nope_head_dim + qk_rope_head_dim;
                 let (q_a, q) = match q_lora_rank {
                     Some(r) => (
@@ -413,34 +385,7 @@ impl GpuModel {
         config: ModelConfig,
         src: &Source,
     ) -> Result<GpuModel> {
-        let shape = match config.attention {
-            AttentionConfig::Gqa {
-                n_heads,
-                n_kv_heads,
-                head_dim,
-                sliding_window,
-                ..
-            } => Shape::Gqa {
-                n_heads,
-                n_kv_heads,
-                head_dim,
-                window: sliding_window.unwrap_or(0),
-            },
-            AttentionConfig::Mla {
-                n_heads,
-                kv_lora_rank,
-                qk_nope_head_dim,
-                qk_rope_head_dim,
-                v_head_dim,
-                ..
-            } => Shape::Mla {
-                n_heads,
-                kv_lora: kv_lora_rank,
-                nope: qk_nope_head_dim,
-                rope: qk_rope_head_dim,
-                v_dim: v_head_dim,
-            },
-        };
+        let graph = LayerGraph::new(&config, src);
         let scale = config.attention_scale();
         let ld = Loader {
             dev: &*dev,
@@ -450,10 +395,10 @@ impl GpuModel {
         let h = config.hidden_size;
         let v = config.vocab_size;
         let embed = ld.matrix(names::EMBED, v, h, false, false)?;
-        let mut layers = Vec::with_capacity(config.n_layers());
-        for (i, ffn_cfg) in config.layers.iter().enumerate() {
+        let mut layers = Vec::with_capacity(graph.layers().len());
+        for (i, node) in graph.layers().iter().enumerate() {
             let ln = LayerNames::new(i);
-            let ffn = match ffn_cfg {
+            let ffn = match &node.ffn {
                 FfnConfig::Dense(inter) => {
                     Ffn::Dense(Box::new(ld.mlp(&ln.dense_mlp(), h, *inter)?))
                 }
@@ -498,23 +443,21 @@ impl GpuModel {
             };
             layers.push(Layer {
                 attn_norm: ld.vector(&ln.attn_norm(), h)?,
-                attn: ld.attention(&ln.attention(), &config.attention, h)?,
+                attn: ld.attention(&ln.attention(), &node.attention, h)?,
                 ffn_norm: ld.vector(&ln.ffn_norm(), h)?,
                 ffn,
             });
         }
         let norm = ld.vector(names::FINAL_NORM, h)?;
-        let lm_head =
-            if config.tie_word_embeddings && !src.has(&format!("{}.weight", names::LM_HEAD)) {
-                None
-            } else {
-                Some(ld.matrix(names::LM_HEAD, v, h, false, false)?)
-            };
+        let lm_head = match graph.head() {
+            Head::Tied => None,
+            Head::Own => Some(ld.matrix(names::LM_HEAD, v, h, false, false)?),
+        };
         dev.synchronize()?;
         Ok(GpuModel {
             rope: Rope::new(&config.rope),
             eps: config.rms_norm_eps,
-            shape,
+            graph,
             scale,
             config,
             embed,
@@ -532,10 +475,10 @@ impl GpuModel {
 
     /// An empty cache for up to `capacity` positions.
     pub fn new_cache(&self, capacity: usize) -> Result<GpuCache> {
-        let (wa, wb) = self.shape.cache_widths();
         let mut k = Vec::with_capacity(self.layers.len());
         let mut v = Vec::with_capacity(self.layers.len());
-        for _ in &self.layers {
+        for layer in self.graph.layers() {
+            let (wa, wb) = layer.attention.cache_widths();
             k.push(
                 self.dev
                     .alloc((capacity.max(1) * wa * 4) as u64, 0, "key cache")?,

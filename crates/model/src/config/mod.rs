@@ -150,81 +150,104 @@ pub struct RopeConfig {
     pub scaling: RopeScaling,
 }
 
-/// Self-attention variants.
+/// Self-attention variants. Each variant's settings are their own type, so that the layer
+/// graph ([`crate::LayerGraph`]) hands a backend exactly the settings of the variant it runs.
+/// (The JSON form is that of struct variants: `{"Gqa": {"n_heads": ..}}`.)
 #[derive(Debug, Clone, PartialEq, serde::Serialize, Deserialize)]
 pub enum AttentionConfig {
     /// Grouped-query attention (MHA and MQA are special cases).
-    Gqa {
-        /// Query heads.
-        n_heads: usize,
-        /// Key/value heads.
-        n_kv_heads: usize,
-        /// Dimension of each head.
-        head_dim: usize,
-        /// Bias on q, k, v projections.
-        qkv_bias: bool,
-        /// Bias on the output projection.
-        o_bias: bool,
-        /// RMSNorm over each head of q and k before rotary (Qwen3, GLM-4.5 `use_qk_norm`).
-        qk_norm: bool,
-        /// Attend only to the last `w` positions.
-        sliding_window: Option<usize>,
-    },
+    Gqa(GqaConfig),
     /// Multi-head latent attention (DeepSeek-V2/V3).
-    Mla {
-        /// Query heads.
-        n_heads: usize,
-        /// Rank of the query compression, if queries are compressed.
-        q_lora_rank: Option<usize>,
-        /// Rank of the key/value compression.
-        kv_lora_rank: usize,
-        /// Per-head query/key dimensions without rotary.
-        qk_nope_head_dim: usize,
-        /// Per-head query/key dimensions with rotary (the key part is shared by all heads).
-        qk_rope_head_dim: usize,
-        /// Per-head value dimension.
-        v_head_dim: usize,
-        /// Bias on `kv_a_proj_with_mqa`, `q_a_proj`/`q_proj`? (`attention_bias`).
-        bias: bool,
-    },
+    Mla(MlaConfig),
+}
+
+/// Grouped-query attention.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, Deserialize)]
+pub struct GqaConfig {
+    /// Query heads.
+    pub n_heads: usize,
+    /// Key/value heads.
+    pub n_kv_heads: usize,
+    /// Dimension of each head.
+    pub head_dim: usize,
+    /// Bias on q, k, v projections.
+    pub qkv_bias: bool,
+    /// Bias on the output projection.
+    pub o_bias: bool,
+    /// RMSNorm over each head of q and k before rotary (Qwen3, GLM-4.5 `use_qk_norm`).
+    pub qk_norm: bool,
+    /// Attend only to the last `w` positions.
+    pub sliding_window: Option<usize>,
+}
+
+/// Multi-head latent attention.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, Deserialize)]
+pub struct MlaConfig {
+    /// Query heads.
+    pub n_heads: usize,
+    /// Rank of the query compression, if queries are compressed.
+    pub q_lora_rank: Option<usize>,
+    /// Rank of the key/value compression.
+    pub kv_lora_rank: usize,
+    /// Per-head query/key dimensions without rotary.
+    pub qk_nope_head_dim: usize,
+    /// Per-head query/key dimensions with rotary (the key part is shared by all heads).
+    pub qk_rope_head_dim: usize,
+    /// Per-head value dimension.
+    pub v_head_dim: usize,
+    /// Bias on `kv_a_proj_with_mqa`, `q_a_proj`/`q_proj`? (`attention_bias`).
+    pub bias: bool,
+}
+
+impl GqaConfig {
+    /// Width of one position's keys (and of its values): every KV head's.
+    pub fn kv_width(&self) -> usize {
+        self.n_kv_heads * self.head_dim
+    }
+}
+
+impl MlaConfig {
+    /// DeepSeek's `q_a_layernorm` and `kv_a_layernorm` use a fixed epsilon, not
+    /// `rms_norm_eps`.
+    pub const NORM_EPS: f32 = 1e-6;
+
+    /// Length of one head's query-key dot product: non-rotary plus rotary dimensions.
+    pub fn qk_head_dim(&self) -> usize {
+        self.qk_nope_head_dim + self.qk_rope_head_dim
+    }
 }
 
 impl AttentionConfig {
     /// Number of query heads.
     pub fn n_heads(&self) -> usize {
         match self {
-            AttentionConfig::Gqa { n_heads, .. } | AttentionConfig::Mla { n_heads, .. } => *n_heads,
+            AttentionConfig::Gqa(c) => c.n_heads,
+            AttentionConfig::Mla(c) => c.n_heads,
         }
     }
 
     /// Length of the query-key dot product of one head: `head_dim` for GQA, the non-rotary
     /// plus the rotary dimensions for MLA.
     pub fn qk_head_dim(&self) -> usize {
-        match *self {
-            AttentionConfig::Gqa { head_dim, .. } => head_dim,
-            AttentionConfig::Mla {
-                qk_nope_head_dim,
-                qk_rope_head_dim,
-                ..
-            } => qk_nope_head_dim + qk_rope_head_dim,
+        match self {
+            AttentionConfig::Gqa(c) => c.head_dim,
+            AttentionConfig::Mla(c) => c.qk_head_dim(),
         }
     }
 
-    /// Values one layer's KV cache holds per position: a key and a value for every KV head
-    /// (GQA), or the compressed latent and the rotary key all heads share (MLA).
-    pub fn kv_elems(&self) -> usize {
-        match *self {
-            AttentionConfig::Gqa {
-                n_kv_heads,
-                head_dim,
-                ..
-            } => 2 * n_kv_heads * head_dim,
-            AttentionConfig::Mla {
-                kv_lora_rank,
-                qk_rope_head_dim,
-                ..
-            } => kv_lora_rank + qk_rope_head_dim,
+    /// Widths of one layer's two cache buffers per position: (keys, values) for GQA,
+    /// (compressed latent, the rotary key all heads share) for MLA.
+    pub fn cache_widths(&self) -> (usize, usize) {
+        match self {
+            AttentionConfig::Gqa(c) => (c.kv_width(), c.kv_width()),
+            AttentionConfig::Mla(c) => (c.kv_lora_rank, c.qk_rope_head_dim),
         }
+    }
+
+    /// Values one layer's KV cache holds per position (both [`Self::cache_widths`]).
+    pub fn kv_elems(&self) -> usize {
+        let (a, b) = self.cache_widths();
+        a + b
     }
 }
 
@@ -358,9 +381,9 @@ impl ModelConfig {
     /// (DeepSeek's `mscale_all_dim`).
     pub fn attention_scale(&self) -> f32 {
         match self.attention {
-            AttentionConfig::Gqa { head_dim, .. } => 1.0 / (head_dim as f32).sqrt(),
-            AttentionConfig::Mla { .. } => {
-                let base = 1.0 / (self.attention.qk_head_dim() as f64).sqrt();
+            AttentionConfig::Gqa(c) => 1.0 / (c.head_dim as f32).sqrt(),
+            AttentionConfig::Mla(c) => {
+                let base = 1.0 / (c.qk_head_dim() as f64).sqrt();
                 let m = match self.rope.scaling {
                     RopeScaling::Yarn {
                         factor,

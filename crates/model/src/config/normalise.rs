@@ -8,7 +8,10 @@ use serde_json::Value;
 
 use super::ffn::ffn_config;
 use super::raw::token_ids;
-use super::{Arch, AttentionConfig, ModelConfig, RawConfig, RopeConfig, RopeScaling, RopeStyle};
+use super::{
+    Arch, AttentionConfig, GqaConfig, MlaConfig, ModelConfig, RawConfig, RopeConfig, RopeScaling,
+    RopeStyle,
+};
 use crate::{Error, Result};
 
 /// Where errors point: the config file being normalised.
@@ -152,7 +155,7 @@ fn attention_config(
         raw.head_dim.unwrap_or(hidden / n_heads)
     };
     let attention = if is_mla {
-        AttentionConfig::Mla {
+        AttentionConfig::Mla(MlaConfig {
             n_heads,
             q_lora_rank: raw.q_lora_rank,
             kv_lora_rank: cx.need(raw.kv_lora_rank, "kv_lora_rank")?,
@@ -160,7 +163,7 @@ fn attention_config(
             qk_rope_head_dim: head_dim,
             v_head_dim: cx.need(raw.v_head_dim, "v_head_dim")?,
             bias: raw.attention_bias.unwrap_or(false),
-        }
+        })
     } else {
         let qkv_bias = match arch {
             Arch::Qwen2 | Arch::Qwen2Moe => true,
@@ -185,7 +188,7 @@ fn attention_config(
             }
             _ => None,
         };
-        AttentionConfig::Gqa {
+        AttentionConfig::Gqa(GqaConfig {
             n_heads,
             n_kv_heads,
             head_dim,
@@ -193,7 +196,7 @@ fn attention_config(
             o_bias,
             qk_norm,
             sliding_window: sliding_window.map(|w| w as usize),
-        }
+        })
     };
     Ok((attention, head_dim))
 }

@@ -19,7 +19,7 @@ fn mla_engine() -> Arc<Engine> {
     assert!(
         matches!(
             model.config.attention,
-            strata_model::config::AttentionConfig::Mla { .. }
+            strata_model::config::AttentionConfig::Mla(_)
         ),
         "the fixture must have MLA attention"
     );
