@@ -126,7 +126,9 @@ pub(super) unsafe fn q4_0_n<const N: usize>(row: &[u8], xt: &Tokens<N>, out: &mu
 }
 
 /// `N` tokens' products with one block of 32 unsigned weights `w` (at most 31) scaled by
-/// `d` (the blocks' min terms are [`min_terms`]). Inlined as [`signed_block`] is.
+/// `d`; for one or two tokens, whose blocks run in order, the block's min `m` times each
+/// token's activation sum is added to `mins` here (more tokens: [`min_terms`]). Inlined as
+/// [`signed_block`] is.
 ///
 /// # Safety
 /// The CPU has AVX2 and FMA; block `b` of 32 lies within the rows of `xt`.
@@ -134,9 +136,11 @@ pub(super) unsafe fn q4_0_n<const N: usize>(row: &[u8], xt: &Tokens<N>, out: &mu
 unsafe fn unsigned_block<const N: usize>(
     w: __m256i,
     d: f32,
+    m: f32,
     xt: &Tokens<N>,
     b: usize,
     acc: &mut [__m256; N],
+    mins: &mut [f32; N],
 ) {
     // SAFETY: the caller guarantees the CPU features and that block `b` lies within the
     // rows (values, one scale per 32 and one sum per 16).
@@ -147,12 +151,18 @@ unsafe fn unsigned_block<const N: usize>(
             let p = _mm256_madd_epi16(_mm256_maddubs_epi16(w, xv), ones);
             let scale = _mm256_set1_ps(d * *xt.s[j].get_unchecked(b));
             acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), scale, acc[j]);
+            if N <= 2 {
+                let sums = xt.sums[j].get_unchecked(2 * b..2 * b + 2);
+                mins[j] += m * (sums[0] + sums[1]);
+            }
         }
     }
 }
 
 /// `Σ_b m_b · Σ x_b` per token, over the blocks of `row` (`size` bytes each, the f16 min at
-/// byte 2) in order: apart from [`two_chains!`], whose block order depends on `N`.
+/// byte 2) in order, as [`unsigned_block`] adds them for one or two tokens: three or more
+/// run the even blocks before the odd ones ([`two_chains!`]). A pass of its own costs a
+/// decode row about a tenth of its time, so one or two tokens add them inline.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn min_terms<const N: usize>(row: &[u8], size: usize, xt: &Tokens<N>) -> [f32; N] {
@@ -184,15 +194,18 @@ unsafe fn load16(p: *const u8) -> __m128i {
 /// As [`q8_0_n`].
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn q4_1_n<const N: usize>(row: &[u8], xt: &Tokens<N>, out: &mut [f32; N]) {
+    let mut mins = [0.0f32; N];
     let acc = two_chains!(N, row, 20, |x, b, acc| {
         // SAFETY: bytes 4..20 of the 20-byte block; block `b` and the rows exist
         // (caller).
         unsafe {
             let w = nibbles(load16(x.as_ptr().add(4)));
-            unsigned_block(w, f16_at(x, 0), xt, b, acc)
+            unsigned_block(w, f16_at(x, 0), f16_at(x, 2), xt, b, acc, &mut mins)
         }
     });
-    let mins = min_terms(row, 20, xt);
+    if N > 2 {
+        mins = min_terms(row, 20, xt);
+    }
     for j in 0..N {
         out[j] = hsum(acc[j]) + mins[j];
     }
@@ -226,16 +239,19 @@ pub(super) unsafe fn q5_0_n<const N: usize>(row: &[u8], xt: &Tokens<N>, out: &mu
 /// As [`q8_0_n`].
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn q5_1_n<const N: usize>(row: &[u8], xt: &Tokens<N>, out: &mut [f32; N]) {
+    let mut mins = [0.0f32; N];
     let acc = two_chains!(N, row, 24, |x, b, acc| {
         let qh = u32::from_le_bytes([x[4], x[5], x[6], x[7]]);
         // SAFETY: bytes 8..24 of the 24-byte block; block `b` and the rows exist
         // (caller).
         unsafe {
             let w = _mm256_or_si256(nibbles(load16(x.as_ptr().add(8))), bit4_of_each(qh));
-            unsigned_block(w, f16_at(x, 0), xt, b, acc)
+            unsigned_block(w, f16_at(x, 0), f16_at(x, 2), xt, b, acc, &mut mins)
         }
     });
-    let mins = min_terms(row, 24, xt);
+    if N > 2 {
+        mins = min_terms(row, 24, xt);
+    }
     for j in 0..N {
         out[j] = hsum(acc[j]) + mins[j];
     }
