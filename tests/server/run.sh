@@ -43,28 +43,33 @@ cleanup() {
     if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then kill -KILL "$pid" 2>/dev/null || true; fi
 }
 trap cleanup EXIT
+status=0
+# Sends SIGTERM, which drains and exits 0; sets status to 1 if it did not, and keeps the
+# log of a failed run.
+stop_server() {
+    kill -TERM "$pid" 2>/dev/null || true
+    local serve_status=0
+    wait "$pid" || serve_status=$?
+    if [ "$serve_status" -ne 0 ]; then
+        echo "strata serve exited with status $serve_status after SIGTERM; log:" >&2
+        tail -n 50 "$log" >&2
+        status=1
+    fi
+    if [ "$status" -ne 0 ]; then
+        echo "server log: $log" >&2
+    else
+        rm -f "$log"
+    fi
+}
 
 start_server --max-batch 16 --max-queue 64 --ctx-size 512
-status=0
 STRATA_URL="http://127.0.0.1:$port" STRATA_PID="$pid" STRATA_MODEL="strata-tiny-moe" \
     "$venv/bin/python" -m pytest -q -p no:cacheprovider "$root/tests/server" || status=$?
 
 # SIGTERM drains and exits 0: drain_check.py sends it while a stream is in flight.
 STRATA_URL="http://127.0.0.1:$port" STRATA_PID="$pid" STRATA_MODEL="strata-tiny-moe" \
     "$venv/bin/python" "$root/tests/server/drain_check.py" || status=$?
-kill -TERM "$pid" 2>/dev/null || true
-serve_status=0
-wait "$pid" || serve_status=$?
-if [ "$serve_status" -ne 0 ]; then
-    echo "strata serve exited with status $serve_status after SIGTERM; log:" >&2
-    tail -n 50 "$log" >&2
-    status=1
-fi
-if [ "$status" -ne 0 ]; then
-    echo "server log: $log" >&2
-else
-    rm -f "$log"
-fi
+stop_server
 
 # The prefix cache under load with the 2,000-token system prompt of issue 13: the tiny
 # model's context is 1,024, so a second server runs SmolLM2-135M's GGUF (fetched by
@@ -89,11 +94,5 @@ STRATA_URL="http://127.0.0.1:$port" STRATA_MODEL="smollm2-135m-instruct-q4_1" \
     STRATA_TOOL_FAMILIES="model,deepseek_v3,glm45" \
     "$venv/bin/python" -m pytest -q -p no:cacheprovider -k round_trip \
     "$root/tests/server/test_tool_calls.py" || status=$?
-kill -TERM "$pid" 2>/dev/null || true
-wait "$pid" || status=$?
-if [ "$status" -ne 0 ]; then
-    echo "server log: $log" >&2
-else
-    rm -f "$log"
-fi
+stop_server
 exit "$status"
