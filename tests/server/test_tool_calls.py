@@ -183,6 +183,14 @@ def test_tool_choice_none_and_auto_answer_in_text(client, model):
     assert finish in ("stop", "length", "tool_calls")
 
 
+def test_auto_with_a_schema_the_grammar_cannot_enforce_still_answers(client, model):
+    """Under `auto` the call grammar is lazy and optional: a tool it cannot enforce leaves
+    the request unconstrained (a warning in the log), not refused as under `required`."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"not": {}}}}}}]
+    r = client.chat.completions.create(model=model, messages=QUESTION, tools=tools, tool_choice="auto", max_tokens=8, temperature=0)
+    assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
 FN = {"name": "f", "parameters": {"type": "object"}}
 MALFORMED = [
     (dict(tools={"type": "function"}), "tools"),

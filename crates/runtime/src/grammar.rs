@@ -147,6 +147,7 @@ impl GrammarCompiler {
         }
         Ok(Grammar {
             matcher: matcher.into_cancellable(),
+            triggers: Vec::new(),
         })
     }
 }
@@ -254,22 +255,54 @@ fn byte_token(name: &str) -> Option<u8> {
 }
 
 /// A compiled grammar, not yet running; clone it for each sequence it constrains.
+///
+/// A grammar made [lazy](Grammar::lazy) leaves the output free until one of its trigger
+/// texts appears in it, and constrains what follows from the trigger on (llama.cpp's lazy
+/// grammars): `tool_choice: "auto"` lets the model answer in text or call a tool, and a
+/// call, once begun, is valid.
 #[derive(Clone)]
 pub struct Grammar {
     matcher: Matcher,
+    /// Empty: the grammar constrains from the first token.
+    triggers: Vec<String>,
 }
 
 impl std::fmt::Debug for Grammar {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Grammar").finish_non_exhaustive()
+        f.debug_struct("Grammar")
+            .field("triggers", &self.triggers)
+            .finish_non_exhaustive()
     }
 }
 
 impl Grammar {
+    /// This grammar, started only where one of `triggers` appears in the output: every
+    /// sentence of the grammar must begin with the trigger that starts it.
+    pub fn lazy(mut self, triggers: Vec<String>) -> Grammar {
+        self.triggers = triggers;
+        self
+    }
+
+    /// The texts that start a lazy grammar (empty for one that constrains from the start).
+    pub fn triggers(&self) -> &[String] {
+        &self.triggers
+    }
+
     /// Whether `tokens` are a complete sentence of the grammar.
     #[cfg(test)]
     pub(crate) fn accepts(mut self, tokens: &[u32]) -> bool {
         self.matcher.consume_tokens(tokens).is_ok() && self.matcher.is_accepting().unwrap_or(false)
+    }
+
+    /// Starts a lazy grammar at its trigger: `tokens` spell the output from the trigger on,
+    /// which the grammar consumes before its first mask. An error means the output does
+    /// not continue as the grammar's sentences do (the model wrote something else after the
+    /// trigger in the same token).
+    pub fn start_after(mut self, tokens: &[u32]) -> Result<Constraint, GrammarError> {
+        self.matcher
+            .consume_tokens(tokens)
+            .map_err(|e| GrammarError::Engine(e.to_string()))?;
+        self.start()
     }
 
     /// Starts the helper thread, which begins with the first token's mask at once (while

@@ -11,7 +11,8 @@
 //! A sequence may carry a [`Constraint`] (structured outputs, see [`crate::grammar`]): the
 //! logits are masked by it before sampling, it advances with each sampled token, and the
 //! sequence ends (`Stop`) as soon as the grammar is complete, without waiting for the model
-//! to choose end-of-sequence.
+//! to choose end-of-sequence. A [lazy](Grammar::lazy) grammar waits until the output holds
+//! one of its triggers (a tool call's opening marker), then constrains from the trigger on.
 //!
 //! A key design decision made here is how tokens are counted, as OpenAI's API reports
 //! `usage.completion_tokens` (and as the server always has): every sampled token counts,
@@ -103,6 +104,7 @@ pub struct StepOutcome {
 #[derive(Debug)]
 pub struct SequenceState<'t> {
     sampler: Sampler,
+    tokenizer: &'t Tokenizer,
     decoder: StreamDecoder<'t>,
     /// Prompt then generated ids: what the penalties look at.
     history: Vec<u32>,
@@ -112,6 +114,8 @@ pub struct SequenceState<'t> {
     top_logprobs: Option<usize>,
     finish: Option<FinishReason>,
     grammar: Option<Constraint>,
+    /// A lazy grammar before its trigger.
+    waiting: Option<Grammar>,
 }
 
 impl<'t> SequenceState<'t> {
@@ -131,6 +135,7 @@ impl<'t> SequenceState<'t> {
         history.extend_from_slice(prompt);
         Ok(SequenceState {
             sampler,
+            tokenizer,
             decoder,
             history,
             prompt_len: prompt.len(),
@@ -139,12 +144,68 @@ impl<'t> SequenceState<'t> {
             top_logprobs: opts.top_logprobs,
             finish: None,
             grammar: None,
+            waiting: None,
         })
     }
 
-    /// Constrains every later token to `grammar`; starts computing its first mask now.
+    /// Constrains every later token to `grammar`, starting to compute its first mask now;
+    /// a lazy grammar waits for its trigger in the output.
     pub fn constrain(&mut self, grammar: Grammar) -> Result<(), GrammarError> {
-        self.grammar = Some(grammar.start()?);
+        if grammar.triggers().is_empty() {
+            self.grammar = Some(grammar.start()?);
+        } else {
+            self.waiting = Some(grammar);
+        }
+        Ok(())
+    }
+
+    /// Starts the waiting lazy grammar if the output now holds one of its triggers, fed
+    /// the output from the trigger on: the generated ids themselves where the trigger
+    /// begins a token, else the text from the trigger re-encoded.
+    fn start_at_trigger(&mut self) -> Result<(), TextError> {
+        let Some(waiting) = &self.waiting else {
+            return Ok(());
+        };
+        // A trigger spelled byte by byte takes as many tokens as it has bytes; one more
+        // for a token that begins before it.
+        let longest = waiting
+            .triggers()
+            .iter()
+            .map(String::len)
+            .max()
+            .unwrap_or(0);
+        let generated = self.generated();
+        let window = &generated[generated.len().saturating_sub(longest + 1)..];
+        let text = self.tokenizer.decode(window, false)?;
+        let found = |text: &str| {
+            waiting
+                .triggers()
+                .iter()
+                .filter_map(|t| text.find(t.as_str()))
+                .min()
+        };
+        if found(&text).is_none() {
+            return Ok(());
+        }
+        // The token the trigger begins in: the shortest tail of the window that holds it.
+        for start in (0..window.len()).rev() {
+            let tail = self.tokenizer.decode(&window[start..], false)?;
+            let Some(pos) = found(&tail) else {
+                continue;
+            };
+            let ids = if pos == 0 {
+                window[start..].to_vec()
+            } else {
+                self.tokenizer.encode(&tail[pos..], false)?
+            };
+            if let Some(grammar) = self.waiting.take() {
+                // Output that goes on otherwise than the grammar allows stays free text,
+                // as it would be without a grammar: a lazy grammar only narrows a call the
+                // model has begun as the grammar's sentences begin.
+                self.grammar = grammar.start_after(&ids).ok();
+            }
+            break;
+        }
         Ok(())
     }
 
@@ -173,6 +234,7 @@ impl<'t> SequenceState<'t> {
                     complete = g.commit(token.id)?;
                 }
                 self.history.push(token.id);
+                self.start_at_trigger()?;
                 Some(token)
             }
         };

@@ -316,15 +316,21 @@ pub(crate) fn render(
     Ok((ids, format))
 }
 
-/// The grammar of `required` and named choices (`None` for the others).
+/// The grammar of the tool calls the choice allows: from the first token for `required`
+/// and a named function; for `auto`, a lazy one that starts at the format's opening marker,
+/// so the model may answer in text, and a call it begins is valid (`None` for `none`).
+///
+/// Under `auto`, a tool whose parameters the grammar engine cannot enforce is not a 400,
+/// as it is when a call is forced: the request runs without the lazy grammar, with a
+/// warning in the log.
 pub(crate) async fn grammar(
     st: &Arc<AppState>,
     tools: &ToolRequest,
     format: ToolFormat,
 ) -> Result<Option<Grammar>, ApiError> {
     let chosen: Vec<ToolSpec> = match tools.choice {
-        Choice::None | Choice::Auto => return Ok(None),
-        Choice::Required => tools.specs.clone(),
+        Choice::None => return Ok(None),
+        Choice::Auto | Choice::Required => tools.specs.clone(),
         Choice::Named(i) => vec![tools.specs[i].clone()],
     };
     let engine = Arc::clone(&st.engine);
@@ -350,6 +356,15 @@ pub(crate) async fn grammar(
         tracing::error!("tool grammar task failed: {e}");
         ApiError::internal()
     })?;
+    if tools.choice == Choice::Auto {
+        return Ok(match result {
+            Ok(g) => Some(g.lazy(vec![format.call_trigger().to_string()])),
+            Err((_, m)) => {
+                tracing::warn!("tool_choice auto runs without a call grammar: {m}");
+                None
+            }
+        });
+    }
     result.map(Some).map_err(|(i, m)| {
         let param = match (i, tools.choice) {
             (Some(i), Choice::Named(n)) => format!("tools[{}].function.parameters", n + i),

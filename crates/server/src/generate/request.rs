@@ -257,9 +257,13 @@ pub(super) async fn chat_job(st: &Arc<AppState>, body: &[u8]) -> Result<Job, Api
         };
         ApiError::invalid(format!("the messages cannot be formatted: {e}")).param(param)
     })?;
-    let grammar = match tools::grammar(st, &tool_req, format).await? {
-        Some(g) => Some(g),
-        None => format_grammar,
+    // A response format constrains the whole output, which leaves `auto` no room for a
+    // lazy call grammar.
+    let grammar = match format_grammar {
+        Some(g) if tool_req.choice == Choice::Auto => Some(g),
+        _ => tools::grammar(st, &tool_req, format)
+            .await?
+            .or(format_grammar),
     };
     let ctx = st.scheduler.config().ctx_size;
     let limit = req.max_completion_tokens.or(common_fields.max_tokens);

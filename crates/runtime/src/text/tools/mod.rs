@@ -120,6 +120,17 @@ impl ToolFormat {
         }
     }
 
+    /// The text every sentence of the format's call grammar ([`tool_grammar`]) begins
+    /// with: where the lazy grammar of `tool_choice: "auto"` starts constraining.
+    pub fn call_trigger(self) -> &'static str {
+        match self {
+            ToolFormat::Hermes | ToolFormat::Generic | ToolFormat::Glm45 => TOOL_OPEN,
+            ToolFormat::DeepSeekV3 => DS_CALLS_BEGIN,
+            ToolFormat::Mistral => "[TOOL_CALLS]",
+            ToolFormat::Llama3 => "{\"name\"",
+        }
+    }
+
     /// Lower-case name, for logs and errors.
     pub fn name(self) -> &'static str {
         match self {
