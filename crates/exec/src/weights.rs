@@ -14,6 +14,7 @@ use strata_accel::{ExpertSlots, WeightType};
 use strata_model::config::{FfnConfig, ModelConfig};
 use strata_model::names::{ExpertLayout, LayerNames};
 use strata_model::source::{Source, Tensor};
+use strata_model::tensors::{MlpTensors, StackedExperts};
 
 use crate::{Error, Result};
 
@@ -189,19 +190,19 @@ impl HostExperts {
         let mut all = Vec::with_capacity(slots.slot_elems() as usize);
         match layout {
             ExpertLayout::Stacked { gate_up, down } => {
-                let gu = self.src.tensor_fp8(gate_up, self.fp8_block)?;
-                gu.expect_shape(&[self.n_experts, 2 * i, h])?;
-                let down = self.src.tensor_fp8(down, self.fp8_block)?;
-                down.expect_shape(&[self.n_experts, h, i])?;
+                let s = StackedExperts::new(gate_up, down, self.n_experts, h, i);
+                let gu = self.src.tensor_fp8(&s.gate_up.name, self.fp8_block)?;
+                gu.expect_shape(&s.gate_up.shape)?;
+                let down = self.src.tensor_fp8(&s.down.name, self.fp8_block)?;
+                down.expect_shape(&s.down.shape)?;
                 all.extend(gu.rows_f32(e * 2 * i, 2 * i)?);
                 all.extend(down.rows_f32(e * h, h)?);
             }
             ExpertLayout::PerExpert { prefix, names } => {
-                for (name, shape) in names.iter().zip([[i, h], [i, h], [h, i]]) {
-                    let t = self
-                        .src
-                        .tensor_fp8(&format!("{prefix}.{e}.{name}.weight"), self.fp8_block)?;
-                    t.expect_shape(&shape)?;
+                let x = MlpTensors::expert(prefix, *names, e, h, i);
+                for m in [&x.gate, &x.up, &x.down] {
+                    let t = self.src.tensor_fp8(&m.weight(), self.fp8_block)?;
+                    t.expect_shape(&m.shape())?;
                     all.extend(t.to_f32()?);
                 }
             }

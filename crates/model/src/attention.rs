@@ -16,6 +16,7 @@ use crate::linear::{Linear, Loader};
 use crate::names::AttentionNames;
 use crate::ops::{parallel_map, rms_norm, softmax};
 use crate::rope::Rope;
+use crate::tensors::{AttentionTensors, MatrixSpec, TensorSpec};
 use strata_kernels::vector::{axpy_rows, dot, dot_rows};
 
 /// Where each sequence of a batch sits in the flattened rows.
@@ -87,68 +88,28 @@ impl Attention {
         cfg: &AttentionConfig,
         hidden: usize,
     ) -> Result<Attention> {
-        Ok(match *cfg {
-            AttentionConfig::Gqa(GqaConfig {
-                n_heads,
-                n_kv_heads,
-                head_dim,
-                qkv_bias,
-                o_bias,
-                qk_norm,
-                ..
-            }) => Attention::Gqa(Gqa {
-                q: ld.projection(&n.q(), n_heads * head_dim, hidden, qkv_bias)?,
-                k: ld.projection(&n.k(), n_kv_heads * head_dim, hidden, qkv_bias)?,
-                v: ld.projection(&n.v(), n_kv_heads * head_dim, hidden, qkv_bias)?,
-                o: ld.projection(&n.o(), hidden, n_heads * head_dim, o_bias)?,
-                q_norm: if qk_norm {
-                    Some(ld.f32(&n.q_norm(), &[head_dim])?)
-                } else {
-                    None
-                },
-                k_norm: if qk_norm {
-                    Some(ld.f32(&n.k_norm(), &[head_dim])?)
-                } else {
-                    None
-                },
+        let proj = |m: &MatrixSpec| ld.projection(&m.name, m.rows, m.cols, m.bias);
+        let vector = |t: &TensorSpec| ld.f32(&t.name, &t.shape);
+        Ok(match AttentionTensors::new(n, cfg, hidden) {
+            AttentionTensors::Gqa(t) => Attention::Gqa(Gqa {
+                q: proj(&t.q)?,
+                k: proj(&t.k)?,
+                v: proj(&t.v)?,
+                o: proj(&t.o)?,
+                q_norm: t.q_norm.as_ref().map(vector).transpose()?,
+                k_norm: t.k_norm.as_ref().map(vector).transpose()?,
             }),
-            AttentionConfig::Mla(MlaConfig {
-                n_heads,
-                q_lora_rank,
-                kv_lora_rank,
-                qk_nope_head_dim,
-                qk_rope_head_dim,
-                v_head_dim,
-                bias,
-            }) => {
-                let qk = qk_nope_head_dim + qk_rope_head_dim;
-                let (q_a, q) = match q_lora_rank {
-                    Some(r) => (
-                        Some((
-                            ld.projection(&n.q_a(), r, hidden, bias)?,
-                            ld.f32(&n.q_a_norm(), &[r])?,
-                        )),
-                        ld.projection(&n.q_b(), n_heads * qk, r, false)?,
-                    ),
-                    None => (None, ld.projection(&n.q(), n_heads * qk, hidden, false)?),
-                };
-                Attention::Mla(Mla {
-                    q_a,
-                    q,
-                    kv_a: ld.projection(
-                        &n.kv_a(),
-                        kv_lora_rank + qk_rope_head_dim,
-                        hidden,
-                        bias,
-                    )?,
-                    kv_a_norm: ld.f32(&n.kv_a_norm(), &[kv_lora_rank])?,
-                    kv_b: ld.f32(
-                        &format!("{}.weight", n.kv_b()),
-                        &[n_heads * (qk_nope_head_dim + v_head_dim), kv_lora_rank],
-                    )?,
-                    o: ld.projection(&n.o(), hidden, n_heads * v_head_dim, bias)?,
-                })
-            }
+            AttentionTensors::Mla(t) => Attention::Mla(Mla {
+                q_a: match &t.q_a {
+                    Some((q_a, norm)) => Some((proj(q_a)?, vector(norm)?)),
+                    None => None,
+                },
+                q: proj(&t.q)?,
+                kv_a: proj(&t.kv_a)?,
+                kv_a_norm: vector(&t.kv_a_norm)?,
+                kv_b: vector(&t.kv_b)?,
+                o: proj(&t.o)?,
+            }),
         })
     }
 

@@ -8,9 +8,9 @@ use strata_kernels::{Expert, MoeExperts, PackedFormat, dense_mlp, fused_moe};
 
 use crate::Result;
 use crate::linear::{Built, Linear, Loader, Weight};
-use crate::names;
 use crate::ops::silu_mul;
 use crate::routing::Routing;
+use crate::tensors::{MatrixSpec, MlpTensors};
 
 /// `down(silu(gate(x)) * up(x))`.
 #[derive(Debug)]
@@ -24,28 +24,23 @@ pub struct Mlp {
 }
 
 impl Mlp {
-    /// Loads `{prefix}.{gate,up,down}_proj` as a dense layer.
-    pub fn load(ld: &Loader, prefix: &str, hidden: usize, inter: usize) -> Result<Mlp> {
-        let [gate, up, down] = names::mlp(prefix);
+    /// Loads the projections `t` names as a dense layer.
+    pub fn load(ld: &Loader, t: &MlpTensors) -> Result<Mlp> {
+        let linear = |m: &MatrixSpec| ld.linear(&m.name, m.rows, m.cols, m.bias);
         Ok(Mlp {
-            gate: ld.linear(&gate, inter, hidden, false)?,
-            up: ld.linear(&up, inter, hidden, false)?,
-            down: ld.linear(&down, hidden, inter, false)?,
+            gate: linear(&t.gate)?,
+            up: linear(&t.up)?,
+            down: linear(&t.down)?,
         })
     }
 
-    /// Loads a routed expert `{prefix}.{gate,up,down}` (names given) in the expert format.
-    pub(crate) fn load_expert(
-        ld: &Loader,
-        prefix: &str,
-        names: [&str; 3],
-        hidden: usize,
-        inter: usize,
-    ) -> Result<Mlp> {
+    /// Loads a routed expert's projections `t` in the expert format.
+    pub(crate) fn load_expert(ld: &Loader, t: &MlpTensors) -> Result<Mlp> {
+        let linear = |m: &MatrixSpec| ld.expert_linear(&m.name, m.rows, m.cols);
         Ok(Mlp {
-            gate: ld.expert_linear(&format!("{prefix}.{}", names[0]), inter, hidden)?,
-            up: ld.expert_linear(&format!("{prefix}.{}", names[1]), inter, hidden)?,
-            down: ld.expert_linear(&format!("{prefix}.{}", names[2]), hidden, inter)?,
+            gate: linear(&t.gate)?,
+            up: linear(&t.up)?,
+            down: linear(&t.down)?,
         })
     }
 

@@ -12,7 +12,8 @@
 //! architecture, serves all of them. Its structure is data, the [`LayerGraph`], and its
 //! order of steps one function, [`forward_pass`], which drives every backend's
 //! [`Decoder`] steps: [`Model`]'s on the CPU and the accelerator model's in `strata-exec`. Which tensor holds which weight is answered in one
-//! place, [`names`], for every reader of a checkpoint.
+//! place, [`names`], for every reader of a checkpoint, and which shape each must have in
+//! another, [`tensors`].
 //!
 //! ```
 //! use std::path::Path;
@@ -46,6 +47,7 @@ pub mod rope;
 pub mod routing;
 mod shape;
 pub mod source;
+pub mod tensors;
 
 pub use attention::SeqSpan;
 pub use cache::{BLOCK as KV_BLOCK, KvCache, LayerCache};

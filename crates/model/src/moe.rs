@@ -17,9 +17,10 @@ use crate::attention::SeqSpan;
 use crate::config::MoeConfig;
 use crate::experts::{ExpertSet, Mlp};
 use crate::linear::{Linear, Loader};
-use crate::names::{self, ExpertLayout, MoeNames};
+use crate::names::{ExpertLayout, MoeNames};
 use crate::ops::sigmoid;
 use crate::routing::{Routing, route_with_candidates};
+use crate::tensors::{MlpTensors, MoeTensors, StackedExperts};
 
 /// One MoE layer's routed-expert work of one forward pass, handed to an [`ExpertExecutor`].
 #[derive(Debug, Clone, Copy)]
@@ -88,19 +89,20 @@ impl MoeBlock {
     pub fn load(ld: &Loader, names: &MoeNames, cfg: &MoeConfig, hidden: usize) -> Result<MoeBlock> {
         let n = cfg.router.n_experts;
         let inter = cfg.intermediate;
-        let router = ld.linear_f32(&names.router, n, hidden)?;
-        let correction_bias = if cfg.router.correction_bias {
-            Some(ld.f32(&names.correction_bias, &[n])?)
-        } else {
-            None
+        let t = MoeTensors::new(names, cfg, hidden);
+        let router = ld.linear_f32(&t.router.name, t.router.rows, t.router.cols)?;
+        let correction_bias = match &t.correction_bias {
+            Some(b) => Some(ld.f32(&b.name, &b.shape)?),
+            None => None,
         };
         let load = || -> Result<Vec<Mlp>> {
             match &names.experts {
                 ExpertLayout::Stacked { gate_up, down } => {
-                    let gu = ld.tensor(gate_up)?;
-                    gu.expect_shape(&[n, 2 * inter, hidden])?;
-                    let down = ld.tensor(down)?;
-                    down.expect_shape(&[n, hidden, inter])?;
+                    let s = StackedExperts::new(gate_up, down, n, hidden, inter);
+                    let gu = ld.tensor(&s.gate_up.name)?;
+                    gu.expect_shape(&s.gate_up.shape)?;
+                    let down = ld.tensor(&s.down.name)?;
+                    down.expect_shape(&s.down.shape)?;
                     (0..n)
                         .map(|e| {
                             let at = e * 2 * inter;
@@ -120,7 +122,10 @@ impl MoeBlock {
                         .collect()
                 }
                 ExpertLayout::PerExpert { prefix, names } => (0..n)
-                    .map(|e| Mlp::load_expert(ld, &format!("{prefix}.{e}"), *names, hidden, inter))
+                    .map(|e| {
+                        let t = MlpTensors::expert(prefix, *names, e, hidden, inter);
+                        Mlp::load_expert(ld, &t)
+                    })
                     .collect(),
                 // Read by the loader's own path for converted models.
                 ExpertLayout::Converted { .. } => Ok(Vec::new()),
@@ -135,18 +140,13 @@ impl MoeBlock {
             ld.expert_format(),
             load,
         )?;
-        let (shared, shared_gate) = match (&cfg.shared, &names.shared) {
-            (Some(s), Some(prefix)) => {
-                let fmt = ld.dense_format(&format!("{}.weight", names::mlp(prefix)[0]));
-                let load = || Ok(vec![Mlp::load(ld, prefix, hidden, s.intermediate)?]);
-                let set = ld.expert_set(prefix, 1, hidden, s.intermediate, fmt, load)?;
-                let gate = match &names.shared_gate {
-                    Some(g) => Some(ld.linear_f32(g, 1, hidden)?),
-                    None => None,
-                };
-                (Some(set), gate)
-            }
-            _ => (None, None),
+        let shared = match &t.shared {
+            Some(s) => Some(dense_set(ld, s)?),
+            None => None,
+        };
+        let shared_gate = match &t.shared_gate {
+            Some(g) => Some(ld.linear_f32(&g.name, g.rows, g.cols)?),
+            None => None,
         };
         Ok(MoeBlock {
             cfg: cfg.clone(),
@@ -273,12 +273,18 @@ pub enum Ffn {
 impl Ffn {
     /// Loads a dense MLP `{prefix}.{gate,up,down}_proj`.
     pub fn load_dense(ld: &Loader, prefix: &str, hidden: usize, inter: usize) -> Result<Ffn> {
-        let fmt = ld.dense_format(&format!("{}.weight", names::mlp(prefix)[0]));
-        let load = || Ok(vec![Mlp::load(ld, prefix, hidden, inter)?]);
-        Ok(Ffn::Dense(
-            ld.expert_set(prefix, 1, hidden, inter, fmt, load)?,
-        ))
+        Ok(Ffn::Dense(dense_set(
+            ld,
+            &MlpTensors::new(prefix, hidden, inter),
+        )?))
     }
+}
+
+/// A dense MLP or shared expert `t` as a set of one, in the dense weights' format.
+fn dense_set(ld: &Loader, t: &MlpTensors) -> Result<ExpertSet> {
+    let fmt = ld.dense_format(&t.gate.weight());
+    let load = || Ok(vec![Mlp::load(ld, t)?]);
+    ld.expert_set(&t.prefix, 1, t.hidden(), t.inter(), fmt, load)
 }
 
 #[cfg(test)]

@@ -24,11 +24,6 @@ pub const MLP_PROJECTIONS: [&str; 3] = ["gate_proj", "up_proj", "down_proj"];
 /// Mixtral's names for the same projections of its experts.
 const MIXTRAL_PROJECTIONS: [&str; 3] = ["w1", "w3", "w2"];
 
-/// `{prefix}.gate_proj`, `.up_proj`, `.down_proj`: a SwiGLU MLP's projections.
-pub fn mlp(prefix: &str) -> [String; 3] {
-    MLP_PROJECTIONS.map(|p| format!("{prefix}.{p}"))
-}
-
 /// The tensors of decoder layer `i` outside its feed-forward block.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LayerNames {

@@ -21,13 +21,14 @@ use std::path::Path;
 use std::sync::Arc;
 
 use strata_accel::{Buffer, Device, ExpertSlots, TopKParams, WeightType};
-use strata_model::config::{
-    AttentionConfig, FfnConfig, GqaConfig, GroupScore, MlaConfig, ModelConfig, Scoring,
-};
+use strata_model::config::{AttentionConfig, FfnConfig, GroupScore, ModelConfig, Scoring};
 use strata_model::model::open;
 use strata_model::names::{self, AttentionNames, ExpertLayout, LayerNames};
 use strata_model::rope::Rope;
 use strata_model::source::Source;
+use strata_model::tensors::{
+    AttentionTensors, MatrixSpec, MlpTensors, MoeTensors, StackedExperts, TensorSpec,
+};
 use strata_model::{Head, LayerGraph};
 
 use crate::weights::{converted_expert, stored_values, wtype_of};
@@ -68,7 +69,7 @@ enum Ffn {
 }
 
 /// A layer's attention weights, one variant per attention kind of the layer graph (whose
-/// [`GqaConfig`] / [`MlaConfig`] give the shapes).
+/// [`AttentionTensors`] give the shapes).
 #[derive(Debug)]
 enum Attn {
     Gqa {
@@ -159,9 +160,10 @@ impl<'a> Loader<'a> {
         Ok(self.src.tensor_fp8(name, self.fp8_block)?)
     }
 
-    fn vector(&self, name: &str, n: usize) -> Result<Buffer> {
+    /// Tensor `name` of exactly `shape`, in f32.
+    fn f32_tensor(&self, name: &str, shape: &[usize]) -> Result<Buffer> {
         let t = self.tensor(name)?;
-        t.expect_shape(&[n])?;
+        t.expect_shape(shape)?;
         self.f32_buffer(&t.to_f32()?, name)
     }
 
@@ -180,23 +182,17 @@ impl<'a> Loader<'a> {
         Ok(b)
     }
 
-    /// `{prefix}.weight: [n, k]` (+ `{prefix}.bias`), in f32 when `force_f32` (routers).
-    fn matrix(
-        &self,
-        prefix: &str,
-        n: usize,
-        k: usize,
-        bias: bool,
-        force_f32: bool,
-    ) -> Result<Matrix> {
-        let name = format!("{prefix}.weight");
+    /// The matrix `m` (and its bias), in f32 when `force_f32` (routers).
+    fn matrix(&self, m: &MatrixSpec, force_f32: bool) -> Result<Matrix> {
+        let (n, k) = (m.rows, m.cols);
+        let name = m.weight();
         let t = self.tensor(&name)?;
         t.expect_shape(&[n, k])?;
         let (values, stored) = stored_values(&t)?;
         let wtype = if force_f32 { WeightType::F32 } else { stored };
         let buf = self.values(&values, wtype, k, &name)?;
-        let bias = if bias {
-            Some(self.vector(&format!("{prefix}.bias"), n)?)
+        let bias = if m.bias {
+            Some(self.f32_tensor(&format!("{}.bias", m.name), &[n])?)
         } else {
             None
         };
@@ -210,79 +206,42 @@ impl<'a> Loader<'a> {
     }
 
     fn attention(&self, a: &AttentionNames, cfg: &AttentionConfig, h: usize) -> Result<Attn> {
-        Ok(match *cfg {
-            AttentionConfig::Gqa(GqaConfig {
-                n_heads,
-                n_kv_heads,
-                head_dim,
-                qkv_bias,
-                o_bias,
-                qk_norm,
-                ..
-            }) => {
-                let (q_w, kv_w) = (n_heads * head_dim, n_kv_heads * head_dim);
-                let norm = |name: String| -> Result<Option<Buffer>> {
-                    if qk_norm {
-                        Ok(Some(self.vector(&name, head_dim)?))
-                    } else {
-                        Ok(None)
-                    }
+        let vector = |v: &TensorSpec| self.f32_tensor(&v.name, &v.shape);
+        Ok(match AttentionTensors::new(a, cfg, h) {
+            AttentionTensors::Gqa(t) => Attn::Gqa {
+                q: self.matrix(&t.q, false)?,
+                k: self.matrix(&t.k, false)?,
+                v: self.matrix(&t.v, false)?,
+                o: self.matrix(&t.o, false)?,
+                q_norm: t.q_norm.as_ref().map(vector).transpose()?,
+                k_norm: t.k_norm.as_ref().map(vector).transpose()?,
+            },
+            AttentionTensors::Mla(t) => {
+                let q_a = match &t.q_a {
+                    Some((q_a, norm)) => Some((self.matrix(q_a, false)?, vector(norm)?)),
+                    None => None,
                 };
-                Attn::Gqa {
-                    q: self.matrix(&a.q(), q_w, h, qkv_bias, false)?,
-                    k: self.matrix(&a.k(), kv_w, h, qkv_bias, false)?,
-                    v: self.matrix(&a.v(), kv_w, h, qkv_bias, false)?,
-                    o: self.matrix(&a.o(), h, q_w, o_bias, false)?,
-                    q_norm: norm(a.q_norm())?,
-                    k_norm: norm(a.k_norm())?,
-                }
-            }
-            AttentionConfig::Mla(MlaConfig {
-                n_heads,
-                q_lora_rank,
-                kv_lora_rank,
-                qk_nope_head_dim,
-                qk_rope_head_dim,
-                v_head_dim,
-                bias,
-            }) => {
-                let qk = qk_nope_head_dim + qk_rope_head_dim;
-                let (q_a, q) = match q_lora_rank {
-                    Some(r) => (
-                        Some((
-                            self.matrix(&a.q_a(), r, h, bias, false)?,
-                            self.vector(&a.q_a_norm(), r)?,
-                        )),
-                        self.matrix(&a.q_b(), n_heads * qk, r, false, false)?,
-                    ),
-                    None => (None, self.matrix(&a.q(), n_heads * qk, h, false, false)?),
-                };
-                let kv_b = self.tensor(&format!("{}.weight", a.kv_b()))?;
-                kv_b.expect_shape(&[n_heads * (qk_nope_head_dim + v_head_dim), kv_lora_rank])?;
+                let q = self.matrix(&t.q, false)?;
+                let kv_b = vector(&t.kv_b)?;
                 Attn::Mla {
                     q_a,
                     q,
-                    kv_a: self.matrix(
-                        &a.kv_a(),
-                        kv_lora_rank + qk_rope_head_dim,
-                        h,
-                        bias,
-                        false,
-                    )?,
-                    kv_a_norm: self.vector(&a.kv_a_norm(), kv_lora_rank)?,
-                    kv_b: self.f32_buffer(&kv_b.to_f32()?, "kv_b_proj")?,
-                    o: self.matrix(&a.o(), h, n_heads * v_head_dim, bias, false)?,
+                    kv_a: self.matrix(&t.kv_a, false)?,
+                    kv_a_norm: vector(&t.kv_a_norm)?,
+                    kv_b,
+                    o: self.matrix(&t.o, false)?,
                 }
             }
         })
     }
 
-    fn mlp(&self, prefix: &str, h: usize, inter: usize) -> Result<Mlp> {
+    fn mlp(&self, t: &MlpTensors) -> Result<Mlp> {
         if let Source::Strata(_) = self.src {
-            let x = converted_expert(self.src, prefix, 0, h, inter)?;
+            let (h, inter) = (t.hidden(), t.inter());
+            let x = converted_expert(self.src, &t.prefix, 0, h, inter)?;
             let m = |v: &[f32], n: usize, k: usize, part: &str| -> Result<Matrix> {
                 Ok(Matrix {
-                    buf: self.values(v, x.wtype, k, &format!("{prefix}.{part}"))?,
+                    buf: self.values(v, x.wtype, k, &format!("{}.{part}", t.prefix))?,
                     wtype: x.wtype,
                     n,
                     k,
@@ -295,11 +254,10 @@ impl<'a> Loader<'a> {
                 down: m(&x.down, h, inter, "down")?,
             });
         }
-        let [gate, up, down] = names::mlp(prefix);
         Ok(Mlp {
-            gate: self.matrix(&gate, inter, h, false, false)?,
-            up: self.matrix(&up, inter, h, false, false)?,
-            down: self.matrix(&down, h, inter, false, false)?,
+            gate: self.matrix(&t.gate, false)?,
+            up: self.matrix(&t.up, false)?,
+            down: self.matrix(&t.down, false)?,
         })
     }
 
@@ -332,10 +290,11 @@ impl<'a> Loader<'a> {
                 slots.ok_or_else(no_experts)
             }
             ExpertLayout::Stacked { gate_up, down } => {
-                let gu = self.tensor(gate_up)?;
-                gu.expect_shape(&[n, 2 * inter, h])?;
-                let down = self.tensor(down)?;
-                down.expect_shape(&[n, h, inter])?;
+                let s = StackedExperts::new(gate_up, down, n, h, inter);
+                let gu = self.tensor(&s.gate_up.name)?;
+                gu.expect_shape(&s.gate_up.shape)?;
+                let down = self.tensor(&s.down.name)?;
+                down.expect_shape(&s.down.shape)?;
                 let slots = slots_for(wtype_of(&gu.dtype_name()))?;
                 let hi = h * inter;
                 for e in 0..n {
@@ -346,16 +305,17 @@ impl<'a> Loader<'a> {
                 Ok(slots)
             }
             ExpertLayout::PerExpert { prefix, names } => {
+                let get = |m: &MatrixSpec| -> Result<(Vec<f32>, String)> {
+                    let t = self.tensor(&m.weight())?;
+                    t.expect_shape(&m.shape())?;
+                    Ok((t.to_f32()?, t.dtype_name()))
+                };
                 let mut slots = None;
                 for e in 0..n {
-                    let get = |i: usize, shape: [usize; 2]| -> Result<(Vec<f32>, String)> {
-                        let t = self.tensor(&format!("{prefix}.{e}.{}.weight", names[i]))?;
-                        t.expect_shape(&shape)?;
-                        Ok((t.to_f32()?, t.dtype_name()))
-                    };
-                    let (g, dtype) = get(0, [inter, h])?;
-                    let (u, _) = get(1, [inter, h])?;
-                    let (d, _) = get(2, [h, inter])?;
+                    let t = MlpTensors::expert(prefix, *names, e, h, inter);
+                    let (g, dtype) = get(&t.gate)?;
+                    let (u, _) = get(&t.up)?;
+                    let (d, _) = get(&t.down)?;
                     let s = match &slots {
                         Some(s) => s,
                         None => slots.insert(slots_for(wtype_of(&dtype))?),
@@ -394,32 +354,28 @@ impl GpuModel {
         };
         let h = config.hidden_size;
         let v = config.vocab_size;
-        let embed = ld.matrix(names::EMBED, v, h, false, false)?;
+        let embed = ld.matrix(&MatrixSpec::new(names::EMBED, v, h, false), false)?;
         let mut layers = Vec::with_capacity(graph.layers().len());
         for (i, node) in graph.layers().iter().enumerate() {
             let ln = LayerNames::new(i);
             let ffn = match &node.ffn {
                 FfnConfig::Dense(inter) => {
-                    Ffn::Dense(Box::new(ld.mlp(&ln.dense_mlp(), h, *inter)?))
+                    let t = MlpTensors::new(&ln.dense_mlp(), h, *inter);
+                    Ffn::Dense(Box::new(ld.mlp(&t)?))
                 }
                 FfnConfig::Moe(moe) => {
                     let mn = ln.moe(src, moe.shared.as_ref());
+                    let t = MoeTensors::new(&mn, moe, h);
                     let r = &moe.router;
                     let n = r.n_experts;
-                    let shared = match (&moe.shared, &mn.shared) {
-                        (Some(s), Some(prefix)) => Some(ld.mlp(prefix, h, s.intermediate)?),
-                        _ => None,
-                    };
-                    let shared_gate = match &mn.shared_gate {
-                        Some(g) => Some(ld.matrix(g, 1, h, false, true)?),
-                        None => None,
-                    };
+                    let shared = t.shared.as_ref().map(|s| ld.mlp(s)).transpose()?;
+                    let shared_gate = t.shared_gate.as_ref();
+                    let shared_gate = shared_gate.map(|g| ld.matrix(g, true)).transpose()?;
                     Ffn::Moe(Box::new(Moe {
-                        router: ld.matrix(&mn.router, n, h, false, true)?,
-                        correction_bias: if r.correction_bias {
-                            Some(ld.vector(&mn.correction_bias, n)?)
-                        } else {
-                            None
+                        router: ld.matrix(&t.router, true)?,
+                        correction_bias: match &t.correction_bias {
+                            Some(b) => Some(ld.f32_tensor(&b.name, &b.shape)?),
+                            None => None,
                         },
                         slots: ld.experts(&mn.experts, n, h, moe.intermediate)?,
                         params: TopKParams {
@@ -442,16 +398,16 @@ impl GpuModel {
                 }
             };
             layers.push(Layer {
-                attn_norm: ld.vector(&ln.attn_norm(), h)?,
+                attn_norm: ld.f32_tensor(&ln.attn_norm(), &[h])?,
                 attn: ld.attention(&ln.attention(), &node.attention, h)?,
-                ffn_norm: ld.vector(&ln.ffn_norm(), h)?,
+                ffn_norm: ld.f32_tensor(&ln.ffn_norm(), &[h])?,
                 ffn,
             });
         }
-        let norm = ld.vector(names::FINAL_NORM, h)?;
+        let norm = ld.f32_tensor(names::FINAL_NORM, &[h])?;
         let lm_head = match graph.head() {
             Head::Tied => None,
-            Head::Own => Some(ld.matrix(names::LM_HEAD, v, h, false, false)?),
+            Head::Own => Some(ld.matrix(&MatrixSpec::new(names::LM_HEAD, v, h, false), false)?),
         };
         dev.synchronize()?;
         Ok(GpuModel {
