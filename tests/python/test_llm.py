@@ -83,8 +83,6 @@ def test_bad_arguments_raise_clear_errors(llm, model_dir):
         strata.LLM(str(model_dir / "missing"))
     with pytest.raises(ValueError, match="weights: expected 'bf16', 'int8' or 'int4', got 'fp8'"):
         strata.LLM(str(model_dir), weights="fp8")
-    with pytest.raises(ValueError, match="policy 'smoe' applies only with device='hybrid'"):
-        strata.LLM(str(model_dir), policy="smoe")
     with pytest.raises(ValueError, match="max_tokens must be at least 1"):
         strata.SamplingParams(max_tokens=0)
     with pytest.raises(ValueError, match="prompt 0: .*temperature"):

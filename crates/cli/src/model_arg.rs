@@ -5,10 +5,12 @@
 //! [`SamplingArgs`] (`--temperature`, `--top-p`, ..., `--seed`: the commands that generate).
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
+use strata_exec::{HybridExecutor, HybridOptions, PolicyKind};
 use strata_formats::strata_file::StrataFile;
 use strata_kernels::PackedFormat;
 use strata_model::model::STRATA_FILE;
@@ -70,8 +72,8 @@ pub struct DeviceArgs {
 pub struct HybridArgs {
     /// The placement policy that decides where each expert runs and which weights move
     /// [default: gpu-lru].
-    #[arg(long, value_enum)]
-    pub policy: Option<PolicyArg>,
+    #[arg(long, value_parser = policy_parser())]
+    pub policy: Option<PolicyKind>,
     /// With `--policy ktransformers`: experts deferred to the next layer per token in
     /// decode (expert deferral) [default: 0, off].
     #[arg(long, value_name = "N")]
@@ -88,20 +90,29 @@ pub struct HybridArgs {
     pub profile: Option<PathBuf>,
 }
 
-/// Values of `--policy`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum PolicyArg {
-    /// Every routed expert on the GPU, loaded on demand into a per-layer LRU cache.
-    GpuLru,
-    /// Experts pinned on the GPU (by `--profile`, else in layer order), the rest where
-    /// cheaper.
-    Fiddler,
-    /// Routed experts on the CPU; `--defer N` for expert deferral.
-    Ktransformers,
-    /// Score cache and earliest-finish CPU/GPU split.
-    Hybrimoe,
-    /// On-demand loading of heavy experts in prefill, LFU cache in decode.
-    Smoe,
+/// `--policy`: the names [`PolicyKind`]'s `FromStr` reads (the one place policies are named),
+/// each with its help line.
+fn policy_parser() -> impl clap::builder::TypedValueParser<Value = PolicyKind> {
+    use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+    let values = PolicyKind::ALL.map(|k| {
+        PossibleValue::new(k.name()).help(match k {
+            PolicyKind::GpuLru => {
+                "Every routed expert on the GPU, loaded on demand into a per-layer LRU cache"
+            }
+            PolicyKind::Fiddler => {
+                "Experts pinned on the GPU (by `--profile`, else in layer order), the rest where \
+                 cheaper"
+            }
+            PolicyKind::KTransformers => {
+                "Routed experts on the CPU; `--defer N` for expert deferral"
+            }
+            PolicyKind::HybriMoE => "Score cache and earliest-finish CPU/GPU split",
+            PolicyKind::Smoe => {
+                "On-demand loading of heavy experts in prefill, LFU cache in decode"
+            }
+        })
+    });
+    PossibleValuesParser::new(values).try_map(|s| s.parse::<PolicyKind>())
 }
 
 /// Values of `--device`.
@@ -314,7 +325,7 @@ impl DeviceArgs {
                 bail!("{flag} applies only with --device hybrid");
             }
         }
-        if h.defer.is_some_and(|d| d > 0) && h.policy != Some(PolicyArg::Ktransformers) {
+        if h.defer.is_some_and(|d| d > 0) && h.policy != Some(PolicyKind::KTransformers) {
             bail!("--defer applies only with --policy ktransformers");
         }
         if self.device == Device::Cpu && self.vram_budget.is_some() {
@@ -338,76 +349,29 @@ impl DeviceArgs {
     }
 
     /// Hands `model`'s routed experts to a hybrid executor on the first accelerator
-    /// (`--device hybrid`), returning it for its statistics.
-    pub fn hybrid(
-        &self,
-        dir: &Path,
-        model: &mut Model,
-    ) -> anyhow::Result<std::sync::Arc<strata_exec::HybridExecutor>> {
-        use strata_exec::{ExecOptions, HostExperts, HybridExecutor, PolicyKind, PolicyOptions};
-        let budget = strata_accel::parse_bytes(self.vram_budget.as_deref().unwrap_or("64MiB"))?;
-        let host = HostExperts::open(dir)?;
+    /// (`--device hybrid`, [`strata_exec::attach_hybrid`]), returning it for its statistics.
+    pub fn hybrid(&self, dir: &Path, model: &mut Model) -> anyhow::Result<Arc<HybridExecutor>> {
         let h = &self.hybrid;
-        let hw = strata_policy::Hardware::load(h.hardware.as_deref().unwrap_or("local"))?;
-        let shape = strata_exec::model_shape(&model.config)?;
-        let bits = 8.0 * host.wtype().elem_bytes() as f64;
-        let cost =
-            strata_exec::cost_model(hw, shape, bits, HybridExecutor::cache_bytes(&host, budget))?;
-        let kind = match h.policy.unwrap_or(PolicyArg::GpuLru) {
-            PolicyArg::GpuLru => PolicyKind::GpuLru,
-            PolicyArg::Fiddler => PolicyKind::Fiddler,
-            PolicyArg::Ktransformers => PolicyKind::KTransformers,
-            PolicyArg::Hybrimoe => PolicyKind::HybriMoE,
-            PolicyArg::Smoe => PolicyKind::Smoe,
-        };
-        let (profile, predictors) = match &h.profile {
-            None => (None, None),
-            Some(path) => {
-                let (_, w) = strata_sim::trace::read_file(path)?;
-                let p = w.profile();
-                let (layers, experts) = (cost.model.moe_layers(), cost.model.n_experts);
-                if p.len() != layers || p.iter().any(|l| l.len() != experts) {
-                    bail!(
-                        "{}: a trace of {} moe layers x {} experts, the model has {layers} x {experts}",
-                        path.display(),
-                        p.len(),
-                        p.first().map_or(0, Vec::len)
-                    );
-                }
-                let predictors = match w.hidden_dim {
-                    0 => None,
-                    d if d != model.config.hidden_size => bail!(
-                        "{}: hidden states of width {d}, the model's are {}",
-                        path.display(),
-                        model.config.hidden_size
-                    ),
-                    _ => Some(strata_sim::reproduce::train_predictors(&w, cost.model.top_k)?.0),
-                };
-                (Some(p), predictors)
+        let mut opts = HybridOptions::new(h.policy.unwrap_or(PolicyKind::GpuLru))?;
+        if let Some(b) = &self.vram_budget {
+            opts.vram_budget = strata_accel::parse_bytes(b)?;
+        }
+        if let Some(hw) = &h.hardware {
+            opts.hardware = strata_policy::Hardware::load(hw)?;
+        }
+        opts.policy_options.deferred = h.defer.unwrap_or(0);
+        if let Some(path) = &h.profile {
+            let shape = strata_exec::model_shape(&model.config)?;
+            let (_, w) = strata_sim::trace::read_file(path)?;
+            let p = &mut opts.policy_options;
+            p.profile = Some(w.profile());
+            if w.hidden_dim > 0 {
+                p.predictors = Some(strata_sim::reproduce::train_predictors(&w, shape.top_k)?.0);
             }
-        };
-        let policy = strata_exec::build_policy(
-            kind,
-            &cost,
-            &PolicyOptions {
-                deferred: h.defer.unwrap_or(0),
-                profile,
-                predictors,
-            },
-        );
-        let dev = strata_accel::open(&strata_accel::DeviceOptions::default())?;
-        let exec = std::sync::Arc::new(HybridExecutor::new(
-            dev,
-            host,
-            policy,
-            cost,
-            &ExecOptions {
-                vram_budget: budget,
-                ..ExecOptions::default()
-            },
-        )?);
-        strata_exec::install(model, Some(&exec));
-        Ok(exec)
+            p.check(opts.policy, &shape)
+                .with_context(|| format!("--profile {}", path.display()))?;
+        }
+        Ok(strata_exec::attach_hybrid(model, dir, &opts)?)
     }
 }
 

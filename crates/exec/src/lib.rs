@@ -36,7 +36,8 @@ pub use cache::SlotCache;
 pub use executor::{ExecOptions, ExecStats, HybridExecutor, LayerRecord};
 pub use gpu_model::{GpuCache, GpuModel};
 pub use setup::{
-    PolicyKind, PolicyOptions, build_policy, cost_model, install, model_shape, resolve_model_shape,
+    HybridOptions, PolicyKind, PolicyOptions, attach_hybrid, build_policy, cost_model, install,
+    model_shape, resolve_model_shape,
 };
 pub use weights::HostExperts;
 

@@ -1,5 +1,6 @@
 //! Building what the executor runs: the policy by name, its cost model for this model and
-//! budget, and the installation into a [`Model`].
+//! budget, and the installation into a [`Model`]; [`attach_hybrid`] does all of it, for
+//! every front end (`--device hybrid`, `strata.LLM(device='hybrid')`).
 //!
 //! A key design decision: the cost model the policies see describes the expert cache, not
 //! the whole accelerator. The executor keeps only routed experts on the device (attention
@@ -18,7 +19,7 @@ use strata_policy::policies::{Fiddler, GpuLru, HybriMoE, KTransformers, Smoe, Sm
 use strata_policy::predictor::LinearPredictor;
 use strata_policy::{CostModel, Hardware, ModelShape, Policy};
 
-use crate::{Error, HybridExecutor, Result};
+use crate::{Error, ExecOptions, HostExperts, HybridExecutor, Result};
 
 /// The policies the executor can run (`--policy`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,6 +89,50 @@ pub struct PolicyOptions {
     pub profile: Option<Vec<Vec<u64>>>,
     /// SMoE: the token-wise predictor of each MoE layer (`None`: no decode prefetch).
     pub predictors: Option<Vec<Option<LinearPredictor>>>,
+}
+
+impl PolicyOptions {
+    /// Fails unless these settings fit policy `kind` on a model of `shape`: deferral only
+    /// with KTransformers, a profile of `[moe_layers][n_experts]` counts, one predictor per
+    /// MoE layer over the model's hidden width.
+    pub fn check(&self, kind: PolicyKind, shape: &ModelShape) -> Result<()> {
+        if self.deferred > 0 && kind != PolicyKind::KTransformers {
+            return Err(Error::Config(format!(
+                "expert deferral (defer {}) applies only with policy ktransformers, not {kind}",
+                self.deferred
+            )));
+        }
+        let (layers, experts) = (shape.moe_layers(), shape.n_experts);
+        if let Some(p) = &self.profile
+            && (p.len() != layers || p.iter().any(|l| l.len() != experts))
+        {
+            return Err(Error::Config(format!(
+                "a profile of {} moe layers x {} experts, the model has {layers} x {experts}",
+                p.len(),
+                p.first().map_or(0, Vec::len)
+            )));
+        }
+        if let Some(preds) = &self.predictors {
+            if preds.len() != layers {
+                return Err(Error::Config(format!(
+                    "predictors for {} moe layers, the model has {layers}",
+                    preds.len()
+                )));
+            }
+            if let Some(d) = preds
+                .iter()
+                .flatten()
+                .map(LinearPredictor::dim)
+                .find(|&d| d != shape.hidden)
+            {
+                return Err(Error::Config(format!(
+                    "predictors over hidden states of width {d}, the model's are {}",
+                    shape.hidden
+                )));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The policy `kind` for a cache priced by `cost`. Per-layer caches (GPU-LRU, HybriMoE,
@@ -181,6 +226,71 @@ pub fn cost_model(
     Ok(cost)
 }
 
+/// How [`attach_hybrid`] runs a model's routed experts: what `--device hybrid` and
+/// `strata.LLM(device='hybrid')` take, as values (their front ends parse the names and read
+/// the profile).
+#[derive(Debug, Clone)]
+pub struct HybridOptions {
+    /// The placement policy.
+    pub policy: PolicyKind,
+    /// Accelerator memory for the expert cache and its staging slots, in bytes.
+    pub vram_budget: u64,
+    /// The machine whose CPU and GPU speeds price the policy's choices; its GPU memory is
+    /// replaced by the cache that `vram_budget` gives.
+    pub hardware: Hardware,
+    /// The policy's settings (deferral, profile, predictors), checked against the model.
+    pub policy_options: PolicyOptions,
+}
+
+impl HybridOptions {
+    /// The accelerator memory given to the experts when none is asked for.
+    pub const DEFAULT_VRAM_BUDGET: u64 = 64 << 20;
+    /// The hardware preset that prices the policies when none is asked for.
+    pub const DEFAULT_HARDWARE: &str = "local";
+
+    /// `policy` with the defaults: [`Self::DEFAULT_VRAM_BUDGET`], the
+    /// [`Self::DEFAULT_HARDWARE`] preset, no deferral, no profile, no predictors.
+    pub fn new(policy: PolicyKind) -> Result<HybridOptions> {
+        Ok(HybridOptions {
+            policy,
+            vram_budget: Self::DEFAULT_VRAM_BUDGET,
+            hardware: Hardware::load(Self::DEFAULT_HARDWARE)?,
+            policy_options: PolicyOptions::default(),
+        })
+    }
+}
+
+/// Hands the routed experts of `model`, loaded from the checkpoint `dir`, to a hybrid
+/// executor on the first accelerator that runs `opts`'s policy, priced for the model's
+/// shape and the experts' storage; returns it for its statistics. The experts' weights are
+/// read from `dir` ([`HostExperts`]), so `dir` must be the checkpoint `model` came from.
+pub fn attach_hybrid(
+    model: &mut Model,
+    dir: &Path,
+    opts: &HybridOptions,
+) -> Result<Arc<HybridExecutor>> {
+    let shape = model_shape(&model.config)?;
+    opts.policy_options.check(opts.policy, &shape)?;
+    let host = HostExperts::open(dir)?;
+    let bits = 8.0 * host.wtype().elem_bytes() as f64;
+    let cache = HybridExecutor::cache_bytes(&host, opts.vram_budget);
+    let cost = cost_model(opts.hardware.clone(), shape, bits, cache)?;
+    let policy = build_policy(opts.policy, &cost, &opts.policy_options);
+    let dev = strata_accel::open(&strata_accel::DeviceOptions::default())?;
+    let exec = Arc::new(HybridExecutor::new(
+        dev,
+        host,
+        policy,
+        cost,
+        &ExecOptions {
+            vram_budget: opts.vram_budget,
+            ..ExecOptions::default()
+        },
+    )?);
+    install(model, Some(&exec));
+    Ok(exec)
+}
+
 /// Hands every MoE block of `model` to `exec` (`None`: back to the CPU path), with the
 /// router's top `2k` candidates in each routing (the policies may score them: HybriMoE).
 pub fn install(model: &mut Model, exec: Option<&Arc<HybridExecutor>>) {
@@ -219,5 +329,44 @@ mod tests {
             e.contains("no-such-model") && e.contains("deepseek-v3"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn policy_options_are_checked_against_the_policy_and_the_model() {
+        let shape = resolve_model_shape("strata-tiny-moe").unwrap();
+        let (layers, experts) = (shape.moe_layers(), shape.n_experts);
+        let check = |kind, opts: PolicyOptions| opts.check(kind, &shape).map_err(|e| e.to_string());
+        let defer = PolicyOptions {
+            deferred: 1,
+            ..PolicyOptions::default()
+        };
+        assert!(check(PolicyKind::KTransformers, defer.clone()).is_ok());
+        let e = check(PolicyKind::Smoe, defer).unwrap_err();
+        assert!(
+            e.contains("applies only with policy ktransformers, not smoe"),
+            "{e}"
+        );
+        let profile = |l: usize, x: usize| PolicyOptions {
+            profile: Some(vec![vec![1; x]; l]),
+            ..PolicyOptions::default()
+        };
+        assert!(check(PolicyKind::Fiddler, profile(layers, experts)).is_ok());
+        let e = check(PolicyKind::Fiddler, profile(layers + 1, experts)).unwrap_err();
+        assert_eq!(
+            e,
+            format!(
+                "a profile of {} moe layers x {experts} experts, the model has {layers} x {experts}",
+                layers + 1
+            )
+        );
+        let e = check(
+            PolicyKind::Smoe,
+            PolicyOptions {
+                predictors: Some(vec![None; layers - 1]),
+                ..PolicyOptions::default()
+            },
+        )
+        .unwrap_err();
+        assert!(e.contains("predictors for"), "{e}");
     }
 }

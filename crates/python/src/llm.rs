@@ -12,6 +12,7 @@ use std::sync::{Arc, mpsc};
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString};
+use strata_exec::{HybridOptions, PolicyKind};
 use strata_kernels::PackedFormat;
 use strata_model::{LoadOptions, Precision};
 use strata_runtime::engine::{Engine, FinishReason};
@@ -201,6 +202,42 @@ fn load_engine(py: Python<'_>, model: PathBuf, opts: LoadOptions) -> PyResult<En
         .map_err(|e| PyRuntimeError::new_err(format!("loading {}: {}", model.display(), chain(&e))))
 }
 
+/// The hybrid executor's settings from `strata.LLM`'s keywords: the policy by its name
+/// (`gpu-lru` when none), `vram_budget` as bytes or a size string (`'64MiB'`), `hardware`
+/// a preset or file, `defer` the experts deferred per token.
+fn hybrid_options(
+    policy: Option<&str>,
+    vram_budget: Option<&Bound<'_, PyAny>>,
+    hardware: Option<&str>,
+    defer: Option<usize>,
+) -> PyResult<HybridOptions> {
+    let value_err =
+        |what: &str, e: &dyn std::error::Error| PyValueError::new_err(format!("{what}: {e}"));
+    let kind = match policy {
+        Some(p) => p
+            .parse::<PolicyKind>()
+            .map_err(|e| value_err("policy", &e))?,
+        None => PolicyKind::GpuLru,
+    };
+    let mut opts = HybridOptions::new(kind).map_err(|e| runtime_err(&e))?;
+    if let Some(b) = vram_budget {
+        opts.vram_budget = if let Ok(n) = b.extract::<u64>() {
+            n
+        } else if let Ok(s) = b.extract::<String>() {
+            strata_accel::parse_bytes(&s).map_err(|e| value_err("vram_budget", &e))?
+        } else {
+            return Err(PyTypeError::new_err(
+                "vram_budget: expected a number of bytes or a size such as '64MiB'",
+            ));
+        };
+    }
+    if let Some(h) = hardware {
+        opts.hardware = strata_policy::Hardware::load(h).map_err(|e| value_err("hardware", &e))?;
+    }
+    opts.policy_options.deferred = defer.unwrap_or(0);
+    Ok(opts)
+}
+
 /// A model loaded for generation on Strata's engine.
 #[pyclass(module = "strata._strata", name = "LLM", frozen)]
 pub struct Llm {
@@ -212,46 +249,73 @@ pub struct Llm {
 
 #[pymethods]
 impl Llm {
-    /// Loads `model`. `device`: `cpu` (the CPU kernels; `--device gpu` and `hybrid` run
-    /// from the command line for now). `dtype`, `weights`, `max_batch`, `ctx_size` and
-    /// `prefix_cache_mb` are the command line's `--dtype`, `--weights`, `--max-batch`,
-    /// `--ctx-size` and `--prefix-cache-mb`, admitted against the memory available as
-    /// `strata serve` admits them.
+    /// Loads `model`. `device`: `cpu` (the CPU kernels) or `hybrid` (the CPU, with the
+    /// routed experts placed by `policy` on the CPU and the first accelerator, as the
+    /// command line's `--device hybrid`; `policy` is `gpu-lru` (the default), `fiddler`,
+    /// `ktransformers`, `hybrimoe` or `smoe`, with `vram_budget` (bytes, or a size such as
+    /// `'64MiB'`, the default), `hardware` (a preset name or JSON file, default `local`) and
+    /// `defer` (ktransformers only) as `--vram-budget`, `--hardware` and `--defer`).
+    /// `dtype`, `weights`, `max_batch`, `ctx_size` and `prefix_cache_mb` are the command
+    /// line's `--dtype`, `--weights`, `--max-batch`, `--ctx-size` and `--prefix-cache-mb`,
+    /// admitted against the memory available as `strata serve` admits them.
     #[new]
-    #[pyo3(signature = (model, *, device="cpu", policy=None, dtype="fast", weights=None,
-        max_batch=16, ctx_size=None, prefix_cache_mb=1024))]
+    #[pyo3(signature = (model, *, device="cpu", policy=None, vram_budget=None, hardware=None,
+        defer=None, dtype="fast", weights=None, max_batch=16, ctx_size=None, prefix_cache_mb=1024))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         model: PathBuf,
         device: &str,
         policy: Option<&str>,
+        vram_budget: Option<&Bound<'_, PyAny>>,
+        hardware: Option<&str>,
+        defer: Option<usize>,
         dtype: &str,
         weights: Option<&str>,
         max_batch: usize,
         ctx_size: Option<usize>,
         prefix_cache_mb: usize,
     ) -> PyResult<Llm> {
-        match (device, policy) {
-            ("cpu", None) => {}
-            ("cpu", Some(p)) => {
-                return Err(PyValueError::new_err(format!(
-                    "policy '{p}' applies only with device='hybrid'"
-                )));
+        let hybrid = match device {
+            "cpu" => {
+                let given = [
+                    ("policy", policy.is_some()),
+                    ("vram_budget", vram_budget.is_some()),
+                    ("hardware", hardware.is_some()),
+                    ("defer", defer.is_some()),
+                ];
+                if let Some((name, _)) = given.iter().find(|(_, g)| *g) {
+                    return Err(PyValueError::new_err(format!(
+                        "{name} applies only with device='hybrid'"
+                    )));
+                }
+                None
             }
-            ("gpu" | "hybrid", _) => {
-                return Err(PyValueError::new_err(format!(
-                    "device '{device}' is not available from Python yet: run it with \
-                     `strata generate --device {device}` (Python runs device='cpu')"
-                )));
+            "hybrid" => Some(hybrid_options(policy, vram_budget, hardware, defer)?),
+            "gpu" => {
+                return Err(PyValueError::new_err(
+                    "device 'gpu' is not available from strata.LLM: the GPU backend runs one \
+                     sequence at a time and is not under the scheduler yet; use \
+                     device='hybrid', or `strata generate --device gpu` for one prompt",
+                ));
             }
             _ => {
                 return Err(PyValueError::new_err(format!(
-                    "device: expected 'cpu', 'gpu' or 'hybrid', got '{device}'"
+                    "device: expected 'cpu', 'hybrid' or 'gpu', got '{device}'"
                 )));
             }
+        };
+        let mut engine = load_engine(py, model.clone(), load_options(dtype, weights)?)?;
+        if let Some(opts) = hybrid {
+            py.detach(|| strata_exec::attach_hybrid(&mut engine.model, &model, &opts))
+                .map_err(|e| match e {
+                    strata_exec::Error::Config(_) | strata_exec::Error::Policy(_) => {
+                        PyValueError::new_err(chain(&e))
+                    }
+                    e => runtime_err(&e),
+                })?;
         }
-        let engine = Arc::new(load_engine(py, model, load_options(dtype, weights)?)?);
+        let engine = Arc::new(engine);
         let limits = SchedulerLimits {
             max_batch,
             // Offline: every prompt of a call waits its turn.
