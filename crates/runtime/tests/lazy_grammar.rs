@@ -49,55 +49,73 @@ fn logits(vocab: usize, wanted: u32, seed: &mut u64) -> Vec<f32> {
         .collect()
 }
 
-/// Runs a sequence whose "model" wants `wanted` and then `then` forever (the greedy
-/// choice of the logits); returns the generated text and why it ended.
-fn run(
-    tokenizer: &Tokenizer,
-    compiler: &GrammarCompiler,
-    vocab: usize,
-    format: ToolFormat,
-    lazy: bool,
-    wanted: &[u32],
+/// The shipped model's tokenizer and its grammar compiler, and what the "model" writes
+/// after the marker if nothing stops it: ` hello`, no call at all.
+struct Fixture {
+    tokenizer: Tokenizer,
+    compiler: GrammarCompiler,
     then: u32,
-) -> (String, Option<FinishReason>) {
-    let opts = SequenceOptions {
-        max_tokens: 200,
-        ctx_size: 4096,
-        stop: &[],
-        ignore_eos: false,
-        top_logprobs: None,
-        keep_special: &[],
-    };
-    let sampler = Sampler::new(SamplingParams::greedy()).unwrap();
-    let prompt = tokenizer.encode("Weather in Paris?", false).unwrap();
-    let mut state = SequenceState::new(tokenizer, sampler, &prompt, opts).unwrap();
-    if lazy {
-        let lark = tool_grammar(format, &[weather()], false, &|s| {
-            tokenizer.special_token_id(s)
-        });
-        let grammar = compiler.compile(&ResponseFormat::Lark(lark)).unwrap();
-        state
-            .constrain(grammar.lazy(vec![format.call_trigger().to_string()]))
-            .unwrap();
-    }
-    let mut seed = 7;
-    for step in 0.. {
-        let want = wanted.get(step).copied().unwrap_or(then);
-        let out = state.accept(&logits(vocab, want, &mut seed)).unwrap();
-        if step < wanted.len() {
-            // Before (and at) the marker the model's choice stands.
-            assert_eq!(
-                out.token.map(|t| t.id),
-                Some(want),
-                "{format:?} step {step}"
-            );
-        }
-        if out.finish.is_some() {
-            break;
+}
+
+impl Fixture {
+    fn new() -> Fixture {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/strata-tiny-moe");
+        let tokenizer = Tokenizer::from_dir(&dir).unwrap();
+        let compiler = GrammarCompiler::new(&tokenizer, tokenizer.vocab_size()).unwrap();
+        let then = tokenizer.encode(" hello", false).unwrap()[0];
+        Fixture {
+            tokenizer,
+            compiler,
+            then,
         }
     }
-    let text = tokenizer.decode(state.generated(), false).unwrap();
-    (text, state.finish().cloned())
+
+    /// Runs a sequence whose "model" wants the ids of `wanted` and then `then` forever
+    /// (the greedy choice of the logits), under the lazy call grammar of `format` when
+    /// `lazy`; returns the generated text and why it ended.
+    fn run(&self, format: ToolFormat, lazy: bool, wanted: &str) -> (String, Option<FinishReason>) {
+        let tokenizer = &self.tokenizer;
+        let wanted = tokenizer.encode(wanted, false).unwrap();
+        let opts = SequenceOptions {
+            max_tokens: 200,
+            ctx_size: 4096,
+            stop: &[],
+            ignore_eos: false,
+            top_logprobs: None,
+            keep_special: &[],
+        };
+        let sampler = Sampler::new(SamplingParams::greedy()).unwrap();
+        let prompt = tokenizer.encode("Weather in Paris?", false).unwrap();
+        let mut state = SequenceState::new(tokenizer, sampler, &prompt, opts).unwrap();
+        if lazy {
+            let lark = tool_grammar(format, &[weather()], false, &|s| {
+                tokenizer.special_token_id(s)
+            });
+            let grammar = self.compiler.compile(&ResponseFormat::Lark(lark)).unwrap();
+            state
+                .constrain(grammar.lazy(vec![format.call_trigger().to_string()]))
+                .unwrap();
+        }
+        let vocab = tokenizer.vocab_size();
+        let mut seed = 7;
+        for step in 0.. {
+            let want = wanted.get(step).copied().unwrap_or(self.then);
+            let out = state.accept(&logits(vocab, want, &mut seed)).unwrap();
+            if step < wanted.len() {
+                // Before (and at) the marker the model's choice stands.
+                assert_eq!(
+                    out.token.map(|t| t.id),
+                    Some(want),
+                    "{format:?} step {step}"
+                );
+            }
+            if out.finish.is_some() {
+                break;
+            }
+        }
+        let text = tokenizer.decode(state.generated(), false).unwrap();
+        (text, state.finish().cloned())
+    }
 }
 
 /// The calls and the content `text` parses into.
@@ -118,20 +136,14 @@ fn parse(format: ToolFormat, text: &str) -> (String, Vec<(String, String)>) {
 
 #[test]
 fn a_call_begun_under_auto_is_valid_and_text_before_it_is_free() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/strata-tiny-moe");
-    let tokenizer = Tokenizer::from_dir(&dir).unwrap();
-    let vocab = tokenizer.vocab_size();
-    let compiler = GrammarCompiler::new(&tokenizer, vocab).unwrap();
-    // What the "model" writes after the marker if nothing stops it: no call at all.
-    let then = tokenizer.encode(" hello", false).unwrap()[0];
+    let fx = Fixture::new();
     for format in FORMATS {
         let before = format!("Let me look. {}", format.call_trigger());
-        let wanted = tokenizer.encode(&before, false).unwrap();
 
-        let (free, _) = run(&tokenizer, &compiler, vocab, format, false, &wanted, then);
+        let (free, _) = fx.run(format, false, &before);
         assert!(parse(format, &free).1.is_empty(), "{format:?}: {free}");
 
-        let (text, finish) = run(&tokenizer, &compiler, vocab, format, true, &wanted, then);
+        let (text, finish) = fx.run(format, true, &before);
         assert_eq!(finish, Some(FinishReason::Stop), "{format:?}: {text}");
         assert!(text.starts_with(&before), "{format:?}: {text}");
         let (content, calls) = parse(format, &text);
@@ -150,30 +162,10 @@ fn a_call_begun_under_auto_is_valid_and_text_before_it_is_free() {
 
 #[test]
 fn text_without_the_marker_is_never_constrained() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/strata-tiny-moe");
-    let tokenizer = Tokenizer::from_dir(&dir).unwrap();
-    let vocab = tokenizer.vocab_size();
-    let compiler = GrammarCompiler::new(&tokenizer, vocab).unwrap();
-    let then = tokenizer.encode(" hello", false).unwrap()[0];
-    let wanted = tokenizer.encode("It is sunny <tool", false).unwrap();
-    let (with, finish) = run(
-        &tokenizer,
-        &compiler,
-        vocab,
-        ToolFormat::Hermes,
-        true,
-        &wanted,
-        then,
-    );
-    let (without, _) = run(
-        &tokenizer,
-        &compiler,
-        vocab,
-        ToolFormat::Hermes,
-        false,
-        &wanted,
-        then,
-    );
+    let fx = Fixture::new();
+    let wanted = "It is sunny <tool";
+    let (with, finish) = fx.run(ToolFormat::Hermes, true, wanted);
+    let (without, _) = fx.run(ToolFormat::Hermes, false, wanted);
     assert_eq!(with, without);
     assert_eq!(finish, Some(FinishReason::Length));
 }
