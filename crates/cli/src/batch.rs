@@ -18,7 +18,7 @@ use strata_server::offline::{Offline, custom_id};
 
 use crate::model_arg::{DeviceArgs, ModelArgs};
 use crate::progress::Progress;
-use crate::serve::{SchedArgs, check_device, load_engine, model_id};
+use crate::serve::{SchedArgs, load_engine, model_id};
 
 /// Arguments of `strata batch`.
 #[derive(Debug, Args)]
@@ -63,7 +63,6 @@ fn open_output(path: &Path) -> anyhow::Result<(File, HashSet<String>)> {
 
 pub fn run(args: BatchArgs) -> anyhow::Result<()> {
     crate::serve::init_logging();
-    check_device(&args.device)?;
     let input =
         File::open(&args.input).with_context(|| format!("opening {}", args.input.display()))?;
     let (mut out, done) = open_output(&args.output)?;

@@ -19,7 +19,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::Args;
 use serde_json::{Value, json};
-use strata_model::{KvCache, LogitsWanted, SeqInput};
+use strata_model::LogitsWanted;
+use strata_model::backend::BatchSeq;
 use strata_runtime::engine::Engine;
 use strata_runtime::grammar::{Grammar, GrammarStats, ResponseFormat};
 use strata_runtime::sampling::{Sampler, SamplingParams};
@@ -138,7 +139,7 @@ pub fn run(args: BenchGrammarArgs) -> anyhow::Result<()> {
     if args.json {
         let doc = json!({
             "model": dir.display().to_string(),
-            "vocab": engine.model.config.vocab_size,
+            "vocab": engine.model.config().vocab_size,
             "compile_ms": compile.as_secs_f64() * 1e3,
             "threads": strata_kernels::num_threads(),
             "rows": rows,
@@ -147,7 +148,7 @@ pub fn run(args: BenchGrammarArgs) -> anyhow::Result<()> {
     } else {
         outln!(
             "vocabulary {}, schema compiled in {:.1} ms, {} compute threads",
-            engine.model.config.vocab_size,
+            engine.model.config().vocab_size,
             compile.as_secs_f64() * 1e3,
             strata_kernels::num_threads()
         )?;
@@ -214,12 +215,14 @@ fn decode(
             Ok(s)
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let mut caches: Vec<KvCache> = (0..batch).map(|_| engine.model.new_cache()).collect();
-    let mut inputs: Vec<SeqInput<'_>> = caches
+    let mut caches = (0..batch)
+        .map(|_| engine.model.new_cache(prompt.len() + tokens + 1))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut inputs: Vec<BatchSeq<'_>> = caches
         .iter_mut()
-        .map(|cache| SeqInput {
+        .map(|cache| BatchSeq {
             tokens: prompt,
-            cache,
+            cache: &mut **cache,
             logits: LogitsWanted::Last,
         })
         .collect();
@@ -245,12 +248,12 @@ fn decode(
             };
             c.push(id);
         }
-        let mut inputs: Vec<SeqInput<'_>> = chosen
+        let mut inputs: Vec<BatchSeq<'_>> = chosen
             .iter()
             .zip(caches.iter_mut())
-            .map(|(c, cache)| SeqInput {
+            .map(|(c, cache)| BatchSeq {
                 tokens: &c[step..],
-                cache,
+                cache: &mut **cache,
                 logits: LogitsWanted::Last,
             })
             .collect();

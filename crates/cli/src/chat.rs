@@ -22,14 +22,15 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Args;
-use strata_model::{KvCache, LogitsWanted, SeqInput};
+use strata_model::LogitsWanted;
+use strata_model::backend::{BatchSeq, SeqCache};
 use strata_runtime::engine::Engine;
 use strata_runtime::sampling::{Sampler, SamplingParams};
 use strata_runtime::step::{SequenceOptions, SequenceState};
 use strata_runtime::text::ChatMessage;
 
 use crate::generate::{finish_name, parse_max_tokens, seconds};
-use crate::model_arg::{Device, DeviceArgs, ModelArgs, SamplingArgs};
+use crate::model_arg::{DeviceArgs, ModelArgs, SamplingArgs};
 
 /// Arguments of `strata chat`.
 #[derive(Debug, Args)]
@@ -276,7 +277,7 @@ struct Session<'e> {
     system: Option<String>,
     /// User and assistant messages, alternating.
     turns: Vec<ChatMessage>,
-    cache: KvCache,
+    cache: Box<dyn SeqCache>,
     /// The tokens whose keys and values `cache` holds.
     cached: Vec<u32>,
     settings: Settings,
@@ -286,17 +287,24 @@ struct Session<'e> {
 }
 
 impl<'e> Session<'e> {
-    fn new(engine: &'e Engine, system: Option<String>, settings: Settings) -> Session<'e> {
-        Session {
+    fn new(
+        engine: &'e Engine,
+        system: Option<String>,
+        settings: Settings,
+    ) -> anyhow::Result<Session<'e>> {
+        let cache = engine
+            .model
+            .new_cache(engine.model.config().max_position_embeddings)?;
+        Ok(Session {
             engine,
             system,
             turns: Vec::new(),
-            cache: engine.model.new_cache(),
+            cache,
             cached: Vec::new(),
             settings,
             last: None,
             hybrid: None,
-        }
+        })
     }
 
     fn messages(&self) -> Vec<ChatMessage> {
@@ -307,7 +315,7 @@ impl<'e> Session<'e> {
     /// The conversation with `self.turns`' last user message, as prompt tokens; the oldest
     /// exchanges are dropped (and said so) while it leaves no room in the context.
     fn prompt(&mut self) -> anyhow::Result<Vec<u32>> {
-        let ctx = self.engine.model.config.max_position_embeddings;
+        let ctx = self.engine.model.config().max_position_embeddings;
         loop {
             let prompt = self.engine.chat_prompt(&self.messages())?;
             if prompt.len() < ctx {
@@ -331,9 +339,9 @@ impl<'e> Session<'e> {
         } else {
             LogitsWanted::None
         };
-        let mut seqs = [SeqInput {
+        let mut seqs = [BatchSeq {
             tokens,
-            cache: &mut self.cache,
+            cache: &mut *self.cache,
             logits,
         }];
         let out = self.engine.model.forward(&mut seqs)?;
@@ -378,7 +386,7 @@ impl<'e> Session<'e> {
     ) -> anyhow::Result<(String, TurnStats)> {
         let stopped = || flags.stop.load(Ordering::SeqCst);
         let s = self.settings.clone();
-        self.engine.model.memory().check(
+        self.engine.check_cache_memory(
             (prompt.len() + s.max_tokens) as u64,
             "lower max_tokens (/set max_tokens N) or /clear the conversation",
         )?;
@@ -412,7 +420,7 @@ impl<'e> Session<'e> {
         stats.prefill = started.elapsed();
         let opts = SequenceOptions {
             max_tokens: s.max_tokens,
-            ctx_size: self.engine.model.config.max_position_embeddings,
+            ctx_size: self.engine.model.config().max_position_embeddings,
             stop: &[],
             ignore_eos: false,
             top_logprobs: None,
@@ -489,7 +497,7 @@ impl<'e> Session<'e> {
             "conversation: {} messages, {} tokens cached of a {}-token context",
             self.turns.len(),
             self.cached.len(),
-            self.engine.model.config.max_position_embeddings
+            self.engine.model.config().max_position_embeddings
         );
         eprintln!("settings: {}", self.settings.show());
         if let Some(exec) = &self.hybrid {
@@ -499,16 +507,9 @@ impl<'e> Session<'e> {
 }
 
 pub fn run(args: ChatArgs) -> anyhow::Result<()> {
-    let device = args.device.checked()?;
-    if device == Device::Gpu {
-        bail!("strata chat runs on --device cpu or hybrid");
-    }
     let dir = args.model.dir()?;
-    let (mut engine, load) = args.model.load_engine(&dir)?;
-    let hybrid = match device {
-        Device::Hybrid => Some(args.device.hybrid(&dir, &mut engine.model)?),
-        _ => None,
-    };
+    let loaded = args.device.load_engine(&args.model, &dir)?;
+    let (engine, hybrid, load) = (loaded.engine, loaded.hybrid, loaded.took);
     let settings = Settings {
         sampling: args.sampling.params(),
         max_tokens: args.max_tokens,
@@ -527,7 +528,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
     let flags = Arc::new(Interrupts::default());
     spawn_interrupts(tx.clone(), flags.clone())?;
     spawn_reader(tx);
-    let mut session = Session::new(&engine, args.system.clone(), settings);
+    let mut session = Session::new(&engine, args.system.clone(), settings)?;
     session.hybrid = hybrid;
     let mut stdout = std::io::stdout();
     while let Some(text) = read_message(&rx, interactive)? {
@@ -621,7 +622,7 @@ mod tests {
             sampling: SamplingParams::greedy(),
             max_tokens: 16,
         };
-        let mut session = Session::new(&engine, Some("Be brief.".into()), settings);
+        let mut session = Session::new(&engine, Some("Be brief.".into()), settings).unwrap();
         let flags = Interrupts::default();
         session.turn("Hello", &flags, &mut Vec::new()).unwrap();
         let mut messages = session.messages();

@@ -2,18 +2,16 @@
 
 use std::io::{Read, Write};
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Args;
 
-use strata_runtime::engine::{FinishReason, Request, load_tokenizer};
-use strata_runtime::grammar::{GrammarCompiler, GrammarStats, ResponseFormat};
-use strata_runtime::sampling::Sampler;
-use strata_runtime::step::{SequenceOptions, SequenceState};
+use strata_runtime::engine::{FinishReason, Request};
+use strata_runtime::grammar::{GrammarStats, ResponseFormat};
 use strata_runtime::text::ChatMessage;
 
-use crate::model_arg::{Device, DeviceArgs, ModelArgs, SamplingArgs};
+use crate::model_arg::{DeviceArgs, ModelArgs, SamplingArgs};
 
 /// Arguments of `strata generate`.
 #[derive(Debug, Args)]
@@ -81,24 +79,17 @@ fn prompt_text(prompt: &str) -> anyhow::Result<String> {
 }
 
 pub fn run(mut args: GenerateArgs) -> anyhow::Result<()> {
-    let device = args.device.checked()?;
     if let Some(p) = &args.prompt {
         args.prompt = Some(prompt_text(p)?);
     }
     let dir = args.model.dir()?;
-    if device == Device::Gpu {
-        return run_gpu(&args, &dir);
-    }
-    let (mut engine, load) = args.model.load_engine(&dir)?;
-    let hybrid = match device {
-        Device::Hybrid => Some(args.device.hybrid(&dir, &mut engine.model)?),
-        _ => None,
-    };
+    let loaded = args.device.load_engine(&args.model, &dir)?;
+    let (engine, hybrid, load) = (loaded.engine, loaded.hybrid, loaded.took);
     let prompt = match &args.prompt {
         Some(p) => engine.text_prompt(p)?,
         None => engine.chat_prompt(&messages(&args))?,
     };
-    engine.model.memory().check(
+    engine.check_cache_memory(
         (prompt.len() + args.max_tokens) as u64,
         "lower --max-tokens or shorten the prompt",
     )?;
@@ -131,13 +122,14 @@ pub fn run(mut args: GenerateArgs) -> anyhow::Result<()> {
         .and_then(|()| stdout.flush())
         .context("writing to stdout")?;
     eprintln!(
-        "[load {}, {} prompt tokens at {:.1} tok/s, {} generated at {:.1} tok/s, finish: {}]",
+        "[load {}, {} prompt tokens at {:.1} tok/s, {} generated at {:.1} tok/s, finish: {}, device: {}]",
         seconds(load),
         stats.prompt_tokens,
         stats.prefill_tps(),
         outputs[0].tokens.len(),
         stats.decode_tps(),
         finish_name(&outputs[0].finish),
+        engine.model.device(),
     );
     if let Some(g) = &outputs[0].grammar {
         print_grammar_stats(g);
@@ -203,79 +195,4 @@ fn messages(args: &GenerateArgs) -> Vec<ChatMessage> {
         messages.push(ChatMessage::new("user", c));
     }
     messages
-}
-
-/// `--device gpu`: one sequence on the accelerator, token by token after the prompt. (The
-/// batched engine runs on the CPU; the hybrid executor will join the two.)
-fn run_gpu(args: &GenerateArgs, dir: &std::path::Path) -> anyhow::Result<()> {
-    let tokenizer = load_tokenizer(dir)?;
-    let prompt = match &args.prompt {
-        Some(p) => tokenizer.encode(p, true)?,
-        None => {
-            let text = tokenizer.chat_template()?.render(&messages(args), true)?;
-            tokenizer.encode(&text, false)?
-        }
-    };
-    let loading = Instant::now();
-    let model = args.device.gpu_model(dir)?;
-    let load = loading.elapsed();
-    // The cache holds the prompt and every generated token, within the model's context (as
-    // the engine on the CPU: the sequence ends with "context full" there).
-    let max_ctx = model.config.max_position_embeddings;
-    anyhow::ensure!(
-        prompt.len() < max_ctx,
-        "prompt of {} tokens does not fit the context of {max_ctx}",
-        prompt.len()
-    );
-    let ctx_size = (prompt.len() + args.max_tokens).min(max_ctx);
-    let mut cache = model.new_cache(ctx_size)?;
-    let opts = SequenceOptions {
-        max_tokens: args.max_tokens,
-        ctx_size,
-        stop: &args.stop,
-        ignore_eos: false,
-        top_logprobs: None,
-        keep_special: &[],
-    };
-    let mut seq = SequenceState::new(
-        &tokenizer,
-        Sampler::new(args.sampling.params())?,
-        &prompt,
-        opts,
-    )?;
-    if let Some(f) = response_format(args)? {
-        // Ids past the tokenizer's vocabulary (padding of the logits) are never allowed.
-        let compiler = GrammarCompiler::new(&tokenizer, tokenizer.vocab_size())?;
-        seq.constrain(compiler.compile(&f).context(format_origin(args))?)?;
-    }
-    let mut stdout = std::io::stdout().lock();
-    let started = Instant::now();
-    let mut logits = model.forward_last(&prompt, &mut cache)?;
-    let prefill = started.elapsed();
-    let finish = loop {
-        let outcome = seq.accept(&logits)?;
-        stdout
-            .write_all(outcome.text.as_bytes())
-            .and_then(|()| stdout.flush())
-            .context("writing to stdout")?;
-        if let Some(finish) = outcome.finish {
-            writeln!(stdout, "{}", outcome.tail).context("writing to stdout")?;
-            break finish;
-        }
-        logits = model.forward_last(seq.next_input(), &mut cache)?;
-    };
-    if let Some(g) = seq.grammar_stats() {
-        print_grammar_stats(&g);
-    }
-    let generated = seq.generated().len();
-    let decode = started.elapsed() - prefill;
-    eprintln!(
-        "[load {}, {} prompt tokens at {:.1} tok/s, {generated} generated at {:.1} tok/s, finish: {}, device: gpu]",
-        seconds(load),
-        prompt.len(),
-        prompt.len() as f64 / prefill.as_secs_f64().max(1e-9),
-        generated.saturating_sub(1) as f64 / decode.as_secs_f64().max(1e-9),
-        finish_name(&finish),
-    );
-    Ok(())
 }

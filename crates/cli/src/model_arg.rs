@@ -15,7 +15,7 @@ use strata_formats::strata_file::StrataFile;
 use strata_kernels::PackedFormat;
 use strata_model::model::STRATA_FILE;
 use strata_model::{LoadOptions, Model, Precision};
-use strata_runtime::engine::Engine;
+use strata_runtime::engine::{Engine, load_tokenizer};
 use strata_runtime::sampling::SamplingParams;
 
 use crate::progress::Progress;
@@ -308,6 +308,17 @@ impl ModelArgs {
     }
 }
 
+/// An engine loaded for a `--device` ([`DeviceArgs::load_engine`]).
+#[derive(Debug)]
+pub struct LoadedEngine {
+    /// The engine, on the device's backend.
+    pub engine: Engine,
+    /// With `--device hybrid`: the executor, for its statistics.
+    pub hybrid: Option<Arc<HybridExecutor>>,
+    /// How long the model took to load.
+    pub took: Duration,
+}
+
 impl DeviceArgs {
     /// The device, once the options given apply to it: the hybrid options only with
     /// `--device hybrid` (and `--defer` only with `--policy ktransformers`), a VRAM budget
@@ -332,6 +343,38 @@ impl DeviceArgs {
             bail!("--vram-budget applies only with --device gpu or hybrid");
         }
         Ok(self.device)
+    }
+
+    /// Loads the engine for `--device`: on the CPU, with a hybrid executor behind the CPU
+    /// model's MoE blocks (returned for its statistics), or the whole model on the
+    /// accelerator. The scheduler, the prefix cache and the generation step do not know
+    /// which: the engine's backend runs the forward passes.
+    pub fn load_engine(&self, model: &ModelArgs, dir: &Path) -> anyhow::Result<LoadedEngine> {
+        let device = self.checked()?;
+        if device == Device::Gpu {
+            let started = Instant::now();
+            let tokenizer = load_tokenizer(dir)?;
+            let gpu = self.gpu_model(dir)?;
+            return Ok(LoadedEngine {
+                engine: Engine::new(Box::new(gpu), tokenizer)?,
+                hybrid: None,
+                took: started.elapsed(),
+            });
+        }
+        let (mut engine, took) = model.load_engine(dir)?;
+        let hybrid = match device {
+            Device::Hybrid => {
+                let cpu = engine.model.cpu_model_mut();
+                let cpu = cpu.context("the hybrid executor needs the model on the CPU")?;
+                Some(self.hybrid(dir, cpu)?)
+            }
+            _ => None,
+        };
+        Ok(LoadedEngine {
+            engine,
+            hybrid,
+            took,
+        })
     }
 
     /// Loads the model onto the accelerator (`--device gpu`).

@@ -4,7 +4,6 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 use std::sync::Arc;
 
-use anyhow::bail;
 use clap::Args;
 use strata_exec::HybridExecutor;
 use strata_runtime::engine::Engine;
@@ -12,7 +11,7 @@ use strata_runtime::scheduler::{SchedulerConfig, SchedulerLimits, Spelling};
 use strata_server::AppState;
 use strata_server::metrics::MetricsSource;
 
-use crate::model_arg::{Device, DeviceArgs, ModelArgs};
+use crate::model_arg::{DeviceArgs, ModelArgs};
 
 /// Arguments of `strata serve`.
 #[derive(Debug, Args)]
@@ -83,35 +82,23 @@ pub fn model_id(path: &Path) -> String {
     name.map_or_else(|| "model".into(), |n| n.to_string_lossy().into_owned())
 }
 
-/// Fails unless `device` is one `serve` and `batch` run on.
-pub fn check_device(device: &DeviceArgs) -> anyhow::Result<()> {
-    if device.checked()? == Device::Gpu {
-        bail!(
-            "--device gpu runs one sequence (generate, logits); serve and batch take cpu or hybrid"
-        );
-    }
-    Ok(())
-}
-
-/// Loads the engine for `serve` and `batch`: on the CPU, or with a hybrid executor for
-/// the routed experts (`--device hybrid`, returned for its statistics). The scheduler does
-/// not know which: the executor sits behind the model's MoE blocks.
+/// Loads the engine for `serve` and `batch` on `--device` ([`DeviceArgs::load_engine`]),
+/// logging what it did.
 pub fn load_engine(
     model: &ModelArgs,
     device: &DeviceArgs,
     path: &Path,
 ) -> anyhow::Result<(Engine, Option<Arc<HybridExecutor>>)> {
-    let (mut engine, took) = model.load_engine(path)?;
-    tracing::info!(seconds = took.as_secs_f64(), "model loaded");
-    let exec = match device.device {
-        Device::Hybrid => {
-            let exec = device.hybrid(path, &mut engine.model)?;
-            tracing::info!(policy = %exec.policy_name(), "routed experts on the hybrid executor");
-            Some(exec)
-        }
-        _ => None,
-    };
-    Ok((engine, exec))
+    let loaded = device.load_engine(model, path)?;
+    tracing::info!(
+        seconds = loaded.took.as_secs_f64(),
+        device = loaded.engine.model.device(),
+        "model loaded"
+    );
+    if let Some(exec) = &loaded.hybrid {
+        tracing::info!(policy = %exec.policy_name(), "routed experts on the hybrid executor");
+    }
+    Ok((loaded.engine, loaded.hybrid))
 }
 
 /// The hybrid executor's counters on `/metrics`, per device where they are.
@@ -209,7 +196,6 @@ pub fn init_logging() {
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     init_logging();
-    check_device(&args.device)?;
     let path = args.model.dir()?;
     let (engine, exec) = load_engine(&args.model, &args.device, &path)?;
     let engine = Arc::new(engine);

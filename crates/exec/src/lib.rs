@@ -34,7 +34,7 @@ mod worker;
 
 pub use cache::SlotCache;
 pub use executor::{ExecOptions, ExecStats, HybridExecutor, LayerRecord};
-pub use gpu_model::{GpuCache, GpuModel};
+pub use gpu_model::{GpuCache, GpuModel, GpuSeq};
 pub use setup::{
     HybridOptions, PolicyKind, PolicyOptions, attach_hybrid, build_policy, cost_model, install,
     model_shape, resolve_model_shape,

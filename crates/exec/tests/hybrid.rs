@@ -563,7 +563,7 @@ fn the_scheduler_with_an_executor_gives_the_cpu_paths_greedy_tokens() {
     let want = run_all(cpu, &reqs);
     for policy in [PolicyKind::GpuLru, PolicyKind::Smoe, PolicyKind::HybriMoE] {
         let (model, exec) = Setup::new(dir.clone(), policy, 20).load(&dev, Precision::F32);
-        let engine = Arc::new(Engine::new(model, load_tokenizer(&dir).unwrap()).unwrap());
+        let engine = Arc::new(Engine::new(Box::new(model), load_tokenizer(&dir).unwrap()).unwrap());
         let got = run_all(engine, &reqs);
         assert_eq!(got, want, "{policy}");
         let stats = exec.stats();

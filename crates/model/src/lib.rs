@@ -31,6 +31,7 @@
 #![deny(missing_docs)]
 
 pub mod attention;
+pub mod backend;
 mod cache;
 pub mod config;
 mod error;

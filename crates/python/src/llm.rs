@@ -307,7 +307,10 @@ impl Llm {
         };
         let mut engine = load_engine(py, model.clone(), load_options(dtype, weights)?)?;
         if let Some(opts) = hybrid {
-            py.detach(|| strata_exec::attach_hybrid(&mut engine.model, &model, &opts))
+            let cpu = engine.model.cpu_model_mut().ok_or_else(|| {
+                PyRuntimeError::new_err("the hybrid executor needs the model on the CPU")
+            })?;
+            py.detach(|| strata_exec::attach_hybrid(cpu, &model, &opts))
                 .map_err(|e| match e {
                     strata_exec::Error::Config(_) | strata_exec::Error::Policy(_) => {
                         PyValueError::new_err(chain(&e))

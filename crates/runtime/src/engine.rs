@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 use strata_formats::gguf::GgufFile;
 use strata_formats::strata_file::StrataFile;
 use strata_model::source::Source;
-use strata_model::{KvCache, LoadOptions, LogitsWanted, Model, SeqInput};
+use strata_model::{LoadOptions, LogitsWanted, Model};
+
+use strata_model::backend::{Backend, BackendError, BatchSeq, SeqCache};
 
 use crate::grammar::{Grammar, GrammarCompiler, GrammarError, GrammarStats, ResponseFormat};
 use crate::sampling::{Sampler, SamplingError, SamplingParams};
@@ -24,9 +26,12 @@ use crate::text::{ChatMessage, ChatTemplate, TextError, Tokenizer, TokenizerMeta
 /// Errors from generation.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
-    /// The model failed to load or run.
+    /// The model failed to load.
     #[error(transparent)]
     Model(#[from] strata_model::Error),
+    /// A forward pass failed on the backend.
+    #[error(transparent)]
+    Backend(#[from] BackendError),
     /// Tokenizer or chat template problem.
     #[error(transparent)]
     Text(#[from] TextError),
@@ -170,11 +175,11 @@ impl Stats {
     }
 }
 
-/// A model ready to generate: weights, tokenizer, chat template.
+/// A model ready to generate: weights on a backend, tokenizer, chat template.
 #[derive(Debug)]
 pub struct Engine {
-    /// The model.
-    pub model: Model,
+    /// The model, on the backend that runs it.
+    pub model: Box<dyn Backend>,
     /// Its tokenizer.
     pub tokenizer: Tokenizer,
     template: Option<ChatTemplate>,
@@ -201,11 +206,12 @@ impl Engine {
         let (config, src) = strata_model::model::open(path)?;
         let tokenizer = source_tokenizer(path, &src)?;
         let model = Model::from_source_with_progress(config, &src, opts.into(), progress)?;
-        Engine::new(model, tokenizer)
+        Engine::new(Box::new(model), tokenizer)
     }
 
-    /// Assembles an engine; compiles the tokenizer's chat template if it has one.
-    pub fn new(model: Model, tokenizer: Tokenizer) -> Result<Engine> {
+    /// Assembles an engine on `model`'s backend; compiles the tokenizer's chat template if
+    /// it has one.
+    pub fn new(model: Box<dyn Backend>, tokenizer: Tokenizer) -> Result<Engine> {
         let template = match &tokenizer.meta().chat_template {
             Some(src) => {
                 let tok = |id: Option<u32>| id.and_then(|i| tokenizer.id_to_token(i));
@@ -229,11 +235,20 @@ impl Engine {
         })
     }
 
+    /// Fails unless `positions` cached positions (all sequences) fit where the backend
+    /// keeps its caches; `lower` says which options lower the need.
+    pub fn check_cache_memory(&self, positions: u64, lower: &str) -> Result<()> {
+        let memory = self.model.cache_memory();
+        Ok(strata_model::backend::check_cache_memory(
+            &memory, positions, 0, lower,
+        )?)
+    }
+
     /// Compiles a response format against this model's tokenizer and vocabulary.
     pub fn compile_format(&self, format: &ResponseFormat) -> Result<Grammar, GrammarError> {
         let compiler = self
             .grammars
-            .get_or_init(|| GrammarCompiler::new(&self.tokenizer, self.model.config.vocab_size));
+            .get_or_init(|| GrammarCompiler::new(&self.tokenizer, self.model.config().vocab_size));
         match compiler {
             Ok(c) => c.compile(format),
             Err(e) => Err(e.clone()),
@@ -262,7 +277,7 @@ impl Engine {
         requests: &[Request],
         mut on_text: impl FnMut(usize, &str),
     ) -> Result<(Vec<Output>, Stats)> {
-        let max_ctx = self.model.config.max_position_embeddings;
+        let max_ctx = self.model.config().max_position_embeddings;
         for (i, r) in requests.iter().enumerate() {
             if r.prompt.is_empty() {
                 return Err(EngineError::Request(format!(
@@ -295,7 +310,13 @@ impl Engine {
                 Ok(state)
             })
             .collect::<Result<Vec<_>>>()?;
-        let mut caches: Vec<KvCache> = requests.iter().map(|_| self.model.new_cache()).collect();
+        let mut caches = requests
+            .iter()
+            .map(|r| {
+                self.model
+                    .new_cache((r.prompt.len() + r.max_tokens).min(max_ctx))
+            })
+            .collect::<Result<Vec<Box<dyn SeqCache>>, _>>()?;
         let mut stats = Stats {
             prompt_tokens: requests.iter().map(|r| r.prompt.len()).sum(),
             ..Stats::default()
@@ -320,9 +341,9 @@ impl Engine {
                 }
                 let end = (start + chunk).min(r.prompt.len());
                 idx.push(i);
-                seqs.push(SeqInput {
+                seqs.push(BatchSeq {
                     tokens: &r.prompt[start..end],
-                    cache,
+                    cache: &mut **cache,
                     logits: if end == r.prompt.len() {
                         LogitsWanted::Last
                     } else {
@@ -366,11 +387,11 @@ impl Engine {
                 break;
             }
             let seqs = states.iter().zip(caches.iter_mut());
-            let mut seqs: Vec<SeqInput<'_>> = seqs
+            let mut seqs: Vec<BatchSeq<'_>> = seqs
                 .filter(|(state, _)| state.finish().is_none())
-                .map(|(state, cache)| SeqInput {
+                .map(|(state, cache)| BatchSeq {
                     tokens: state.next_input(),
-                    cache,
+                    cache: &mut **cache,
                     logits: LogitsWanted::Last,
                 })
                 .collect();

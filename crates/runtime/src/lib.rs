@@ -1,4 +1,5 @@
-//! Generation on top of a [`strata_model::Model`]: text in, tokens and text out.
+//! Generation on top of a model on any backend ([`strata_model::backend::Backend`]: the
+//! CPU's [`strata_model::Model`], or a device model): text in, tokens and text out.
 //!
 //! Its one job is the generation loop and what surrounds it: the tokenizer and chat
 //! template ([`text`]), sampling ([`sampling`]), structured outputs ([`grammar`]), one

@@ -4,9 +4,9 @@
 //! Prompts are cut into blocks of [`BLOCK`] tokens. A block is named by a hash chained over
 //! its tokens and its parent's hash, so a block is found only after the identical prefix.
 //! [`PrefixCache`] keeps, per block, the KV rows of every layer (keys and values for GQA,
-//! latents and rotary keys for MLA: whatever [`KvCache`] holds), under a byte budget; the
-//! least recently used block without cached children is evicted first, so a chain always
-//! loses its tail before its head. The scheduler owns the pool on its own thread: sequences
+//! latents and rotary keys for MLA: whatever a [`SeqCache`] holds), in host memory under a
+//! byte budget whatever the backend; the least recently used block without cached
+//! children is evicted first, so a chain always loses its tail before its head. The scheduler owns the pool on its own thread: sequences
 //! put their full prompt blocks in as their prefill advances (so a hit can come from a
 //! sequence still running), then the prompt's last partial block, and when they end their
 //! whole history, prompt and answer (the next turn of a chat sends it back). A new sequence
@@ -18,20 +18,22 @@
 //! with one new prompt prefill it once (see the scheduler's step).
 //!
 //! A key design decision made here is to *copy* cached rows into the new sequence's own
-//! [`KvCache`] rather than share the blocks between sequences (vLLM's paged attention).
+//! cache rather than share the blocks between sequences (vLLM's paged attention).
 //! Attention reads each layer's cache as one contiguous slice (`KvCache::rows` of the whole
 //! sequence), for every attention kind and in the hybrid executor alike; sharing blocks
 //! would mean rewriting those paths over block tables. Copying costs a memcpy of the prefix
 //! (microseconds against the milliseconds per token a prefill costs) and the duplicate
 //! memory of running sequences, which the per-sequence admission already counts; the pool
 //! itself is bounded by its budget. The rows copied are bit-identical to what the prefill
-//! would compute, so a cache hit changes no logits.
+//! would compute, so a cache hit changes no logits. On an accelerator the pool stays in
+//! host memory, a second tier behind the device caches: a hit uploads the rows, a finished
+//! block is downloaded once.
 
 use std::collections::{BTreeSet, HashMap};
 use std::hash::{DefaultHasher, Hash, Hasher};
 
 pub use strata_model::KV_BLOCK as BLOCK;
-use strata_model::KvCache;
+use strata_model::backend::SeqCache;
 
 /// Hash of the empty prefix, the parent of every first block.
 const ROOT: u64 = 0x5354_5241_5441_5046;
@@ -138,7 +140,7 @@ impl PrefixCache {
     /// prompt gives those rows, so a prompt seen before is served up to its last token, as
     /// llama-server's prompt cache does. An empty cache gets the longest cached prefix; a
     /// prefilling one catches up with blocks other sequences finished since.
-    pub fn lookup(&mut self, prompt: &[u32], hashes: &[u64], cache: &mut KvCache) -> usize {
+    pub fn lookup(&mut self, prompt: &[u32], hashes: &[u64], cache: &mut dyn SeqCache) -> usize {
         let have = cache.len();
         if !have.is_multiple_of(BLOCK) || have >= prompt.len() {
             return 0;
@@ -169,11 +171,12 @@ impl PrefixCache {
             let block = &self.blocks[&hash];
             // The first `n` of the block's rows: its buffers hold one row per token.
             let t = block.tokens.len();
-            let rows = block
+            let rows: Vec<(&[f32], &[f32])> = block
                 .rows
                 .iter()
-                .map(|(a, b)| (&a[..a.len() / t * n], &b[..b.len() / t * n]));
-            if cache.extend(n, rows).is_err() {
+                .map(|(a, b)| (&a[..a.len() / t * n], &b[..b.len() / t * n]))
+                .collect();
+            if cache.extend(n, &rows).is_err() {
                 // Rows of another shape (cannot happen with one model): keep what it had.
                 cache.truncate(have);
                 return 0;
@@ -206,7 +209,7 @@ impl PrefixCache {
     /// the pool (those already there are marked used), evicting least recently used blocks
     /// to stay within the budget. Full blocks always; when `upto` is all of `tokens`, its
     /// last partial block too, so the same tokens again find every row but the last.
-    pub fn insert(&mut self, tokens: &[u32], hashes: &[u64], cache: &KvCache, upto: usize) {
+    pub fn insert(&mut self, tokens: &[u32], hashes: &[u64], cache: &dyn SeqCache, upto: usize) {
         let upto = upto.min(cache.len()).min(tokens.len());
         let full = upto / BLOCK;
         let mut parent = ROOT;
@@ -230,7 +233,7 @@ impl PrefixCache {
         hash: u64,
         parent: u64,
         block: &[u32],
-        cache: &KvCache,
+        cache: &dyn SeqCache,
         start: usize,
     ) -> bool {
         if self.blocks.contains_key(&hash) {
@@ -241,11 +244,8 @@ impl PrefixCache {
             self.touch(hash);
             return true;
         }
-        let Some(rows) = (0..cache.widths().len())
-            .map(|l| {
-                let (a, b) = cache.rows(l, start, start + block.len())?;
-                Some((a.to_vec(), b.to_vec()))
-            })
+        let Some(rows) = (0..cache.layers())
+            .map(|l| cache.read_rows(l, start, start + block.len()))
             .collect::<Option<Vec<_>>>()
         else {
             return false;

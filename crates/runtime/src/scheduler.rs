@@ -27,7 +27,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
 
-use strata_model::{KvCache, LogitsWanted, SeqInput};
+use strata_model::LogitsWanted;
+
+use strata_model::backend::{BatchSeq, SeqCache};
 
 use crate::engine::{Engine, FinishReason};
 use crate::grammar::Grammar;
@@ -69,7 +71,7 @@ impl SchedulerConfig {
             max_batch: 16,
             max_queue: 256,
             step_tokens: 512,
-            ctx_size: engine.model.config.max_position_embeddings,
+            ctx_size: engine.model.config().max_position_embeddings,
             prefix_cache_bytes: 0,
         }
     }
@@ -241,7 +243,7 @@ impl Scheduler {
             step_tokens: config.step_tokens.max(1),
             ctx_size: config
                 .ctx_size
-                .clamp(2, engine.model.config.max_position_embeddings.max(2)),
+                .clamp(2, engine.model.config().max_position_embeddings.max(2)),
             prefix_cache_bytes: config.prefix_cache_bytes,
         };
         let (tx, rx) = mpsc::channel();
@@ -391,7 +393,7 @@ struct Seq<'e> {
     sink: Box<dyn EventSink>,
     /// Sampling, detokenizing, stopping and counting.
     state: SequenceState<'e>,
-    cache: KvCache,
+    cache: Box<dyn SeqCache>,
     /// Chained hashes of the prompt's full blocks (empty without a prefix cache).
     hashes: Vec<u64>,
     /// Prompt tokens already in the cache.
@@ -417,7 +419,7 @@ impl Seq<'_> {
         // The cache holds every token fed to the model: all but a last sampled one.
         tokens.truncate(self.cache.len());
         if tokens.len() == self.cache.len() {
-            pool.insert(&tokens, &block_hashes(&tokens), &self.cache, tokens.len());
+            pool.insert(&tokens, &block_hashes(&tokens), &*self.cache, tokens.len());
         }
     }
 
@@ -435,7 +437,7 @@ impl Seq<'_> {
         if self.hashes.is_empty() || !self.prefilled.is_multiple_of(BLOCK) {
             return false;
         }
-        let more = pool.lookup(&self.req.prompt, &self.hashes, &mut self.cache);
+        let more = pool.lookup(&self.req.prompt, &self.hashes, &mut *self.cache);
         self.prefilled += more;
         self.cached += more;
         shared
@@ -573,20 +575,26 @@ fn admit<'e>(
             }
             Ok(state)
         });
-    let state = match state {
-        Ok(state) => state,
+    let state = state.and_then(|state| {
+        let cache = engine
+            .model
+            .new_cache(cfg.ctx_size)
+            .map_err(|e| e.to_string())?;
+        Ok((state, cache))
+    });
+    let (state, mut cache) = match state {
+        Ok(sc) => sc,
         Err(e) => {
             p.sink.send(Event::Failed(e));
             return None;
         }
     };
-    let mut cache = engine.model.new_cache();
     let hashes = if cfg.prefix_cache_bytes > 0 {
         block_hashes(&p.req.prompt)
     } else {
         Vec::new()
     };
-    let cached = pool.lookup(&p.req.prompt, &hashes, &mut cache);
+    let cached = pool.lookup(&p.req.prompt, &hashes, &mut *cache);
     Some(Seq {
         id: p.id,
         req: p.req,
@@ -659,9 +667,9 @@ fn step(
                 (&req.prompt[*prefilled..end], wanted)
             }
         };
-        inputs.push(SeqInput {
+        inputs.push(BatchSeq {
             tokens,
-            cache,
+            cache: &mut **cache,
             logits,
         });
         who.push(i);
@@ -686,7 +694,7 @@ fn step(
             shared
                 .prefilled_tokens
                 .fetch_add(n as u64, Ordering::Relaxed);
-            pool.insert(&seq.req.prompt, &seq.hashes, &seq.cache, seq.prefilled);
+            pool.insert(&seq.req.prompt, &seq.hashes, &*seq.cache, seq.prefilled);
         }
         if !logits.is_empty() {
             seq.decoding = true;

@@ -11,7 +11,8 @@
 
 use std::path::{Path, PathBuf};
 
-use strata_model::{LogitsWanted, Precision, SeqInput};
+use strata_model::backend::BatchSeq;
+use strata_model::{LogitsWanted, Precision};
 use strata_runtime::engine::{Engine, Request};
 use strata_runtime::sampling::SamplingParams;
 
@@ -79,14 +80,14 @@ fn check_against_llama_cpp(model_file: &str, reference: &str) {
             tokens,
             "tokens of {text:?}"
         );
-        let mut cache = model.new_cache();
-        let mut seqs = [SeqInput {
+        let mut cache = model.new_cache(tokens.len()).unwrap();
+        let mut seqs = [BatchSeq {
             tokens: &tokens,
-            cache: &mut cache,
+            cache: &mut *cache,
             logits: LogitsWanted::All,
         }];
         let logits = model.forward(&mut seqs).unwrap().remove(0);
-        let vocab = model.config.vocab_size;
+        let vocab = model.config().vocab_size;
         for (pos, want) in prompt["positions"].as_array().unwrap().iter().enumerate() {
             let row = &logits[pos * vocab..(pos + 1) * vocab];
             let top_ids = ids(&want["top_ids"]);

@@ -120,7 +120,7 @@ impl AppState {
             created: unix_now(),
             max_body: DEFAULT_MAX_BODY,
             extra_metrics: None,
-            live: events::Live::new(&engine.model.config),
+            live: events::Live::new(engine.model.config()),
             engine,
         }
     }

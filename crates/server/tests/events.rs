@@ -1,7 +1,7 @@
 //! The page and its live feed, in process on the strata-tiny-moe model: the event stream's
 //! format, routing counts equal to the routing the model reports, and the cost of counting.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -10,7 +10,7 @@ use axum::http::{Request, StatusCode, header};
 use futures_util::StreamExt;
 use serde_json::{Value, json};
 use strata_model::{
-    ForwardObserver, LogitsWanted, Precision, Routing, RoutingTap, SeqInput, SeqSpan,
+    ForwardObserver, LogitsWanted, Model, Precision, Routing, RoutingTap, SeqInput, SeqSpan,
 };
 use strata_runtime::engine::Engine;
 use strata_runtime::scheduler::SchedulerConfig;
@@ -20,10 +20,18 @@ use tower::ServiceExt;
 
 const MODEL: &str = "strata-tiny-moe";
 
+fn model_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/strata-tiny-moe")
+}
+
 /// An engine of its own per test: the routing tap is the model's, one per server.
 fn engine() -> Arc<Engine> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/strata-tiny-moe");
-    Arc::new(Engine::load(&dir, Precision::Fast).unwrap())
+    Arc::new(Engine::load(&model_dir(), Precision::Fast).unwrap())
+}
+
+/// The CPU model alone, for the passes that compare the tap with `forward_observed`.
+fn model() -> Model {
+    Model::load(&model_dir(), Precision::Fast).unwrap()
 }
 
 fn state() -> Arc<AppState> {
@@ -204,9 +212,9 @@ impl ForwardObserver for Load {
     }
 }
 
-fn run_batch(engine: &Engine, observer: Option<&mut Load>) {
+fn run_batch(model: &Model, observer: Option<&mut Load>) {
     let prompts: [&[u32]; 3] = [&[1, 2, 3, 4, 5], &[7, 8], &[100, 200, 300, 400]];
-    let mut caches: Vec<_> = prompts.iter().map(|_| engine.model.new_cache()).collect();
+    let mut caches: Vec<_> = prompts.iter().map(|_| model.new_cache()).collect();
     let mut seqs: Vec<SeqInput> = prompts
         .iter()
         .zip(caches.iter_mut())
@@ -217,24 +225,22 @@ fn run_batch(engine: &Engine, observer: Option<&mut Load>) {
         })
         .collect();
     match observer {
-        Some(o) => engine.model.forward_observed(&mut seqs, o).unwrap(),
-        None => engine.model.forward(&mut seqs).unwrap(),
+        Some(o) => model.forward_observed(&mut seqs, o).unwrap(),
+        None => model.forward(&mut seqs).unwrap(),
     };
 }
 
 #[test]
 fn the_tap_counts_the_routing_the_model_reports() {
-    let engine = engine();
-    let counts = Arc::new(RoutingCounts::new(&engine.model.config));
-    engine
-        .model
-        .set_routing_tap(Some(counts.clone() as Arc<dyn RoutingTap>));
-    run_batch(&engine, None);
-    run_batch(&engine, None);
-    engine.model.set_routing_tap(None);
-    run_batch(&engine, None);
+    let model = model();
+    let counts = Arc::new(RoutingCounts::new(&model.config));
+    model.set_routing_tap(Some(counts.clone() as Arc<dyn RoutingTap>));
+    run_batch(&model, None);
+    run_batch(&model, None);
+    model.set_routing_tap(None);
+    run_batch(&model, None);
     let mut load = Load(vec![vec![0; 32]; 6]);
-    run_batch(&engine, Some(&mut load));
+    run_batch(&model, Some(&mut load));
     let want: Vec<u64> = load.0.iter().flatten().map(|n| 2 * n).collect();
     assert_eq!(counts.snapshot(), want);
     assert_eq!(want.iter().sum::<u64>(), 2 * 6 * 11 * 4);
@@ -245,8 +251,8 @@ fn the_tap_counts_the_routing_the_model_reports() {
 #[test]
 #[ignore = "a measurement: cargo test -p strata-server --test events -- --ignored --nocapture"]
 fn tap_overhead_on_decode() {
-    let engine = engine();
-    let counts = Arc::new(RoutingCounts::new(&engine.model.config));
+    let model = model();
+    let counts = Arc::new(RoutingCounts::new(&model.config));
     let steps = 64;
     let mut time = [Duration::ZERO; 2];
     let rounds = 20;
@@ -254,8 +260,8 @@ fn tap_overhead_on_decode() {
         // Tapped first in even rounds, second in odd ones.
         for tapped in [round % 2 == 0, round % 2 != 0] {
             let tap = tapped.then(|| counts.clone() as Arc<dyn RoutingTap>);
-            engine.model.set_routing_tap(tap);
-            let mut cache = engine.model.new_cache();
+            model.set_routing_tap(tap);
+            let mut cache = model.new_cache();
             let started = Instant::now();
             for t in 0..steps {
                 let token = [(t * 37 % 8000) as u32 + 1];
@@ -264,7 +270,7 @@ fn tap_overhead_on_decode() {
                     cache: &mut cache,
                     logits: LogitsWanted::Last,
                 }];
-                engine.model.forward(&mut seqs).unwrap();
+                model.forward(&mut seqs).unwrap();
             }
             time[usize::from(!tapped)] += started.elapsed();
         }

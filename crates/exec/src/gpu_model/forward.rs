@@ -1,11 +1,13 @@
 //! The forward pass of [`GpuModel`]: the layer graph's steps ([`strata_model::Decoder`]),
 //! kernel by kernel on its device, driven by [`strata_model::forward_pass`] as the CPU's are.
 
+use std::ops::Range;
+
 use strata_accel::{Buffer, Op, RopeKind};
 use strata_model::config::{GqaConfig, MlaConfig, MoeConfig, RopeStyle};
-use strata_model::{Decoder, Norm, forward_pass};
+use strata_model::{Decoder, LogitsWanted, Norm, Routing, forward_pass};
 
-use super::{Attn, Ffn, GpuCache, GpuModel, Matrix, Mlp, Moe};
+use super::{Attn, Ffn, GpuCache, GpuModel, GpuSeq, Matrix, Mlp, Moe};
 use crate::{Error, Result};
 
 /// Activations on the device: `n` rows.
@@ -81,60 +83,103 @@ impl GpuModel {
     /// Runs `tokens` through the model after the cached positions, appending to `cache`;
     /// returns the logits of every new position, `[tokens, vocab]`.
     pub fn forward(&self, tokens: &[u32], cache: &mut GpuCache) -> Result<Vec<f32>> {
-        self.forward_rows(tokens, cache, false)
+        self.forward_one(tokens, cache, LogitsWanted::All)
     }
 
     /// [`GpuModel::forward`] returning only the last position's logits `[vocab]`
     /// (generation: the LM head runs on one row).
     pub fn forward_last(&self, tokens: &[u32], cache: &mut GpuCache) -> Result<Vec<f32>> {
-        self.forward_rows(tokens, cache, true)
+        self.forward_one(tokens, cache, LogitsWanted::Last)
     }
 
-    fn forward_rows(&self, tokens: &[u32], cache: &mut GpuCache, last: bool) -> Result<Vec<f32>> {
-        let t = tokens.len();
+    fn forward_one(
+        &self,
+        tokens: &[u32],
+        cache: &mut GpuCache,
+        logits: LogitsWanted,
+    ) -> Result<Vec<f32>> {
+        let mut seqs = [GpuSeq {
+            tokens,
+            cache,
+            logits,
+        }];
+        Ok(self.forward_batch(&mut seqs)?.remove(0))
+    }
+
+    /// Runs the new tokens of every sequence in one batch (their rows stacked through every
+    /// matrix, norm and expert; attention per sequence over its own cache), appending to
+    /// each cache; returns, per sequence, the logits it asked for, `[rows, vocab]`.
+    pub fn forward_batch(&self, seqs: &mut [GpuSeq<'_>]) -> Result<Vec<Vec<f32>>> {
         let v = self.config.vocab_size;
-        if let Some(&bad) = tokens.iter().find(|&&id| id as usize >= v) {
-            return Err(Error::Shape {
-                op: "forward",
-                message: format!("token id {bad} is out of range for a vocabulary of {v}"),
-            });
+        for s in seqs.iter() {
+            if let Some(&bad) = s.tokens.iter().find(|&&id| id as usize >= v) {
+                return Err(Error::Shape {
+                    op: "forward",
+                    message: format!("token id {bad} is out of range for a vocabulary of {v}"),
+                });
+            }
+            let (len, t, cap) = (s.cache.len, s.tokens.len(), s.cache.capacity);
+            if len + t > cap {
+                return Err(Error::Shape {
+                    op: "forward",
+                    message: format!(
+                        "{len} cached + {t} new positions exceed the cache capacity of {cap}"
+                    ),
+                });
+            }
         }
-        if cache.len + t > cache.capacity {
-            return Err(Error::Shape {
-                op: "forward",
-                message: format!(
-                    "{} cached + {t} new positions exceed the cache capacity of {}",
-                    cache.len, cache.capacity
-                ),
-            });
-        }
+        let t: usize = seqs.iter().map(|s| s.tokens.len()).sum();
         if t == 0 {
-            return Ok(Vec::new());
+            return Ok(vec![Vec::new(); seqs.len()]);
         }
         let dev = &*self.dev;
         let ids = dev.alloc(t as u64 * 4, 0, "token ids")?;
-        dev.upload(&ids, 0, &u32_bytes(tokens.iter().copied()))?;
+        dev.upload(
+            &ids,
+            0,
+            &u32_bytes(seqs.iter().flat_map(|s| s.tokens.iter().copied())),
+        )?;
         let pos = dev.alloc(t as u64 * 4, 0, "positions")?;
-        let positions = (cache.len..cache.len + t).map(|p| p as u32);
+        let positions = seqs
+            .iter()
+            .flat_map(|s| (s.cache.len..s.cache.len + s.tokens.len()).map(|p| p as u32));
         dev.upload(&pos, 0, &u32_bytes(positions))?;
+        let mut row = 0;
+        let mut parts = Vec::with_capacity(seqs.len());
+        for s in seqs.iter_mut() {
+            let n = s.tokens.len();
+            parts.push(Part {
+                cache: &mut *s.cache,
+                row,
+                n,
+                wanted: match s.logits {
+                    LogitsWanted::All => 0..n,
+                    LogitsWanted::Last => n.saturating_sub(1)..n,
+                    LogitsWanted::None => 0..0,
+                },
+            });
+            row += n;
+        }
         let mut pass = GpuPass {
             m: self,
-            cache,
+            parts,
             ids,
             pos,
             t,
-            last,
         };
-        let mut logits = Vec::with_capacity(t * v);
-        for rows in forward_pass(&self.graph, &mut pass)? {
-            let bytes = dev.download(&rows.buf, 0, (rows.n * v * 4) as u64)?;
-            logits.extend(
-                bytes
-                    .chunks_exact(4)
-                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
-            );
-        }
-        Ok(logits)
+        let mut out = forward_pass(&self.graph, &mut pass)?.into_iter();
+        let all = match out.next() {
+            Some(rows) => dev.download(&rows.buf, 0, (rows.n * v * 4) as u64)?,
+            None => Vec::new(),
+        };
+        let mut values = all
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+        let logits = pass.parts.iter().map(|part| {
+            let n = part.wanted.len() * v;
+            values.by_ref().take(n).collect()
+        });
+        Ok(logits.collect())
     }
 
     /// Rotates `heads` heads of `stride` values per row of `x`, from `offset` on.
@@ -143,7 +188,7 @@ impl GpuModel {
         &self,
         x: &Buffer,
         pos: &Buffer,
-        cache: &GpuCache,
+        table: &Buffer,
         t: usize,
         heads: usize,
         stride: usize,
@@ -152,7 +197,7 @@ impl GpuModel {
         Ok(self.dev.enqueue(&Op::Rope {
             x,
             positions: pos,
-            table: &cache.rope_table,
+            table,
             rows: t as u32,
             n_heads: heads as u32,
             head_stride: stride as u32,
@@ -165,8 +210,8 @@ impl GpuModel {
         })?)
     }
 
-    /// `x += routed experts (+ shared experts)` of `hs`.
-    fn moe(&self, x: &Buffer, hs: &Buffer, moe: &Moe, t: usize) -> Result<()> {
+    /// `x += routed experts (+ shared experts)` of `hs`, decoder layer `li`'s.
+    fn moe(&self, li: usize, x: &Buffer, hs: &Buffer, moe: &Moe, t: usize) -> Result<()> {
         let dev = &*self.dev;
         let k = moe.params.k as usize;
         let h = self.config.hidden_size;
@@ -201,6 +246,7 @@ impl GpuModel {
             .chunks_exact(4)
             .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect();
+        self.report_routing(li, &chosen, &weights, k)?;
         let mut order: Vec<usize> = (0..t * k).collect();
         order.sort_by_key(|&p| chosen[p]);
         let mut pairs = Vec::with_capacity(2 * t * k * 4);
@@ -246,22 +292,52 @@ impl GpuModel {
     }
 }
 
+impl GpuModel {
+    /// Hands layer `li`'s routing to the installed tap, if any (reading the combine
+    /// weights back only then).
+    fn report_routing(&self, li: usize, ids: &[u32], weights: &Buffer, k: usize) -> Result<()> {
+        let tap = self.tap.read().ok().and_then(|t| t.clone());
+        let Some(tap) = tap else { return Ok(()) };
+        let bytes = self.dev.download(weights, 0, (ids.len() * 4) as u64)?;
+        let routing = Routing {
+            top_k: k,
+            ids: ids.to_vec(),
+            weights: bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+            candidates: None,
+        };
+        tap.on_routing(li, &routing);
+        Ok(())
+    }
+}
+
 /// Little-endian bytes of `values`.
 fn u32_bytes(values: impl Iterator<Item = u32>) -> Vec<u8> {
     values.flat_map(u32::to_le_bytes).collect()
 }
 
-/// One forward pass of one sequence's new tokens on the device.
+/// One sequence's rows in a pass.
+struct Part<'a> {
+    cache: &'a mut GpuCache,
+    /// Its first row among the pass's rows.
+    row: usize,
+    /// Its new rows.
+    n: usize,
+    /// Its rows whose logits are wanted, counted from `row`.
+    wanted: Range<usize>,
+}
+
+/// One forward pass of the new tokens of one or more sequences on the device.
 struct GpuPass<'a> {
     m: &'a GpuModel,
-    cache: &'a mut GpuCache,
-    /// Token ids `[t]`.
+    parts: Vec<Part<'a>>,
+    /// Token ids `[t]`, the sequences' one after the other.
     ids: Buffer,
     /// Positions `[t]`.
     pos: Buffer,
     t: usize,
-    /// Only the last row's logits are wanted.
-    last: bool,
 }
 
 impl GpuPass<'_> {
@@ -276,22 +352,63 @@ impl GpuPass<'_> {
         }
     }
 
-    /// Appends the new rows' cache entries, `a: [t, wa]` and `b: [t, wb]`, to layer `li`'s
-    /// two cache buffers.
+    /// The rotary table of the cache with the most positions: it covers every position in
+    /// the pass (each below its own cache's capacity).
+    fn rope_table(&self) -> &Buffer {
+        let widest = self.parts.iter().max_by_key(|p| p.cache.capacity);
+        &widest.unwrap_or(&self.parts[0]).cache.rope_table
+    }
+
+    /// Appends every sequence's new cache entries, its rows of `a: [t, wa]` and
+    /// `b: [t, wb]`, to its layer `li`'s two cache buffers.
     fn append(
         &self,
         li: usize,
         (a, wa): (&Buffer, usize),
         (b, wb): (&Buffer, usize),
     ) -> Result<()> {
-        let (c, t, at) = (&*self.cache, self.t, self.cache.len);
-        self.m
-            .dev
-            .copy(a, 0, &c.k[li], (at * wa * 4) as u64, (t * wa * 4) as u64)?;
-        self.m
-            .dev
-            .copy(b, 0, &c.v[li], (at * wb * 4) as u64, (t * wb * 4) as u64)?;
+        let dev = &self.m.dev;
+        for p in self.parts.iter().filter(|p| p.n > 0) {
+            let (c, at) = (&p.cache, p.cache.len);
+            for (src, dst, w) in [(a, &c.k[li], wa), (b, &c.v[li], wb)] {
+                let row = (w * 4) as u64;
+                dev.copy(
+                    src,
+                    p.row as u64 * row,
+                    dst,
+                    at as u64 * row,
+                    p.n as u64 * row,
+                )?;
+            }
+        }
         Ok(())
+    }
+
+    /// `[t, out_w]`: `attend(part, q, out)` run for every sequence on its own rows of
+    /// `q: [t, q_w]` (copied apart when the pass holds more than one sequence).
+    fn per_sequence(
+        &self,
+        q: &Buffer,
+        (q_w, out_w): (usize, usize),
+        attend: impl Fn(&Part<'_>, &Buffer, &Buffer) -> Result<()>,
+    ) -> Result<Buffer> {
+        let m = self.m;
+        let out = m.scratch(self.t * out_w, "attention output")?;
+        if let [part] = self.parts.as_slice() {
+            attend(part, q, &out)?;
+            return Ok(out);
+        }
+        for p in self.parts.iter().filter(|p| p.n > 0) {
+            let (q_row, out_row) = ((q_w * 4) as u64, (out_w * 4) as u64);
+            let qs = m.scratch(p.n * q_w, "sequence queries")?;
+            m.dev
+                .copy(q, p.row as u64 * q_row, &qs, 0, p.n as u64 * q_row)?;
+            let os = m.scratch(p.n * out_w, "sequence attention output")?;
+            attend(p, &qs, &os)?;
+            m.dev
+                .copy(&os, 0, &out, p.row as u64 * out_row, p.n as u64 * out_row)?;
+        }
+        Ok(out)
     }
 }
 
@@ -336,7 +453,7 @@ impl Decoder for GpuPass<'_> {
         else {
             return Err(Self::mismatch(li, "attention"));
         };
-        let (m, t, pos, cache) = (self.m, self.t, &self.pos, &*self.cache);
+        let (m, t, pos, table) = (self.m, self.t, &self.pos, self.rope_table());
         let (n_heads, n_kv_heads, head_dim) = (cfg.n_heads, cfg.n_kv_heads, cfg.head_dim);
         let kv_w = cfg.kv_width();
         let mut qb = m.matmul(&hs.buf, q, t)?;
@@ -348,22 +465,24 @@ impl Decoder for GpuPass<'_> {
         if let Some(w) = k_norm {
             kb = m.rms_norm(&kb, w, t * n_kv_heads, head_dim, m.eps)?;
         }
-        m.rope(&qb, pos, cache, t, n_heads, head_dim, 0)?;
-        m.rope(&kb, pos, cache, t, n_kv_heads, head_dim, 0)?;
+        m.rope(&qb, pos, table, t, n_heads, head_dim, 0)?;
+        m.rope(&kb, pos, table, t, n_kv_heads, head_dim, 0)?;
         self.append(li, (&kb, kv_w), (&vb, kv_w))?;
-        let out = m.scratch(t * n_heads * head_dim, "attention output")?;
-        m.dev.enqueue(&Op::Attention {
-            q: &qb,
-            k: &cache.k[li],
-            v: &cache.v[li],
-            out: &out,
-            n_tokens: t as u32,
-            start_pos: cache.len as u32,
-            n_heads: n_heads as u32,
-            n_kv_heads: n_kv_heads as u32,
-            head_dim: head_dim as u32,
-            window: cfg.sliding_window.unwrap_or(0) as u32,
-            scale: m.scale,
+        let width = n_heads * head_dim;
+        let out = self.per_sequence(&qb, (width, width), |p, q, out| {
+            Ok(m.dev.enqueue(&Op::Attention {
+                q,
+                k: &p.cache.k[li],
+                v: &p.cache.v[li],
+                out,
+                n_tokens: p.n as u32,
+                start_pos: p.cache.len as u32,
+                n_heads: n_heads as u32,
+                n_kv_heads: n_kv_heads as u32,
+                head_dim: head_dim as u32,
+                window: cfg.sliding_window.unwrap_or(0) as u32,
+                scale: m.scale,
+            })?)
         })?;
         Ok(Rows {
             buf: m.matmul(&out, o, t)?,
@@ -383,7 +502,7 @@ impl Decoder for GpuPass<'_> {
         else {
             return Err(Self::mismatch(li, "attention"));
         };
-        let (m, t, pos, cache) = (self.m, self.t, &self.pos, &*self.cache);
+        let (m, t, pos, table) = (self.m, self.t, &self.pos, self.rope_table());
         let (n_heads, kv_lora, nope) = (cfg.n_heads, cfg.kv_lora_rank, cfg.qk_nope_head_dim);
         let (rope, v_dim) = (cfg.qk_rope_head_dim, cfg.v_head_dim);
         let eps = MlaConfig::NORM_EPS;
@@ -395,7 +514,7 @@ impl Decoder for GpuPass<'_> {
             }
             None => m.matmul(&hs.buf, q, t)?,
         };
-        m.rope(&qb, pos, cache, t, n_heads, nope + rope, nope)?;
+        m.rope(&qb, pos, table, t, n_heads, nope + rope, nope)?;
         // Split each row of kv_a's output into the latent and the rotary key.
         let kv = m.matmul(&hs.buf, kv_a, t)?;
         let latent = m.scratch(t * kv_lora, "latent")?;
@@ -409,23 +528,25 @@ impl Decoder for GpuPass<'_> {
             m.dev.copy(&kv, src + lat.1, &k_rope, rot.0, rot.1)?;
         }
         let latent = m.rms_norm(&latent, kv_a_norm, t, kv_lora, eps)?;
-        m.rope(&k_rope, pos, cache, t, 1, rope, 0)?;
+        m.rope(&k_rope, pos, table, t, 1, rope, 0)?;
         self.append(li, (&latent, kv_lora), (&k_rope, rope))?;
-        let out = m.scratch(t * n_heads * v_dim, "attention output")?;
-        m.dev.enqueue(&Op::MlaAttention {
-            q: &qb,
-            latent: &cache.k[li],
-            k_rope: &cache.v[li],
-            kv_b,
-            out: &out,
-            n_tokens: t as u32,
-            start_pos: cache.len as u32,
-            n_heads: n_heads as u32,
-            kv_lora: kv_lora as u32,
-            nope: nope as u32,
-            rope: rope as u32,
-            v_dim: v_dim as u32,
-            scale: m.scale,
+        let q_w = n_heads * (nope + rope);
+        let out = self.per_sequence(&qb, (q_w, n_heads * v_dim), |p, q, out| {
+            Ok(m.dev.enqueue(&Op::MlaAttention {
+                q,
+                latent: &p.cache.k[li],
+                k_rope: &p.cache.v[li],
+                kv_b,
+                out,
+                n_tokens: p.n as u32,
+                start_pos: p.cache.len as u32,
+                n_heads: n_heads as u32,
+                kv_lora: kv_lora as u32,
+                nope: nope as u32,
+                rope: rope as u32,
+                v_dim: v_dim as u32,
+                scale: m.scale,
+            })?)
         })?;
         Ok(Rows {
             buf: m.matmul(&out, o, t)?,
@@ -449,25 +570,41 @@ impl Decoder for GpuPass<'_> {
         let Ffn::Moe(moe) = &self.m.layers[li].ffn else {
             return Err(Self::mismatch(li, "feed-forward block"));
         };
-        self.m.moe(&x.buf, &hs.buf, moe, self.t)
+        self.m.moe(li, &x.buf, &hs.buf, moe, self.t)
     }
 
     fn commit(&mut self) -> Result<()> {
-        self.cache.len += self.t;
+        for p in &mut self.parts {
+            p.cache.len += p.n;
+        }
         Ok(())
     }
 
+    /// Every sequence's wanted rows, gathered in order into one activation (one LM head
+    /// pass); none when no sequence wants logits.
     fn wanted_rows(&mut self, x: Rows) -> Result<Vec<Rows>> {
-        let (t, h) = (self.t, self.m.config.hidden_size);
-        if !self.last || t == 1 {
+        let n: usize = self.parts.iter().map(|p| p.wanted.len()).sum();
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        if n == self.t {
             return Ok(vec![x]);
         }
-        let row = self.m.scratch(h, "last row")?;
-        let size = (h * 4) as u64;
-        self.m
-            .dev
-            .copy(&x.buf, (t - 1) as u64 * size, &row, 0, size)?;
-        Ok(vec![Rows { buf: row, n: 1 }])
+        let row = (self.m.config.hidden_size * 4) as u64;
+        let rows = self
+            .m
+            .scratch(n * self.m.config.hidden_size, "wanted rows")?;
+        let mut at = 0;
+        for p in &self.parts {
+            let (start, len) = ((p.row + p.wanted.start) as u64, p.wanted.len() as u64);
+            if len > 0 {
+                self.m
+                    .dev
+                    .copy(&x.buf, start * row, &rows, at * row, len * row)?;
+            }
+            at += len;
+        }
+        Ok(vec![Rows { buf: rows, n }])
     }
 
     fn lm_head(&mut self, x: &Rows) -> Result<Rows> {

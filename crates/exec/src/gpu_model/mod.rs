@@ -15,10 +15,11 @@
 //! host once per MoE layer to group the routed rows by expert: the same point at which the
 //! hybrid runtime's policy will decide where each expert runs.
 
+mod backend;
 mod forward;
 
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use strata_accel::{Buffer, Device, ExpertSlots, TopKParams, WeightType};
 use strata_model::config::{AttentionConfig, FfnConfig, GroupScore, ModelConfig, Scoring};
@@ -29,7 +30,7 @@ use strata_model::source::Source;
 use strata_model::tensors::{
     AttentionTensors, MatrixSpec, MlpTensors, MoeTensors, StackedExperts, TensorSpec,
 };
-use strata_model::{Head, LayerGraph};
+use strata_model::{Head, LayerGraph, LogitsWanted, RoutingTap};
 
 use crate::weights::{converted_expert, stored_values, wtype_of};
 use crate::{Error, Result};
@@ -100,14 +101,29 @@ struct Layer {
     ffn: Ffn,
 }
 
-/// The device KV cache of one sequence (and its rotary table).
+/// The device KV cache of one sequence (and its rotary table), allocated for its whole
+/// capacity up front.
 #[derive(Debug)]
 pub struct GpuCache {
+    dev: Arc<dyn Device>,
     k: Vec<Buffer>,
     v: Vec<Buffer>,
+    /// Values per position of each layer's two buffers.
+    widths: Vec<(usize, usize)>,
     rope_table: Buffer,
     len: usize,
     capacity: usize,
+}
+
+/// One sequence's part of [`GpuModel::forward_batch`].
+#[derive(Debug)]
+pub struct GpuSeq<'a> {
+    /// New tokens to run.
+    pub tokens: &'a [u32],
+    /// The sequence's cache; the new tokens are appended.
+    pub cache: &'a mut GpuCache,
+    /// Which logits to return.
+    pub logits: LogitsWanted,
 }
 
 impl GpuCache {
@@ -141,6 +157,9 @@ pub struct GpuModel {
     rope: Rope,
     scale: f32,
     eps: f32,
+    /// Sees every MoE layer's routing (the server's live view); set on a shared model,
+    /// hence the lock.
+    tap: RwLock<Option<Arc<dyn RoutingTap>>>,
 }
 
 fn to_bytes(v: &[f32]) -> Vec<u8> {
@@ -421,6 +440,7 @@ impl GpuModel {
             norm,
             lm_head,
             dev,
+            tap: RwLock::new(None),
         })
     }
 
@@ -433,8 +453,10 @@ impl GpuModel {
     pub fn new_cache(&self, capacity: usize) -> Result<GpuCache> {
         let mut k = Vec::with_capacity(self.layers.len());
         let mut v = Vec::with_capacity(self.layers.len());
+        let mut widths = Vec::with_capacity(self.layers.len());
         for layer in self.graph.layers() {
             let (wa, wb) = layer.attention.cache_widths();
+            widths.push((wa, wb));
             k.push(
                 self.dev
                     .alloc((capacity.max(1) * wa * 4) as u64, 0, "key cache")?,
@@ -455,8 +477,10 @@ impl GpuModel {
         let rope_table = self.dev.alloc(table.len() as u64 * 4, 0, "rope table")?;
         self.dev.upload(&rope_table, 0, &to_bytes(&table))?;
         Ok(GpuCache {
+            dev: Arc::clone(&self.dev),
             k,
             v,
+            widths,
             rope_table,
             len: 0,
             capacity,

@@ -5,6 +5,7 @@
 
 use super::SchedulerConfig;
 use crate::engine::Engine;
+use strata_model::backend::{check_cache_memory, positions_that_fit};
 
 /// How a front end spells its options in errors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,18 +72,14 @@ impl SchedulerLimits {
                 )));
             }
         }
-        let max_ctx = engine.model.config.max_position_embeddings;
-        let plan = engine.model.memory();
+        let max_ctx = engine.model.config().max_position_embeddings;
+        let memory = engine.model.cache_memory();
         let prefix_bytes = (self.prefix_cache_mb as u64).saturating_mul(1 << 20);
-        // The prefix cache's budget in positions of KV cache, as admission counts them.
-        let prefix_positions = prefix_bytes.div_ceil(plan.kv_per_token.max(1));
         let ctx_size = match self.ctx_size {
             Some(c) => c,
             None => {
-                let fit = strata_model::memory::available_bytes().map_or(u64::MAX, |a| {
-                    plan.positions_that_fit(a).saturating_sub(prefix_positions)
-                        / self.max_batch as u64
-                });
+                let fit = positions_that_fit(&memory, prefix_bytes)
+                    .map_or(u64::MAX, |p| p / self.max_batch as u64);
                 let ctx = (max_ctx as u64).min(fit) as usize;
                 if ctx < max_ctx && ctx >= 2 {
                     tracing::info!(
@@ -107,10 +104,10 @@ impl SchedulerLimits {
             spelling.name("max_batch"),
             spelling.name("prefix_cache_mb")
         );
-        plan.check(
-            (ctx_size as u64)
-                .saturating_mul(self.max_batch as u64)
-                .saturating_add(prefix_positions),
+        check_cache_memory(
+            &memory,
+            (ctx_size as u64).saturating_mul(self.max_batch as u64),
+            prefix_bytes,
             &lower,
         )?;
         Ok(SchedulerConfig {

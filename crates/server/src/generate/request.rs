@@ -333,7 +333,7 @@ pub(super) async fn completion_job(st: &Arc<AppState>, body: &[u8]) -> Result<Jo
         .logprobs
         .map(|t| top_logprobs_count(t, "logprobs"))
         .transpose()?;
-    let vocab = st.engine.model.config.vocab_size;
+    let vocab = st.engine.model.config().vocab_size;
     let prompts = match req.prompt {
         Prompt::Tokens(t) => vec![t],
         Prompt::TokenLists(l) => l,

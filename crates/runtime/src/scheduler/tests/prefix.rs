@@ -24,7 +24,7 @@ fn mla_engine() -> Arc<Engine> {
         "the fixture must have MLA attention"
     );
     let tok = Tokenizer::from_dir(root.join("models/strata-tiny-moe")).unwrap();
-    Arc::new(Engine::new(model, tok).unwrap())
+    Arc::new(Engine::new(Box::new(model), tok).unwrap())
 }
 
 /// `n` token ids below `vocab`, different for each `seed`.
@@ -62,7 +62,7 @@ fn run_one(s: &Scheduler, req: &GenRequest) -> (Vec<u32>, usize) {
 /// Requests sharing a `prefix`-token system prompt: the first one fills the cache, the
 /// others start from it, prefill only the rest and generate the same greedy tokens.
 fn check_reuse(engine: &Arc<Engine>) {
-    let vocab = engine.model.config.vocab_size as u32;
+    let vocab = engine.model.config().vocab_size as u32;
     let system = tokens(64, 1, vocab);
     let reqs: Vec<GenRequest> = (0..3)
         .map(|i| {
@@ -108,8 +108,8 @@ fn greedy_tokens_are_the_same_with_the_prefix_cache_mla() {
 #[test]
 fn a_tiny_budget_evicts_the_least_recently_used_block() {
     let engine = engine();
-    let vocab = engine.model.config.vocab_size as u32;
-    let block_bytes = kv_bytes_per_token(&engine.model.config) as usize * BLOCK;
+    let vocab = engine.model.config().vocab_size as u32;
+    let block_bytes = kv_bytes_per_token(engine.model.config()) as usize * BLOCK;
     // Room for two blocks; prompts of 16 tokens with one token generated (not fed to the
     // model) leave one block each, served again up to its last token.
     let s = Scheduler::start(engine.clone(), config(2 * block_bytes));
@@ -133,7 +133,7 @@ fn a_tiny_budget_evicts_the_least_recently_used_block() {
 #[test]
 fn a_running_sequence_shares_its_prompt_and_cancellation_keeps_the_pool_sound() {
     let engine = engine();
-    let vocab = engine.model.config.vocab_size as u32;
+    let vocab = engine.model.config().vocab_size as u32;
     let system = tokens(100, 7, vocab);
     let long_ctx = SchedulerConfig {
         ctx_size: 1024,
@@ -189,7 +189,7 @@ fn a_running_sequence_shares_its_prompt_and_cancellation_keeps_the_pool_sound() 
 #[test]
 fn requests_that_arrive_together_prefill_their_shared_prompt_once() {
     let engine = engine();
-    let vocab = engine.model.config.vocab_size as u32;
+    let vocab = engine.model.config().vocab_size as u32;
     let system = tokens(64, 3, vocab);
     let reqs: Vec<GenRequest> = (0..3)
         .map(|i| {
@@ -253,7 +253,7 @@ impl EventSink for Paused {
 #[test]
 fn the_next_turn_of_a_chat_finds_the_previous_answer() {
     let engine = engine();
-    let vocab = engine.model.config.vocab_size as u32;
+    let vocab = engine.model.config().vocab_size as u32;
     let s = Scheduler::start(engine.clone(), config(64 << 20));
     let off = Scheduler::start(engine.clone(), config(0));
     let first = fixed(tokens(21, 50, vocab), 9);

@@ -1,0 +1,156 @@
+//! [`GpuModel`] as the engine's [`Backend`]: the scheduler's batches run through
+//! [`GpuModel::forward_batch`], and the prefix cache (in host memory) copies rows out of and
+//! into [`GpuCache`]s. So `strata serve`, `strata batch`, `strata generate` and Python's
+//! `LLM` run on the accelerator with continuous batching, the prefix cache, tools and
+//! structured outputs, through the same generation step as on the CPU.
+
+use std::any::Any;
+use std::sync::Arc;
+
+use strata_model::RoutingTap;
+use strata_model::backend::{
+    Backend, BackendError, BatchSeq, CacheMemory, SeqCache, foreign_cache,
+};
+use strata_model::config::ModelConfig;
+use strata_model::memory::kv_bytes_per_token;
+
+use super::{GpuCache, GpuModel, GpuSeq};
+
+fn f32_bytes(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn f32s(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+impl SeqCache for GpuCache {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn bytes(&self) -> usize {
+        let buffers = self.k.iter().chain(&self.v).chain([&self.rope_table]);
+        buffers.map(|b| b.bytes() as usize).sum()
+    }
+
+    fn layers(&self) -> usize {
+        self.widths.len()
+    }
+
+    fn read_rows(&self, layer: usize, start: usize, end: usize) -> Option<(Vec<f32>, Vec<f32>)> {
+        let &(wa, wb) = self.widths.get(layer)?;
+        if start > end || end > self.len {
+            return None;
+        }
+        let read = |buf, w: usize| {
+            let row = (w * 4) as u64;
+            let bytes = self
+                .dev
+                .download(buf, start as u64 * row, (end - start) as u64 * row);
+            bytes.ok().map(|b| f32s(&b))
+        };
+        Some((read(&self.k[layer], wa)?, read(&self.v[layer], wb)?))
+    }
+
+    fn extend(&mut self, n: usize, rows: &[(&[f32], &[f32])]) -> Result<(), BackendError> {
+        if rows.len() != self.widths.len() {
+            return Err(BackendError::new(format!(
+                "kv cache extend: expected rows for {} layers, got {}",
+                self.widths.len(),
+                rows.len()
+            )));
+        }
+        if self.len + n > self.capacity {
+            return Err(BackendError::new(format!(
+                "kv cache extend: {} cached + {n} positions exceed the capacity of {}",
+                self.len, self.capacity
+            )));
+        }
+        for (i, ((a, b), &(wa, wb))) in rows.iter().zip(&self.widths).enumerate() {
+            if a.len() != n * wa || b.len() != n * wb {
+                return Err(BackendError::new(format!(
+                    "kv cache extend: layer {i} expected {}+{} values for {n} positions, got {}+{}",
+                    n * wa,
+                    n * wb,
+                    a.len(),
+                    b.len()
+                )));
+            }
+        }
+        for (layer, ((a, b), &(wa, wb))) in rows.iter().zip(&self.widths).enumerate() {
+            let at = self.len as u64 * 4;
+            let upload =
+                |buf, w: usize, v: &[f32]| self.dev.upload(buf, at * w as u64, &f32_bytes(v));
+            upload(&self.k[layer], wa, a).map_err(BackendError::new)?;
+            upload(&self.v[layer], wb, b).map_err(BackendError::new)?;
+        }
+        self.len += n;
+        Ok(())
+    }
+
+    fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+}
+
+impl Backend for GpuModel {
+    fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    fn device(&self) -> &'static str {
+        "gpu"
+    }
+
+    fn new_cache(&self, ctx: usize) -> Result<Box<dyn SeqCache>, BackendError> {
+        Ok(Box::new(
+            GpuModel::new_cache(self, ctx).map_err(BackendError::new)?,
+        ))
+    }
+
+    fn forward(&self, seqs: &mut [BatchSeq<'_>]) -> Result<Vec<Vec<f32>>, BackendError> {
+        let mut inputs = seqs
+            .iter_mut()
+            .map(|s| {
+                let cache = s
+                    .cache
+                    .as_any_mut()
+                    .downcast_mut::<GpuCache>()
+                    .ok_or_else(|| foreign_cache("gpu"))?;
+                Ok(GpuSeq {
+                    tokens: s.tokens,
+                    cache,
+                    logits: s.logits,
+                })
+            })
+            .collect::<Result<Vec<_>, BackendError>>()?;
+        self.forward_batch(&mut inputs).map_err(BackendError::new)
+    }
+
+    fn set_routing_tap(&self, tap: Option<Arc<dyn RoutingTap>>) {
+        match self.tap.write() {
+            Ok(mut t) => *t = tap,
+            Err(poisoned) => *poisoned.into_inner() = tap,
+        }
+    }
+
+    fn cache_memory(&self) -> CacheMemory {
+        let info = self.dev.info();
+        let use_ = self.dev.memory();
+        let total = info.memory.unwrap_or(u64::MAX).min(use_.budget);
+        CacheMemory::Device {
+            name: info.name.clone(),
+            // Each cache also holds its rotary table, `dim` values per position.
+            kv_per_token: kv_bytes_per_token(&self.config) + (self.rope.dim() * 4) as u64,
+            free: total.saturating_sub(use_.live),
+        }
+    }
+}
