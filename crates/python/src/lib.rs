@@ -27,6 +27,7 @@
 #![deny(missing_docs)]
 
 mod buffer;
+mod hybrid;
 mod llm;
 mod ops;
 

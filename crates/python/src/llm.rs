@@ -12,7 +12,7 @@ use std::sync::{Arc, mpsc};
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString};
-use strata_exec::{HybridOptions, PolicyKind};
+use strata_exec::HybridExecutor;
 use strata_kernels::PackedFormat;
 use strata_model::{LoadOptions, Precision};
 use strata_runtime::engine::{Engine, FinishReason};
@@ -23,7 +23,7 @@ use strata_runtime::text::ChatMessage;
 use strata_server::AppState;
 
 /// An error with its whole cause chain, as the command line prints it.
-fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+pub(crate) fn chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut msg = e.to_string();
     let mut src = e.source();
     while let Some(s) = src {
@@ -37,7 +37,7 @@ fn chain(e: &(dyn std::error::Error + 'static)) -> String {
     msg
 }
 
-fn runtime_err(e: &(dyn std::error::Error + 'static)) -> PyErr {
+pub(crate) fn runtime_err(e: &(dyn std::error::Error + 'static)) -> PyErr {
     PyRuntimeError::new_err(chain(e))
 }
 
@@ -202,42 +202,6 @@ fn load_engine(py: Python<'_>, model: PathBuf, opts: LoadOptions) -> PyResult<En
         .map_err(|e| PyRuntimeError::new_err(format!("loading {}: {}", model.display(), chain(&e))))
 }
 
-/// The hybrid executor's settings from `strata.LLM`'s keywords: the policy by its name
-/// (`gpu-lru` when none), `vram_budget` as bytes or a size string (`'64MiB'`), `hardware`
-/// a preset or file, `defer` the experts deferred per token.
-fn hybrid_options(
-    policy: Option<&str>,
-    vram_budget: Option<&Bound<'_, PyAny>>,
-    hardware: Option<&str>,
-    defer: Option<usize>,
-) -> PyResult<HybridOptions> {
-    let value_err =
-        |what: &str, e: &dyn std::error::Error| PyValueError::new_err(format!("{what}: {e}"));
-    let kind = match policy {
-        Some(p) => p
-            .parse::<PolicyKind>()
-            .map_err(|e| value_err("policy", &e))?,
-        None => PolicyKind::GpuLru,
-    };
-    let mut opts = HybridOptions::new(kind).map_err(|e| runtime_err(&e))?;
-    if let Some(b) = vram_budget {
-        opts.vram_budget = if let Ok(n) = b.extract::<u64>() {
-            n
-        } else if let Ok(s) = b.extract::<String>() {
-            strata_accel::parse_bytes(&s).map_err(|e| value_err("vram_budget", &e))?
-        } else {
-            return Err(PyTypeError::new_err(
-                "vram_budget: expected a number of bytes or a size such as '64MiB'",
-            ));
-        };
-    }
-    if let Some(h) = hardware {
-        opts.hardware = strata_policy::Hardware::load(h).map_err(|e| value_err("hardware", &e))?;
-    }
-    opts.policy_options.deferred = defer.unwrap_or(0);
-    Ok(opts)
-}
-
 /// A model loaded for generation on Strata's engine.
 #[pyclass(module = "strata._strata", name = "LLM", frozen)]
 pub struct Llm {
@@ -245,6 +209,8 @@ pub struct Llm {
     /// Continuous batching over the shared prefix cache, as `strata serve` runs requests:
     /// prompts that share a prefix (a system prompt, earlier turns) prefill it once.
     scheduler: Scheduler,
+    /// The executor of the routed experts with `device='hybrid'`, for its statistics.
+    hybrid: Option<Arc<HybridExecutor>>,
 }
 
 #[pymethods]
@@ -254,13 +220,14 @@ impl Llm {
     /// command line's `--device hybrid`; `policy` is `gpu-lru` (the default), `fiddler`,
     /// `ktransformers`, `hybrimoe` or `smoe`, with `vram_budget` (bytes, or a size such as
     /// `'64MiB'`, the default), `hardware` (a preset name or JSON file, default `local`) and
-    /// `defer` (ktransformers only) as `--vram-budget`, `--hardware` and `--defer`).
+    /// `defer` (ktransformers only) as `--vram-budget`, `--hardware` and `--defer`, and
+    /// `profile` (a routing trace from `strata trace`) as `--profile`).
     /// `dtype`, `weights`, `max_batch`, `ctx_size` and `prefix_cache_mb` are the command
     /// line's `--dtype`, `--weights`, `--max-batch`, `--ctx-size` and `--prefix-cache-mb`,
     /// admitted against the memory available as `strata serve` admits them.
     #[new]
     #[pyo3(signature = (model, *, device="cpu", policy=None, vram_budget=None, hardware=None,
-        defer=None, dtype="fast", weights=None, max_batch=16, ctx_size=None, prefix_cache_mb=1024))]
+        defer=None, profile=None, dtype="fast", weights=None, max_batch=16, ctx_size=None, prefix_cache_mb=1024))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -270,6 +237,7 @@ impl Llm {
         vram_budget: Option<&Bound<'_, PyAny>>,
         hardware: Option<&str>,
         defer: Option<usize>,
+        profile: Option<PathBuf>,
         dtype: &str,
         weights: Option<&str>,
         max_batch: usize,
@@ -283,6 +251,7 @@ impl Llm {
                     ("vram_budget", vram_budget.is_some()),
                     ("hardware", hardware.is_some()),
                     ("defer", defer.is_some()),
+                    ("profile", profile.is_some()),
                 ];
                 if let Some((name, _)) = given.iter().find(|(_, g)| *g) {
                     return Err(PyValueError::new_err(format!(
@@ -291,7 +260,13 @@ impl Llm {
                 }
                 None
             }
-            "hybrid" => Some(hybrid_options(policy, vram_budget, hardware, defer)?),
+            "hybrid" => Some(crate::hybrid::options(
+                policy,
+                vram_budget,
+                hardware,
+                defer,
+                profile,
+            )?),
             "gpu" => {
                 return Err(PyValueError::new_err(
                     "device 'gpu' is not available from strata.LLM: the GPU backend runs one \
@@ -306,15 +281,13 @@ impl Llm {
             }
         };
         let mut engine = load_engine(py, model.clone(), load_options(dtype, weights)?)?;
-        if let Some(opts) = hybrid {
-            py.detach(|| strata_exec::attach_hybrid(&mut engine.model, &model, &opts))
-                .map_err(|e| match e {
-                    strata_exec::Error::Config(_) | strata_exec::Error::Policy(_) => {
-                        PyValueError::new_err(chain(&e))
-                    }
-                    e => runtime_err(&e),
-                })?;
-        }
+        let hybrid = match hybrid {
+            Some(opts) => Some(
+                py.detach(|| strata_exec::attach_hybrid(&mut engine.model, &model, &opts))
+                    .map_err(crate::hybrid::attach_err)?,
+            ),
+            None => None,
+        };
         let engine = Arc::new(engine);
         let limits = SchedulerLimits {
             max_batch,
@@ -326,7 +299,11 @@ impl Llm {
         };
         let config = admit(&limits, &engine)?;
         let scheduler = Scheduler::start(Arc::clone(&engine), config);
-        Ok(Llm { engine, scheduler })
+        Ok(Llm {
+            engine,
+            scheduler,
+            hybrid,
+        })
     }
 
     /// Generates for each prompt (a string, a list of token ids, or a list of either),
@@ -396,6 +373,18 @@ impl Llm {
     /// The tokenizer's ids for `text` (with BOS where the model adds one).
     fn encode(&self, text: &str) -> PyResult<Vec<u32>> {
         self.engine.text_prompt(text).map_err(|e| runtime_err(&e))
+    }
+
+    /// The hybrid executor's statistics, summed since the model loaded (what `strata
+    /// generate --device hybrid` prints): a dict with the policy, the expert tasks and
+    /// (token, expert) pairs run on each device, cache hits and misses, uploads and their
+    /// bytes, evictions, fallbacks, and the time of each device in seconds. `None` with
+    /// `device='cpu'`, which has no executor.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        self.hybrid
+            .as_deref()
+            .map(|exec| crate::hybrid::stats(py, exec))
+            .transpose()
     }
 }
 
