@@ -9,7 +9,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use strata_exec::{ExecStats, HybridExecutor, HybridOptions, PolicyKind};
 
-use crate::llm::{chain, runtime_err};
+use crate::errors::{chain, runtime_err};
 
 /// The hybrid executor's settings from `strata.LLM`'s keywords: the policy by its name
 /// (`gpu-lru` when none), `vram_budget` as bytes or a size string (`'64MiB'`), `hardware`

@@ -27,6 +27,7 @@
 #![deny(missing_docs)]
 
 mod buffer;
+mod errors;
 mod hybrid;
 mod llm;
 mod ops;

@@ -22,24 +22,7 @@ use strata_runtime::scheduler::{
 use strata_runtime::text::ChatMessage;
 use strata_server::AppState;
 
-/// An error with its whole cause chain, as the command line prints it.
-pub(crate) fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut msg = e.to_string();
-    let mut src = e.source();
-    while let Some(s) = src {
-        let s_msg = s.to_string();
-        if !msg.contains(&s_msg) {
-            msg.push_str(": ");
-            msg.push_str(&s_msg);
-        }
-        src = s.source();
-    }
-    msg
-}
-
-pub(crate) fn runtime_err(e: &(dyn std::error::Error + 'static)) -> PyErr {
-    PyRuntimeError::new_err(chain(e))
-}
+use crate::errors::{chain, runtime_err};
 
 /// Sampling settings of one request, as in vLLM (`max_tokens` 16 and temperature 1 by
 /// default; `temperature=0` is greedy; `top_k` 0 or -1 keeps every token).
