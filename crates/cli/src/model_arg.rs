@@ -321,7 +321,8 @@ pub struct LoadedEngine {
 
 impl DeviceArgs {
     /// The device, once the options given apply to it: the hybrid options only with
-    /// `--device hybrid` (and `--defer` only with `--policy ktransformers`), a VRAM budget
+    /// `--device hybrid` (and `--defer` only with `--policy ktransformers`, as
+    /// [`strata_exec::PolicyOptions::check_policy`] says), a VRAM budget
     /// only with an accelerator. A flag that would be ignored is an error, not a surprise.
     pub fn checked(&self) -> anyhow::Result<Device> {
         let h = &self.hybrid;
@@ -336,8 +337,10 @@ impl DeviceArgs {
                 bail!("{flag} applies only with --device hybrid");
             }
         }
-        if h.defer.is_some_and(|d| d > 0) && h.policy != Some(PolicyKind::KTransformers) {
-            bail!("--defer applies only with --policy ktransformers");
+        if self.device == Device::Hybrid {
+            // Before any model is loaded: the settings that need none.
+            let opts = self.hybrid_options()?;
+            opts.policy_options.check_policy(opts.policy)?;
         }
         if self.device == Device::Cpu && self.vram_budget.is_some() {
             bail!("--vram-budget applies only with --device gpu or hybrid");
@@ -384,16 +387,22 @@ impl DeviceArgs {
             .as_deref()
             .map(strata_accel::parse_bytes)
             .transpose()?;
-        let dev = strata_accel::open(&strata_accel::DeviceOptions {
-            vram_budget: budget,
-            ..Default::default()
-        })?;
-        Ok(strata_exec::GpuModel::load(dev, dir)?)
+        Ok(strata_exec::GpuModel::load_on_first_device(dir, budget)?)
     }
 
     /// Hands `model`'s routed experts to a hybrid executor on the first accelerator
     /// (`--device hybrid`, [`strata_exec::attach_hybrid`]), returning it for its statistics.
     pub fn hybrid(&self, dir: &Path, model: &mut Model) -> anyhow::Result<Arc<HybridExecutor>> {
+        Ok(strata_exec::attach_hybrid(
+            model,
+            dir,
+            &self.hybrid_options()?,
+        )?)
+    }
+
+    /// The hybrid executor's settings from `--policy` (`gpu-lru` when none), `--vram-budget`,
+    /// `--hardware`, `--defer` and `--profile` (read by [`strata_exec::attach_hybrid`]).
+    fn hybrid_options(&self) -> anyhow::Result<HybridOptions> {
         let h = &self.hybrid;
         let mut opts = HybridOptions::new(h.policy.unwrap_or(PolicyKind::GpuLru))?;
         if let Some(b) = &self.vram_budget {
@@ -403,18 +412,8 @@ impl DeviceArgs {
             opts.hardware = strata_policy::Hardware::load(hw)?;
         }
         opts.policy_options.deferred = h.defer.unwrap_or(0);
-        if let Some(path) = &h.profile {
-            let shape = strata_exec::model_shape(&model.config)?;
-            let (_, w) = strata_sim::trace::read_file(path)?;
-            let p = &mut opts.policy_options;
-            p.profile = Some(w.profile());
-            if w.hidden_dim > 0 {
-                p.predictors = Some(strata_sim::reproduce::train_predictors(&w, shape.top_k)?.0);
-            }
-            p.check(opts.policy, &shape)
-                .with_context(|| format!("--profile {}", path.display()))?;
-        }
-        Ok(strata_exec::attach_hybrid(model, dir, &opts)?)
+        opts.profile = h.profile.clone();
+        Ok(opts)
     }
 }
 

@@ -154,7 +154,7 @@ fn options_apply_only_where_they_do() {
         "generate", "--prompt", "Hi", "--device", "hybrid", "--policy", "smoe", "--defer", "2",
     ]));
     assert!(
-        err.contains("--defer applies only with --policy ktransformers"),
+        err.contains("expert deferral (defer 2) applies only with policy ktransformers, not smoe"),
         "{err}"
     );
     let err = fails(&run(&["generate", "--prompt", "Hi", "--vram-budget", "1G"]));

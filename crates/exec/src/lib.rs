@@ -53,6 +53,9 @@ pub enum Error {
     /// A policy could not be built (presets, settings).
     #[error(transparent)]
     Policy(#[from] strata_policy::Error),
+    /// A routing trace (`HybridOptions::profile`) could not be read or learnt from.
+    #[error(transparent)]
+    Trace(#[from] strata_sim::Error),
     /// A forward pass was asked for what the model or its cache cannot do.
     #[error("{op}: {message}")]
     Shape {

@@ -9,7 +9,7 @@
 //! `CostModel::gpu_expert_budget` equals the cache the executor really has.
 
 use std::fmt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::Arc;
 
@@ -96,12 +96,7 @@ impl PolicyOptions {
     /// with KTransformers, a profile of `[moe_layers][n_experts]` counts, one predictor per
     /// MoE layer over the model's hidden width.
     pub fn check(&self, kind: PolicyKind, shape: &ModelShape) -> Result<()> {
-        if self.deferred > 0 && kind != PolicyKind::KTransformers {
-            return Err(Error::Config(format!(
-                "expert deferral (defer {}) applies only with policy ktransformers, not {kind}",
-                self.deferred
-            )));
-        }
+        self.check_policy(kind)?;
         let (layers, experts) = (shape.moe_layers(), shape.n_experts);
         if let Some(p) = &self.profile
             && (p.len() != layers || p.iter().any(|l| l.len() != experts))
@@ -132,6 +127,33 @@ impl PolicyOptions {
             }
         }
         Ok(())
+    }
+
+    /// The part of [`Self::check`] that needs no model: deferral only with KTransformers.
+    /// Front ends call it before loading the model, so that the mistake costs no load.
+    pub fn check_policy(&self, kind: PolicyKind) -> Result<()> {
+        if self.deferred > 0 && kind != PolicyKind::KTransformers {
+            return Err(Error::Config(format!(
+                "expert deferral (defer {}) applies only with policy ktransformers, not {kind}",
+                self.deferred
+            )));
+        }
+        Ok(())
+    }
+
+    /// Learns from the routing trace at `path` (`strata trace`): its expert activation
+    /// counts become the profile and, when it holds hidden states, it trains the
+    /// predictors; then checks the result against policy `kind` on a model of `shape`
+    /// (an error that names the trace).
+    fn read_profile(&mut self, path: &Path, kind: PolicyKind, shape: &ModelShape) -> Result<()> {
+        let (_, w) = strata_sim::trace::read_file(path)?;
+        self.profile = Some(w.profile());
+        if w.hidden_dim > 0 {
+            let (preds, _accuracy) = strata_sim::reproduce::train_predictors(&w, w.top_k)?;
+            self.predictors = Some(preds);
+        }
+        self.check(kind, shape)
+            .map_err(|e| Error::Config(format!("profile {}: {e}", path.display())))
     }
 }
 
@@ -227,8 +249,8 @@ pub fn cost_model(
 }
 
 /// How [`attach_hybrid`] runs a model's routed experts: what `--device hybrid` and
-/// `strata.LLM(device='hybrid')` take, as values (their front ends parse the names and read
-/// the profile).
+/// `strata.LLM(device='hybrid')` take, as values (their front ends parse the names; the
+/// profile is read here, by [`attach_hybrid`], for both).
 #[derive(Debug, Clone)]
 pub struct HybridOptions {
     /// The placement policy.
@@ -240,6 +262,10 @@ pub struct HybridOptions {
     pub hardware: Hardware,
     /// The policy's settings (deferral, profile, predictors), checked against the model.
     pub policy_options: PolicyOptions,
+    /// A routing trace (`strata trace`; `--profile`, `profile=`) to learn from: its expert
+    /// activation counts replace `policy_options.profile` (Fiddler's pinned experts) and,
+    /// when it holds hidden states, it trains `policy_options.predictors` (SMoE's).
+    pub profile: Option<PathBuf>,
 }
 
 impl HybridOptions {
@@ -249,13 +275,14 @@ impl HybridOptions {
     pub const DEFAULT_HARDWARE: &str = "local";
 
     /// `policy` with the defaults: [`Self::DEFAULT_VRAM_BUDGET`], the
-    /// [`Self::DEFAULT_HARDWARE`] preset, no deferral, no profile, no predictors.
+    /// [`Self::DEFAULT_HARDWARE`] preset, no deferral, no profile, no predictors, no trace.
     pub fn new(policy: PolicyKind) -> Result<HybridOptions> {
         Ok(HybridOptions {
             policy,
             vram_budget: Self::DEFAULT_VRAM_BUDGET,
             hardware: Hardware::load(Self::DEFAULT_HARDWARE)?,
             policy_options: PolicyOptions::default(),
+            profile: None,
         })
     }
 }
@@ -270,12 +297,16 @@ pub fn attach_hybrid(
     opts: &HybridOptions,
 ) -> Result<Arc<HybridExecutor>> {
     let shape = model_shape(&model.config)?;
-    opts.policy_options.check(opts.policy, &shape)?;
+    let mut policy_options = opts.policy_options.clone();
+    policy_options.check(opts.policy, &shape)?;
+    if let Some(path) = &opts.profile {
+        policy_options.read_profile(path, opts.policy, &shape)?;
+    }
     let host = HostExperts::open(dir)?;
     let bits = 8.0 * host.wtype().elem_bytes() as f64;
     let cache = HybridExecutor::cache_bytes(&host, opts.vram_budget);
     let cost = cost_model(opts.hardware.clone(), shape, bits, cache)?;
-    let policy = build_policy(opts.policy, &cost, &opts.policy_options);
+    let policy = build_policy(opts.policy, &cost, &policy_options);
     let dev = strata_accel::open(&strata_accel::DeviceOptions::default())?;
     let exec = Arc::new(HybridExecutor::new(
         dev,
@@ -346,6 +377,14 @@ mod tests {
             e.contains("applies only with policy ktransformers, not smoe"),
             "{e}"
         );
+        // The part a front end checks before loading a model says the same.
+        let early = PolicyOptions {
+            deferred: 1,
+            ..PolicyOptions::default()
+        }
+        .check_policy(PolicyKind::Smoe)
+        .unwrap_err();
+        assert_eq!(early.to_string(), e);
         let profile = |l: usize, x: usize| PolicyOptions {
             profile: Some(vec![vec![1; x]; l]),
             ..PolicyOptions::default()
@@ -368,5 +407,49 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.contains("predictors for"), "{e}");
+    }
+
+    #[test]
+    fn a_trace_gives_the_profile_and_predictors_or_an_error_naming_it() {
+        use strata_sim::workload::{SyntheticParams, synthetic};
+        let shape = resolve_model_shape("strata-tiny-moe").unwrap();
+        let (layers, experts) = (shape.moe_layers(), shape.n_experts);
+        let write = |name: &str, layers: usize| {
+            let path = std::env::temp_dir()
+                .join(format!("strata-exec-{name}-{}.trace", std::process::id()));
+            let w = synthetic(&SyntheticParams {
+                hidden_dim: shape.hidden,
+                ..SyntheticParams::calibrated(layers, experts, shape.top_k)
+            });
+            let f = std::fs::File::create(&path).unwrap();
+            strata_sim::trace::write(f, "strata-tiny-moe", &w).unwrap();
+            path
+        };
+        let fits = write("fits", layers);
+        let mut opts = PolicyOptions::default();
+        opts.read_profile(&fits, PolicyKind::Smoe, &shape).unwrap();
+        assert_eq!(opts.profile.as_ref().map(Vec::len), Some(layers));
+        let preds = opts.predictors.unwrap();
+        assert_eq!(preds.len(), layers);
+        assert!(preds.iter().any(Option::is_some));
+
+        let other = write("other", layers + 1);
+        let e = PolicyOptions::default()
+            .read_profile(&other, PolicyKind::Fiddler, &shape)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with(&format!("profile {}: a profile of", other.display())),
+            "{e}"
+        );
+        let missing = std::env::temp_dir().join("strata-exec-no-such.trace");
+        let e = PolicyOptions::default()
+            .read_profile(&missing, PolicyKind::Fiddler, &shape)
+            .unwrap_err();
+        assert!(matches!(e, Error::Trace(_)), "{e}");
+        assert!(e.to_string().contains("strata-exec-no-such.trace"), "{e}");
+        for p in [fits, other] {
+            std::fs::remove_file(p).unwrap();
+        }
     }
 }

@@ -27,6 +27,8 @@
 #![deny(missing_docs)]
 
 mod buffer;
+mod errors;
+mod hybrid;
 mod llm;
 mod ops;
 

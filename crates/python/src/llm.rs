@@ -6,40 +6,24 @@
 //! so that code written for it runs with few changes.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, mpsc};
 
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString};
-use strata_exec::{HybridOptions, PolicyKind};
+use strata_exec::{GpuModel, HybridExecutor};
 use strata_kernels::PackedFormat;
 use strata_model::{LoadOptions, Precision};
-use strata_runtime::engine::{Engine, FinishReason};
+use strata_runtime::engine::{Engine, FinishReason, load_tokenizer};
 use strata_runtime::scheduler::{
     AdmissionError, Event, GenRequest, Scheduler, SchedulerConfig, SchedulerLimits, Spelling,
 };
 use strata_runtime::text::ChatMessage;
 use strata_server::AppState;
 
-/// An error with its whole cause chain, as the command line prints it.
-fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut msg = e.to_string();
-    let mut src = e.source();
-    while let Some(s) = src {
-        let s_msg = s.to_string();
-        if !msg.contains(&s_msg) {
-            msg.push_str(": ");
-            msg.push_str(&s_msg);
-        }
-        src = s.source();
-    }
-    msg
-}
-
-fn runtime_err(e: &(dyn std::error::Error + 'static)) -> PyErr {
-    PyRuntimeError::new_err(chain(e))
-}
+use crate::errors::{chain, runtime_err};
+use crate::hybrid::budget_bytes;
 
 /// Sampling settings of one request, as in vLLM (`max_tokens` 16 and temperature 1 by
 /// default; `temperature=0` is greedy; `top_k` 0 or -1 keeps every token).
@@ -189,53 +173,40 @@ fn load_options(dtype: &str, weights: Option<&str>) -> PyResult<LoadOptions> {
     })
 }
 
-/// Loads the engine for `model` (a local path), with the GIL released.
-fn load_engine(py: Python<'_>, model: PathBuf, opts: LoadOptions) -> PyResult<Engine> {
-    if !model.exists() {
-        return Err(PyValueError::new_err(format!(
-            "model: {} does not exist (a Hugging Face model directory, a .gguf file or a \
-             converted .strata model)",
-            model.display()
-        )));
+/// A `ValueError` unless `model` exists.
+fn check_exists(model: &Path) -> PyResult<()> {
+    if model.exists() {
+        return Ok(());
     }
+    Err(PyValueError::new_err(format!(
+        "model: {} does not exist (a Hugging Face model directory, a .gguf file or a \
+         converted .strata model)",
+        model.display()
+    )))
+}
+
+/// Loads the engine for `model` (a local path) on the CPU, with the GIL released.
+fn load_engine(py: Python<'_>, model: PathBuf, opts: LoadOptions) -> PyResult<Engine> {
+    check_exists(&model)?;
     py.detach(|| Engine::load(&model, opts))
         .map_err(|e| PyRuntimeError::new_err(format!("loading {}: {}", model.display(), chain(&e))))
 }
 
-/// The hybrid executor's settings from `strata.LLM`'s keywords: the policy by its name
-/// (`gpu-lru` when none), `vram_budget` as bytes or a size string (`'64MiB'`), `hardware`
-/// a preset or file, `defer` the experts deferred per token.
-fn hybrid_options(
-    policy: Option<&str>,
-    vram_budget: Option<&Bound<'_, PyAny>>,
-    hardware: Option<&str>,
-    defer: Option<usize>,
-) -> PyResult<HybridOptions> {
-    let value_err =
-        |what: &str, e: &dyn std::error::Error| PyValueError::new_err(format!("{what}: {e}"));
-    let kind = match policy {
-        Some(p) => p
-            .parse::<PolicyKind>()
-            .map_err(|e| value_err("policy", &e))?,
-        None => PolicyKind::GpuLru,
+/// Loads the engine for `model` with the whole model on the first accelerator
+/// (`device='gpu'`), within `budget` bytes when given, with the GIL released.
+fn load_gpu_engine(py: Python<'_>, model: &Path, budget: Option<u64>) -> PyResult<Engine> {
+    check_exists(model)?;
+    let load = || -> Result<Engine, String> {
+        let gpu = GpuModel::load_on_first_device(model, budget).map_err(|e| chain(&e))?;
+        let tokenizer = load_tokenizer(model).map_err(|e| chain(&e))?;
+        Engine::new(Box::new(gpu), tokenizer).map_err(|e| chain(&e))
     };
-    let mut opts = HybridOptions::new(kind).map_err(|e| runtime_err(&e))?;
-    if let Some(b) = vram_budget {
-        opts.vram_budget = if let Ok(n) = b.extract::<u64>() {
-            n
-        } else if let Ok(s) = b.extract::<String>() {
-            strata_accel::parse_bytes(&s).map_err(|e| value_err("vram_budget", &e))?
-        } else {
-            return Err(PyTypeError::new_err(
-                "vram_budget: expected a number of bytes or a size such as '64MiB'",
-            ));
-        };
-    }
-    if let Some(h) = hardware {
-        opts.hardware = strata_policy::Hardware::load(h).map_err(|e| value_err("hardware", &e))?;
-    }
-    opts.policy_options.deferred = defer.unwrap_or(0);
-    Ok(opts)
+    py.detach(load).map_err(|e| {
+        PyRuntimeError::new_err(format!(
+            "loading {} on the accelerator: {e}",
+            model.display()
+        ))
+    })
 }
 
 /// A model loaded for generation on Strata's engine.
@@ -245,6 +216,8 @@ pub struct Llm {
     /// Continuous batching over the shared prefix cache, as `strata serve` runs requests:
     /// prompts that share a prefix (a system prompt, earlier turns) prefill it once.
     scheduler: Scheduler,
+    /// The executor of the routed experts with `device='hybrid'`, for its statistics.
+    hybrid: Option<Arc<HybridExecutor>>,
 }
 
 #[pymethods]
@@ -254,13 +227,14 @@ impl Llm {
     /// command line's `--device hybrid`; `policy` is `gpu-lru` (the default), `fiddler`,
     /// `ktransformers`, `hybrimoe` or `smoe`, with `vram_budget` (bytes, or a size such as
     /// `'64MiB'`, the default), `hardware` (a preset name or JSON file, default `local`) and
-    /// `defer` (ktransformers only) as `--vram-budget`, `--hardware` and `--defer`).
+    /// `defer` (ktransformers only) as `--vram-budget`, `--hardware` and `--defer`, and
+    /// `profile` (a routing trace from `strata trace`) as `--profile`).
     /// `dtype`, `weights`, `max_batch`, `ctx_size` and `prefix_cache_mb` are the command
     /// line's `--dtype`, `--weights`, `--max-batch`, `--ctx-size` and `--prefix-cache-mb`,
     /// admitted against the memory available as `strata serve` admits them.
     #[new]
     #[pyo3(signature = (model, *, device="cpu", policy=None, vram_budget=None, hardware=None,
-        defer=None, dtype="fast", weights=None, max_batch=16, ctx_size=None, prefix_cache_mb=1024))]
+        defer=None, profile=None, dtype="fast", weights=None, max_batch=16, ctx_size=None, prefix_cache_mb=1024))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -270,54 +244,65 @@ impl Llm {
         vram_budget: Option<&Bound<'_, PyAny>>,
         hardware: Option<&str>,
         defer: Option<usize>,
+        profile: Option<PathBuf>,
         dtype: &str,
         weights: Option<&str>,
         max_batch: usize,
         ctx_size: Option<usize>,
         prefix_cache_mb: usize,
     ) -> PyResult<Llm> {
-        let hybrid = match device {
-            "cpu" => {
-                let given = [
-                    ("policy", policy.is_some()),
-                    ("vram_budget", vram_budget.is_some()),
-                    ("hardware", hardware.is_some()),
-                    ("defer", defer.is_some()),
-                ];
-                if let Some((name, _)) = given.iter().find(|(_, g)| *g) {
-                    return Err(PyValueError::new_err(format!(
-                        "{name} applies only with device='hybrid'"
-                    )));
-                }
-                None
-            }
-            "hybrid" => Some(hybrid_options(policy, vram_budget, hardware, defer)?),
-            "gpu" => {
+        let hybrid_only = [
+            ("policy", policy.is_some()),
+            ("hardware", hardware.is_some()),
+            ("defer", defer.is_some()),
+            ("profile", profile.is_some()),
+        ];
+        let hybrid_only = hybrid_only.iter().find(|(_, g)| *g).map(|(name, _)| *name);
+        let (hybrid, gpu_budget) = match (device, hybrid_only) {
+            ("cpu", None) if vram_budget.is_some() => {
                 return Err(PyValueError::new_err(
-                    "device 'gpu' is not available from strata.LLM: the GPU backend runs one \
-                     sequence at a time and is not under the scheduler yet; use \
-                     device='hybrid', or `strata generate --device gpu` for one prompt",
+                    "vram_budget applies only with device='hybrid' or 'gpu'",
                 ));
             }
+            ("cpu" | "gpu", Some(name)) => {
+                return Err(PyValueError::new_err(format!(
+                    "{name} applies only with device='hybrid'"
+                )));
+            }
+            ("cpu", None) => (None, None),
+            ("gpu", None) => (None, Some(vram_budget.map(budget_bytes).transpose()?)),
+            ("hybrid", _) => (
+                Some(crate::hybrid::options(
+                    policy,
+                    vram_budget,
+                    hardware,
+                    defer,
+                    profile,
+                )?),
+                None,
+            ),
             _ => {
                 return Err(PyValueError::new_err(format!(
                     "device: expected 'cpu', 'hybrid' or 'gpu', got '{device}'"
                 )));
             }
         };
-        let mut engine = load_engine(py, model.clone(), load_options(dtype, weights)?)?;
-        if let Some(opts) = hybrid {
-            let cpu = engine.model.cpu_model_mut().ok_or_else(|| {
-                PyRuntimeError::new_err("the hybrid executor needs the model on the CPU")
-            })?;
-            py.detach(|| strata_exec::attach_hybrid(cpu, &model, &opts))
-                .map_err(|e| match e {
-                    strata_exec::Error::Config(_) | strata_exec::Error::Policy(_) => {
-                        PyValueError::new_err(chain(&e))
-                    }
-                    e => runtime_err(&e),
+        let mut engine = match gpu_budget {
+            Some(budget) => load_gpu_engine(py, &model, budget)?,
+            None => load_engine(py, model.clone(), load_options(dtype, weights)?)?,
+        };
+        let hybrid = match hybrid {
+            Some(opts) => {
+                let cpu = engine.model.cpu_model_mut().ok_or_else(|| {
+                    PyRuntimeError::new_err("the hybrid executor needs the model on the CPU")
                 })?;
-        }
+                Some(
+                    py.detach(|| strata_exec::attach_hybrid(cpu, &model, &opts))
+                        .map_err(crate::hybrid::attach_err)?,
+                )
+            }
+            None => None,
+        };
         let engine = Arc::new(engine);
         let limits = SchedulerLimits {
             max_batch,
@@ -329,7 +314,11 @@ impl Llm {
         };
         let config = admit(&limits, &engine)?;
         let scheduler = Scheduler::start(Arc::clone(&engine), config);
-        Ok(Llm { engine, scheduler })
+        Ok(Llm {
+            engine,
+            scheduler,
+            hybrid,
+        })
     }
 
     /// Generates for each prompt (a string, a list of token ids, or a list of either),
@@ -399,6 +388,18 @@ impl Llm {
     /// The tokenizer's ids for `text` (with BOS where the model adds one).
     fn encode(&self, text: &str) -> PyResult<Vec<u32>> {
         self.engine.text_prompt(text).map_err(|e| runtime_err(&e))
+    }
+
+    /// The hybrid executor's statistics, summed since the model loaded (what `strata
+    /// generate --device hybrid` prints): a dict with the policy, the expert tasks and
+    /// (token, expert) pairs run on each device, cache hits and misses, uploads and their
+    /// bytes, evictions, fallbacks, and the time of each device in seconds. `None` with
+    /// `device='cpu'`, which has no executor.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        self.hybrid
+            .as_deref()
+            .map(|exec| crate::hybrid::stats(py, exec))
+            .transpose()
     }
 }
 

@@ -358,6 +358,16 @@ impl GpuModel {
         GpuModel::from_source(dev, config, &src)
     }
 
+    /// [`GpuModel::load`] onto the first accelerator, its allocations held within
+    /// `vram_budget` bytes when given (`--device gpu`, `strata.LLM(device='gpu')`).
+    pub fn load_on_first_device(path: &Path, vram_budget: Option<u64>) -> Result<GpuModel> {
+        let dev = strata_accel::open(&strata_accel::DeviceOptions {
+            vram_budget,
+            ..Default::default()
+        })?;
+        GpuModel::load(dev, path)
+    }
+
     /// Builds the model on `dev` from a parsed config and its tensors.
     pub fn from_source(
         dev: Arc<dyn Device>,
