@@ -2,7 +2,8 @@
 # Runs the Python tests of `strata serve` against a server on a free loopback port:
 # the official `openai` client, hostile requests, and concurrent streaming load; then a
 # second server on SmolLM2-135M for the prefix cache under load with a 2,000-token prompt
-# and the tool-call templates whose calls need more context.
+# and the tool-call templates whose calls need more context; then, with STRATA_GPU_TESTS=1,
+# a third on `--device gpu` for a subset.
 # Creates .venv-server at the repository root (pip installs openai, pytest and jsonschema), builds
 # the CLI, starts the server, runs pytest, then stops the server with SIGTERM and checks
 # that it drained and exited cleanly. Exits non-zero on any failure.
@@ -95,4 +96,22 @@ STRATA_URL="http://127.0.0.1:$port" STRATA_MODEL="smollm2-135m-instruct-q4_1" \
     "$venv/bin/python" -m pytest -q -p no:cacheprovider -k round_trip \
     "$root/tests/server/test_tool_calls.py" || status=$?
 stop_server
+
+# `--device gpu`: the whole model on the accelerator under the same scheduler and prefix
+# cache. Mesa's lavapipe runs it on the CPU at about a second per forward pass, so a subset
+# runs here: the two API shapes, streaming, the prefix cache's cached-token counts and a
+# sampled JSON schema. CI sets STRATA_GPU_TESTS=1 and installs lavapipe.
+if [ "${STRATA_GPU_TESTS:-}" = "1" ]; then
+    start_server --device gpu --max-batch 8 --max-queue 64 --ctx-size 512
+    STRATA_URL="http://127.0.0.1:$port" STRATA_MODEL="strata-tiny-moe" \
+        "$venv/bin/python" -m pytest -q -p no:cacheprovider \
+        "$root/tests/server/test_prefix_cache.py" \
+        "$root/tests/server/test_openai_client.py::test_chat_non_streaming_and_streaming_agree" \
+        "$root/tests/server/test_openai_client.py::test_completions" \
+        "$root/tests/server/test_structured_outputs.py::test_sampled_json_schema_and_json_object" \
+        || status=$?
+    stop_server
+else
+    echo "SKIPPED: strata serve --device gpu: STRATA_GPU_TESTS is not 1 (needs an accelerator; lavapipe will do)" >&2
+fi
 exit "$status"

@@ -48,7 +48,7 @@ pub struct ModelArgs {
     pub weights: Option<Weights>,
 }
 
-/// Where a model runs: `generate`, `logits`, `serve` and `batch`.
+/// Where a model runs: `generate`, `chat`, `logits`, `serve` and `batch`.
 #[derive(Debug, Args)]
 #[command(next_help_heading = "Device")]
 pub struct DeviceArgs {
