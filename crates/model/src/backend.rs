@@ -80,8 +80,9 @@ pub enum CacheMemory {
         name: String,
         /// Cache bytes per position of one sequence.
         kv_per_token: u64,
-        /// Bytes the device can still allocate.
-        free: u64,
+        /// Bytes the device can still allocate; `None` when neither the API nor a budget
+        /// says (Mesa's lavapipe): the caches cannot be admitted against it.
+        free: Option<u64>,
     },
 }
 
@@ -221,12 +222,14 @@ pub fn check_cache_memory(
             free,
         } => {
             let needs = kv_per_token.saturating_mul(positions);
-            if needs > *free {
+            if let Some(free) = *free
+                && needs > free
+            {
                 return Err(crate::Error::Memory(format!(
                     "not enough memory on {name}: the KV cache for {positions} positions needs \
                      {} and {} is free there; {lower}",
                     gib(needs),
-                    gib(*free)
+                    gib(free)
                 )));
             }
             if let Some(available) = available_bytes()
@@ -254,7 +257,7 @@ pub fn positions_that_fit(memory: &CacheMemory, host_extra: u64) -> Option<u64> 
         }),
         CacheMemory::Device {
             kv_per_token, free, ..
-        } => Some(free / kv_per_token.max(&1)),
+        } => free.map(|f| f / kv_per_token.max(&1)),
     }
 }
 

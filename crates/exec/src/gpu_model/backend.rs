@@ -145,12 +145,15 @@ impl Backend for GpuModel {
     fn cache_memory(&self) -> CacheMemory {
         let info = self.dev.info();
         let use_ = self.dev.memory();
-        let total = info.memory.unwrap_or(u64::MAX).min(use_.budget);
+        let total = match (info.memory, use_.budget) {
+            (None, u64::MAX) => None,
+            (memory, budget) => Some(memory.unwrap_or(u64::MAX).min(budget)),
+        };
         CacheMemory::Device {
             name: info.name.clone(),
             // Each cache also holds its rotary table, `dim` values per position.
             kv_per_token: kv_bytes_per_token(&self.config) + (self.rope.dim() * 4) as u64,
-            free: total.saturating_sub(use_.live),
+            free: total.map(|t| t.saturating_sub(use_.live)),
         }
     }
 }

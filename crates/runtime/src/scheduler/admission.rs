@@ -5,7 +5,7 @@
 
 use super::SchedulerConfig;
 use crate::engine::Engine;
-use strata_model::backend::{check_cache_memory, positions_that_fit};
+use strata_model::backend::{CacheMemory, check_cache_memory, positions_that_fit};
 
 /// How a front end spells its options in errors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,6 +74,16 @@ impl SchedulerLimits {
         }
         let max_ctx = engine.model.config().max_position_embeddings;
         let memory = engine.model.cache_memory();
+        if let CacheMemory::Device {
+            name, free: None, ..
+        } = &memory
+        {
+            tracing::warn!(
+                device = %name,
+                "the device does not report its memory: the KV caches are not admitted \
+                 against it (a --vram-budget has them checked)"
+            );
+        }
         let prefix_bytes = (self.prefix_cache_mb as u64).saturating_mul(1 << 20);
         let ctx_size = match self.ctx_size {
             Some(c) => c,
