@@ -12,7 +12,7 @@ use std::path::Path;
 
 use strata_accel::{ExpertSlots, WeightType};
 use strata_model::config::{FfnConfig, ModelConfig};
-use strata_model::names::{ExpertLayout, LayerNames};
+use strata_model::names::{self, ExpertLayout, ExpertPart, LayerNames};
 use strata_model::source::{Source, Tensor};
 use strata_model::tensors::{MlpTensors, StackedExperts};
 
@@ -68,15 +68,15 @@ pub(crate) fn converted_expert(
     hidden: usize,
     inter: usize,
 ) -> Result<ExpertValues> {
-    let get = |part: &str, shape: [usize; 2]| -> Result<(Vec<f32>, WeightType)> {
-        let t = src.tensor(&format!("{prefix}.{e}.{part}"))?;
+    let get = |part, shape: [usize; 2]| -> Result<(Vec<f32>, WeightType)> {
+        let t = src.tensor(&names::converted_expert(prefix, e, part))?;
         t.expect_shape(&shape)?;
         stored_values(&t)
     };
-    let (down, _) = get("down", [hidden, inter])?;
-    if !src.has(&format!("{prefix}.{e}.gate_up")) {
-        let (gate, wtype) = get("gate", [inter, hidden])?;
-        let (up, _) = get("up", [inter, hidden])?;
+    let (down, _) = get(ExpertPart::Down, [hidden, inter])?;
+    if !src.has(&names::converted_expert(prefix, e, ExpertPart::GateUp)) {
+        let (gate, wtype) = get(ExpertPart::Gate, [inter, hidden])?;
+        let (up, _) = get(ExpertPart::Up, [inter, hidden])?;
         return Ok(ExpertValues {
             gate,
             up,
@@ -85,7 +85,7 @@ pub(crate) fn converted_expert(
         });
     }
     let i_pad = inter.div_ceil(STRIP) * STRIP;
-    let (gu, wtype) = get("gate_up", [2 * i_pad, hidden])?;
+    let (gu, wtype) = get(ExpertPart::GateUp, [2 * i_pad, hidden])?;
     let mut gate = Vec::with_capacity(inter * hidden);
     let mut up = Vec::with_capacity(inter * hidden);
     for i in 0..inter {

@@ -8,6 +8,7 @@ use strata_kernels::{Expert, MoeExperts, PackedFormat, dense_mlp, fused_moe};
 
 use crate::Result;
 use crate::linear::{Built, Linear, Loader, Weight};
+use crate::names::{ExpertPart, converted_expert};
 use crate::ops::silu_mul;
 use crate::routing::Routing;
 use crate::tensors::{MatrixSpec, MlpTensors};
@@ -290,28 +291,35 @@ impl Loader<'_> {
             ExpertSet::Packed(p) => {
                 for (e, x) in p.experts().iter().enumerate() {
                     let (gu, down) = x.parts();
-                    self.keep(format!("{prefix}.{e}.gate_up"), Built::Packed(gu.clone()));
-                    self.keep(format!("{prefix}.{e}.down"), Built::Packed(down.clone()));
+                    let name = |part| converted_expert(prefix, e, part);
+                    self.keep(name(ExpertPart::GateUp), Built::Packed(gu.clone()));
+                    self.keep(name(ExpertPart::Down), Built::Packed(down.clone()));
                 }
             }
             ExpertSet::Ggml(g) => {
                 for e in 0..g.len() {
                     let (gate, up, down) = g.expert(e);
-                    for (part, m) in [("gate", gate), ("up", up), ("down", down)] {
+                    let parts = [(ExpertPart::Gate, gate), (ExpertPart::Up, up)];
+                    for (part, m) in parts.into_iter().chain([(ExpertPart::Down, down)]) {
                         let l = Linear {
                             n_out: m.n(),
                             k_in: m.k(),
                             weight: Weight::Ggml(m.clone()),
                             bias: None,
                         };
-                        self.keep(format!("{prefix}.{e}.{part}"), Built::Linear(l));
+                        self.keep(converted_expert(prefix, e, part), Built::Linear(l));
                     }
                 }
             }
             ExpertSet::Plain(mlps) => {
                 for (e, m) in mlps.iter().enumerate() {
-                    for (part, l) in [("gate", &m.gate), ("up", &m.up), ("down", &m.down)] {
-                        self.keep(format!("{prefix}.{e}.{part}"), Built::Linear(l.clone()));
+                    let parts = [
+                        (ExpertPart::Gate, &m.gate),
+                        (ExpertPart::Up, &m.up),
+                        (ExpertPart::Down, &m.down),
+                    ];
+                    for (part, l) in parts {
+                        self.keep(converted_expert(prefix, e, part), Built::Linear(l.clone()));
                     }
                 }
             }
@@ -326,29 +334,29 @@ impl Loader<'_> {
         hidden: usize,
         inter: usize,
     ) -> Result<ExpertSet> {
-        if self.has(&format!("{prefix}.0.gate_up")) {
+        if self.has(&converted_expert(prefix, 0, ExpertPart::GateUp)) {
             let i_pad = inter.div_ceil(16) * 16;
             let experts = (0..n)
                 .map(|e| {
-                    let gu =
-                        self.stored_packed(&format!("{prefix}.{e}.gate_up"), 2 * i_pad, hidden)?;
-                    let down = self.stored_packed(&format!("{prefix}.{e}.down"), hidden, inter)?;
+                    let name = |part| converted_expert(prefix, e, part);
+                    let gu = self.stored_packed(&name(ExpertPart::GateUp), 2 * i_pad, hidden)?;
+                    let down = self.stored_packed(&name(ExpertPart::Down), hidden, inter)?;
                     Ok(Expert::from_parts(gu, down)?)
                 })
                 .collect::<Result<Vec<_>>>()?;
             return Ok(ExpertSet::Packed(MoeExperts::new(hidden, inter, experts)?));
         }
-        let plain = |name: String, n_out: usize, k_in: usize| {
-            let t = self.tensor(&name)?;
+        let plain = |e: usize, part: ExpertPart, n_out: usize, k_in: usize| {
+            let t = self.tensor(&converted_expert(prefix, e, part))?;
             t.expect_shape(&[n_out, k_in])?;
             self.linear_from(&t, 0, n_out, k_in, None, false)
         };
         let mlps = (0..n)
             .map(|e| {
                 Ok(Mlp {
-                    gate: plain(format!("{prefix}.{e}.gate"), inter, hidden)?,
-                    up: plain(format!("{prefix}.{e}.up"), inter, hidden)?,
-                    down: plain(format!("{prefix}.{e}.down"), hidden, inter)?,
+                    gate: plain(e, ExpertPart::Gate, inter, hidden)?,
+                    up: plain(e, ExpertPart::Up, inter, hidden)?,
+                    down: plain(e, ExpertPart::Down, hidden, inter)?,
                 })
             })
             .collect::<Result<Vec<_>>>()?;

@@ -21,6 +21,39 @@ pub const LM_HEAD: &str = "lm_head";
 /// experts and Hugging Face's per-expert tensors).
 pub const MLP_PROJECTIONS: [&str; 3] = ["gate_proj", "up_proj", "down_proj"];
 
+/// One tensor of routed expert `e` as `strata convert` stores it below the layer's expert
+/// prefix, `{prefix}.{e}.{part}`: `gate_up` and `down` in a packed format (gate and up rows
+/// interleaved in strips, as the CPU kernels read them), or `gate`, `up` and `down` as they
+/// were (GGUF blocks, or plain matrices).
+pub fn converted_expert(prefix: &str, e: usize, part: ExpertPart) -> String {
+    format!("{prefix}.{e}.{}", part.name())
+}
+
+/// The parts of a converted routed expert ([`converted_expert`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpertPart {
+    /// The packed gate and up projections, `[2 x padded inter, hidden]`.
+    GateUp,
+    /// The gate projection, `[inter, hidden]`.
+    Gate,
+    /// The up projection, `[inter, hidden]`.
+    Up,
+    /// The down projection, `[hidden, inter]`.
+    Down,
+}
+
+impl ExpertPart {
+    /// Its name in the tensor's.
+    pub fn name(self) -> &'static str {
+        match self {
+            ExpertPart::GateUp => "gate_up",
+            ExpertPart::Gate => "gate",
+            ExpertPart::Up => "up",
+            ExpertPart::Down => "down",
+        }
+    }
+}
+
 /// Mixtral's names for the same projections of its experts.
 const MIXTRAL_PROJECTIONS: [&str; 3] = ["w1", "w3", "w2"];
 
