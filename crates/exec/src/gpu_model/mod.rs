@@ -7,7 +7,8 @@
 //! Supported: every architecture of `strata_model` (Llama, Qwen2, Qwen2-MoE, Qwen3-MoE,
 //! Mixtral, GLM-4.5 with grouped-query attention; DeepSeek-V2/V3 with multi-head latent
 //! attention, latent cache and absorbed `kv_b_proj`) and every router variant; one
-//! sequence per cache.
+//! sequence per cache, several sequences per forward pass ([`GpuModel::forward_batch`]),
+//! and the engine's `Backend` (`backend.rs`), so the scheduler serves it.
 //!
 //! A key design decision made here is that weights keep the precision they are stored in
 //! (BF16 and F16 two per word, everything else f32) so the device computes what the CPU's
