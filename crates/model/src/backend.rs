@@ -109,11 +109,25 @@ pub trait Backend: Send + Sync + fmt::Debug {
     }
 }
 
-/// A cache handed to a backend that did not make it (a bug in the caller).
-pub fn foreign_cache(backend: &str) -> BackendError {
-    BackendError::new(format!(
-        "a KV cache made by another backend was passed to the {backend} backend"
-    ))
+/// One sequence of a batch with its cache as the backend's own type `C`.
+pub type OwnSeq<'s, 'a, C> = (&'a [u32], &'s mut C, LogitsWanted);
+
+/// The batch's caches as `backend`'s own type `C`; a cache that another backend made (a bug
+/// in the caller) is an error naming it.
+pub fn own_caches<'s, 'a, C: 'static>(
+    seqs: &'s mut [BatchSeq<'a>],
+    backend: &str,
+) -> Result<Vec<OwnSeq<'s, 'a, C>>, BackendError> {
+    seqs.iter_mut()
+        .map(|s| {
+            let cache = s.cache.as_any_mut().downcast_mut::<C>().ok_or_else(|| {
+                BackendError::new(format!(
+                    "a KV cache made by another backend was passed to the {backend} backend"
+                ))
+            })?;
+            Ok((s.tokens, cache, s.logits))
+        })
+        .collect()
 }
 
 impl SeqCache for KvCache {
@@ -161,21 +175,14 @@ impl Backend for Model {
     }
 
     fn forward(&self, seqs: &mut [BatchSeq<'_>]) -> Result<Vec<Vec<f32>>, BackendError> {
-        let mut inputs = seqs
-            .iter_mut()
-            .map(|s| {
-                let cache = s
-                    .cache
-                    .as_any_mut()
-                    .downcast_mut::<KvCache>()
-                    .ok_or_else(|| foreign_cache("cpu"))?;
-                Ok(SeqInput {
-                    tokens: s.tokens,
-                    cache,
-                    logits: s.logits,
-                })
+        let mut inputs: Vec<SeqInput<'_>> = own_caches::<KvCache>(seqs, "cpu")?
+            .into_iter()
+            .map(|(tokens, cache, logits)| SeqInput {
+                tokens,
+                cache,
+                logits,
             })
-            .collect::<Result<Vec<_>, BackendError>>()?;
+            .collect();
         Ok(Model::forward(self, &mut inputs)?)
     }
 

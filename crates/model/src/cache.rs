@@ -55,6 +55,30 @@ impl LayerCache {
     }
 }
 
+/// Fails unless `rows` hold `n` positions of every layer of a cache whose layers are
+/// `widths` wide: what a cache checks before it takes rows computed elsewhere.
+pub fn check_rows(widths: &[(usize, usize)], n: usize, rows: &[(&[f32], &[f32])]) -> Result<()> {
+    if rows.len() != widths.len() {
+        return Err(Error::Input(format!(
+            "kv cache extend: expected rows for {} layers, got {}",
+            widths.len(),
+            rows.len()
+        )));
+    }
+    for (i, ((a, b), &(wa, wb))) in rows.iter().zip(widths).enumerate() {
+        if a.len() != n * wa || b.len() != n * wb {
+            return Err(Error::Input(format!(
+                "kv cache extend: layer {i} expected {}+{} values for {n} positions, got {}+{}",
+                n * wa,
+                n * wb,
+                a.len(),
+                b.len()
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// The KV cache of one sequence across all layers.
 #[derive(Debug, Clone)]
 pub struct KvCache {
@@ -122,24 +146,7 @@ impl KvCache {
         rows: impl IntoIterator<Item = (&'r [f32], &'r [f32])>,
     ) -> Result<()> {
         let rows: Vec<_> = rows.into_iter().collect();
-        if rows.len() != self.layers.len() {
-            return Err(Error::Input(format!(
-                "kv cache extend: expected rows for {} layers, got {}",
-                self.layers.len(),
-                rows.len()
-            )));
-        }
-        for (i, ((a, b), &(wa, wb))) in rows.iter().zip(&self.widths).enumerate() {
-            if a.len() != n * wa || b.len() != n * wb {
-                return Err(Error::Input(format!(
-                    "kv cache extend: layer {i} expected {}+{} values for {n} positions, got {}+{}",
-                    n * wa,
-                    n * wb,
-                    a.len(),
-                    b.len()
-                )));
-            }
-        }
+        check_rows(&self.widths, n, &rows)?;
         for ((layer, (a, b)), &(wa, wb)) in self.layers.iter_mut().zip(rows).zip(&self.widths) {
             layer.append(a, b, wa, wb);
         }

@@ -51,7 +51,7 @@ pub mod source;
 pub mod tensors;
 
 pub use attention::SeqSpan;
-pub use cache::{BLOCK as KV_BLOCK, KvCache, LayerCache};
+pub use cache::{BLOCK as KV_BLOCK, KvCache, LayerCache, check_rows};
 pub use config::{Arch, ModelConfig};
 pub use error::{Error, Result};
 pub use graph::{Decoder, Head, LayerGraph, LayerNode, Norm, forward_pass};

@@ -7,25 +7,12 @@
 use std::any::Any;
 use std::sync::Arc;
 
-use strata_model::RoutingTap;
-use strata_model::backend::{
-    Backend, BackendError, BatchSeq, CacheMemory, SeqCache, foreign_cache,
-};
+use strata_model::backend::{Backend, BackendError, BatchSeq, CacheMemory, SeqCache, own_caches};
 use strata_model::config::ModelConfig;
 use strata_model::memory::kv_bytes_per_token;
+use strata_model::{RoutingTap, check_rows};
 
-use super::{GpuCache, GpuModel, GpuSeq};
-
-fn f32_bytes(values: &[f32]) -> Vec<u8> {
-    values.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
-fn f32s(bytes: &[u8]) -> Vec<f32> {
-    bytes
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
-}
+use super::{GpuCache, GpuModel, GpuSeq, f32s, to_bytes};
 
 impl SeqCache for GpuCache {
     fn len(&self) -> usize {
@@ -51,40 +38,23 @@ impl SeqCache for GpuCache {
             let bytes = self
                 .dev
                 .download(buf, start as u64 * row, (end - start) as u64 * row);
-            bytes.ok().map(|b| f32s(&b))
+            bytes.ok().map(|b| f32s(&b).collect())
         };
         Some((read(&self.k[layer], wa)?, read(&self.v[layer], wb)?))
     }
 
     fn extend(&mut self, n: usize, rows: &[(&[f32], &[f32])]) -> Result<(), BackendError> {
-        if rows.len() != self.widths.len() {
-            return Err(BackendError::new(format!(
-                "kv cache extend: expected rows for {} layers, got {}",
-                self.widths.len(),
-                rows.len()
-            )));
-        }
+        check_rows(&self.widths, n, rows)?;
         if self.len + n > self.capacity {
             return Err(BackendError::new(format!(
                 "kv cache extend: {} cached + {n} positions exceed the capacity of {}",
                 self.len, self.capacity
             )));
         }
-        for (i, ((a, b), &(wa, wb))) in rows.iter().zip(&self.widths).enumerate() {
-            if a.len() != n * wa || b.len() != n * wb {
-                return Err(BackendError::new(format!(
-                    "kv cache extend: layer {i} expected {}+{} values for {n} positions, got {}+{}",
-                    n * wa,
-                    n * wb,
-                    a.len(),
-                    b.len()
-                )));
-            }
-        }
         for (layer, ((a, b), &(wa, wb))) in rows.iter().zip(&self.widths).enumerate() {
             let at = self.len as u64 * 4;
             let upload =
-                |buf, w: usize, v: &[f32]| self.dev.upload(buf, at * w as u64, &f32_bytes(v));
+                |buf, w: usize, v: &[f32]| self.dev.upload(buf, at * w as u64, &to_bytes(v));
             upload(&self.k[layer], wa, a).map_err(BackendError::new)?;
             upload(&self.v[layer], wb, b).map_err(BackendError::new)?;
         }
@@ -117,21 +87,14 @@ impl Backend for GpuModel {
     }
 
     fn forward(&self, seqs: &mut [BatchSeq<'_>]) -> Result<Vec<Vec<f32>>, BackendError> {
-        let mut inputs = seqs
-            .iter_mut()
-            .map(|s| {
-                let cache = s
-                    .cache
-                    .as_any_mut()
-                    .downcast_mut::<GpuCache>()
-                    .ok_or_else(|| foreign_cache("gpu"))?;
-                Ok(GpuSeq {
-                    tokens: s.tokens,
-                    cache,
-                    logits: s.logits,
-                })
+        let mut inputs: Vec<GpuSeq<'_>> = own_caches::<GpuCache>(seqs, "gpu")?
+            .into_iter()
+            .map(|(tokens, cache, logits)| GpuSeq {
+                tokens,
+                cache,
+                logits,
             })
-            .collect::<Result<Vec<_>, BackendError>>()?;
+            .collect();
         self.forward_batch(&mut inputs).map_err(BackendError::new)
     }
 

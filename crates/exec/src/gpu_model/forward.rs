@@ -7,7 +7,7 @@ use strata_accel::{Buffer, Op, RopeKind};
 use strata_model::config::{GqaConfig, MlaConfig, MoeConfig, RopeStyle};
 use strata_model::{Decoder, LogitsWanted, Norm, Routing, forward_pass};
 
-use super::{Attn, Ffn, GpuCache, GpuModel, GpuSeq, Matrix, Mlp, Moe};
+use super::{Attn, Ffn, GpuCache, GpuModel, GpuSeq, Matrix, Mlp, Moe, f32s};
 use crate::{Error, Result};
 
 /// Activations on the device: `n` rows.
@@ -172,9 +172,7 @@ impl GpuModel {
             Some(rows) => dev.download(&rows.buf, 0, (rows.n * v * 4) as u64)?,
             None => Vec::new(),
         };
-        let mut values = all
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+        let mut values = f32s(&all);
         let logits = pass.parts.iter().map(|part| {
             let n = part.wanted.len() * v;
             values.by_ref().take(n).collect()
@@ -302,10 +300,7 @@ impl GpuModel {
         let routing = Routing {
             top_k: k,
             ids: ids.to_vec(),
-            weights: bytes
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect(),
+            weights: f32s(&bytes).collect(),
             candidates: None,
         };
         tap.on_routing(li, &routing);
