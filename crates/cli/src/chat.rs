@@ -3,30 +3,28 @@
 //! span lines (a line ending in `\`, or a `"""` block), and slash commands change the
 //! conversation and the sampling (`/help` lists them).
 //!
-//! Key types: [`Session`] (the conversation, its KV cache and settings) and [`Event`]
+//! Key types: [`Session`] (the conversation, its scheduler and settings) and [`Event`]
 //! (what the input and signal threads tell the main loop).
 //!
-//! A key design decision: the session keeps one KV cache for the whole conversation and,
-//! each turn, runs only the tokens after the longest prefix the cache already holds, so a
-//! long conversation does not prefill again from the start. It drives the model step by
-//! step (as the engine's own loop does, through `SequenceState`) so that Ctrl-C can stop a
-//! reply between two tokens; Ctrl-C at the prompt and end of input end the program.
+//! A key design decision: replies run on the same scheduler as the server's requests, one
+//! sequence at a time, with a prefix cache large enough for the whole conversation: each
+//! turn runs only the tokens after the longest prefix the cache already holds, so a long
+//! conversation does not prefill again from the start. Ctrl-C cancels the reply's sequence
+//! between two steps; Ctrl-C at the prompt and end of input end the program.
 //! Stdout carries only the model's replies; prompts, command output and errors go to
 //! stderr, so `strata chat < questions.txt > answers.txt` keeps the answers apart.
 
 use std::io::{BufRead, IsTerminal, Write};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{Receiver, Sender, channel};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Args;
-use strata_model::LogitsWanted;
-use strata_model::backend::{BatchSeq, SeqCache};
 use strata_runtime::engine::Engine;
-use strata_runtime::sampling::{Sampler, SamplingParams};
-use strata_runtime::step::{SequenceOptions, SequenceState};
+use strata_runtime::sampling::SamplingParams;
+use strata_runtime::scheduler::{self, GenRequest, Scheduler, SchedulerConfig};
 use strata_runtime::text::ChatMessage;
 
 use crate::generate::{finish_name, parse_max_tokens, seconds};
@@ -272,39 +270,42 @@ impl TurnStats {
 }
 
 /// A conversation with one model.
-struct Session<'e> {
-    engine: &'e Engine,
+struct Session {
+    engine: Arc<Engine>,
+    /// Runs the replies; its prefix cache keeps the conversation's KV rows between turns.
+    scheduler: Scheduler,
     system: Option<String>,
     /// User and assistant messages, alternating.
     turns: Vec<ChatMessage>,
-    cache: Box<dyn SeqCache>,
-    /// The tokens whose keys and values `cache` holds.
-    cached: Vec<u32>,
     settings: Settings,
     last: Option<TurnStats>,
     /// With `--device hybrid`: the executor, for `/stats`.
     hybrid: Option<Arc<strata_exec::HybridExecutor>>,
 }
 
-impl<'e> Session<'e> {
-    fn new(
-        engine: &'e Engine,
-        system: Option<String>,
-        settings: Settings,
-    ) -> anyhow::Result<Session<'e>> {
-        let cache = engine
-            .model
-            .new_cache(engine.model.config().max_position_embeddings)?;
-        Ok(Session {
+impl Session {
+    fn new(engine: Arc<Engine>, system: Option<String>, settings: Settings) -> Session {
+        let ctx = engine.model.config().max_position_embeddings;
+        // Room in the prefix cache for one whole conversation: each turn then runs only
+        // the tokens after what the last one left there.
+        let per_token = engine.model.cache_memory().kv_per_token();
+        let config = SchedulerConfig {
+            max_batch: 1,
+            max_queue: 1,
+            step_tokens: engine.prefill_chunk,
+            ctx_size: ctx,
+            prefix_cache_bytes: usize::try_from(per_token.saturating_mul(ctx as u64))
+                .unwrap_or(usize::MAX),
+        };
+        Session {
+            scheduler: Scheduler::start(Arc::clone(&engine), config),
             engine,
             system,
             turns: Vec::new(),
-            cache,
-            cached: Vec::new(),
             settings,
             last: None,
             hybrid: None,
-        })
+        }
     }
 
     fn messages(&self) -> Vec<ChatMessage> {
@@ -332,23 +333,6 @@ impl<'e> Session<'e> {
         }
     }
 
-    /// Runs `tokens` after what the cache holds; the last position's logits when `last`.
-    fn feed(&mut self, tokens: &[u32], last: bool) -> anyhow::Result<Vec<f32>> {
-        let logits = if last {
-            LogitsWanted::Last
-        } else {
-            LogitsWanted::None
-        };
-        let mut seqs = [BatchSeq {
-            tokens,
-            cache: &mut *self.cache,
-            logits,
-        }];
-        let out = self.engine.model.forward(&mut seqs)?;
-        self.cached.extend_from_slice(tokens);
-        Ok(out.into_iter().next().unwrap_or_default())
-    }
-
     /// Answers `text`, streaming the reply to `out`. A stopped reply keeps what was written;
     /// one stopped before its first word is dropped with its message.
     /// A message that fails (too long, out of memory, a model error) is dropped too.
@@ -358,7 +342,7 @@ impl<'e> Session<'e> {
         flags.replying.store(true, Ordering::SeqCst);
         let result = self
             .prompt()
-            .and_then(|prompt| self.reply(&prompt, flags, out));
+            .and_then(|prompt| self.reply(prompt, flags, out));
         flags.replying.store(false, Ordering::SeqCst);
         match result {
             Ok((reply, stats)) => {
@@ -377,81 +361,75 @@ impl<'e> Session<'e> {
         }
     }
 
-    /// Runs `prompt` after the cached prefix it shares and streams the reply to `out`.
+    /// Runs `prompt` on the scheduler (from the longest prefix its cache holds) and streams
+    /// the reply to `out`; Ctrl-C cancels the sequence between two steps.
     fn reply(
         &mut self,
-        prompt: &[u32],
+        prompt: Vec<u32>,
         flags: &Interrupts,
         out: &mut impl Write,
     ) -> anyhow::Result<(String, TurnStats)> {
-        let stopped = || flags.stop.load(Ordering::SeqCst);
         let s = self.settings.clone();
         self.engine.check_cache_memory(
             (prompt.len() + s.max_tokens) as u64,
+            self.scheduler.prefix_cache_usage().0 as u64,
             "lower max_tokens (/set max_tokens N) or /clear the conversation",
         )?;
-        // Keep the cached prefix the new prompt shares; at least one token runs anew.
-        let same = prompt
-            .iter()
-            .zip(&self.cached)
-            .take_while(|(a, b)| a == b)
-            .count();
-        let reused = same.min(prompt.len().saturating_sub(1));
-        self.cache.truncate(reused);
-        self.cached.truncate(reused);
         let mut stats = TurnStats {
             prompt_tokens: prompt.len(),
-            reused,
+            reused: 0,
             prefill: Duration::ZERO,
             generated: 0,
             decode: Duration::ZERO,
             finish: "stopped",
         };
+        let (tx, rx) = channel();
+        let request = GenRequest::new(prompt, s.max_tokens, s.sampling);
+        let id = self
+            .scheduler
+            .submit(request, Box::new(move |e| tx.send(e).is_ok()))?;
         let started = Instant::now();
-        let chunk = self.engine.prefill_chunk.max(1);
-        let mut logits = Vec::new();
-        for part in prompt[reused..].chunks(chunk) {
-            if stopped() {
-                return Ok((String::new(), stats));
-            }
-            let last = self.cached.len() + part.len() == prompt.len();
-            logits = self.feed(part, last)?;
-        }
-        stats.prefill = started.elapsed();
-        let opts = SequenceOptions {
-            max_tokens: s.max_tokens,
-            ctx_size: self.engine.model.config().max_position_embeddings,
-            stop: &[],
-            ignore_eos: false,
-            top_logprobs: None,
-            keep_special: &[],
-        };
-        let sampler = Sampler::new(s.sampling)?;
-        let engine = self.engine;
-        let mut seq = SequenceState::new(&engine.tokenizer, sampler, prompt, opts)?;
-        let started = Instant::now();
+        let mut first = None;
         let mut reply = String::new();
-        let finish = loop {
-            let step = seq.accept(&logits)?;
-            for piece in [step.text, step.tail] {
-                out.write_all(piece.as_bytes())
-                    .and_then(|()| out.flush())
-                    .context("writing the reply to stdout")?;
-                reply.push_str(&piece);
+        loop {
+            if flags.stop.load(Ordering::SeqCst) {
+                self.scheduler.cancel(id);
+                break;
             }
-            if let Some(finish) = step.finish {
-                break finish_name(&finish);
+            let event = match rx.recv_timeout(Duration::from_millis(20)) {
+                Ok(event) => event,
+                Err(RecvTimeoutError::Timeout) => continue,
+                Err(RecvTimeoutError::Disconnected) => bail!("the reply ended without a word"),
+            };
+            let first = *first.get_or_insert_with(Instant::now);
+            stats.prefill = first - started;
+            let piece = match event {
+                scheduler::Event::Token { text, .. } => {
+                    stats.generated += 1;
+                    text
+                }
+                scheduler::Event::Done {
+                    finish,
+                    text,
+                    cached_tokens,
+                    ..
+                } => {
+                    stats.finish = finish_name(&finish);
+                    stats.reused = cached_tokens;
+                    text
+                }
+                scheduler::Event::Failed(message) => bail!("{message}"),
+            };
+            out.write_all(piece.as_bytes())
+                .and_then(|()| out.flush())
+                .context("writing the reply to stdout")?;
+            reply.push_str(&piece);
+            stats.decode = first.elapsed();
+            if stats.finish != "stopped" {
+                break;
             }
-            if stopped() {
-                break "stopped";
-            }
-            let next = seq.next_input().to_vec();
-            logits = self.feed(&next, true)?;
-        };
+        }
         writeln!(out).context("writing the reply to stdout")?;
-        stats.generated = seq.generated().len();
-        stats.decode = started.elapsed();
-        stats.finish = finish;
         Ok((reply.trim().to_owned(), stats))
     }
 
@@ -493,10 +471,12 @@ impl<'e> Session<'e> {
             Some(t) => eprintln!("last reply: {}", t.line()),
             None => eprintln!("last reply: none yet"),
         }
+        let (bytes, blocks) = self.scheduler.prefix_cache_usage();
         eprintln!(
-            "conversation: {} messages, {} tokens cached of a {}-token context",
+            "conversation: {} messages; {:.1} MiB of KV rows cached ({blocks} blocks); a \
+             {}-token context",
             self.turns.len(),
-            self.cached.len(),
+            bytes as f64 / (1u64 << 20) as f64,
             self.engine.model.config().max_position_embeddings
         );
         eprintln!("settings: {}", self.settings.show());
@@ -528,7 +508,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
     let flags = Arc::new(Interrupts::default());
     spawn_interrupts(tx.clone(), flags.clone())?;
     spawn_reader(tx);
-    let mut session = Session::new(&engine, args.system.clone(), settings)?;
+    let mut session = Session::new(Arc::new(engine), args.system.clone(), settings);
     session.hybrid = hybrid;
     let mut stdout = std::io::stdout();
     while let Some(text) = read_message(&rx, interactive)? {
@@ -557,7 +537,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use strata_runtime::engine::Request;
+    use strata_runtime::scheduler::generate_batch;
 
     /// The messages `read_message` makes of `lines`, until it reports the end.
     fn messages(lines: &[&str]) -> Vec<String> {
@@ -617,12 +597,12 @@ mod tests {
     fn a_turn_from_the_cache_equals_a_fresh_run() {
         let dir = std::path::Path::new(crate::model_arg::DEFAULT_MODEL);
         let opts = strata_model::LoadOptions::new(strata_model::Precision::Fast);
-        let engine = Engine::load(dir, opts).unwrap();
+        let engine = Arc::new(Engine::load(dir, opts).unwrap());
         let settings = Settings {
             sampling: SamplingParams::greedy(),
             max_tokens: 16,
         };
-        let mut session = Session::new(&engine, Some("Be brief.".into()), settings).unwrap();
+        let mut session = Session::new(engine.clone(), Some("Be brief.".into()), settings);
         let flags = Interrupts::default();
         session.turn("Hello", &flags, &mut Vec::new()).unwrap();
         let mut messages = session.messages();
@@ -630,14 +610,9 @@ mod tests {
         session.turn("And then?", &flags, &mut second).unwrap();
         assert!(session.last.as_ref().unwrap().reused > 0);
         messages.push(ChatMessage::new("user", "And then?"));
-        let request = Request {
-            prompt: engine.chat_prompt(&messages).unwrap(),
-            max_tokens: 16,
-            sampling: SamplingParams::greedy(),
-            stop: Vec::new(),
-            grammar: None,
-        };
-        let (out, _) = engine.generate_batch(&[request], |_, _| {}).unwrap();
+        let prompt = engine.chat_prompt(&messages).unwrap();
+        let request = GenRequest::new(prompt, 16, SamplingParams::greedy());
+        let (out, _) = generate_batch(&engine, &[request], |_, _| {}).unwrap();
         assert_eq!(
             String::from_utf8(second).unwrap(),
             format!("{}\n", out[0].text)

@@ -7,8 +7,9 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::Args;
 
-use strata_runtime::engine::{FinishReason, Request};
+use strata_runtime::engine::FinishReason;
 use strata_runtime::grammar::{GrammarStats, ResponseFormat};
+use strata_runtime::scheduler::{GenRequest, generate_batch};
 use strata_runtime::text::ChatMessage;
 
 use crate::model_arg::{DeviceArgs, ModelArgs, SamplingArgs};
@@ -91,22 +92,21 @@ pub fn run(mut args: GenerateArgs) -> anyhow::Result<()> {
     };
     engine.check_cache_memory(
         (prompt.len() + args.max_tokens) as u64,
+        0,
         "lower --max-tokens or shorten the prompt",
     )?;
     let grammar = match response_format(&args)? {
         Some(f) => Some(engine.compile_format(&f).context(format_origin(&args))?),
         None => None,
     };
-    let request = Request {
-        prompt,
-        max_tokens: args.max_tokens,
-        sampling: args.sampling.params(),
+    let request = GenRequest {
         stop: args.stop.clone(),
         grammar,
+        ..GenRequest::new(prompt, args.max_tokens, args.sampling.params())
     };
     let mut stdout = std::io::stdout().lock();
     let mut write_err = None;
-    let (outputs, stats) = engine.generate_batch(std::slice::from_ref(&request), |_, text| {
+    let (outputs, stats) = generate_batch(&engine, std::slice::from_ref(&request), |_, text| {
         if write_err.is_none()
             && let Err(e) = stdout
                 .write_all(text.as_bytes())

@@ -86,6 +86,16 @@ pub enum CacheMemory {
     },
 }
 
+impl CacheMemory {
+    /// Cache bytes per position of one sequence.
+    pub fn kv_per_token(&self) -> u64 {
+        match self {
+            CacheMemory::Host(plan) => plan.kv_per_token,
+            CacheMemory::Device { kv_per_token, .. } => *kv_per_token,
+        }
+    }
+}
+
 /// Runs a model's forward passes for the engine.
 pub trait Backend: Send + Sync + fmt::Debug {
     /// The model's configuration.

@@ -1,26 +1,25 @@
-//! Generation: a loaded model with its tokenizer and chat template, and a loop that runs a
-//! batch of requests together (chunked prefill, then one batched forward per decode step),
-//! sampling, streaming text and stopping on EOS, stop strings, length or context.
+//! The engine: a loaded model on its backend with its tokenizer and chat template.
 //!
-//! A key design decision made here is that every decode step runs all active sequences in
-//! one forward pass, even for a single request: the same code path then serves the command
-//! line, the server's continuous batching and offline batch jobs.
+//! A key design decision made here is that the engine has no generation loop of its own:
+//! every front end generates through the scheduler's ([`crate::scheduler`]; a whole batch
+//! up front through `scheduler::generate_batch`), so the command line, the server's
+//! continuous batching, `chat` and offline batch jobs all chunk prompts, batch decodes,
+//! sample, stop and count through the same code.
 
 use std::path::Path;
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
 
 use strata_formats::gguf::GgufFile;
 use strata_formats::strata_file::StrataFile;
 use strata_model::source::Source;
-use strata_model::{LoadOptions, LogitsWanted, Model};
+use strata_model::{LoadOptions, Model};
 
-use strata_model::backend::{Backend, BackendError, BatchSeq, SeqCache};
+use strata_model::backend::{Backend, BackendError};
 
-use crate::grammar::{Grammar, GrammarCompiler, GrammarError, GrammarStats, ResponseFormat};
-use crate::sampling::{Sampler, SamplingError, SamplingParams};
+use crate::grammar::{Grammar, GrammarCompiler, GrammarError, ResponseFormat};
+use crate::sampling::SamplingError;
 pub use crate::step::FinishReason;
-use crate::step::{SequenceOptions, SequenceState, StepError};
+use crate::step::StepError;
 use crate::text::{ChatMessage, ChatTemplate, TextError, Tokenizer, TokenizerMeta};
 
 /// Errors from generation.
@@ -47,6 +46,14 @@ pub enum EngineError {
     /// The request cannot be served as given.
     #[error("{0}")]
     Request(String),
+    /// Generation stopped partway (a forward pass failed).
+    #[error("request {index}: {message}")]
+    Generation {
+        /// Which request.
+        index: usize,
+        /// What went wrong.
+        message: String,
+    },
 }
 
 impl From<StepError> for EngineError {
@@ -122,59 +129,6 @@ fn gguf_tokenizer(g: &GgufFile) -> Result<Tokenizer> {
     )?)
 }
 
-/// One generation request.
-#[derive(Debug, Clone)]
-pub struct Request {
-    /// Prompt token ids.
-    pub prompt: Vec<u32>,
-    /// Most tokens to generate.
-    pub max_tokens: usize,
-    /// Sampling settings.
-    pub sampling: SamplingParams,
-    /// Strings that end generation (not included in the output).
-    pub stop: Vec<String>,
-    /// A grammar the output must follow (structured outputs).
-    pub grammar: Option<Grammar>,
-}
-
-/// What one request produced.
-#[derive(Debug, Clone)]
-pub struct Output {
-    /// Generated ids: every counted token, the one that completed a stop string included,
-    /// a final end-of-sequence id excluded (see [`crate::step`]).
-    pub tokens: Vec<u32>,
-    /// Generated text (up to a stop string).
-    pub text: String,
-    /// Why it ended.
-    pub finish: FinishReason,
-    /// Time spent on its grammar, when it had one.
-    pub grammar: Option<GrammarStats>,
-}
-
-/// Timing of a generation run.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Stats {
-    /// Prompt tokens processed.
-    pub prompt_tokens: usize,
-    /// Wall time of prefill (until the first tokens were sampled).
-    pub prefill: Duration,
-    /// Tokens generated (after the first).
-    pub decode_tokens: usize,
-    /// Wall time of decoding.
-    pub decode: Duration,
-}
-
-impl Stats {
-    /// Prompt tokens per second.
-    pub fn prefill_tps(&self) -> f64 {
-        self.prompt_tokens as f64 / self.prefill.as_secs_f64().max(1e-9)
-    }
-    /// Generated tokens per second (decode phase).
-    pub fn decode_tps(&self) -> f64 {
-        self.decode_tokens as f64 / self.decode.as_secs_f64().max(1e-9)
-    }
-}
-
 /// A model ready to generate: weights on a backend, tokenizer, chat template.
 #[derive(Debug)]
 pub struct Engine {
@@ -236,11 +190,15 @@ impl Engine {
     }
 
     /// Fails unless `positions` cached positions (all sequences) fit where the backend
-    /// keeps its caches; `lower` says which options lower the need.
-    pub fn check_cache_memory(&self, positions: u64, lower: &str) -> Result<()> {
+    /// keeps its caches, beside `prefix_bytes` of prefix cache in host memory; `lower` says
+    /// which options lower the need.
+    pub fn check_cache_memory(&self, positions: u64, prefix_bytes: u64, lower: &str) -> Result<()> {
         let memory = self.model.cache_memory();
         Ok(strata_model::backend::check_cache_memory(
-            &memory, positions, 0, lower,
+            &memory,
+            positions,
+            prefix_bytes,
+            lower,
         )?)
     }
 
@@ -268,148 +226,5 @@ impl Engine {
     /// Tokenizes a plain prompt (with BOS if the model adds one).
     pub fn text_prompt(&self, text: &str) -> Result<Vec<u32>> {
         Ok(self.tokenizer.encode(text, true)?)
-    }
-
-    /// Generates for every request together. `on_text(i, piece)` receives request `i`'s
-    /// text as it is decoded.
-    pub fn generate_batch(
-        &self,
-        requests: &[Request],
-        mut on_text: impl FnMut(usize, &str),
-    ) -> Result<(Vec<Output>, Stats)> {
-        let max_ctx = self.model.config().max_position_embeddings;
-        for (i, r) in requests.iter().enumerate() {
-            if r.prompt.is_empty() {
-                return Err(EngineError::Request(format!(
-                    "request {i}: the prompt is empty"
-                )));
-            }
-            if r.prompt.len() >= max_ctx {
-                return Err(EngineError::Request(format!(
-                    "request {i}: prompt of {} tokens does not fit the context of {max_ctx}",
-                    r.prompt.len()
-                )));
-            }
-        }
-        let mut states = requests
-            .iter()
-            .map(|r| {
-                let opts = SequenceOptions {
-                    max_tokens: r.max_tokens,
-                    ctx_size: max_ctx,
-                    stop: &r.stop,
-                    ignore_eos: false,
-                    top_logprobs: None,
-                    keep_special: &[],
-                };
-                let sampler = Sampler::new(r.sampling.clone())?;
-                let mut state = SequenceState::new(&self.tokenizer, sampler, &r.prompt, opts)?;
-                if let Some(g) = &r.grammar {
-                    state.constrain(g.clone())?;
-                }
-                Ok(state)
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let mut caches = requests
-            .iter()
-            .map(|r| {
-                self.model
-                    .new_cache((r.prompt.len() + r.max_tokens).min(max_ctx))
-            })
-            .collect::<Result<Vec<Box<dyn SeqCache>>, _>>()?;
-        let mut stats = Stats {
-            prompt_tokens: requests.iter().map(|r| r.prompt.len()).sum(),
-            ..Stats::default()
-        };
-
-        // Prefill in rounds of one chunk per unfinished prompt.
-        let started = Instant::now();
-        let mut last_logits: Vec<Vec<f32>> = vec![Vec::new(); requests.len()];
-        let chunk = self.prefill_chunk.max(1);
-        let rounds = requests
-            .iter()
-            .map(|r| r.prompt.len().div_ceil(chunk))
-            .max()
-            .unwrap_or(0);
-        for round in 0..rounds {
-            let mut idx = Vec::new();
-            let mut seqs = Vec::new();
-            for (i, (r, cache)) in requests.iter().zip(caches.iter_mut()).enumerate() {
-                let start = round * chunk;
-                if start >= r.prompt.len() {
-                    continue;
-                }
-                let end = (start + chunk).min(r.prompt.len());
-                idx.push(i);
-                seqs.push(BatchSeq {
-                    tokens: &r.prompt[start..end],
-                    cache: &mut **cache,
-                    logits: if end == r.prompt.len() {
-                        LogitsWanted::Last
-                    } else {
-                        LogitsWanted::None
-                    },
-                });
-            }
-            for (i, logits) in idx.into_iter().zip(self.model.forward(&mut seqs)?) {
-                if !logits.is_empty() {
-                    last_logits[i] = logits;
-                }
-            }
-        }
-        stats.prefill = started.elapsed();
-
-        let started = Instant::now();
-        let mut texts: Vec<String> = vec![String::new(); requests.len()];
-        let mut first_step = true;
-        loop {
-            // Sample one token for every active sequence from its last logits.
-            for (i, state) in states.iter_mut().enumerate() {
-                if state.finish().is_some() {
-                    continue;
-                }
-                let outcome = state.accept(&last_logits[i])?;
-                if !first_step {
-                    stats.decode_tokens += 1;
-                }
-                for text in [outcome.text, outcome.tail] {
-                    if !text.is_empty() {
-                        on_text(i, &text);
-                        texts[i].push_str(&text);
-                    }
-                }
-            }
-            first_step = false;
-            let active: Vec<usize> = (0..requests.len())
-                .filter(|&i| states[i].finish().is_none())
-                .collect();
-            if active.is_empty() {
-                break;
-            }
-            let seqs = states.iter().zip(caches.iter_mut());
-            let mut seqs: Vec<BatchSeq<'_>> = seqs
-                .filter(|(state, _)| state.finish().is_none())
-                .map(|(state, cache)| BatchSeq {
-                    tokens: state.next_input(),
-                    cache: &mut **cache,
-                    logits: LogitsWanted::Last,
-                })
-                .collect();
-            for (&i, logits) in active.iter().zip(self.model.forward(&mut seqs)?) {
-                last_logits[i] = logits;
-            }
-        }
-        stats.decode = started.elapsed();
-        let outputs = states
-            .into_iter()
-            .zip(texts)
-            .map(|(state, text)| Output {
-                finish: state.finish().cloned().expect("every request finished"),
-                grammar: state.grammar_stats(),
-                tokens: state.into_generated(),
-                text,
-            })
-            .collect();
-        Ok((outputs, stats))
     }
 }

@@ -4,27 +4,24 @@
 //! Its one job is the generation loop and what surrounds it: the tokenizer and chat
 //! template ([`text`]), sampling ([`sampling`]), structured outputs ([`grammar`]), one
 //! sequence's step ([`step::SequenceState`]: mask, sample, detokenize, stop strings, finish
-//! reason, counting), batched generation ([`engine::Engine`]) and continuous batching on
-//! its own thread ([`scheduler::Scheduler`], which the server and `strata batch` use,
-//! with a shared [`prefix_cache::PrefixCache`] of prompt prefixes).
-//! Every front end steps its sequences through [`step`], so they stop and count alike.
+//! reason, counting) and continuous batching ([`scheduler`]: the one generation loop, on its
+//! own thread, with a shared [`prefix_cache::PrefixCache`] of prompt prefixes), which the
+//! server, `strata batch`, `strata chat` and Python submit to, and which
+//! [`scheduler::generate_batch`] runs a whole batch on. Every front end's sequences are
+//! stepped through [`step`] by that loop, so they stop and count alike.
 //!
 //! ```
 //! use std::path::Path;
 //! use strata_model::Precision;
-//! use strata_runtime::engine::{Engine, Request};
+//! use strata_runtime::engine::Engine;
 //! use strata_runtime::sampling::SamplingParams;
+//! use strata_runtime::scheduler::{GenRequest, generate_batch};
 //!
 //! let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/strata-tiny-moe");
 //! let engine = Engine::load(&dir, Precision::Fast)?;
-//! let request = Request {
-//!     prompt: engine.text_prompt("Once upon a time")?,
-//!     max_tokens: 32,
-//!     sampling: SamplingParams::greedy(),
-//!     stop: vec![],
-//!     grammar: None,
-//! };
-//! let (outputs, stats) = engine.generate_batch(&[request], |_, piece| print!("{piece}"))?;
+//! let prompt = engine.text_prompt("Once upon a time")?;
+//! let request = GenRequest::new(prompt, 32, SamplingParams::greedy());
+//! let (outputs, stats) = generate_batch(&engine, &[request], |_, piece| print!("{piece}"))?;
 //! assert!(!outputs[0].tokens.is_empty() && outputs[0].tokens.len() <= 32);
 //! println!("\n{:?}: {:.1} tok/s", outputs[0].finish, stats.decode_tps());
 //! # Ok::<(), strata_runtime::engine::EngineError>(())

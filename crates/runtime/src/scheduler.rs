@@ -32,7 +32,7 @@ use strata_model::LogitsWanted;
 use strata_model::backend::{BatchSeq, SeqCache};
 
 use crate::engine::{Engine, FinishReason};
-use crate::grammar::Grammar;
+use crate::grammar::{Grammar, GrammarStats};
 use crate::prefix_cache::{BLOCK, PrefixCache, block_hashes};
 use crate::sampling::{Sampler, SamplingError, SamplingParams};
 pub use crate::step::TokenLogprobs;
@@ -64,6 +64,20 @@ pub struct SchedulerConfig {
 }
 
 impl SchedulerConfig {
+    /// These limits as a scheduler for `engine` applies them: `ctx_size` capped at the
+    /// model's context, zero limits raised to 1.
+    fn within(self, engine: &Engine) -> SchedulerConfig {
+        SchedulerConfig {
+            max_batch: self.max_batch.max(1),
+            max_queue: self.max_queue.max(1),
+            step_tokens: self.step_tokens.max(1),
+            ctx_size: self
+                .ctx_size
+                .clamp(2, engine.model.config().max_position_embeddings.max(2)),
+            prefix_cache_bytes: self.prefix_cache_bytes,
+        }
+    }
+
     /// Defaults for `engine`: a batch of 16, a queue of 256, 512 tokens per step, the
     /// model's full context and no prefix cache (its memory is the caller's to grant).
     pub fn for_engine(engine: &Engine) -> SchedulerConfig {
@@ -98,6 +112,23 @@ pub struct GenRequest {
     pub keep_special: Vec<u32>,
 }
 
+impl GenRequest {
+    /// Up to `max_tokens` tokens after `prompt`, sampled with `sampling`: no stop strings,
+    /// log-probabilities, grammar or kept special ids (set those fields after).
+    pub fn new(prompt: Vec<u32>, max_tokens: usize, sampling: SamplingParams) -> GenRequest {
+        GenRequest {
+            prompt,
+            max_tokens,
+            sampling,
+            stop: Vec::new(),
+            top_logprobs: None,
+            ignore_eos: false,
+            grammar: None,
+            keep_special: Vec::new(),
+        }
+    }
+}
+
 /// What a sequence reports back.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
@@ -123,6 +154,8 @@ pub enum Event {
         completion_tokens: usize,
         /// Prompt tokens whose KV rows came from the prefix cache (not prefilled).
         cached_tokens: usize,
+        /// Time spent on its grammar, when it had one.
+        grammar: Option<GrammarStats>,
     },
     /// The sequence could not go on; the last event. The message is for logs.
     Failed(String),
@@ -215,6 +248,27 @@ struct Pending {
     sink: Box<dyn EventSink>,
 }
 
+/// Checks a request against the limits before it is queued, so that every refusal comes
+/// back before anything runs; returns its sampler.
+fn check_request(req: &GenRequest, cfg: &SchedulerConfig) -> Result<Sampler, SchedulerError> {
+    if req.prompt.is_empty() {
+        return Err(SchedulerError::EmptyPrompt);
+    }
+    if req.prompt.len() >= cfg.ctx_size {
+        return Err(SchedulerError::PromptTooLong {
+            tokens: req.prompt.len(),
+            ctx_size: cfg.ctx_size,
+        });
+    }
+    if req.max_tokens == 0 {
+        return Err(SchedulerError::ZeroMaxTokens);
+    }
+    if let Some(index) = req.stop.iter().position(String::is_empty) {
+        return Err(SchedulerError::EmptyStop { index });
+    }
+    Ok(Sampler::new(req.sampling.clone())?)
+}
+
 /// Handle to the scheduling thread; dropping it finishes the work in flight and joins the
 /// thread.
 pub struct Scheduler {
@@ -237,15 +291,7 @@ impl Scheduler {
     /// Starts the scheduling thread for `engine`. `ctx_size` is capped at the model's
     /// context; zero limits are raised to 1.
     pub fn start(engine: Arc<Engine>, config: SchedulerConfig) -> Scheduler {
-        let config = SchedulerConfig {
-            max_batch: config.max_batch.max(1),
-            max_queue: config.max_queue.max(1),
-            step_tokens: config.step_tokens.max(1),
-            ctx_size: config
-                .ctx_size
-                .clamp(2, engine.model.config().max_position_embeddings.max(2)),
-            prefix_cache_bytes: config.prefix_cache_bytes,
-        };
+        let config = config.within(&engine);
         let (tx, rx) = mpsc::channel();
         let shared = Arc::new(Shared::default());
         let thread_shared = Arc::clone(&shared);
@@ -276,22 +322,7 @@ impl Scheduler {
         if self.shared.closed.load(Ordering::Acquire) {
             return Err(SchedulerError::ShuttingDown);
         }
-        if req.prompt.is_empty() {
-            return Err(SchedulerError::EmptyPrompt);
-        }
-        if req.prompt.len() >= self.config.ctx_size {
-            return Err(SchedulerError::PromptTooLong {
-                tokens: req.prompt.len(),
-                ctx_size: self.config.ctx_size,
-            });
-        }
-        if req.max_tokens == 0 {
-            return Err(SchedulerError::ZeroMaxTokens);
-        }
-        if let Some(index) = req.stop.iter().position(String::is_empty) {
-            return Err(SchedulerError::EmptyStop { index });
-        }
-        let sampler = Sampler::new(req.sampling.clone())?;
+        let sampler = check_request(&req, &self.config)?;
         let max = self.config.max_queue;
         self.shared
             .queued
@@ -738,9 +769,12 @@ fn sample_next(seq: &mut Seq<'_>, logits: &[f32]) {
             prompt_tokens: seq.req.prompt.len(),
             completion_tokens: seq.state.generated().len(),
             cached_tokens: seq.cached,
+            grammar: seq.state.grammar_stats(),
         }));
     }
 }
 
+mod offline;
+pub use offline::{Output, Stats, generate_batch, run_batch};
 #[cfg(test)]
 mod tests;

@@ -7,22 +7,19 @@ use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
 use strata_model::Precision;
-use strata_runtime::engine::{Engine, FinishReason, Request};
+use strata_runtime::engine::{Engine, FinishReason};
 use strata_runtime::sampling::SamplingParams;
-use strata_runtime::scheduler::{Event, GenRequest, Scheduler, SchedulerConfig};
+use strata_runtime::scheduler::{Event, GenRequest, Scheduler, SchedulerConfig, generate_batch};
 
 fn engine() -> Arc<Engine> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/strata-tiny-moe");
     Arc::new(Engine::load(&dir, Precision::Fast).unwrap())
 }
 
-fn request(prompt: &[u32], stop: &[String]) -> Request {
-    Request {
-        prompt: prompt.to_vec(),
-        max_tokens: 32,
-        sampling: SamplingParams::greedy(),
+fn request(prompt: &[u32], stop: &[String]) -> GenRequest {
+    GenRequest {
         stop: stop.to_vec(),
-        grammar: None,
+        ..GenRequest::new(prompt.to_vec(), 32, SamplingParams::greedy())
     }
 }
 
@@ -40,20 +37,10 @@ fn stop_completed_by(engine: &Engine, tokens: &[u32]) -> (usize, String) {
 }
 
 /// Runs one request through the scheduler; returns its token ids and its last event.
-fn scheduled(engine: Arc<Engine>, r: &Request) -> (Vec<u32>, Event) {
+fn scheduled(engine: Arc<Engine>, r: &GenRequest) -> (Vec<u32>, Event) {
     let s = Scheduler::start(engine.clone(), SchedulerConfig::for_engine(&engine));
     let (tx, rx) = mpsc::channel();
-    let req = GenRequest {
-        prompt: r.prompt.clone(),
-        max_tokens: r.max_tokens,
-        sampling: r.sampling.clone(),
-        stop: r.stop.clone(),
-        top_logprobs: None,
-        ignore_eos: false,
-        grammar: None,
-        keep_special: Vec::new(),
-    };
-    s.submit(req, Box::new(move |e| tx.send(e).is_ok()))
+    s.submit(r.clone(), Box::new(move |e| tx.send(e).is_ok()))
         .unwrap();
     let mut ids = Vec::new();
     loop {
@@ -68,16 +55,12 @@ fn scheduled(engine: Arc<Engine>, r: &Request) -> (Vec<u32>, Event) {
 fn engine_and_scheduler_count_the_token_that_completes_a_stop_string() {
     let engine = engine();
     let prompt = engine.text_prompt("Once upon a time").unwrap();
-    let (free, _) = engine
-        .generate_batch(&[request(&prompt, &[])], |_, _| {})
-        .unwrap();
+    let (free, _) = generate_batch(&engine, &[request(&prompt, &[])], |_, _| {}).unwrap();
     assert!(free[0].tokens.len() >= 4, "{:?}", free[0]);
     let (k, stop) = stop_completed_by(&engine, &free[0].tokens);
 
     let stopped = request(&prompt, std::slice::from_ref(&stop));
-    let (out, _) = engine
-        .generate_batch(std::slice::from_ref(&stopped), |_, _| {})
-        .unwrap();
+    let (out, _) = generate_batch(&engine, std::slice::from_ref(&stopped), |_, _| {}).unwrap();
     assert_eq!(out[0].finish, FinishReason::Stop);
     assert_eq!(out[0].tokens, free[0].tokens[..k], "stop {stop:?}");
     assert!(!out[0].text.contains(&stop), "{:?}", out[0].text);

@@ -13,8 +13,9 @@ use std::path::{Path, PathBuf};
 
 use strata_model::backend::BatchSeq;
 use strata_model::{LogitsWanted, Precision};
-use strata_runtime::engine::{Engine, Request};
+use strata_runtime::engine::Engine;
 use strata_runtime::sampling::SamplingParams;
+use strata_runtime::scheduler::{GenRequest, generate_batch};
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -161,13 +162,8 @@ fn smollm2_knows_the_capital_of_france() {
         return;
     };
     let engine = Engine::load(&path, Precision::Fast).unwrap();
-    let request = Request {
-        prompt: engine.text_prompt("The capital of France is").unwrap(),
-        max_tokens: 4,
-        sampling: SamplingParams::greedy(),
-        stop: Vec::new(),
-        grammar: None,
-    };
-    let (out, _) = engine.generate_batch(&[request], |_, _| {}).unwrap();
+    let prompt = engine.text_prompt("The capital of France is").unwrap();
+    let request = GenRequest::new(prompt, 4, SamplingParams::greedy());
+    let (out, _) = generate_batch(&engine, &[request], |_, _| {}).unwrap();
     assert!(out[0].text.contains("Paris"), "{:?}", out[0].text);
 }

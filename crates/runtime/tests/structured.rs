@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use strata_model::Precision;
-use strata_runtime::engine::{Engine, FinishReason, Request};
+use strata_runtime::engine::{Engine, FinishReason};
 use strata_runtime::grammar::{GrammarError, ResponseFormat};
 use strata_runtime::sampling::SamplingParams;
-use strata_runtime::scheduler::{Event, GenRequest, Scheduler, SchedulerConfig};
+use strata_runtime::scheduler::{Event, GenRequest, Scheduler, SchedulerConfig, generate_batch};
 
 fn engine() -> Arc<Engine> {
     static ENGINE: OnceLock<Arc<Engine>> = OnceLock::new();
@@ -113,22 +113,19 @@ fn constrained_generations_are_valid_for_their_schema() {
     for (i, schema) in schemas().into_iter().enumerate() {
         for seed in [None, Some(i as u64)] {
             let format = ResponseFormat::JsonSchema(schema.clone());
-            requests.push(Request {
-                prompt: prompt.clone(),
-                max_tokens: 96,
-                sampling: sampling(seed),
-                stop: Vec::new(),
+            requests.push(GenRequest {
                 grammar: Some(engine.compile_format(&format).unwrap()),
+                ..GenRequest::new(prompt.clone(), 96, sampling(seed))
             });
             formats.push(schema.clone());
         }
     }
-    requests.push(Request {
+    requests.push(GenRequest {
         grammar: Some(engine.compile_format(&ResponseFormat::JsonObject).unwrap()),
         ..requests[0].clone()
     });
     formats.push(json!({"type": "object", "additionalProperties": true}));
-    let (outputs, _) = engine.generate_batch(&requests, |_, _| {}).unwrap();
+    let (outputs, _) = generate_batch(&engine, &requests, |_, _| {}).unwrap();
     for (out, schema) in outputs.iter().zip(&formats) {
         assert_eq!(out.finish, FinishReason::Stop, "{schema}: {:?}", out.text);
         let v: Value = serde_json::from_str(&out.text)
@@ -163,14 +160,8 @@ fn schedule_constrained_sequences_with_cancellation() {
         let schema = &schemas[i % schemas.len()];
         let format = ResponseFormat::JsonSchema(schema.clone());
         let req = GenRequest {
-            prompt: prompt.clone(),
-            max_tokens: 96,
-            sampling: sampling(Some(i as u64)),
-            stop: Vec::new(),
-            top_logprobs: None,
-            ignore_eos: false,
             grammar: Some(engine.compile_format(&format).unwrap()),
-            keep_special: Vec::new(),
+            ..GenRequest::new(prompt.clone(), 96, sampling(Some(i as u64)))
         };
         let (tx, rx) = mpsc::channel();
         s.submit(req, Box::new(move |e| tx.send(e).is_ok()))

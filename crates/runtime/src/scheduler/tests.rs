@@ -17,16 +17,7 @@ fn engine() -> Arc<Engine> {
 }
 
 fn greedy(prompt: Vec<u32>, max_tokens: usize) -> GenRequest {
-    GenRequest {
-        prompt,
-        max_tokens,
-        sampling: SamplingParams::greedy(),
-        stop: Vec::new(),
-        top_logprobs: None,
-        ignore_eos: false,
-        grammar: None,
-        keep_special: Vec::new(),
-    }
+    GenRequest::new(prompt, max_tokens, SamplingParams::greedy())
 }
 
 /// Submits every request, then collects each one's tokens and final event.
@@ -112,6 +103,48 @@ fn greedy_tokens_are_the_same_alone_and_in_a_full_batch() {
     }
     // The counters are updated after the last event is sent.
     wait_idle(&batched);
+}
+
+#[test]
+fn a_batch_run_to_the_end_equals_each_request_alone() {
+    let engine = engine();
+    let reqs: Vec<_> = prompts(&engine)
+        .into_iter()
+        .enumerate()
+        .map(|(i, p)| greedy(p, 4 + 5 * i))
+        .collect();
+    let config = SchedulerConfig {
+        max_batch: reqs.len(),
+        max_queue: reqs.len(),
+        step_tokens: 24,
+        ctx_size: 1024,
+        prefix_cache_bytes: 0,
+    };
+    let alone = Scheduler::start(
+        engine.clone(),
+        SchedulerConfig {
+            max_batch: 1,
+            ..config
+        },
+    );
+    let mut got = vec![(Vec::new(), None); reqs.len()];
+    run_batch(&engine, config, reqs.clone(), |i, event| match event {
+        Event::Token { id, .. } => got[i].0.push(id),
+        last => got[i].1 = Some(last),
+    })
+    .unwrap();
+    for (i, (r, (tokens, last))) in reqs.iter().zip(got).enumerate() {
+        let (want, want_last) = run_all(&alone, std::slice::from_ref(r)).remove(0);
+        assert_eq!(tokens, want, "request {i}");
+        assert_eq!(last, Some(want_last), "request {i}");
+    }
+    // A refusal names its request, before anything runs.
+    let mut bad = reqs;
+    bad[2].max_tokens = 0;
+    let mut events = 0;
+    let refused = run_batch(&engine, config, bad, |_, _| events += 1);
+    assert_eq!(refused, Err((2, SchedulerError::ZeroMaxTokens)));
+    assert_eq!(events, 0);
 }
 
 #[test]
