@@ -11,10 +11,13 @@
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
+use std::borrow::Cow;
 use strata_kernels::moe::{Expert, MoeExperts, MoeOptions, fused_moe_with};
-use strata_kernels::{KernelError, PackedFormat};
 
-use crate::buffer::{View, disjoint};
+use half::bf16;
+use strata_kernels::{KernelError, PackSource, PackedFormat};
+
+use crate::buffer::{Array, Elem, View, disjoint};
 
 /// A kernel error as a Python `ValueError` with the kernel's message.
 fn kernel_err(e: KernelError) -> PyErr {
@@ -50,7 +53,7 @@ fn parse_format(name: &str) -> PyResult<PackedFormat> {
 }
 
 /// Checks that `view` is `[dims...]`, naming what each dimension is.
-fn check_shape<T: pyo3::buffer::Element>(view: &View<T>, want: &[(usize, &str)]) -> PyResult<()> {
+fn check_shape<T: Elem>(view: &View<T>, want: &[(usize, &str)]) -> PyResult<()> {
     let got = view.shape();
     if got.len() != want.len() || got.iter().zip(want).any(|(g, (w, _))| g != w) {
         let names: Vec<String> = want.iter().map(|(n, what)| format!("{what}={n}")).collect();
@@ -64,6 +67,68 @@ fn check_shape<T: pyo3::buffer::Element>(view: &View<T>, want: &[(usize, &str)])
     Ok(())
 }
 
+/// Packs a layer from `w2 [E, H, I]` and `w13 [E, 2I, H]` or `w1`/`w3 [E, I, H]`, each
+/// taken by `typed`, expert by expert: `convert` gives one expert's matrix in a type the
+/// kernels pack from, so at most one expert is converted at a time.
+fn pack_layer<T: Elem, S: PackSource>(
+    w2: View<T>,
+    w13: Option<&Bound<'_, PyAny>>,
+    w1: Option<&Bound<'_, PyAny>>,
+    w3: Option<&Bound<'_, PyAny>>,
+    fmt: PackedFormat,
+    typed: impl Fn(Array<'_, '_>) -> PyResult<View<T>>,
+    convert: impl Fn(&[T]) -> Cow<'_, [S]>,
+) -> PyResult<MoeExperts> {
+    let &[e, h, i] = w2.shape() else {
+        return Err(PyValueError::new_err(format!(
+            "w2: expected shape [experts, hidden, intermediate], got {:?}",
+            w2.shape()
+        )));
+    };
+    let dtype = "float32 or bfloat16";
+    let (e_, i_, h_) = ((e, "experts"), (i, "intermediate"), (h, "hidden"));
+    // The gate matrices, and the up matrices when they are separate (else the second half
+    // of each expert's w13 block).
+    let (gates, ups) = match (w13, w1, w3) {
+        (Some(w13), None, None) => {
+            let w13 = typed(Array::new(w13, "w13", dtype)?)?;
+            check_shape(&w13, &[e_, (2 * i, "2*intermediate"), h_])?;
+            (w13, None)
+        }
+        (None, Some(w1), Some(w3)) => {
+            let w1 = typed(Array::new(w1, "w1", dtype)?)?;
+            let w3 = typed(Array::new(w3, "w3", dtype)?)?;
+            check_shape(&w1, &[e_, i_, h_])?;
+            check_shape(&w3, &[e_, i_, h_])?;
+            (w1, Some(w3))
+        }
+        _ => {
+            return Err(PyTypeError::new_err(
+                "MoeWeights: give w13 (gate and up stacked) or both w1 and w3",
+            ));
+        }
+    };
+    let (a, down) = (gates.as_slice(), w2.as_slice());
+    let b = ups.as_ref().map(View::as_slice);
+    let ih = i * h;
+    let experts = (0..e)
+        .map(|x| {
+            let (gate, up) = match b {
+                Some(b) => (&a[x * ih..(x + 1) * ih], &b[x * ih..(x + 1) * ih]),
+                None => (
+                    &a[2 * x * ih..(2 * x + 1) * ih],
+                    &a[(2 * x + 1) * ih..(2 * x + 2) * ih],
+                ),
+            };
+            let (gate, up) = (convert(gate), convert(up));
+            let down = convert(&down[x * ih..(x + 1) * ih]);
+            Expert::pack(&gate, &up, &down, h, i, fmt)
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(kernel_err)?;
+    MoeExperts::new(h, i, experts).map_err(kernel_err)
+}
+
 /// A layer's routed experts packed for the CPU kernels.
 #[pyclass(module = "strata._strata", frozen)]
 pub struct MoeWeights {
@@ -74,7 +139,8 @@ pub struct MoeWeights {
 #[pymethods]
 impl MoeWeights {
     /// Packs `w2 [E, H, I]` with `w13 [E, 2I, H]` (gate rows then up rows, vLLM's layout)
-    /// or with `w1` (gate) and `w3` (up), both `[E, I, H]`; float32, C-contiguous.
+    /// or with `w1` (gate) and `w3` (up), both `[E, I, H]`; C-contiguous, all float32 or
+    /// all bfloat16 (DLPack: a torch tensor), read one expert at a time.
     #[new]
     #[pyo3(signature = (w2, *, w13=None, w1=None, w3=None, format="bf16"))]
     fn new(
@@ -85,52 +151,18 @@ impl MoeWeights {
         format: &str,
     ) -> PyResult<MoeWeights> {
         let fmt = parse_format(format)?;
-        let w2 = View::<f32>::new(w2, "w2", "float32", false)?;
-        let &[e, h, i] = w2.shape() else {
-            return Err(PyValueError::new_err(format!(
-                "w2: expected shape [experts, hidden, intermediate], got {:?}",
-                w2.shape()
-            )));
+        let w2 = Array::new(w2, "w2", "float32 or bfloat16")?;
+        let experts = if w2.is_bf16() {
+            let as_bf16 = |a: Array<'_, '_>| a.typed::<i16>("bfloat16 (as w2)", false);
+            // One expert at a time as `bf16` values (the kernels pack from those).
+            pack_layer(as_bf16(w2)?, w13, w1, w3, fmt, as_bf16, |s: &[i16]| {
+                Cow::Owned(s.iter().map(|&b| bf16::from_bits(b as u16)).collect())
+            })?
+        } else {
+            let f32s = |a: Array<'_, '_>| a.typed::<f32>("float32 or bfloat16", false);
+            // Float32 weights are packed from the caller's memory as they are.
+            pack_layer(f32s(w2)?, w13, w1, w3, fmt, f32s, |s| Cow::Borrowed(s))?
         };
-        let (e_, i_, h_) = ((e, "experts"), (i, "intermediate"), (h, "hidden"));
-        // The gate matrices, and the up matrices when they are separate (else the second
-        // half of each expert's w13 block).
-        let (gates, ups) = match (w13, w1, w3) {
-            (Some(w13), None, None) => {
-                let w13 = View::<f32>::new(w13, "w13", "float32", false)?;
-                check_shape(&w13, &[e_, (2 * i, "2*intermediate"), h_])?;
-                (w13, None)
-            }
-            (None, Some(w1), Some(w3)) => {
-                let w1 = View::<f32>::new(w1, "w1", "float32", false)?;
-                let w3 = View::<f32>::new(w3, "w3", "float32", false)?;
-                check_shape(&w1, &[e_, i_, h_])?;
-                check_shape(&w3, &[e_, i_, h_])?;
-                (w1, Some(w3))
-            }
-            _ => {
-                return Err(PyTypeError::new_err(
-                    "MoeWeights: give w13 (gate and up stacked) or both w1 and w3",
-                ));
-            }
-        };
-        let (a, down) = (gates.as_slice(), w2.as_slice());
-        let b = ups.as_ref().map(View::as_slice);
-        let ih = i * h;
-        let experts = (0..e)
-            .map(|x| {
-                let (gate, up) = match b {
-                    Some(b) => (&a[x * ih..(x + 1) * ih], &b[x * ih..(x + 1) * ih]),
-                    None => (
-                        &a[2 * x * ih..(2 * x + 1) * ih],
-                        &a[(2 * x + 1) * ih..(2 * x + 2) * ih],
-                    ),
-                };
-                Expert::pack(gate, up, &down[x * ih..(x + 1) * ih], h, i, fmt)
-            })
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(kernel_err)?;
-        let experts = MoeExperts::new(h, i, experts).map_err(kernel_err)?;
         Ok(MoeWeights {
             experts,
             format: fmt,
@@ -179,7 +211,7 @@ impl MoeWeights {
 }
 
 /// `hidden_states`' token count, checking it is `[T, H]`.
-fn tokens<T: pyo3::buffer::Element>(x: &View<T>, h: usize) -> PyResult<usize> {
+fn tokens<T: Elem>(x: &View<T>, h: usize) -> PyResult<usize> {
     let &[t, xh] = x.shape() else {
         return Err(PyValueError::new_err(format!(
             "hidden_states: expected shape [tokens, hidden={h}], got {:?}",
@@ -208,12 +240,14 @@ thread_local! {
 
 /// The fused MoE layer into `out`: `hidden_states [T, H]`, `topk_weights [T, k]` float32,
 /// `topk_ids [T, k]` int32 or int64, `out [T, H]` (written, or added to with
-/// `accumulate`). `dtype` is the activations' (`hidden_states` and `out`): `float32`, used
-/// in place, or `bfloat16` passed as `int16` views of the same memory (numpy has no
-/// bfloat16): converted to f32 here, in Rust, and the result rounded to nearest even as
-/// torch rounds. Returns nothing; the Python wrapper returns `out`.
+/// `accumulate`); each an array with the buffer protocol or a DLPack tensor (torch, numpy),
+/// on the CPU, used in place. `dtype` is the activations' (`hidden_states` and `out`):
+/// `float32`, or `bfloat16`: a DLPack bfloat16 tensor, or an `int16` view of one (numpy has
+/// no bfloat16), converted to f32 here, in Rust, and the result rounded to nearest even as
+/// torch rounds. By default: `bfloat16` for a DLPack bfloat16 `hidden_states`, else
+/// `float32`. Returns nothing; the Python wrapper returns `out`.
 #[pyfunction]
-#[pyo3(signature = (hidden_states, weights, topk_weights, topk_ids, out, *, accumulate=false, dtype="float32"))]
+#[pyo3(signature = (hidden_states, weights, topk_weights, topk_ids, out, *, accumulate=false, dtype=None))]
 pub fn fused_moe_into(
     hidden_states: &Bound<'_, PyAny>,
     weights: &MoeWeights,
@@ -221,7 +255,7 @@ pub fn fused_moe_into(
     topk_ids: &Bound<'_, PyAny>,
     out: &Bound<'_, PyAny>,
     accumulate: bool,
-    dtype: &str,
+    dtype: Option<&str>,
 ) -> PyResult<()> {
     let h = weights.experts.hidden();
     let opts = MoeOptions {
@@ -237,9 +271,20 @@ pub fn fused_moe_into(
     };
     // The GIL stays held: the views are only sound while no Python code can touch the
     // arrays (see crate::buffer). Strata's own pool threads do the work.
-    match dtype {
-        "float32" => {
-            let x = View::<f32>::new(hidden_states, "hidden_states", "float32", false)?;
+    let xs = Array::new(hidden_states, "hidden_states", "float32 or bfloat16")?;
+    let bf16 = match dtype {
+        None => xs.is_bf16(),
+        Some("float32") => false,
+        Some("bfloat16") => true,
+        Some(other) => {
+            return Err(PyValueError::new_err(format!(
+                "dtype: expected float32 or bfloat16, got '{other}'"
+            )));
+        }
+    };
+    match bf16 {
+        false => {
+            let x = xs.typed::<f32>("float32 or bfloat16", false)?;
             let t = tokens(&x, h)?;
             let (w, ids) = routing(t)?;
             let mut o = View::<f32>::new(out, "out", "float32", true)?;
@@ -258,9 +303,9 @@ pub fn fused_moe_into(
             )
             .map_err(kernel_err)
         }
-        "bfloat16" => {
-            let bf16 = "bfloat16 (as an int16 view)";
-            let x = View::<i16>::new(hidden_states, "hidden_states", bf16, false)?;
+        true => {
+            let bf16 = "bfloat16 (a tensor, or an int16 view of one)";
+            let x = xs.typed::<i16>(bf16, false)?;
             let t = tokens(&x, h)?;
             let (w, ids) = routing(t)?;
             let mut o = View::<i16>::new(out, "out", bf16, true)?;
@@ -286,9 +331,6 @@ pub fn fused_moe_into(
                 Ok(())
             })
         }
-        _ => Err(PyValueError::new_err(format!(
-            "dtype: expected float32 or bfloat16, got '{dtype}'"
-        ))),
     }
 }
 
