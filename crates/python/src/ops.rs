@@ -1,7 +1,8 @@
 //! `strata.ops`: the fused MoE operator on Strata's CPU kernels, for other engines (vLLM,
 //! SGLang, plain torch/numpy code).
 //!
-//! [`MoeWeights`] packs a layer's experts once into a packed format (BF16, INT8, INT4);
+//! [`MoeWeights`] packs a layer's experts once into a packed format (BF16, INT8, INT4), or
+//! takes them as ggml blocks (a GGUF's `*_exps` tensors, see [`crate::ggml`]);
 //! [`fused_moe`] then computes `out[t] = Σ_j w[t, j] · expert_{ids[t, j]}(x[t])` reading the
 //! activations and writing the output in place: nothing of the `[T, H]` tensors is copied.
 //! Expert weights come in vLLM's layouts: `w13 [E, 2I, H]` (gate rows, then up rows) or
@@ -12,12 +13,14 @@
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use std::borrow::Cow;
-use strata_kernels::moe::{Expert, MoeExperts, MoeOptions, fused_moe_with};
+use strata_kernels::ggml::{GgmlExperts, GgmlType, fused_moe_ggml};
+use strata_kernels::moe::{Expert, MoeExperts, MoeOptions, fused_moe_with, group_by_expert};
 
 use half::bf16;
 use strata_kernels::{KernelError, PackSource, PackedFormat};
 
 use crate::buffer::{Array, Elem, View, disjoint};
+use crate::ggml;
 
 /// A kernel error as a Python `ValueError` with the kernel's message.
 fn kernel_err(e: KernelError) -> PyErr {
@@ -129,11 +132,60 @@ fn pack_layer<T: Elem, S: PackSource>(
     MoeExperts::new(h, i, experts).map_err(kernel_err)
 }
 
-/// A layer's routed experts packed for the CPU kernels.
+/// The experts a [`MoeWeights`] computes with.
+enum Layer {
+    /// Packed by Strata, in this format.
+    Packed(MoeExperts, PackedFormat),
+    /// ggml blocks of this type, as a GGUF file stores them.
+    Ggml(GgmlExperts, GgmlType),
+}
+
+impl Layer {
+    fn len(&self) -> usize {
+        match self {
+            Layer::Packed(e, _) => e.len(),
+            Layer::Ggml(e, _) => e.len(),
+        }
+    }
+
+    fn hidden(&self) -> usize {
+        match self {
+            Layer::Packed(e, _) => e.hidden(),
+            Layer::Ggml(e, _) => e.hidden(),
+        }
+    }
+
+    fn inter(&self) -> usize {
+        match self {
+            Layer::Packed(e, _) => e.inter(),
+            Layer::Ggml(e, _) => e.inter(),
+        }
+    }
+
+    /// The fused MoE of `x [T, H]` routed by `ids`/`w [T, k]` into `out [T, H]`.
+    fn run(
+        &self,
+        x: &[f32],
+        ids: &[u32],
+        w: &[f32],
+        k: usize,
+        out: &mut [f32],
+        opts: &MoeOptions,
+    ) -> Result<(), KernelError> {
+        match self {
+            Layer::Packed(e, _) => fused_moe_with(e, x, ids, w, out, opts),
+            Layer::Ggml(e, _) => {
+                let batches = group_by_expert(e.len(), ids, w, k)?;
+                fused_moe_ggml(e, x, &batches, out, opts)
+            }
+        }
+    }
+}
+
+/// A layer's routed experts for the CPU kernels: packed by Strata, or ggml blocks.
 #[pyclass(module = "strata._strata", frozen)]
 pub struct MoeWeights {
-    experts: MoeExperts,
-    format: PackedFormat,
+    layer: Layer,
 }
 
 #[pymethods]
@@ -164,48 +216,77 @@ impl MoeWeights {
             pack_layer(f32s(w2)?, w13, w1, w3, fmt, f32s, |s| Cow::Borrowed(s))?
         };
         Ok(MoeWeights {
-            experts,
-            format: fmt,
+            layer: Layer::Packed(experts, fmt),
+        })
+    }
+
+    /// A layer's experts as ggml blocks of type `ggml_type` (a name, `"Q4_K"`, or ggml's id:
+    /// gguf's `tensor.tensor_type`), uint8 arrays as a GGUF stores its `*_exps` tensors
+    /// (`tensor.data` of the `gguf` package's reader): `w2` (`ffn_down_exps`) `[E, H, bytes
+    /// of a row of I]` with `w13` (`ffn_gate_up_exps`) `[E, 2I, bytes of a row of H]` or
+    /// `w1`/`w3` (`ffn_gate_exps`/`ffn_up_exps`) `[E, I, bytes of a row of H]`. The blocks
+    /// are copied once, as they are, and computed in their own format.
+    #[staticmethod]
+    #[pyo3(signature = (ggml_type, w2, *, w13=None, w1=None, w3=None, hidden, intermediate))]
+    fn from_ggml(
+        ggml_type: &Bound<'_, PyAny>,
+        w2: &Bound<'_, PyAny>,
+        w13: Option<&Bound<'_, PyAny>>,
+        w1: Option<&Bound<'_, PyAny>>,
+        w3: Option<&Bound<'_, PyAny>>,
+        hidden: usize,
+        intermediate: usize,
+    ) -> PyResult<MoeWeights> {
+        let ty = ggml::parse_type(ggml_type)?;
+        let experts = ggml::experts(ty, w2, w13, w1, w3, hidden, intermediate)?;
+        Ok(MoeWeights {
+            layer: Layer::Ggml(experts, ty),
         })
     }
 
     /// Number of experts.
     #[getter]
     fn num_experts(&self) -> usize {
-        self.experts.len()
+        self.layer.len()
     }
 
     /// Hidden size `H`.
     #[getter]
     fn hidden_size(&self) -> usize {
-        self.experts.hidden()
+        self.layer.hidden()
     }
 
     /// Intermediate size `I` (of this slice, for a tensor-parallel rank).
     #[getter]
     fn intermediate_size(&self) -> usize {
-        self.experts.inter()
+        self.layer.inter()
     }
 
-    /// The packed format's name (`bf16`, `int8`, `int4g32`...).
+    /// The format's name: packed (`bf16`, `int8`, `int4g32`...) or ggml's (`Q4_K`...).
     #[getter]
     fn format(&self) -> String {
-        self.format.name()
+        match &self.layer {
+            Layer::Packed(_, fmt) => fmt.name(),
+            Layer::Ggml(_, ty) => ty.name().to_string(),
+        }
     }
 
-    /// Bytes of packed weights and scales.
+    /// Bytes of weights and scales.
     #[getter]
     fn nbytes(&self) -> usize {
-        self.experts.experts().iter().map(Expert::bytes).sum()
+        match &self.layer {
+            Layer::Packed(e, _) => e.experts().iter().map(Expert::bytes).sum(),
+            Layer::Ggml(e, _) => e.bytes(),
+        }
     }
 
     fn __repr__(&self) -> String {
         format!(
             "MoeWeights(experts={}, hidden={}, intermediate={}, format={})",
-            self.experts.len(),
-            self.experts.hidden(),
-            self.experts.inter(),
-            self.format.name()
+            self.layer.len(),
+            self.layer.hidden(),
+            self.layer.inter(),
+            self.format()
         )
     }
 }
@@ -257,17 +338,17 @@ pub fn fused_moe_into(
     accumulate: bool,
     dtype: Option<&str>,
 ) -> PyResult<()> {
-    let h = weights.experts.hidden();
+    let h = weights.layer.hidden();
     let opts = MoeOptions {
         accumulate,
         ..MoeOptions::default()
     };
-    let routing = |t: usize| -> PyResult<(View<f32>, Vec<u32>)> {
+    let routing = |t: usize| -> PyResult<(View<f32>, Vec<u32>, usize)> {
         let w = View::<f32>::new(topk_weights, "topk_weights", "float32", false)?;
         let k = w.shape().get(1).copied().unwrap_or(0);
         check_shape(&w, &[(t, "tokens"), (k, "topk")])?;
-        let ids = expert_ids(topk_ids, t, k, weights.experts.len())?;
-        Ok((w, ids))
+        let ids = expert_ids(topk_ids, t, k, weights.layer.len())?;
+        Ok((w, ids, k))
     };
     // The GIL stays held: the views are only sound while no Python code can touch the
     // arrays (see crate::buffer). Strata's own pool threads do the work.
@@ -286,28 +367,23 @@ pub fn fused_moe_into(
         false => {
             let x = xs.typed::<f32>("float32 or bfloat16", false)?;
             let t = tokens(&x, h)?;
-            let (w, ids) = routing(t)?;
+            let (w, ids, k) = routing(t)?;
             let mut o = View::<f32>::new(out, "out", "float32", true)?;
             check_shape(&o, &[(t, "tokens"), (h, "hidden")])?;
             disjoint(
                 &o,
                 &[("hidden_states", x.span()), ("topk_weights", w.span())],
             )?;
-            fused_moe_with(
-                &weights.experts,
-                x.as_slice(),
-                &ids,
-                w.as_slice(),
-                o.as_mut_slice(),
-                &opts,
-            )
-            .map_err(kernel_err)
+            weights
+                .layer
+                .run(x.as_slice(), &ids, w.as_slice(), k, o.as_mut_slice(), &opts)
+                .map_err(kernel_err)
         }
         true => {
             let bf16 = "bfloat16 (a tensor, or an int16 view of one)";
             let x = xs.typed::<i16>(bf16, false)?;
             let t = tokens(&x, h)?;
-            let (w, ids) = routing(t)?;
+            let (w, ids, k) = routing(t)?;
             let mut o = View::<i16>::new(out, "out", bf16, true)?;
             check_shape(&o, &[(t, "tokens"), (h, "hidden")])?;
             disjoint(
@@ -323,7 +399,9 @@ pub fn fused_moe_into(
                 } else {
                     os.resize(t * h, 0.0);
                 }
-                fused_moe_with(&weights.experts, xs, &ids, w.as_slice(), os, &opts)
+                weights
+                    .layer
+                    .run(xs, &ids, w.as_slice(), k, os, &opts)
                     .map_err(kernel_err)?;
                 for (d, &v) in o.as_mut_slice().iter_mut().zip(os.iter()) {
                     *d = half::bf16::from_f32(v).to_bits() as i16;

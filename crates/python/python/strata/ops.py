@@ -8,7 +8,7 @@ Arrays are numpy arrays (or anything with the buffer protocol) or tensors export
 never copied. `x` and `out` are float32, or both bfloat16 (a torch tensor; converted in
 Rust); `topk_weights` float32; `topk_ids` int32 or int64. Weights are float32 or bfloat16,
 read one expert at a time while packing (torch float16 weights are converted to float32
-here, once).
+here, once), or a GGUF's quantized blocks as they are (`MoeWeights.from_ggml`).
 """
 
 from strata._strata import MoeWeights as _MoeWeights
@@ -37,6 +37,12 @@ def MoeWeights(w2, *, w13=None, w1=None, w3=None, format="bf16"):  # noqa: N802 
     return _MoeWeights(
         _weights(w2), w13=_weights(w13), w1=_weights(w1), w3=_weights(w3), format=format
     )
+
+
+# GGUF experts: `MoeWeights.from_ggml(ggml_type, w2, w13=... | w1=..., w3=..., hidden=H,
+# intermediate=I)` takes a GGUF's `*_exps` tensors (uint8 blocks, as the `gguf` package reads
+# them) and computes in their own format (see the native class).
+MoeWeights.from_ggml = _MoeWeights.from_ggml
 
 
 def fused_moe(hidden_states, weights, topk_weights, topk_ids, *, out=None, accumulate=False):
