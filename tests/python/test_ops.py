@@ -215,6 +215,8 @@ def test_torch_tensors_in_place():
         strata.ops.fused_moe(torch.randn(64, 6).t(), weights, w, ids)
     with pytest.raises(ValueError, match="overlaps hidden_states"):
         strata.ops.fused_moe(x, weights, w, ids, out=x)
+    with pytest.raises(ValueError, match="hidden_states: cannot be exported through DLPack .*require"):
+        strata.ops.fused_moe(x.clone().requires_grad_(), weights, w, ids, out=out)
 
 
 def _bf16_bits(a):
@@ -243,7 +245,7 @@ def test_bfloat16_activations_equal_float32_rounded():
     np.testing.assert_allclose(_bf16_values(acc), 2 * _bf16_values(out), rtol=1e-2, atol=1e-6)
     with pytest.raises(ValueError, match="dtype: expected float32 or bfloat16, got 'float16'"):
         strata.ops.fused_moe_into(xb, weights, w, ids, out, dtype="float16")
-    with pytest.raises(TypeError, match=r"hidden_states: expected dtype bfloat16 \(a tensor, or an int16 view of one\)"):
+    with pytest.raises(TypeError, match=r"hidden_states: expected dtype bfloat16 \(a tensor, or a numpy int16 view of one\)"):
         strata.ops.fused_moe_into(_bf16_values(xb), weights, w, ids, out, dtype="bfloat16")
 
 

@@ -160,11 +160,13 @@ impl DlTensor {
             r => r,
         }
         .map_err(|e| match e.is_instance_of::<PyBufferError>(py) {
-            // numpy refuses to export a read-only array without DLPack 1.0's flag.
+            // A refusal: numpy's of a read-only array without DLPack 1.0's flag, torch's of a
+            // tensor that requires grad.
             true => {
                 PyValueError::new_err(format!("{name}: cannot be exported through DLPack ({e})"))
             }
-            false => e,
+            // Other errors keep their type, with the argument's name.
+            false => PyErr::from_type(e.get_type(py), format!("{name}: {}", e.value(py))),
         })?;
         let capsule = capsule.cast_into::<PyCapsule>().map_err(|_| {
             PyTypeError::new_err(format!("{name}: __dlpack__ did not return a capsule"))

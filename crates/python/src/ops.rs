@@ -380,7 +380,7 @@ pub fn fused_moe_into(
                 .map_err(kernel_err)
         }
         true => {
-            let bf16 = "bfloat16 (a tensor, or an int16 view of one)";
+            let bf16 = "bfloat16 (a tensor, or a numpy int16 view of one)";
             let x = xs.typed::<i16>(bf16, false)?;
             let t = tokens(&x, h)?;
             let (w, ids, k) = routing(t)?;
