@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The Python package's tests: builds the `strata` wheel (crates/python) with maturin into
-# a cached virtual environment, .cache/venv-python (numpy, pytest, maturin; created once),
+# a cached virtual environment, .cache/venv-python (numpy, pytest, maturin, and gguf to read
+# the GGUF fixtures' expert tensors; created once),
 # and runs tests/python against the `strata` binary. Then the vLLM plugin's tests
 # (tests/python/vllm) in .cache/venv-vllm (scripts/setup_vllm_venv.sh, about 6 GB, cached),
 # which also rerun the ops tests with torch as the reference. When vLLM cannot be
@@ -13,10 +14,10 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 venv="$root/.cache/venv-python"
-if ! "$venv/bin/python" -c "import numpy, pytest, maturin" 2>/dev/null; then
+if ! "$venv/bin/python" -c "import numpy, pytest, maturin, gguf" 2>/dev/null; then
     rm -rf "$venv"
     python3 -m venv "$venv"
-    "$venv/bin/pip" install --quiet "numpy>=1.24" "pytest>=8" "maturin>=1.9,<2"
+    "$venv/bin/pip" install --quiet "numpy>=1.24" "pytest>=8" "maturin>=1.9,<2" "gguf==0.19.0"
 fi
 
 # The same (dev) profile as the binary the tests compare with: same code, same numbers.

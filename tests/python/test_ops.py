@@ -5,6 +5,9 @@ The reference is torch's when torch is installed (the vLLM venv has it), else nu
 suite's own venv installs numpy only (PyPI's torch is the CUDA build, GBs; the CPU wheel
 index is not reachable from CI). The test prints which one it used."""
 
+import ctypes
+import sys
+
 import numpy as np
 import pytest
 
@@ -174,26 +177,46 @@ def test_no_copy_of_activations():
 
 @pytest.mark.skipif(torch is None, reason="torch is not installed in this venv")
 def test_torch_tensors_in_place():
+    """torch tensors pass as they are (DLPack): read and written in place, bfloat16 too."""
     rng = np.random.default_rng(5)
     w13, w2 = random_layer(rng, 4, 64, 32)
     weights = strata.ops.MoeWeights(torch.from_numpy(w2).bfloat16(),
                                     w13=torch.from_numpy(w13).bfloat16())
+    # bfloat16 weights are packed as their float32 values are.
+    as_f32 = strata.ops.MoeWeights(torch.from_numpy(w2).bfloat16().float(),
+                                   w13=torch.from_numpy(w13).bfloat16().float())
     x = torch.randn(6, 64)
-    ids, w = routing(rng, 6, 4, 2, skip=3)
+    ids, w = (torch.from_numpy(a) for a in routing(rng, 6, 4, 2, skip=3))
     out = torch.zeros(6, 64)
-    ptr = out.data_ptr()
-    ret = strata.ops.fused_moe(x, weights, torch.from_numpy(w), torch.from_numpy(ids), out=out)
+    ptr, refs = out.data_ptr(), [sys.getrefcount(a) for a in (x, w, ids, out)]
+    ret = strata.ops.fused_moe(x, weights, w, ids, out=out)
     assert ret is out and out.data_ptr() == ptr and out.abs().sum() > 0
+    assert torch.equal(out, strata.ops.fused_moe(x, as_f32, w, ids))
+    window = torch.zeros(6, 64)  # rows 2..4 of the inputs into rows 1..3, in place
+    strata.ops.fused_moe(x[2:4], weights, w[2:4], ids[2:4].long(), out=window[1:3])
+    assert torch.equal(window[1:3], out[2:4]) and not window[3:].any() and not window[0].any()
+    del ret
+    assert [sys.getrefcount(a) for a in (x, w, ids, out)] == refs  # every export released
     # bfloat16 activations are read and written in place too (converted in Rust): the
     # result is the float32 path's on the same values, rounded to nearest even as torch does.
     xb, outb = x.bfloat16(), torch.zeros(6, 64, dtype=torch.bfloat16)
     ptr = outb.data_ptr()
-    ret = strata.ops.fused_moe(xb, weights, torch.from_numpy(w), torch.from_numpy(ids), out=outb)
-    want = strata.ops.fused_moe(xb.float(), weights, torch.from_numpy(w), torch.from_numpy(ids))
-    assert ret is outb and outb.data_ptr() == ptr
-    assert torch.equal(outb, want.bfloat16())
-    with pytest.raises(TypeError, match="out: expected a torch bfloat16 tensor"):
-        strata.ops.fused_moe(xb, weights, torch.from_numpy(w), torch.from_numpy(ids), out=out)
+    for _ in range(2):  # the same tensors again: each call exports them anew
+        ret = strata.ops.fused_moe(xb, weights, w, ids, out=outb)
+        want = strata.ops.fused_moe(xb.float(), weights, w, ids)
+        assert ret is outb and outb.data_ptr() == ptr
+        assert torch.equal(outb, want.bfloat16())
+    assert strata.ops.fused_moe(xb, weights, w, ids).dtype == torch.bfloat16
+    with pytest.raises(TypeError, match=r"out: expected dtype bfloat16 .*, got float32"):
+        strata.ops.fused_moe(xb, weights, w, ids, out=out)
+    with pytest.raises(TypeError, match="hidden_states: expected dtype float32 or bfloat16, got float16"):
+        strata.ops.fused_moe(x.half(), weights, w, ids)
+    with pytest.raises(ValueError, match="hidden_states: not C-contiguous"):
+        strata.ops.fused_moe(torch.randn(64, 6).t(), weights, w, ids)
+    with pytest.raises(ValueError, match="overlaps hidden_states"):
+        strata.ops.fused_moe(x, weights, w, ids, out=x)
+    with pytest.raises(ValueError, match="hidden_states: cannot be exported through DLPack .*require"):
+        strata.ops.fused_moe(x.clone().requires_grad_(), weights, w, ids, out=out)
 
 
 def _bf16_bits(a):
@@ -222,7 +245,7 @@ def test_bfloat16_activations_equal_float32_rounded():
     np.testing.assert_allclose(_bf16_values(acc), 2 * _bf16_values(out), rtol=1e-2, atol=1e-6)
     with pytest.raises(ValueError, match="dtype: expected float32 or bfloat16, got 'float16'"):
         strata.ops.fused_moe_into(xb, weights, w, ids, out, dtype="float16")
-    with pytest.raises(TypeError, match=r"hidden_states: expected dtype bfloat16 \(as an int16 view\)"):
+    with pytest.raises(TypeError, match=r"hidden_states: expected dtype bfloat16 \(a tensor, or a numpy int16 view of one\)"):
         strata.ops.fused_moe_into(_bf16_values(xb), weights, w, ids, out, dtype="bfloat16")
 
 
@@ -236,7 +259,7 @@ def _layer():
 
 def test_bad_inputs_raise_clear_errors():
     weights, x, w, ids = _layer()
-    with pytest.raises(TypeError, match="hidden_states: expected dtype float32, got float64"):
+    with pytest.raises(TypeError, match="hidden_states: expected dtype float32 or bfloat16, got float64"):
         strata.ops.fused_moe(x.astype(np.float64), weights, w, ids)
     with pytest.raises(ValueError, match="hidden_states: not C-contiguous"):
         strata.ops.fused_moe(np.tile(x, (1, 2))[:, ::2], weights, w, ids)
@@ -259,7 +282,7 @@ def test_bad_inputs_raise_clear_errors():
         strata.ops.fused_moe(x, weights, w, ids, out=ro)
     with pytest.raises(ValueError, match="out: overlaps hidden_states"):
         strata.ops.fused_moe(x, weights, w, ids, out=x)
-    with pytest.raises(TypeError, match="hidden_states: expected a float32 array with the buffer protocol"):
+    with pytest.raises(TypeError, match=r"hidden_states: expected a float32 or bfloat16 array \(the buffer protocol or DLPack"):
         strata.ops.fused_moe([[1.0] * 64], weights, w, ids, out=np.zeros((1, 64), np.float32))
 
 
@@ -272,7 +295,188 @@ def test_bad_weights_raise_clear_errors():
         strata.ops.MoeWeights(w2, w13=np.ascontiguousarray(w13[:, :48]))
     with pytest.raises(TypeError, match="give w13"):
         strata.ops.MoeWeights(w2)
-    with pytest.raises(TypeError, match="w2: expected dtype float32, got float16"):
+    with pytest.raises(TypeError, match="w2: expected dtype float32 or bfloat16, got float16"):
         strata.ops.MoeWeights(w2.astype(np.float16), w13=w13)
     with pytest.raises(ValueError, match=r"w2: expected shape \[experts, hidden, intermediate\]"):
         strata.ops.MoeWeights(w2[0], w13=w13)
+
+
+class DlpackOnly:
+    """`a` through DLPack only (no buffer protocol): numpy's own producer, the versioned
+    form (DLPack 1.0), or with `legacy` the unversioned one (`max_version` refused as a
+    producer from before 1.0 refuses it)."""
+
+    def __init__(self, a, legacy=False):
+        self.a, self.legacy = a, legacy
+
+    def __dlpack__(self, **kwargs):
+        if self.legacy and kwargs:
+            raise TypeError("__dlpack__() got an unexpected keyword argument 'max_version'")
+        return self.a.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self.a.__dlpack_device__()
+
+
+class _Device(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _Tensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", _Device), ("ndim", ctypes.c_int32),
+                ("dtype", _DataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+class _Versioned(ctypes.Structure):
+    pass
+
+
+_DELETER = ctypes.CFUNCTYPE(None, ctypes.POINTER(_Versioned))
+_Versioned._fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32),
+                       ("manager_ctx", ctypes.c_void_p), ("deleter", _DELETER),
+                       ("flags", ctypes.c_uint64), ("dl_tensor", _Tensor)]
+_capsule_new = ctypes.pythonapi.PyCapsule_New
+_capsule_new.restype = ctypes.py_object
+_capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+BF16 = (4, 16)
+READ_ONLY = 1
+
+
+class Producer:
+    """A DLPack 1.0 producer over numpy array `a`'s memory, written with ctypes, for what
+    numpy cannot export: bfloat16 (`dtype=BF16` over int16 bits), other devices, flags,
+    versions. Counts the calls of its deleter (the consumer must make exactly one per
+    export)."""
+
+    def __init__(self, a, dtype=None, device=1, flags=0, major=1):
+        self.a, self.device, self.flags, self.major = a, device, flags, major
+        kind = {"f": 2, "i": 0, "u": 1}[a.dtype.kind]
+        self.dtype = dtype or (kind, a.dtype.itemsize * 8)
+        self.exported = self.deleted = 0
+        self._keep = []
+
+    def __dlpack_device__(self):
+        return (1, 0)  # claims the CPU; the tensor itself says `device`
+
+    def __dlpack__(self, max_version=None, **_):
+        assert max_version is not None and max_version[0] >= 1
+        shape = (ctypes.c_int64 * self.a.ndim)(*self.a.shape)
+        m = _Versioned(major=self.major, minor=0, flags=self.flags, deleter=self._deleter)
+        m.dl_tensor = _Tensor(data=self.a.ctypes.data, device=_Device(self.device, 0),
+                              ndim=self.a.ndim, dtype=_DataType(*self.dtype, 1), shape=shape)
+        self._keep += [m, shape]
+        self.exported += 1
+        return _capsule_new(ctypes.addressof(m), b"dltensor_versioned", None)
+
+    @property
+    def _deleter(self):
+        def deleter(_):
+            self.deleted += 1
+
+        self._keep.append(_DELETER(deleter))
+        return self._keep[-1]
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+def test_dlpack_numpy_in_place(legacy):
+    weights, x, w, ids = _layer()
+    want = strata.ops.fused_moe(x, weights, w, ids)
+    out = np.zeros_like(x)
+    refs = [sys.getrefcount(a) for a in (x, w, ids, out)]
+    for _ in range(2):  # each call exports anew: the first one's capsules were consumed
+        dl = [DlpackOnly(a, legacy) for a in (x, w, ids, out)]
+        ret = strata.ops.fused_moe(dl[0], weights, dl[1], dl[2], out=dl[3])
+        assert ret is dl[3]
+        np.testing.assert_array_equal(out, want)  # written in place, into `out`'s memory
+        out[:] = 0
+    del dl, ret
+    # Every export was released (numpy's deleter drops the reference it took).
+    assert [sys.getrefcount(a) for a in (x, w, ids, out)] == refs
+    window = np.zeros((10, 64), np.float32)
+    strata.ops.fused_moe(DlpackOnly(x, legacy), weights, w, ids, out=DlpackOnly(window[3:7]))
+    np.testing.assert_array_equal(window[3:7], want)
+    assert not window[:3].any() and not window[7:].any()
+
+
+def test_dlpack_bfloat16_activations_and_deleter():
+    rng = np.random.default_rng(9)
+    w13, w2 = random_layer(rng, 8, 80, 40)
+    weights = strata.ops.MoeWeights(w2, w13=w13)
+    xb = _bf16_bits(rng.standard_normal((9, 80)))
+    ids, w = routing(rng, 9, 8, 2, skip=7)
+    out = np.zeros_like(xb)
+    x_dl, out_dl = Producer(xb, BF16), Producer(out, BF16)
+    strata.ops.fused_moe(x_dl, weights, w, ids, out=out_dl)  # bfloat16: from the tensor
+    want = strata.ops.fused_moe(_bf16_values(xb), weights, w, ids)
+    np.testing.assert_array_equal(out, _bf16_bits(want))
+    strata.ops.fused_moe(x_dl, weights, w, ids, out=out_dl)
+    assert (x_dl.exported, x_dl.deleted, out_dl.exported, out_dl.deleted) == (2, 2, 2, 2)
+    with pytest.raises(TypeError, match=r"out: expected dtype bfloat16 .*, got float32"):
+        strata.ops.fused_moe(x_dl, weights, w, ids, out=np.zeros((9, 80), np.float32))
+    assert x_dl.deleted == x_dl.exported
+
+
+def test_dlpack_bfloat16_weights_pack_as_float32():
+    rng = np.random.default_rng(10)
+    w13, w2 = random_layer(rng, 4, 96, 40)
+    x = rng.standard_normal((6, 96)).astype(np.float32)
+    ids, w = routing(rng, 6, 4, 2, skip=3)
+    b13, b2 = _bf16_bits(w13), _bf16_bits(w2)
+    for fmt in ("bf16", "int8", "int4"):
+        from_f32 = strata.ops.MoeWeights(_bf16_values(b2), w13=_bf16_values(b13), format=fmt)
+        p2, p13 = Producer(b2, BF16), Producer(b13, BF16)
+        from_bf16 = strata.ops.MoeWeights(p2, w13=p13, format=fmt)
+        assert p2.deleted == 1 and p13.deleted == 1 and from_bf16.nbytes == from_f32.nbytes
+        np.testing.assert_array_equal(strata.ops.fused_moe(x, from_bf16, w, ids),
+                                      strata.ops.fused_moe(x, from_f32, w, ids))
+    g, u = (Producer(np.ascontiguousarray(b13[:, s]), BF16) for s in (slice(0, 40), slice(40, 80)))
+    sep = strata.ops.MoeWeights(Producer(b2, BF16), w1=g, w3=u)
+    stacked = strata.ops.MoeWeights(_bf16_values(b2), w13=_bf16_values(b13))
+    np.testing.assert_array_equal(strata.ops.fused_moe(x, sep, w, ids),
+                                  strata.ops.fused_moe(x, stacked, w, ids))
+    with pytest.raises(TypeError, match=r"w13: expected dtype bfloat16 \(as w2\), got float32"):
+        strata.ops.MoeWeights(Producer(b2, BF16), w13=w13)
+
+
+def test_dlpack_bad_inputs_raise_clear_errors():
+    weights, x, w, ids = _layer()
+    cuda = Producer(x, device=2)
+    with pytest.raises(TypeError, match="hidden_states: a tensor on cuda:0"):
+        strata.ops.fused_moe(cuda, weights, w, ids)
+
+    class OnCuda(DlpackOnly):
+        def __dlpack_device__(self):
+            return (2, 1)
+
+    with pytest.raises(TypeError, match="topk_weights: a tensor on cuda:1; strata.ops computes on the CPU"):
+        strata.ops.fused_moe(x, weights, OnCuda(w), ids)
+    with pytest.raises(ValueError, match="hidden_states: not C-contiguous"):
+        strata.ops.fused_moe(DlpackOnly(np.tile(x, (1, 2))[:, ::2]), weights, w, ids)
+    with pytest.raises(TypeError, match="hidden_states: expected dtype float32 or bfloat16, got float64"):
+        strata.ops.fused_moe(DlpackOnly(x.astype(np.float64)), weights, w, ids)
+    with pytest.raises(TypeError, match="topk_ids: expected dtype int32 or int64, got int16"):
+        strata.ops.fused_moe(x, weights, w, DlpackOnly(ids.astype(np.int16)))
+    with pytest.raises(ValueError, match=r"topk_weights: expected shape \[tokens=4, topk=2\], got \[3, 2\]"):
+        strata.ops.fused_moe(x, weights, DlpackOnly(np.ascontiguousarray(w[:3])), ids)
+    ro = np.zeros_like(x)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="out: the array is read-only"):
+        strata.ops.fused_moe(x, weights, w, ids, out=DlpackOnly(ro))
+    with pytest.raises(ValueError, match="out: cannot be exported through DLPack"):
+        strata.ops.fused_moe(x, weights, w, ids, out=DlpackOnly(ro, legacy=True))
+    flagged = Producer(np.zeros_like(x), flags=READ_ONLY)
+    with pytest.raises(ValueError, match="out: the array is read-only"):
+        strata.ops.fused_moe(x, weights, w, ids, out=flagged)
+    future = Producer(x, major=2)
+    with pytest.raises(ValueError, match="hidden_states: DLPack version 2, this module reads version 1"):
+        strata.ops.fused_moe(future, weights, w, ids)
+    # Refused exports are released too.
+    for p in (cuda, flagged, future):
+        assert p.exported == p.deleted == 1
+    with pytest.raises(ValueError, match="out: overlaps hidden_states"):
+        strata.ops.fused_moe(DlpackOnly(x), weights, w, ids, out=DlpackOnly(x))

@@ -3,7 +3,7 @@
 //! `strata.ops` over the CPU expert kernels, and `python -m strata serve`.
 //!
 //! Errors are Python exceptions carrying the Rust message: `TypeError` for a wrong kind of
-//! argument (dtype, no buffer), `ValueError` for a wrong value (shape, layout, format),
+//! argument (dtype, device, neither DLPack nor a buffer), `ValueError` for a wrong value (shape, layout, format),
 //! `RuntimeError` for a failure while loading or running a model.
 //!
 //! ```python
@@ -27,7 +27,9 @@
 #![deny(missing_docs)]
 
 mod buffer;
+mod dlpack;
 mod errors;
+mod ggml;
 mod hybrid;
 mod llm;
 mod ops;

@@ -1,7 +1,8 @@
 //! `strata.ops`: the fused MoE operator on Strata's CPU kernels, for other engines (vLLM,
 //! SGLang, plain torch/numpy code).
 //!
-//! [`MoeWeights`] packs a layer's experts once into a packed format (BF16, INT8, INT4);
+//! [`MoeWeights`] packs a layer's experts once into a packed format (BF16, INT8, INT4), or
+//! takes them as ggml blocks (a GGUF's `*_exps` tensors, see [`crate::ggml`]);
 //! [`fused_moe`] then computes `out[t] = Σ_j w[t, j] · expert_{ids[t, j]}(x[t])` reading the
 //! activations and writing the output in place: nothing of the `[T, H]` tensors is copied.
 //! Expert weights come in vLLM's layouts: `w13 [E, 2I, H]` (gate rows, then up rows) or
@@ -11,10 +12,15 @@
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use strata_kernels::moe::{Expert, MoeExperts, MoeOptions, fused_moe_with};
-use strata_kernels::{KernelError, PackedFormat};
+use std::borrow::Cow;
+use strata_kernels::ggml::{GgmlExperts, GgmlType, fused_moe_ggml};
+use strata_kernels::moe::{Expert, MoeExperts, MoeOptions, fused_moe_with, group_by_expert};
 
-use crate::buffer::{View, disjoint};
+use half::bf16;
+use strata_kernels::{KernelError, PackSource, PackedFormat};
+
+use crate::buffer::{Array, Elem, View, disjoint};
+use crate::ggml;
 
 /// A kernel error as a Python `ValueError` with the kernel's message.
 fn kernel_err(e: KernelError) -> PyErr {
@@ -50,7 +56,7 @@ fn parse_format(name: &str) -> PyResult<PackedFormat> {
 }
 
 /// Checks that `view` is `[dims...]`, naming what each dimension is.
-fn check_shape<T: pyo3::buffer::Element>(view: &View<T>, want: &[(usize, &str)]) -> PyResult<()> {
+fn check_shape<T: Elem>(view: &View<T>, want: &[(usize, &str)]) -> PyResult<()> {
     let got = view.shape();
     if got.len() != want.len() || got.iter().zip(want).any(|(g, (w, _))| g != w) {
         let names: Vec<String> = want.iter().map(|(n, what)| format!("{what}={n}")).collect();
@@ -64,17 +70,129 @@ fn check_shape<T: pyo3::buffer::Element>(view: &View<T>, want: &[(usize, &str)])
     Ok(())
 }
 
-/// A layer's routed experts packed for the CPU kernels.
+/// Packs a layer from `w2 [E, H, I]` and `w13 [E, 2I, H]` or `w1`/`w3 [E, I, H]`, each
+/// taken by `typed`, expert by expert: `convert` gives one expert's matrix in a type the
+/// kernels pack from, so at most one expert is converted at a time.
+fn pack_layer<T: Elem, S: PackSource>(
+    w2: View<T>,
+    w13: Option<&Bound<'_, PyAny>>,
+    w1: Option<&Bound<'_, PyAny>>,
+    w3: Option<&Bound<'_, PyAny>>,
+    fmt: PackedFormat,
+    typed: impl Fn(Array<'_, '_>) -> PyResult<View<T>>,
+    convert: impl Fn(&[T]) -> Cow<'_, [S]>,
+) -> PyResult<MoeExperts> {
+    let &[e, h, i] = w2.shape() else {
+        return Err(PyValueError::new_err(format!(
+            "w2: expected shape [experts, hidden, intermediate], got {:?}",
+            w2.shape()
+        )));
+    };
+    let dtype = "float32 or bfloat16";
+    let (e_, i_, h_) = ((e, "experts"), (i, "intermediate"), (h, "hidden"));
+    // The gate matrices, and the up matrices when they are separate (else the second half
+    // of each expert's w13 block).
+    let (gates, ups) = match (w13, w1, w3) {
+        (Some(w13), None, None) => {
+            let w13 = typed(Array::new(w13, "w13", dtype)?)?;
+            check_shape(&w13, &[e_, (2 * i, "2*intermediate"), h_])?;
+            (w13, None)
+        }
+        (None, Some(w1), Some(w3)) => {
+            let w1 = typed(Array::new(w1, "w1", dtype)?)?;
+            let w3 = typed(Array::new(w3, "w3", dtype)?)?;
+            check_shape(&w1, &[e_, i_, h_])?;
+            check_shape(&w3, &[e_, i_, h_])?;
+            (w1, Some(w3))
+        }
+        _ => {
+            return Err(PyTypeError::new_err(
+                "MoeWeights: give w13 (gate and up stacked) or both w1 and w3",
+            ));
+        }
+    };
+    let (a, down) = (gates.as_slice(), w2.as_slice());
+    let b = ups.as_ref().map(View::as_slice);
+    let ih = i * h;
+    let experts = (0..e)
+        .map(|x| {
+            let (gate, up) = match b {
+                Some(b) => (&a[x * ih..(x + 1) * ih], &b[x * ih..(x + 1) * ih]),
+                None => (
+                    &a[2 * x * ih..(2 * x + 1) * ih],
+                    &a[(2 * x + 1) * ih..(2 * x + 2) * ih],
+                ),
+            };
+            let (gate, up) = (convert(gate), convert(up));
+            let down = convert(&down[x * ih..(x + 1) * ih]);
+            Expert::pack(&gate, &up, &down, h, i, fmt)
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(kernel_err)?;
+    MoeExperts::new(h, i, experts).map_err(kernel_err)
+}
+
+/// The experts a [`MoeWeights`] computes with.
+enum Layer {
+    /// Packed by Strata, in this format.
+    Packed(MoeExperts, PackedFormat),
+    /// ggml blocks of this type, as a GGUF file stores them.
+    Ggml(GgmlExperts, GgmlType),
+}
+
+impl Layer {
+    fn len(&self) -> usize {
+        match self {
+            Layer::Packed(e, _) => e.len(),
+            Layer::Ggml(e, _) => e.len(),
+        }
+    }
+
+    fn hidden(&self) -> usize {
+        match self {
+            Layer::Packed(e, _) => e.hidden(),
+            Layer::Ggml(e, _) => e.hidden(),
+        }
+    }
+
+    fn inter(&self) -> usize {
+        match self {
+            Layer::Packed(e, _) => e.inter(),
+            Layer::Ggml(e, _) => e.inter(),
+        }
+    }
+
+    /// The fused MoE of `x [T, H]` routed by `ids`/`w [T, k]` into `out [T, H]`.
+    fn run(
+        &self,
+        x: &[f32],
+        ids: &[u32],
+        w: &[f32],
+        k: usize,
+        out: &mut [f32],
+        opts: &MoeOptions,
+    ) -> Result<(), KernelError> {
+        match self {
+            Layer::Packed(e, _) => fused_moe_with(e, x, ids, w, out, opts),
+            Layer::Ggml(e, _) => {
+                let batches = group_by_expert(e.len(), ids, w, k)?;
+                fused_moe_ggml(e, x, &batches, out, opts)
+            }
+        }
+    }
+}
+
+/// A layer's routed experts for the CPU kernels: packed by Strata, or ggml blocks.
 #[pyclass(module = "strata._strata", frozen)]
 pub struct MoeWeights {
-    experts: MoeExperts,
-    format: PackedFormat,
+    layer: Layer,
 }
 
 #[pymethods]
 impl MoeWeights {
     /// Packs `w2 [E, H, I]` with `w13 [E, 2I, H]` (gate rows then up rows, vLLM's layout)
-    /// or with `w1` (gate) and `w3` (up), both `[E, I, H]`; float32, C-contiguous.
+    /// or with `w1` (gate) and `w3` (up), both `[E, I, H]`; C-contiguous, all float32 or
+    /// all bfloat16 (DLPack: a torch tensor), read one expert at a time.
     #[new]
     #[pyo3(signature = (w2, *, w13=None, w1=None, w3=None, format="bf16"))]
     fn new(
@@ -85,101 +203,96 @@ impl MoeWeights {
         format: &str,
     ) -> PyResult<MoeWeights> {
         let fmt = parse_format(format)?;
-        let w2 = View::<f32>::new(w2, "w2", "float32", false)?;
-        let &[e, h, i] = w2.shape() else {
-            return Err(PyValueError::new_err(format!(
-                "w2: expected shape [experts, hidden, intermediate], got {:?}",
-                w2.shape()
-            )));
+        let w2 = Array::new(w2, "w2", "float32 or bfloat16")?;
+        let experts = if w2.is_bf16() {
+            let as_bf16 = |a: Array<'_, '_>| a.typed::<i16>("bfloat16 (as w2)", false);
+            // One expert at a time as `bf16` values (the kernels pack from those).
+            pack_layer(as_bf16(w2)?, w13, w1, w3, fmt, as_bf16, |s: &[i16]| {
+                Cow::Owned(s.iter().map(|&b| bf16::from_bits(b as u16)).collect())
+            })?
+        } else {
+            let f32s = |a: Array<'_, '_>| a.typed::<f32>("float32 or bfloat16", false);
+            // Float32 weights are packed from the caller's memory as they are.
+            pack_layer(f32s(w2)?, w13, w1, w3, fmt, f32s, |s| Cow::Borrowed(s))?
         };
-        let (e_, i_, h_) = ((e, "experts"), (i, "intermediate"), (h, "hidden"));
-        // The gate matrices, and the up matrices when they are separate (else the second
-        // half of each expert's w13 block).
-        let (gates, ups) = match (w13, w1, w3) {
-            (Some(w13), None, None) => {
-                let w13 = View::<f32>::new(w13, "w13", "float32", false)?;
-                check_shape(&w13, &[e_, (2 * i, "2*intermediate"), h_])?;
-                (w13, None)
-            }
-            (None, Some(w1), Some(w3)) => {
-                let w1 = View::<f32>::new(w1, "w1", "float32", false)?;
-                let w3 = View::<f32>::new(w3, "w3", "float32", false)?;
-                check_shape(&w1, &[e_, i_, h_])?;
-                check_shape(&w3, &[e_, i_, h_])?;
-                (w1, Some(w3))
-            }
-            _ => {
-                return Err(PyTypeError::new_err(
-                    "MoeWeights: give w13 (gate and up stacked) or both w1 and w3",
-                ));
-            }
-        };
-        let (a, down) = (gates.as_slice(), w2.as_slice());
-        let b = ups.as_ref().map(View::as_slice);
-        let ih = i * h;
-        let experts = (0..e)
-            .map(|x| {
-                let (gate, up) = match b {
-                    Some(b) => (&a[x * ih..(x + 1) * ih], &b[x * ih..(x + 1) * ih]),
-                    None => (
-                        &a[2 * x * ih..(2 * x + 1) * ih],
-                        &a[(2 * x + 1) * ih..(2 * x + 2) * ih],
-                    ),
-                };
-                Expert::pack(gate, up, &down[x * ih..(x + 1) * ih], h, i, fmt)
-            })
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(kernel_err)?;
-        let experts = MoeExperts::new(h, i, experts).map_err(kernel_err)?;
         Ok(MoeWeights {
-            experts,
-            format: fmt,
+            layer: Layer::Packed(experts, fmt),
+        })
+    }
+
+    /// A layer's experts as ggml blocks of type `ggml_type` (a name, `"Q4_K"`, or ggml's id:
+    /// gguf's `tensor.tensor_type`), uint8 arrays as a GGUF stores its `*_exps` tensors
+    /// (`tensor.data` of the `gguf` package's reader): `w2` (`ffn_down_exps`) `[E, H, bytes
+    /// of a row of I]` with `w13` (`ffn_gate_up_exps`) `[E, 2I, bytes of a row of H]` or
+    /// `w1`/`w3` (`ffn_gate_exps`/`ffn_up_exps`) `[E, I, bytes of a row of H]`. The blocks
+    /// are copied once, as they are, and computed in their own format.
+    #[staticmethod]
+    #[pyo3(signature = (ggml_type, w2, *, w13=None, w1=None, w3=None, hidden, intermediate))]
+    fn from_ggml(
+        ggml_type: &Bound<'_, PyAny>,
+        w2: &Bound<'_, PyAny>,
+        w13: Option<&Bound<'_, PyAny>>,
+        w1: Option<&Bound<'_, PyAny>>,
+        w3: Option<&Bound<'_, PyAny>>,
+        hidden: usize,
+        intermediate: usize,
+    ) -> PyResult<MoeWeights> {
+        let ty = ggml::parse_type(ggml_type)?;
+        let experts = ggml::experts(ty, w2, w13, w1, w3, hidden, intermediate)?;
+        Ok(MoeWeights {
+            layer: Layer::Ggml(experts, ty),
         })
     }
 
     /// Number of experts.
     #[getter]
     fn num_experts(&self) -> usize {
-        self.experts.len()
+        self.layer.len()
     }
 
     /// Hidden size `H`.
     #[getter]
     fn hidden_size(&self) -> usize {
-        self.experts.hidden()
+        self.layer.hidden()
     }
 
     /// Intermediate size `I` (of this slice, for a tensor-parallel rank).
     #[getter]
     fn intermediate_size(&self) -> usize {
-        self.experts.inter()
+        self.layer.inter()
     }
 
-    /// The packed format's name (`bf16`, `int8`, `int4g32`...).
+    /// The format's name: packed (`bf16`, `int8`, `int4g32`...) or ggml's (`Q4_K`...).
     #[getter]
     fn format(&self) -> String {
-        self.format.name()
+        match &self.layer {
+            Layer::Packed(_, fmt) => fmt.name(),
+            Layer::Ggml(_, ty) => ty.name().to_string(),
+        }
     }
 
-    /// Bytes of packed weights and scales.
+    /// Bytes of weights and scales.
     #[getter]
     fn nbytes(&self) -> usize {
-        self.experts.experts().iter().map(Expert::bytes).sum()
+        match &self.layer {
+            Layer::Packed(e, _) => e.experts().iter().map(Expert::bytes).sum(),
+            Layer::Ggml(e, _) => e.bytes(),
+        }
     }
 
     fn __repr__(&self) -> String {
         format!(
             "MoeWeights(experts={}, hidden={}, intermediate={}, format={})",
-            self.experts.len(),
-            self.experts.hidden(),
-            self.experts.inter(),
-            self.format.name()
+            self.layer.len(),
+            self.layer.hidden(),
+            self.layer.inter(),
+            self.format()
         )
     }
 }
 
 /// `hidden_states`' token count, checking it is `[T, H]`.
-fn tokens<T: pyo3::buffer::Element>(x: &View<T>, h: usize) -> PyResult<usize> {
+fn tokens<T: Elem>(x: &View<T>, h: usize) -> PyResult<usize> {
     let &[t, xh] = x.shape() else {
         return Err(PyValueError::new_err(format!(
             "hidden_states: expected shape [tokens, hidden={h}], got {:?}",
@@ -208,12 +321,14 @@ thread_local! {
 
 /// The fused MoE layer into `out`: `hidden_states [T, H]`, `topk_weights [T, k]` float32,
 /// `topk_ids [T, k]` int32 or int64, `out [T, H]` (written, or added to with
-/// `accumulate`). `dtype` is the activations' (`hidden_states` and `out`): `float32`, used
-/// in place, or `bfloat16` passed as `int16` views of the same memory (numpy has no
-/// bfloat16): converted to f32 here, in Rust, and the result rounded to nearest even as
-/// torch rounds. Returns nothing; the Python wrapper returns `out`.
+/// `accumulate`); each an array with the buffer protocol or a DLPack tensor (torch, numpy),
+/// on the CPU, used in place. `dtype` is the activations' (`hidden_states` and `out`):
+/// `float32`, or `bfloat16`: a DLPack bfloat16 tensor, or an `int16` view of one (numpy has
+/// no bfloat16), converted to f32 here, in Rust, and the result rounded to nearest even as
+/// torch rounds. By default: `bfloat16` for a DLPack bfloat16 `hidden_states`, else
+/// `float32`. Returns nothing; the Python wrapper returns `out`.
 #[pyfunction]
-#[pyo3(signature = (hidden_states, weights, topk_weights, topk_ids, out, *, accumulate=false, dtype="float32"))]
+#[pyo3(signature = (hidden_states, weights, topk_weights, topk_ids, out, *, accumulate=false, dtype=None))]
 pub fn fused_moe_into(
     hidden_states: &Bound<'_, PyAny>,
     weights: &MoeWeights,
@@ -221,48 +336,54 @@ pub fn fused_moe_into(
     topk_ids: &Bound<'_, PyAny>,
     out: &Bound<'_, PyAny>,
     accumulate: bool,
-    dtype: &str,
+    dtype: Option<&str>,
 ) -> PyResult<()> {
-    let h = weights.experts.hidden();
+    let h = weights.layer.hidden();
     let opts = MoeOptions {
         accumulate,
         ..MoeOptions::default()
     };
-    let routing = |t: usize| -> PyResult<(View<f32>, Vec<u32>)> {
+    let routing = |t: usize| -> PyResult<(View<f32>, Vec<u32>, usize)> {
         let w = View::<f32>::new(topk_weights, "topk_weights", "float32", false)?;
         let k = w.shape().get(1).copied().unwrap_or(0);
         check_shape(&w, &[(t, "tokens"), (k, "topk")])?;
-        let ids = expert_ids(topk_ids, t, k, weights.experts.len())?;
-        Ok((w, ids))
+        let ids = expert_ids(topk_ids, t, k, weights.layer.len())?;
+        Ok((w, ids, k))
     };
     // The GIL stays held: the views are only sound while no Python code can touch the
     // arrays (see crate::buffer). Strata's own pool threads do the work.
-    match dtype {
-        "float32" => {
-            let x = View::<f32>::new(hidden_states, "hidden_states", "float32", false)?;
+    let xs = Array::new(hidden_states, "hidden_states", "float32 or bfloat16")?;
+    let bf16 = match dtype {
+        None => xs.is_bf16(),
+        Some("float32") => false,
+        Some("bfloat16") => true,
+        Some(other) => {
+            return Err(PyValueError::new_err(format!(
+                "dtype: expected float32 or bfloat16, got '{other}'"
+            )));
+        }
+    };
+    match bf16 {
+        false => {
+            let x = xs.typed::<f32>("float32 or bfloat16", false)?;
             let t = tokens(&x, h)?;
-            let (w, ids) = routing(t)?;
+            let (w, ids, k) = routing(t)?;
             let mut o = View::<f32>::new(out, "out", "float32", true)?;
             check_shape(&o, &[(t, "tokens"), (h, "hidden")])?;
             disjoint(
                 &o,
                 &[("hidden_states", x.span()), ("topk_weights", w.span())],
             )?;
-            fused_moe_with(
-                &weights.experts,
-                x.as_slice(),
-                &ids,
-                w.as_slice(),
-                o.as_mut_slice(),
-                &opts,
-            )
-            .map_err(kernel_err)
+            weights
+                .layer
+                .run(x.as_slice(), &ids, w.as_slice(), k, o.as_mut_slice(), &opts)
+                .map_err(kernel_err)
         }
-        "bfloat16" => {
-            let bf16 = "bfloat16 (as an int16 view)";
-            let x = View::<i16>::new(hidden_states, "hidden_states", bf16, false)?;
+        true => {
+            let bf16 = "bfloat16 (a tensor, or a numpy int16 view of one)";
+            let x = xs.typed::<i16>(bf16, false)?;
             let t = tokens(&x, h)?;
-            let (w, ids) = routing(t)?;
+            let (w, ids, k) = routing(t)?;
             let mut o = View::<i16>::new(out, "out", bf16, true)?;
             check_shape(&o, &[(t, "tokens"), (h, "hidden")])?;
             disjoint(
@@ -278,7 +399,9 @@ pub fn fused_moe_into(
                 } else {
                     os.resize(t * h, 0.0);
                 }
-                fused_moe_with(&weights.experts, xs, &ids, w.as_slice(), os, &opts)
+                weights
+                    .layer
+                    .run(xs, &ids, w.as_slice(), k, os, &opts)
                     .map_err(kernel_err)?;
                 for (d, &v) in o.as_mut_slice().iter_mut().zip(os.iter()) {
                     *d = half::bf16::from_f32(v).to_bits() as i16;
@@ -286,9 +409,6 @@ pub fn fused_moe_into(
                 Ok(())
             })
         }
-        _ => Err(PyValueError::new_err(format!(
-            "dtype: expected float32 or bfloat16, got '{dtype}'"
-        ))),
     }
 }
 

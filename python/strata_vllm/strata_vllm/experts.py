@@ -52,31 +52,21 @@ def forward(weights, output, hidden_states, topk_weights, topk_ids, expert_map):
         topk_weights = torch.where(local >= 0, topk_weights, 0)
         topk_ids = local.clamp(min=0)
     ids = topk_ids if topk_ids.dtype in (torch.int32, torch.int64) else topk_ids.long()
-    w = topk_weights.float().contiguous().numpy()
-    ids = ids.contiguous().numpy()
+    w = topk_weights.float().contiguous()
+    ids = ids.contiguous()
     if hidden_states.dtype == output.dtype and hidden_states.dtype in _IN_PLACE:
-        # In place: Strata reads vLLM's activations and writes its output buffer; bfloat16
-        # passes as int16 views (numpy has none) and is converted in Rust.
-        dtype, view = _IN_PLACE[hidden_states.dtype]
-        strata.ops.fused_moe_into(
-            hidden_states.contiguous().view(view).numpy(), weights, w, ids,
-            output.view(view).numpy(), dtype=dtype,
-        )
+        # In place (DLPack): Strata reads vLLM's activations and writes its output buffer;
+        # bfloat16 is converted in Rust.
+        strata.ops.fused_moe_into(hidden_states.contiguous(), weights, w, ids, output)
     else:
         # Float16 models: the kernels take f32 activations, so one conversion each way.
         out = torch.empty(output.shape, dtype=torch.float32)
-        strata.ops.fused_moe_into(
-            hidden_states.float().contiguous().numpy(), weights, w, ids, out.numpy()
-        )
+        strata.ops.fused_moe_into(hidden_states.float().contiguous(), weights, w, ids, out)
         output.copy_(out)
 
 
-# Activation dtypes Strata reads and writes in vLLM's own tensors: (its name for
-# `fused_moe_into`, the dtype of the view numpy can hold).
-_IN_PLACE = {
-    torch.float32: ("float32", torch.float32),
-    torch.bfloat16: ("bfloat16", torch.int16),
-}
+# Activation dtypes Strata reads and writes in vLLM's own tensors.
+_IN_PLACE = (torch.float32, torch.bfloat16)
 
 
 def patch(cls, fmt, state, logger, warn):

@@ -3,11 +3,12 @@
     w = strata.ops.MoeWeights(w2, w13=w13, format="int8")   # packed once
     out = strata.ops.fused_moe(x, w, topk_weights, topk_ids)  # [T, H]
 
-`x` and `out` are float32, or both torch bfloat16 (converted in Rust, without Python-side
-copies); `topk_weights` float32; all C-contiguous; `topk_ids` int32 or int64. numpy arrays
-and torch CPU tensors are read and written in place (a torch tensor through
-`tensor.numpy()`, which shares its memory; a bfloat16 one through an int16 view of it). Weights are float32 at
-packing time (torch bfloat16 weights are converted once, here).
+Arrays are numpy arrays (or anything with the buffer protocol) or tensors exporting DLPack
+(torch, JAX, numpy...), on the CPU, C-contiguous; they are read and written in place,
+never copied. `x` and `out` are float32, or both bfloat16 (a torch tensor; converted in
+Rust); `topk_weights` float32; `topk_ids` int32 or int64. Weights are float32 or bfloat16,
+read one expert at a time while packing (torch float16 weights are converted to float32
+here, once), or a GGUF's quantized blocks as they are (`MoeWeights.from_ggml`).
 """
 
 from strata._strata import MoeWeights as _MoeWeights
@@ -16,33 +17,17 @@ from strata._strata import build_profile, fused_moe_into
 __all__ = ["MoeWeights", "build_profile", "fused_moe", "fused_moe_into"]
 
 
-def _as_buffer(a, name):
-    """numpy arrays and other buffers as they are; a torch tensor as its numpy view (same
-    memory). Raises TypeError for tensors numpy cannot view (bfloat16, not on the CPU)."""
-    if type(a).__module__.startswith("torch"):
-        try:
-            return a.detach().numpy()
-        except (TypeError, RuntimeError) as e:
-            raise TypeError(
-                f"{name}: a torch tensor of dtype {a.dtype} on {a.device} cannot be used in "
-                f"place; pass float32 on the CPU ({e})"
-            ) from None
-    return a
+def _weights(a):
+    """A torch weight tensor as the kernels pack it: detached, float32 or bfloat16 (float16
+    and others converted once), contiguous; other arrays as they are."""
+    if a is None or not type(a).__module__.startswith("torch"):
+        return a
+    import torch
 
-
-def _weights_f32(a, name):
-    """Expert weights as a float32 buffer: packing reads them once, so converting torch's
-    bfloat16/float16 here costs one copy at load, not per call."""
-    if a is None:
-        return None
-    if type(a).__module__.startswith("torch"):
-        import torch
-
-        a = a.detach()
-        if a.dtype != torch.float32:
-            a = a.float()
-        return _as_buffer(a.contiguous(), name)
-    return a
+    a = a.detach()
+    if a.dtype not in (torch.float32, torch.bfloat16):
+        a = a.float()
+    return a.contiguous()
 
 
 def MoeWeights(w2, *, w13=None, w1=None, w3=None, format="bf16"):  # noqa: N802 (a class to callers)
@@ -50,12 +35,14 @@ def MoeWeights(w2, *, w13=None, w1=None, w3=None, format="bf16"):  # noqa: N802 
     then up rows, vLLM's layout) or `w1`/`w3 [E, I, H]`. `format`: bf16, int8 (a scale per
     row), int4 (a scale per 32 values), or int8g64, int4g128...."""
     return _MoeWeights(
-        _weights_f32(w2, "w2"),
-        w13=_weights_f32(w13, "w13"),
-        w1=_weights_f32(w1, "w1"),
-        w3=_weights_f32(w3, "w3"),
-        format=format,
+        _weights(w2), w13=_weights(w13), w1=_weights(w1), w3=_weights(w3), format=format
     )
+
+
+# GGUF experts: `MoeWeights.from_ggml(ggml_type, w2, w13=... | w1=..., w3=..., hidden=H,
+# intermediate=I)` takes a GGUF's `*_exps` tensors (uint8 blocks, as the `gguf` package reads
+# them) and computes in their own format (see the native class).
+MoeWeights.from_ggml = _MoeWeights.from_ggml
 
 
 def fused_moe(hidden_states, weights, topk_weights, topk_ids, *, out=None, accumulate=False):
@@ -71,37 +58,5 @@ def fused_moe(hidden_states, weights, topk_weights, topk_ids, *, out=None, accum
             import numpy as np
 
             out = np.empty_like(hidden_states)
-    dtype = "float32"
-    if _is_torch_bf16(hidden_states) or _is_torch_bf16(out):
-        # numpy has no bfloat16: both pass as int16 views of their memory.
-        dtype = "bfloat16"
-        hidden_states = _bf16_bits(hidden_states, "hidden_states")
-        out_buf = _bf16_bits(out, "out")
-    else:
-        out_buf = out
-    fused_moe_into(
-        _as_buffer(hidden_states, "hidden_states"),
-        weights,
-        _as_buffer(topk_weights, "topk_weights"),
-        _as_buffer(topk_ids, "topk_ids"),
-        _as_buffer(out_buf, "out"),
-        accumulate=accumulate,
-        dtype=dtype,
-    )
+    fused_moe_into(hidden_states, weights, topk_weights, topk_ids, out, accumulate=accumulate)
     return out
-
-
-def _is_torch_bf16(a):
-    return type(a).__module__.startswith("torch") and str(a.dtype) == "torch.bfloat16"
-
-
-def _bf16_bits(a, name):
-    """A torch bfloat16 tensor as an int16 view of the same memory."""
-    if not _is_torch_bf16(a):
-        raise TypeError(
-            f"{name}: expected a torch bfloat16 tensor like the other activations, got "
-            f"{getattr(a, 'dtype', type(a).__name__)}"
-        )
-    import torch
-
-    return a.detach().view(torch.int16)
