@@ -41,6 +41,7 @@ use pyo3::prelude::*;
 fn _strata(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<ops::MoeWeights>()?;
     m.add_function(wrap_pyfunction!(ops::fused_moe_into, m)?)?;
+    m.add_function(wrap_pyfunction!(ops::num_threads, m)?)?;
     m.add_class::<llm::Llm>()?;
     m.add_class::<llm::SamplingParams>()?;
     m.add_class::<llm::RequestOutput>()?;

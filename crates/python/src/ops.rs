@@ -319,6 +319,13 @@ thread_local! {
         const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
 
+/// Threads of Strata's kernel pool in this process (started on first use; `STRATA_THREADS`
+/// and `STRATA_CPUS` are read then): what a host engine's binding gave Strata.
+#[pyfunction]
+pub fn num_threads() -> usize {
+    strata_kernels::num_threads()
+}
+
 /// The fused MoE layer into `out`: `hidden_states [T, H]`, `topk_weights [T, k]` float32,
 /// `topk_ids [T, k]` int32 or int64, `out [T, H]` (written, or added to with
 /// `accumulate`); each an array with the buffer protocol or a DLPack tensor (torch, numpy),

@@ -122,9 +122,10 @@ def patch(cls, fmt, state, logger, warn):
             logger.info(
                 "Strata computes vLLM's MoE: %d MoE layers on strata.ops (format %s, %d "
                 "experts, hidden %d, intermediate %d per rank; vLLM's raw expert weights "
-                "freed: %.1f MiB)",
+                "freed: %.1f MiB; %d threads)",
                 state["layers"], weights.format, weights.num_experts, weights.hidden_size,
                 weights.intermediate_size, state.get("raw_bytes_freed", 0) / 2**20,
+                strata.ops.num_threads(),
             )
         # apply_router_weight_on_input is already applied to hidden_states by vLLM's
         # prepare step (see vLLM's own apply).

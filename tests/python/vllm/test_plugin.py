@@ -17,11 +17,13 @@ RUNNER = Path(__file__).with_name("run_vllm.py")
 TAKEOVER = "Strata computes vLLM's MoE: 6 MoE layers on strata.ops (format bf16"
 
 
-def run(tp, plugin):
+def run(tp, plugin, bind=None):
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", VLLM_PLUGINS="strata" if plugin else "")
     if tp == 2:
         # Automatic binding fails on this machine ("Not enough allowed NUMA nodes").
         env["VLLM_CPU_OMP_THREADS_BIND"] = "0|1"
+    if bind:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = bind
     r = subprocess.run([sys.executable, str(RUNNER), "--model", str(MODEL), "--tp", str(tp)],
                        env=env, capture_output=True, text=True, timeout=900)
     # vLLM logs to stdout and stderr; the runner's result is its one line starting RESULT.
@@ -77,10 +79,23 @@ def test_tensor_parallel_2(vllm_tp1):
     got, log = run(2, plugin=True)
     # Each rank logs once, with its half of the intermediate dimension (128 / 2).
     assert log.count("intermediate 64 per rank") == 2, log[-3000:]
+    # ... and runs Strata's kernels on the one core vLLM bound it to.
+    assert log.count("; 1 threads)") == 2, log[-3000:]
     for batch in ("batch1", "batch16"):
         share = agreement(got[batch], want[batch])
         print(f"tp=2 {batch}: {share:.1%} of greedy tokens agree")
         assert share >= 0.95, f"tp=2 {batch}: {share:.1%} of tokens agree"
+
+
+def test_one_worker_on_two_cores(vllm_tp1):
+    """A worker vLLM binds to two cores: Strata's pool runs on both (its log line says how
+    many threads), and the tokens stay vLLM's."""
+    got, log = run(1, plugin=True, bind="0-1")
+    assert "; 2 threads)" in log, log[-3000:]
+    for batch in ("batch1", "batch16"):
+        share = agreement(got[batch], vllm_tp1[batch])
+        print(f"one worker on cores 0-1, {batch}: {share:.1%} of greedy tokens agree")
+        assert share >= 0.95, f"{batch}: {share:.1%} of tokens agree"
 
 
 def test_strata_threads_follow_vllms_binding(monkeypatch):

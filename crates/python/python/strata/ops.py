@@ -12,9 +12,9 @@ here, once), or a GGUF's quantized blocks as they are (`MoeWeights.from_ggml`).
 """
 
 from strata._strata import MoeWeights as _MoeWeights
-from strata._strata import build_profile, fused_moe_into
+from strata._strata import build_profile, fused_moe_into, num_threads
 
-__all__ = ["MoeWeights", "build_profile", "fused_moe", "fused_moe_into"]
+__all__ = ["MoeWeights", "build_profile", "fused_moe", "fused_moe_into", "num_threads"]
 
 
 def _weights(a):
