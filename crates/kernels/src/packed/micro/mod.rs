@@ -32,6 +32,8 @@ mod amx_soft;
 #[cfg(test)]
 mod amx_tests;
 #[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
 mod avx512;
 mod portable;
 
@@ -151,6 +153,8 @@ pub(crate) fn run_block(
             Kernel::Isa(Isa::Amx | Isa::Avx512) => {
                 avx512::block(w, a, rows, strips, ks.clone(), out, ldo)
             }
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Isa(Isa::Avx2) => avx2::block(w, a, rows, strips, ks.clone(), out, ldo),
             _ => portable::block(w, a, rows, strips, ks.clone(), out, ldo),
         }
         k0 = ks.end;
