@@ -20,6 +20,10 @@
 //! call has a single token, the decode case), which fits the 16 ymm registers with the
 //! broadcast activations and the widened weights of one half line, the largest tile that does.
 
+// Register tiles are indexed `[row][strip][half]` as in the math, with the strip and half
+// also naming the packed line to load.
+#![allow(clippy::needless_range_loop)]
+
 use std::arch::x86_64::*;
 use std::ops::Range;
 
