@@ -125,6 +125,7 @@ struct Peaks {
     avx512_bf16: Option<f64>,
     avx512_vnni: Option<f64>,
     avx2_int8: Option<f64>,
+    avx2_fma: Option<f64>,
     read_gbs: f64,
 }
 
@@ -142,6 +143,7 @@ impl Peaks {
             avx512_bf16: m(self.avx512_bf16, o.avx512_bf16),
             avx512_vnni: m(self.avx512_vnni, o.avx512_vnni),
             avx2_int8: m(self.avx2_int8, o.avx2_int8),
+            avx2_fma: m(self.avx2_fma, o.avx2_fma),
             read_gbs: self.read_gbs.max(o.read_gbs),
         }
     }
@@ -153,6 +155,7 @@ impl Peaks {
             avx512_bf16: peak::avx512_bf16_tflops(0.3),
             avx512_vnni: peak::avx512_vnni_tops(0.3),
             avx2_int8: peak::avx2_int8_tops(0.3),
+            avx2_fma: peak::avx2_fma_tflops(0.3),
             read_gbs: peak::read_gbs(1 << 30, 3),
         }
     }
@@ -165,7 +168,9 @@ impl Peaks {
             (Isa::Amx, false) => self.amx_int8,
             (Isa::Avx512, true) => self.avx512_bf16,
             (Isa::Avx512, false) => self.avx512_vnni,
-            (Isa::Avx2 | Isa::Portable, _) => None,
+            (Isa::Avx2, true) => self.avx2_fma,
+            (Isa::Avx2, false) => self.avx2_int8,
+            (Isa::Portable, _) => None,
         }
     }
 }
@@ -345,6 +350,7 @@ pub fn bench_moe(args: &BenchMoeArgs) -> anyhow::Result<()> {
             "avx512_bf16_tflops": peaks.avx512_bf16,
             "avx512_vnni_tops": peaks.avx512_vnni,
             "avx2_int8_tops": peaks.avx2_int8,
+            "avx2_fma_tflops": peaks.avx2_fma,
             "read_gbs": peaks.read_gbs,
         },
         "results": results,
@@ -635,12 +641,13 @@ fn print_table(doc: &Value) -> std::io::Result<()> {
         doc["machine"]["selected_isa"].as_str().unwrap_or("?"),
     )?;
     outln!(
-        "peaks: AMX BF16 {} TFLOPS, AMX INT8 {} TOPS, AVX-512 BF16 {} TFLOPS, AVX-512 VNNI {} TOPS, AVX2 INT8 {} TOPS, read {} GB/s",
+        "peaks: AMX BF16 {} TFLOPS, AMX INT8 {} TOPS, AVX-512 BF16 {} TFLOPS, AVX-512 VNNI {} TOPS, AVX2 INT8 {} TOPS, AVX2 FMA {} TFLOPS, read {} GB/s",
         fmt_opt(f(&p["amx_bf16_tflops"]), 2),
         fmt_opt(f(&p["amx_int8_tops"]), 2),
         fmt_opt(f(&p["avx512_bf16_tflops"]), 3),
         fmt_opt(f(&p["avx512_vnni_tops"]), 3),
         fmt_opt(f(&p["avx2_int8_tops"]), 3),
+        fmt_opt(f(&p["avx2_fma_tflops"]), 3),
         fmt_opt(f(&p["read_gbs"]), 1),
     )?;
     out!("{}", results_table(doc))?;

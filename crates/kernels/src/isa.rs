@@ -7,8 +7,8 @@
 //! the permission is per process and valid for all its threads, so the pool's workers need no
 //! request of their own.
 //!
-//! AVX2 (with FMA) serves the kernels on ggml's block formats (`crate::ggml`); the packed
-//! BF16/INT8/INT4 kernels have no AVX2 version and run their portable code there.
+//! AVX2 (with FMA) serves the kernels on ggml's block formats (`crate::ggml`) and the packed
+//! BF16/INT8/INT4 micro-kernels (`packed::micro::avx2`).
 //!
 //! `STRATA_KERNEL=portable|avx2|avx512|amx` forces a path (for tests and benchmarks); a forced path
 //! the CPU lacks falls back to the best available one below it, never to a SIGILL.

@@ -1,4 +1,5 @@
-//! Machine peaks measured in-process: AMX, AVX-512 and AVX2 dot-product throughput, DRAM read
+//! Machine peaks measured in-process: AMX, AVX-512 and AVX2 dot-product throughput (and AVX2 f32
+//! FMA, the packed BF16 kernel's instruction there), DRAM read
 //! bandwidth. Benchmarks report each kernel as a fraction of these, measured in the same run.
 //!
 //! Compute peaks keep every operand in registers (tiles or zmm) with enough independent
@@ -64,6 +65,20 @@ pub fn avx2_int8_tops(target_s: f64) -> Option<f64> {
         let f = |n| unsafe { x86::maddubs_loop(n) };
         // 8 accumulators x 32 multiply-adds x 2 ops per iteration.
         return Some(rate(8.0 * 64.0, target_s, f) / 1e12);
+    }
+    let _ = target_s;
+    None
+}
+
+/// AVX2 f32 FMA (`vfmadd231ps` on ymm) throughput in TFLOPS (2 FLOP per multiply-add), the
+/// instruction of the packed BF16 kernel on AVX2, or `None` without AVX2 and FMA.
+pub fn avx2_fma_tflops(target_s: f64) -> Option<f64> {
+    #[cfg(target_arch = "x86_64")]
+    if detected() >= Isa::Avx2 {
+        // SAFETY: AVX2 and FMA were detected.
+        let f = |n| unsafe { x86::fma_loop(n) };
+        // 12 accumulators x 8 lanes x 2 FLOP per iteration.
+        return Some(rate(12.0 * 16.0, target_s, f) / 1e12);
     }
     let _ = target_s;
     None
@@ -206,6 +221,22 @@ mod x86 {
     }
 
     /// # Safety
+    /// AVX2 and FMA must be available.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn fma_loop(n: u64) {
+        let a = std::hint::black_box(_mm256_set1_ps(0.999));
+        let b = std::hint::black_box(_mm256_set1_ps(1e-3));
+        // Twelve chains cover the FMA latency (4 cycles at 2 per cycle needs 8 in flight).
+        let mut acc = [_mm256_setzero_ps(); 12];
+        for _ in 0..n {
+            for acc in acc.iter_mut() {
+                *acc = _mm256_fmadd_ps(*acc, a, b);
+            }
+        }
+        std::hint::black_box(acc);
+    }
+
+    /// # Safety
     /// AVX-512 F and VNNI must be available.
     #[target_feature(enable = "avx512f,avx512vnni")]
     pub(super) unsafe fn dpbusd_loop(n: u64) {
@@ -309,6 +340,7 @@ mod tests {
         if let Some(t) = avx512_bf16_tflops(0.001) {
             assert!(t > 0.0);
         }
+        assert_eq!(avx2_fma_tflops(0.001).is_some(), detected() >= Isa::Avx2);
         assert_eq!(amx_bf16_tflops(0.001).is_some(), detected() == Isa::Amx);
     }
 }

@@ -27,6 +27,9 @@ pub(crate) const FORMATS: [PackedFormat; 7] = [
 /// Every kernel the sweeps run: the CPU's instruction-set paths and the AMX tile program on
 /// the software tile unit.
 pub(crate) fn kernels() -> Vec<Kernel> {
+    if !Isa::available().contains(&Isa::Avx2) {
+        eprintln!("NOT CHECKED: this CPU has no AVX2, so the packed AVX2 kernels cannot run");
+    }
     let mut v: Vec<Kernel> = Isa::available().into_iter().map(Kernel::Isa).collect();
     v.push(Kernel::AmxSoft);
     v
@@ -163,4 +166,88 @@ fn bad_arguments_are_errors() {
     let p = PackedMatrix::pack(&w, 2, 3, PackedFormat::Bf16).expect("packs");
     let mut out = vec![0.0; 3];
     assert!(p.matmul(&[0.0; 3], 1, &mut out).is_err());
+}
+
+/// A matrix over hand-made packed bytes (every byte `byte(i)`) with all scales 1.
+fn stored_matrix(
+    fmt: PackedFormat,
+    n: usize,
+    k: usize,
+    byte: impl Fn(usize) -> u8,
+) -> PackedMatrix {
+    let l = PackedLayout::new(fmt, n, k).expect("valid format");
+    let s0 = l.data_bytes.next_multiple_of(64);
+    let mut buf = AlignedBuf::zeroed(s0 + 4 * l.scales);
+    let bytes = buf.as_mut_slice();
+    (0..l.data_bytes).for_each(|i| bytes[i] = byte(i));
+    for v in bytes[s0..].chunks_mut(4) {
+        v.copy_from_slice(&1.0f32.to_le_bytes());
+    }
+    let data = 0..l.data_bytes;
+    let scales = s0..s0 + 4 * l.scales;
+    PackedMatrix::from_stored(Arc::new(Stored(buf)), fmt, n, k, data, scales).expect("stored")
+}
+
+/// Integer paths at the extremes of their operands: every weight at the bottom (`q = -128`,
+/// `-8`) or top (`127`, `7`) of its range or random, against activations of `±127` (the
+/// extremes `quantize_i8` produces: it never gives `-128`). With unit scales and integer
+/// activations of amplitude 127 (activation scale exactly 1), every sum is an integer below
+/// 2^24, so every kernel must match the i64 reference exactly: a saturated i16 pair (AVX2
+/// `vpmaddubsw`) or a wrong offset shows as a difference.
+#[test]
+fn integer_paths_sum_extreme_values_exactly() {
+    let (n, k) = (64, 256);
+    let mut seed = 21;
+    let noise = rand_vec(n * k, &mut seed);
+    let fill: [(&str, &dyn Fn(usize) -> u8); 4] = [
+        ("bottom", &|_| 0x00),
+        ("top", &|_| 0xff),
+        ("alternating", &|i| if i % 3 == 0 { 0x00 } else { 0xff }),
+        ("random", &|i| (noise[i % noise.len()] * 511.0) as i32 as u8),
+    ];
+    let acts: [(&str, &dyn Fn(usize) -> f32); 4] = [
+        ("+127", &|_| 127.0),
+        ("-127", &|_| -127.0),
+        ("+-127", &|p| if p % 5 < 2 { 127.0 } else { -127.0 }),
+        ("mixed", &|p| {
+            if p == 0 {
+                -127.0
+            } else {
+                (p * 37 % 255) as f32 - 127.0
+            }
+        }),
+    ];
+    let fmts = [
+        PackedFormat::Int8 { group: None },
+        PackedFormat::Int8 { group: Some(32) },
+        PackedFormat::Int4 { group: 32 },
+        PackedFormat::Int4 { group: 128 },
+    ];
+    for fmt in fmts {
+        for (wname, byte) in &fill {
+            let p = stored_matrix(fmt, n, k, byte);
+            let wq = p.dequantize();
+            for (xname, act) in &acts {
+                for m in [1, 3] {
+                    let x: Vec<f32> = (0..m * k).map(|i| act(i % k + i / k)).collect();
+                    let want: Vec<f32> = (0..m * n)
+                        .map(|o| {
+                            let (i, j) = (o / n, o % n);
+                            let dot: i64 = (0..k)
+                                .map(|q| wq[j * k + q] as i64 * x[i * k + q] as i64)
+                                .sum();
+                            dot as f32
+                        })
+                        .collect();
+                    for kernel in kernels() {
+                        let mut got = vec![f32::NAN; m * n];
+                        p.matmul_on(kernel, &x, m, &mut got);
+                        let what =
+                            format!("{} {kernel:?} weights {wname} x {xname} m {m}", fmt.name());
+                        assert_eq!(want, got, "{what}");
+                    }
+                }
+            }
+        }
+    }
 }

@@ -13,7 +13,8 @@
 //! reference twin in the tests.
 //!
 //! A key design decision: all paths take the same arguments and read the same packed bytes,
-//! so a path is chosen per call (AMX for many rows, AVX-512 for few) without repacking.
+//! so a path is chosen per call (AMX for many rows, AVX-512 for few; AVX2 on CPUs without
+//! AVX-512) without repacking.
 //!
 //! The AMX tile program runs on the hardware, or, in test builds, on a software model of the
 //! tiles (`Kernel::AmxSoft`, `amx_soft`), so that the AMX path is tested on every machine.
@@ -32,6 +33,8 @@ mod amx_soft;
 #[cfg(test)]
 mod amx_tests;
 #[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
 mod avx512;
 mod portable;
 
@@ -42,7 +45,7 @@ pub(crate) const M_CHUNK: usize = 256;
 /// Weight panel size for AMX: kept in L2 (a quarter of Sapphire Rapids' 2 MiB), so tile
 /// accumulators are stored only once per long `k` run.
 const PANEL_BYTES_AMX: usize = 512 * 1024;
-/// Weight panel size for AVX-512 and portable code: kept in L1 (48 KiB and up), since every
+/// Weight panel size for AVX-512, AVX2 and portable code: kept in L1 (48 KiB and up), since every
 /// 4-row register tile rereads the whole panel. Chosen from the cache sizes: an A/B against
 /// 256 KiB on `bench moe --tokens 512` was within the shared host's noise (0.12-0.24 TFLOPS
 /// for both, 2026-11-21).
@@ -151,6 +154,8 @@ pub(crate) fn run_block(
             Kernel::Isa(Isa::Amx | Isa::Avx512) => {
                 avx512::block(w, a, rows, strips, ks.clone(), out, ldo)
             }
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Isa(Isa::Avx2) => avx2::block(w, a, rows, strips, ks.clone(), out, ldo),
             _ => portable::block(w, a, rows, strips, ks.clone(), out, ldo),
         }
         k0 = ks.end;
