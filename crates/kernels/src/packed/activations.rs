@@ -57,7 +57,7 @@ impl Activations {
         } else {
             m.max(1)
         };
-        let elem = if kind == Kind::Bf16 { 2 } else { 1 };
+        let elem = kind.activation_bytes();
         let lda = k_pad * elem;
         let mut data = AlignedBuf::zeroed(m_pad * lda);
         let units = k_pad / XSUM_UNIT;

@@ -126,6 +126,23 @@ pub(crate) enum Kind {
     Int4,
 }
 
+impl Kind {
+    /// `k` values per packed line of a strip: a BF16 pair, an INT8 quad, two INT4 quads.
+    pub(crate) fn k_per_line(self) -> usize {
+        match self {
+            Kind::Bf16 => 2,
+            Kind::Int8 => 4,
+            Kind::Int4 => 8,
+        }
+    }
+
+    /// Bytes per `k` of the activations this kind multiplies: BF16, or int8 for both integer
+    /// kinds.
+    pub(crate) fn activation_bytes(self) -> usize {
+        if self == Kind::Bf16 { 2 } else { 1 }
+    }
+}
+
 /// A weight matrix `[n, k]` packed for the kernels; see the module docs for the layout.
 #[derive(Clone)]
 pub struct PackedMatrix {

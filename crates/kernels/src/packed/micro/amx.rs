@@ -255,7 +255,7 @@ pub(super) fn block<U: TileUnit>(
     };
     u.configure(&TileCfg::new(kstep_bytes));
     let mut c = CBlock([0; 32 * C_STRIDE]);
-    let elem = if w.kind == Kind::Bf16 { 2 } else { 1 };
+    let elem = w.kind.activation_bytes();
     let (act, lda) = (a.data.as_slice(), a.lda);
     SCRATCH.with_borrow_mut(|scratch| {
         for sp in strips.clone().step_by(2) {

@@ -122,12 +122,8 @@ unsafe fn block_impl(
     out: &mut [f32],
     ldo: usize,
 ) {
-    let elem = if w.kind == Kind::Bf16 { 2 } else { 1 };
-    let k_per_line = match w.kind {
-        Kind::Bf16 => 2,
-        Kind::Int8 => 4,
-        Kind::Int4 => 8,
-    };
+    let elem = w.kind.activation_bytes();
+    let k_per_line = w.kind.k_per_line();
     let mut sg = strips.start;
     while sg < strips.end {
         let ns = if rows.len() == 1 && strips.end - sg >= 4 {

@@ -123,12 +123,8 @@ unsafe fn block_impl(
     out: &mut [f32],
     ldo: usize,
 ) {
-    let elem = if w.kind == Kind::Bf16 { 2 } else { 1 };
-    let k_per_line = match w.kind {
-        Kind::Bf16 => 2,
-        Kind::Int8 => 4,
-        Kind::Int4 => 8,
-    };
+    let elem = w.kind.activation_bytes();
+    let k_per_line = w.kind.k_per_line();
     // With two or more row tiles per panel, the tiles fetch the next `k` block of the same
     // strips while they compute this one, each prefetching every `n_tiles`-th line: the first
     // tile of a block then finds its lines on the way instead of waiting on DRAM (about 10%
