@@ -35,8 +35,33 @@ pub(crate) fn activation_block(ty: GgmlType) -> usize {
     }
 }
 
-/// The in-register kernel for `ty` on `isa`, if there is one.
+/// The VNNI kernel of `$ty` run by `vnni::$on` (`on_cpu` or, in tests, `on_soft`).
+macro_rules! vnni_kernel {
+    ($ty:expr, $on:ident) => {{
+        use crate::ggml::vecdot::{BlockDot, vnni};
+        match $ty {
+            GgmlType::Q4_K => Some(vnni::$on::<vnni::Q4K> as BlockDot),
+            GgmlType::Q5_K => Some(vnni::$on::<vnni::Q5K> as BlockDot),
+            GgmlType::Q6_K => Some(vnni::$on::<vnni::Q6K> as BlockDot),
+            GgmlType::Q8_0 => Some(vnni::$on::<vnni::Q8_0> as BlockDot),
+            GgmlType::Q4_0 => Some(vnni::$on::<vnni::Q4_0> as BlockDot),
+            GgmlType::Q5_0 => Some(vnni::$on::<vnni::Q5_0> as BlockDot),
+            GgmlType::IQ4_NL => Some(vnni::$on::<vnni::IQ4NL> as BlockDot),
+            GgmlType::IQ4_XS => Some(vnni::$on::<vnni::IQ4XS> as BlockDot),
+            _ => None,
+        }
+    }};
+}
+
+/// The in-register kernel for `ty` on `isa`, if there is one: the VNNI kernel on AVX-512
+/// where `ty` has one, else the AVX2 kernel.
 pub(crate) fn kernel(isa: Isa, ty: GgmlType) -> Option<BlockDot> {
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx512
+        && let Some(dot) = vnni_kernel!(ty, on_cpu)
+    {
+        return Some(dot);
+    }
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx2 {
         return match ty {
@@ -61,6 +86,8 @@ pub(crate) fn kernel(isa: Isa, ty: GgmlType) -> Option<BlockDot> {
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(any(target_arch = "x86_64", test))]
+mod vnni;
 
 #[cfg(test)]
 mod tests {
