@@ -191,6 +191,11 @@ impl Vnni for Avx512Vnni {
     }
 
     #[inline(always)]
+    fn f16(self, bits: u16) -> f32 {
+        // SAFETY: see the impl (AVX-512 F implies F16C).
+        unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits)))) }
+    }
+    #[inline(always)]
     fn cvt(self, a: __m512i) -> __m512 {
         // SAFETY: see the impl.
         unsafe { _mm512_cvtepi32_ps(a) }

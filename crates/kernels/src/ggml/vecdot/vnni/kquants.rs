@@ -6,18 +6,9 @@
 // Per-token accumulators read best indexed by the token, as the activation rows are.
 #![allow(clippy::needless_range_loop)]
 
-use super::unit::Vnni;
+use super::unit::{Vnni, halves16, runs16};
 use super::{RowKernel, Xs, f16_at};
 use crate::ggml::GgmlType;
-
-/// 64 bytes holding the 32 u16 lanes `f(0) .. f(31)`.
-fn lanes16(f: impl Fn(usize) -> usize) -> [u8; 64] {
-    let mut b = [0u8; 64];
-    for l in 0..32 {
-        b[2 * l..2 * l + 2].copy_from_slice(&(f(l) as u16).to_le_bytes());
-    }
-    b
-}
 
 /// The eight 6-bit scales and eight mins of a Q4_K / Q5_K block from its 12 packed bytes
 /// (ggml's `get_scale_min_k4`), each as eight bytes of a u64.
@@ -81,15 +72,17 @@ unsafe fn k4<U: Vnni, const N: usize, const FIVE: bool>(
     let (m4, one) = (u.splat8(0x0f), u.splat8(1));
     // The low half of a chunk's register takes the low nibbles of its 32 bytes, the high
     // half the high nibbles: values 64c .. 64c + 64 in order.
-    let nibble_shift = u.bytes(lanes16(|l| if l < 16 { 0 } else { 4 }));
+    let nibble_shift = u.bytes(halves16(0, 4));
     // Sub-blocks 2c and 2c + 1 in the two halves: the scale to pick (i16 lane of the
     // scales), and for Q5_K the bit of `qh` that holds their fifth bits.
-    let sub: [U::I; 4] = std::array::from_fn(|c| u.bytes(lanes16(|l| 2 * c + l / 16)));
-    // Each min twice, matching the activations' sums per 16.
-    let pick_mins = u.bytes(lanes16(|l| if l < 16 { 8 + l / 2 } else { 0 }));
+    const SUB: [[u8; 64]; 4] = [runs16(0, 16), runs16(2, 16), runs16(4, 16), runs16(6, 16)];
+    let sub = SUB.map(|c| u.bytes(c));
+    // Each min (i16 lanes 8-15) twice, matching the activations' sums per 16; lanes 16-31
+    // meet zero sums.
+    let pick_mins = u.bytes(runs16(8, 2));
     let mut acc = [u.splatf(0.0); N];
     for (i, x) in row.chunks_exact(block).enumerate() {
-        let (d, dmin) = (f16_at(x, 0), f16_at(x, 2));
+        let (d, dmin) = (f16_at(u, x, 0), f16_at(u, x, 2));
         let (sc, mins) = k4_scales(&x[4..16]);
         // i16 lanes 0-7: scales, 8-15: mins.
         let sm = u.zext8to16(u.u64x2(sc, mins));
@@ -140,20 +133,17 @@ impl RowKernel for Q6K {
     #[inline(always)]
     unsafe fn row<U: Vnni, const N: usize>(u: U, row: &[u8], xt: &Xs<N>, out: &mut [f32; N]) {
         let (m4, m2) = (u.splat8(0x0f), u.splat8(0x03));
-        let fours = u.bytes(lanes16(|_| 4));
+        let fours = u.bytes(halves16(4, 4));
         // `qh` bits of values 0-63 of a half (low register half: bits 0-1, high: 2-3) and of
         // values 64-127 (4-5, 6-7).
-        let qh_shift = [
-            u.bytes(lanes16(|l| if l < 16 { 0 } else { 2 })),
-            u.bytes(lanes16(|l| if l < 16 { 4 } else { 6 })),
-        ];
+        let qh_shift = [u.bytes(halves16(0, 2)), u.bytes(halves16(4, 6))];
         // The scale of each pair sum: sub-block `8 half + 4 part + l / 8`.
-        let pick: [[U::I; 2]; 2] = std::array::from_fn(|h| {
-            std::array::from_fn(|p| u.bytes(lanes16(|l| 8 * h + 4 * p + l / 8)))
-        });
+        const PICK: [[[u8; 64]; 2]; 2] =
+            [[runs16(0, 8), runs16(4, 8)], [runs16(8, 8), runs16(12, 8)]];
+        let pick = PICK.map(|h| h.map(|p| u.bytes(p)));
         let mut acc = [u.splatf(0.0); N];
         for (i, x) in row.chunks_exact(210).enumerate() {
-            let d = f16_at(x, 208);
+            let d = f16_at(u, x, 208);
             let word = |at: usize| u64::from_le_bytes(x[at..at + 8].try_into().expect("8 bytes"));
             let sc = u.sext8to16(u.u64x2(word(192), word(200)));
             let mut sumi = [u.zero(); N];

@@ -89,8 +89,8 @@ impl<'a, const N: usize> Xs<'a, N> {
 
 /// The f16 at byte `i` of `b`, as f32.
 #[inline(always)]
-fn f16_at(b: &[u8], i: usize) -> f32 {
-    half::f16::from_bits(u16::from_le_bytes([b[i], b[i + 1]])).to_f32()
+fn f16_at<U: Vnni>(u: U, b: &[u8], i: usize) -> f32 {
+    u.f16(u16::from_le_bytes([b[i], b[i + 1]]))
 }
 
 /// Checks that the rows, the activations and the token range agree (the kernels' loads

@@ -84,13 +84,15 @@ unsafe fn signed32<U: Vnni, K: Signed32, const N: usize>(
 
 /// Shifts of 16-bit lanes that take the low nibbles into 128-bit lanes 0 and 2 and the
 /// high ones into 1 and 3, when each block's 16 bytes are loaded twice (`load_4x16`).
-fn nibble_shift<U: Vnni>(u: U) -> U::I {
+const NIBBLE_SHIFT: [u8; 64] = {
     let mut b = [0u8; 64];
-    for (l, pair) in b.chunks_exact_mut(2).enumerate() {
-        pair[0] = if (l / 8) % 2 == 1 { 4 } else { 0 };
+    let mut l = 0;
+    while l < 32 {
+        b[2 * l] = if (l / 8) % 2 == 1 { 4 } else { 0 };
+        l += 1;
     }
-    u.bytes(b)
-}
+    b
+};
 
 /// The 32 values of two blocks of 16 nibble bytes at `a` and `b`: low nibbles then high
 /// nibbles of each, unsigned.
@@ -101,7 +103,7 @@ fn nibble_shift<U: Vnni>(u: U) -> U::I {
 unsafe fn nibbles<U: Vnni>(u: U, a: *const u8, b: *const u8) -> U::I {
     // SAFETY: the caller's guarantee.
     let q = unsafe { u.load_4x16(a, a, b, b) };
-    u.and(u.srlv16(q, nibble_shift(u)), u.splat8(0x0f))
+    u.and(u.srlv16(q, u.bytes(NIBBLE_SHIFT)), u.splat8(0x0f))
 }
 
 /// Q8_0: `{f16 d; i8 q[32]}`.
@@ -114,7 +116,7 @@ impl Signed32 for Q8_0 {
         let (b0, b1) = (&row[34 * g0..34 * g0 + 34], &row[34 * g1..34 * g1 + 34]);
         // SAFETY: each block's values are its bytes 2..34.
         let w = unsafe { u.load_2x32(b0.as_ptr().add(2), b1.as_ptr().add(2)) };
-        (w, u.f2x8(f16_at(b0, 0), f16_at(b1, 0)))
+        (w, u.f2x8(f16_at(u, b0, 0), f16_at(u, b1, 0)))
     }
 }
 
@@ -128,7 +130,10 @@ impl Signed32 for Q4_0 {
         let (b0, b1) = (&row[18 * g0..18 * g0 + 18], &row[18 * g1..18 * g1 + 18]);
         // SAFETY: each block's nibbles are its bytes 2..18.
         let q = unsafe { nibbles(u, b0.as_ptr().add(2), b1.as_ptr().add(2)) };
-        (u.sub8(q, u.splat8(8)), u.f2x8(f16_at(b0, 0), f16_at(b1, 0)))
+        (
+            u.sub8(q, u.splat8(8)),
+            u.f2x8(f16_at(u, b0, 0), f16_at(u, b1, 0)),
+        )
     }
 }
 
@@ -146,14 +151,20 @@ impl Signed32 for Q5_0 {
         // SAFETY: each block's nibbles are its bytes 6..22.
         let q = unsafe { nibbles(u, b0.as_ptr().add(6), b1.as_ptr().add(6)) };
         let w = u.sub8(u.or(q, fifth), u.splat8(16));
-        (w, u.f2x8(f16_at(b0, 0), f16_at(b1, 0)))
+        (w, u.f2x8(f16_at(u, b0, 0), f16_at(u, b1, 0)))
     }
 }
 
 /// The IQ4 grid in every 128-bit lane, for `vpshufb`.
-fn iq4_table<U: Vnni>(u: U) -> U::I {
-    u.bytes(std::array::from_fn(|i| KVALUES_IQ4NL[i % 16] as u8))
-}
+const IQ4_TABLE: [u8; 64] = {
+    let mut b = [0u8; 64];
+    let mut i = 0;
+    while i < 64 {
+        b[i] = KVALUES_IQ4NL[i % 16] as u8;
+        i += 1;
+    }
+    b
+};
 
 /// IQ4_NL: `{f16 d; u8 qs[16]}`, value `d · grid[q]`, low nibbles first.
 pub(in crate::ggml::vecdot) struct IQ4NL;
@@ -166,8 +177,8 @@ impl Signed32 for IQ4NL {
         // SAFETY: each block's nibbles are its bytes 2..18.
         let q = unsafe { nibbles(u, b0.as_ptr().add(2), b1.as_ptr().add(2)) };
         (
-            u.shufb(iq4_table(u), q),
-            u.f2x8(f16_at(b0, 0), f16_at(b1, 0)),
+            u.shufb(u.bytes(IQ4_TABLE), q),
+            u.f2x8(f16_at(u, b0, 0), f16_at(u, b1, 0)),
         )
     }
 }
@@ -181,12 +192,15 @@ pub(in crate::ggml::vecdot) struct IQ4XS;
 impl IQ4XS {
     /// Group `g`'s block, nibble bytes and scale.
     #[inline(always)]
-    fn group(row: &[u8], g: usize) -> (&[u8], f32) {
+    fn group<U: Vnni>(u: U, row: &[u8], g: usize) -> (&[u8], f32) {
         let (b, s) = (&row[136 * (g / 8)..136 * (g / 8) + 136], g % 8);
         let low = (b[4 + s / 2] >> (4 * (s % 2))) & 0x0f;
         let high = (u16::from_le_bytes([b[2], b[3]]) >> (2 * s)) & 3;
         let ls = i32::from(low) | i32::from(high) << 4;
-        (&b[8 + 16 * s..24 + 16 * s], f16_at(b, 0) * (ls - 32) as f32)
+        (
+            &b[8 + 16 * s..24 + 16 * s],
+            f16_at(u, b, 0) * (ls - 32) as f32,
+        )
     }
 }
 
@@ -194,9 +208,9 @@ impl Signed32 for IQ4XS {
     const TYPE: GgmlType = GgmlType::IQ4_XS;
     #[inline(always)]
     unsafe fn decode<U: Vnni>(u: U, row: &[u8], g0: usize, g1: usize) -> (U::I, U::F) {
-        let ((q0, d0), (q1, d1)) = (Self::group(row, g0), Self::group(row, g1));
+        let ((q0, d0), (q1, d1)) = (Self::group(u, row, g0), Self::group(u, row, g1));
         // SAFETY: each group's 16 nibble bytes are the slices `group` returned.
         let q = unsafe { nibbles(u, q0.as_ptr(), q1.as_ptr()) };
-        (u.shufb(iq4_table(u), q), u.f2x8(d0, d1))
+        (u.shufb(u.bytes(IQ4_TABLE), q), u.f2x8(d0, d1))
     }
 }

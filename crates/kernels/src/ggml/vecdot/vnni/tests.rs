@@ -103,6 +103,13 @@ unsafe fn all_ops<U: Vnni>(
         ("maddubs", by(u.maddubs(x, y))),
         ("dpwssd", by(u.dpwssd(y, x, y))),
         ("dpbusd", by(u.dpbusd(y, x, y))),
+        (
+            "f16",
+            u.f16(u16::from_le_bytes([a[6], b[9]]))
+                .to_bits()
+                .to_le_bytes()
+                .to_vec(),
+        ),
         ("cvt", fl(u.cvt(x))),
         ("splatf", fl(u.splatf(f[1]))),
         ("f2x8", fl(u.f2x8(f[2], f[5]))),

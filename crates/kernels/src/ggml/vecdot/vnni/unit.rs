@@ -100,6 +100,8 @@ pub(crate) trait Vnni: Copy {
     /// there, wrapping (`vpdpbusd`).
     fn dpbusd(self, acc: Self::I, u: Self::I, s: Self::I) -> Self::I;
 
+    /// The f16 with bits `bits`, as f32 (`vcvtph2ps`; exact).
+    fn f16(self, bits: u16) -> f32;
     /// i32 lanes converted to f32, rounding to nearest even.
     fn cvt(self, a: Self::I) -> Self::F;
     /// Every lane `v`.
@@ -123,6 +125,32 @@ pub(crate) trait Vnni: Copy {
     /// The bits of `m`.
     #[cfg(test)]
     fn mask_bits(self, m: Self::M) -> u64;
+}
+
+/// 64 bytes of 32 u16 lanes: `lo` in lanes 0-15, `hi` in 16-31 (a constant operand).
+pub(crate) const fn halves16(lo: u16, hi: u16) -> [u8; 64] {
+    let mut b = [0u8; 64];
+    let mut l = 0;
+    while l < 32 {
+        let v = if l < 16 { lo } else { hi };
+        b[2 * l] = v as u8;
+        b[2 * l + 1] = (v >> 8) as u8;
+        l += 1;
+    }
+    b
+}
+
+/// 64 bytes of 32 u16 lanes, lane `l` holding `start + l / run` (a constant operand).
+pub(crate) const fn runs16(start: u16, run: usize) -> [u8; 64] {
+    let mut b = [0u8; 64];
+    let mut l = 0;
+    while l < 32 {
+        let v = start + (l / run) as u16;
+        b[2 * l] = v as u8;
+        b[2 * l + 1] = (v >> 8) as u8;
+        l += 1;
+    }
+    b
 }
 
 /// The software unit: each operation as a loop over lanes. Slow (a model, not a kernel);
@@ -315,6 +343,9 @@ impl Vnni for Soft {
         })
     }
 
+    fn f16(self, bits: u16) -> f32 {
+        half::f16::from_bits(bits).to_f32()
+    }
     fn cvt(self, a: Bytes) -> [f32; 16] {
         std::array::from_fn(|l| a.i32(l) as f32)
     }
