@@ -22,7 +22,10 @@ py=.venv-server/bin/python
 strata=target/release/strata
 model="$(basename "$gguf" .gguf)"
 prompt="$(mktemp)"
-trap 'pkill -f "port 1860[12]" || true; rm -f "$prompt"' EXIT
+# The two servers this script starts, stopped by their process ids (never by a name or a
+# pattern, which could match a user's unrelated process).
+pids=()
+trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -f "$prompt"' EXIT
 python3 -c "
 import random; random.seed(1)
 w = 'sea wind ship harbour tide sail rope deck crew storm coast light north south chart star compass anchor wave island reef current mast keel'.split()
@@ -41,8 +44,10 @@ for _ in 1 2; do
 done
 echo "== serving: 32 ShareGPT prompts x 64 tokens"
 "$bin/llama-server" -m "$gguf" -np 16 -c 32768 -t 2 --port 18601 >/tmp/bench-llama-server.log 2>&1 &
+pids+=($!)
 STRATA_THREADS=2 "$strata" serve --model "$gguf" --port 18602 --max-batch 16 \
     >/tmp/bench-strata-serve.log 2>&1 &
+pids+=($!)
 wait_up http://127.0.0.1:18601
 wait_up http://127.0.0.1:18602
 urls=http://127.0.0.1:18601,http://127.0.0.1:18602

@@ -10,27 +10,29 @@
 #                              # tests, the openai-client, browser and Python tests
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# Each stage's wall time, printed at the end (CI's time limit protects every landing).
+source scripts/lib/stages.sh
 
 if [[ "${1:-}" != "--offline" ]]; then
-    scripts/fetch_assets.sh
-    scripts/fetch_tokenizers.sh
+    stage "fetch assets" scripts/fetch_assets.sh
+    stage "fetch tokenizers" scripts/fetch_tokenizers.sh
     export STRATA_REAL_ASSETS=1
 fi
 
 # Mesa warns about a missing runtime directory on machines without a login session.
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}"
 
-cargo fmt --all -- --check
+stage "cargo fmt" cargo fmt --all -- --check
 # The invariants ARCHITECTURE.md states: crate layering, no module cycles, unsafe only in
 # the kernels/mmap/FFI crates, source files under 800 lines.
-python3 scripts/check_architecture.py
-cargo clippy --workspace --all-targets -- -D warnings
-cargo test --workspace
+stage "architecture check" python3 scripts/check_architecture.py
+stage "cargo clippy" cargo clippy --workspace --all-targets -- -D warnings
+stage "cargo test (build and run)" cargo test --workspace
 if [[ "${1:-}" != "--offline" ]]; then
     # The server against the official openai client, hostile requests and concurrent load.
-    bash tests/server/run.sh
+    stage "server suite" bash tests/server/run.sh
     # strata.LLM / strata.ops / python -m strata serve, and vLLM with Strata's experts.
-    bash scripts/test_python.sh
+    stage "python package and vLLM plugin" bash scripts/test_python.sh
     # The page at / in Debian's headless Chromium: chat, live view, restart, errors.
-    bash tests/web/run.sh
+    stage "browser suite" bash tests/web/run.sh
 fi
