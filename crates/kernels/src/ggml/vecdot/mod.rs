@@ -40,6 +40,8 @@ macro_rules! vnni_kernel {
     ($ty:expr, $on:ident) => {{
         use crate::ggml::vecdot::{BlockDot, vnni};
         match $ty {
+            GgmlType::Q2_K => Some(vnni::$on::<vnni::Q2K> as BlockDot),
+            GgmlType::Q3_K => Some(vnni::$on::<vnni::Q3K> as BlockDot),
             GgmlType::Q4_K => Some(vnni::$on::<vnni::Q4K> as BlockDot),
             GgmlType::Q5_K => Some(vnni::$on::<vnni::Q5K> as BlockDot),
             GgmlType::Q6_K => Some(vnni::$on::<vnni::Q6K> as BlockDot),

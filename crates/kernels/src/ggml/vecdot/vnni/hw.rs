@@ -68,6 +68,11 @@ impl Vnni for Avx512Vnni {
         unsafe { _mm512_zextsi256_si512(_mm256_loadu_si256(p.cast())) }
     }
     #[inline(always)]
+    unsafe fn loadf(self, p: *const f32) -> __m512 {
+        // SAFETY: see the impl; 16 readable f32 (caller), unaligned load.
+        unsafe { _mm512_loadu_ps(p) }
+    }
+    #[inline(always)]
     unsafe fn load_f2x8(self, p: *const f32) -> __m512 {
         // SAFETY: see the impl; two readable f32 (caller).
         unsafe {
@@ -173,6 +178,16 @@ impl Vnni for Avx512Vnni {
     fn sext8to16(self, a: __m512i) -> __m512i {
         // SAFETY: see the impl.
         unsafe { _mm512_cvtepi8_epi16(_mm512_castsi512_si256(a)) }
+    }
+    #[inline(always)]
+    fn zext8to32(self, a: __m512i) -> __m512i {
+        // SAFETY: see the impl.
+        unsafe { _mm512_cvtepu8_epi32(_mm512_castsi512_si128(a)) }
+    }
+    #[inline(always)]
+    fn sext8to32(self, a: __m512i) -> __m512i {
+        // SAFETY: see the impl.
+        unsafe { _mm512_cvtepi8_epi32(_mm512_castsi512_si128(a)) }
     }
     #[inline(always)]
     fn maddubs(self, u: __m512i, s: __m512i) -> __m512i {

@@ -19,10 +19,12 @@ use unit::Vnni;
 #[cfg(target_arch = "x86_64")]
 pub(super) mod hw;
 mod kquants;
+mod low_bits;
 mod small;
 pub(crate) mod unit;
 
 pub(super) use kquants::{Q4K, Q5K, Q6K};
+pub(super) use low_bits::{Q2K, Q3K};
 pub(super) use small::{IQ4NL, IQ4XS, Q4_0, Q5_0, Q8_0};
 
 /// One weight row of whole blocks against `N` tokens, on unit `U`.
@@ -43,6 +45,7 @@ pub(super) trait RowKernel {
 pub(super) struct Xs<'a, const N: usize> {
     q: [&'a [i8]; N],
     s: [&'a [f32]; N],
+    sums: [&'a [f32]; N],
     isums: [&'a [i16]; N],
 }
 
@@ -51,6 +54,7 @@ impl<'a, const N: usize> Xs<'a, N> {
         Self {
             q: std::array::from_fn(|j| a.q(t + j)),
             s: std::array::from_fn(|j| a.s(t + j)),
+            sums: std::array::from_fn(|j| a.sums(t + j)),
             isums: std::array::from_fn(|j| a.isums(t + j)),
         }
     }
@@ -73,6 +77,16 @@ impl<'a, const N: usize> Xs<'a, N> {
     unsafe fn x_low32<U: Vnni>(&self, u: U, j: usize, p: usize) -> U::I {
         // SAFETY: the caller keeps `p + 32` within the row of `k` values.
         unsafe { u.load_low32(self.q[j].as_ptr().add(p).cast()) }
+    }
+
+    /// Token `j`'s sums per 16 (`s · Σ q`) over the 256-value block `i`.
+    ///
+    /// # Safety
+    /// `256 (i + 1) <= k`.
+    #[inline(always)]
+    unsafe fn sums<U: Vnni>(&self, u: U, j: usize, i: usize) -> U::F {
+        // SAFETY: a row has `k / 16` sums and block `i` has 16 of them.
+        unsafe { u.loadf(self.sums[j].as_ptr().add(16 * i)) }
     }
 
     /// Token `j`'s integer sums per 16 over the 256-value block `i`: 16 i16 lanes, zeros

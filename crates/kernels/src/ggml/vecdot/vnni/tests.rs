@@ -10,7 +10,9 @@ use crate::ggml::test_util::random_blocks;
 use crate::ggml::{GgmlMatrix, GgmlType};
 
 /// The types with a VNNI kernel.
-const TYPES: [GgmlType; 8] = [
+const TYPES: [GgmlType; 10] = [
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
     GgmlType::Q4_K,
     GgmlType::Q5_K,
     GgmlType::Q6_K,
@@ -76,6 +78,7 @@ unsafe fn all_ops<U: Vnni>(
             ),
             ("load_low32", by(u.load_low32(b.as_ptr().add(1)))),
             ("load_f2x8", fl(u.load_f2x8(f.as_ptr().add(3)))),
+            ("loadf", fl(u.loadf(f.as_ptr()))),
         ]
     };
     let mut ops = loads.to_vec();
@@ -100,6 +103,8 @@ unsafe fn all_ops<U: Vnni>(
         ("permw", by(u.permw(y, x))),
         ("zext8to16", by(u.zext8to16(x))),
         ("sext8to16", by(u.sext8to16(x))),
+        ("zext8to32", by(u.zext8to32(x))),
+        ("sext8to32", by(u.sext8to32(x))),
         ("maddubs", by(u.maddubs(x, y))),
         ("dpwssd", by(u.dpwssd(y, x, y))),
         ("dpbusd", by(u.dpbusd(y, x, y))),
@@ -172,6 +177,8 @@ fn weights(ty: GgmlType, n: usize, k: usize, fill: Option<u8>, seed: &mut u64) -
     if let Some(v) = fill {
         let scales: &[usize] = match ty {
             GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
+            GgmlType::Q2_K => &[80, 82],
+            GgmlType::Q3_K => &[108],
             GgmlType::Q6_K => &[208],
             _ => &[0],
         };

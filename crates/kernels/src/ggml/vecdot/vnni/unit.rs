@@ -44,6 +44,11 @@ pub(crate) trait Vnni: Copy {
     /// # Safety
     /// `p .. p + 32` must be readable.
     unsafe fn load_low32(self, p: *const u8) -> Self::I;
+    /// The 16 f32 at `p`.
+    ///
+    /// # Safety
+    /// `p .. p + 16` must be readable.
+    unsafe fn loadf(self, p: *const f32) -> Self::F;
     /// `p[0]` in lanes 0-7 and `p[1]` in lanes 8-15.
     ///
     /// # Safety
@@ -90,6 +95,10 @@ pub(crate) trait Vnni: Copy {
     fn zext8to16(self, a: Self::I) -> Self::I;
     /// Bytes 0-31 sign-extended to 32 i16 lanes (`vpmovsxbw`).
     fn sext8to16(self, a: Self::I) -> Self::I;
+    /// Bytes 0-15 zero-extended to 16 i32 lanes (`vpmovzxbd`).
+    fn zext8to32(self, a: Self::I) -> Self::I;
+    /// Bytes 0-15 sign-extended to 16 i32 lanes (`vpmovsxbd`).
+    fn sext8to32(self, a: Self::I) -> Self::I;
     /// u8 of `u` times i8 of `s`, adjacent pairs summed into saturated i16 lanes
     /// (`vpmaddubsw`).
     fn maddubs(self, u: Self::I, s: Self::I) -> Self::I;
@@ -239,6 +248,10 @@ impl Vnni for Soft {
         let lo = unsafe { read::<32>(p) };
         Bytes(std::array::from_fn(|i| if i < 32 { lo[i] } else { 0 }))
     }
+    unsafe fn loadf(self, p: *const f32) -> [f32; 16] {
+        // SAFETY: the caller's guarantee.
+        std::array::from_fn(|l| unsafe { p.add(l).read_unaligned() })
+    }
     unsafe fn load_f2x8(self, p: *const f32) -> [f32; 16] {
         // SAFETY: the caller's guarantee.
         let (a, b) = unsafe { (p.read_unaligned(), p.add(1).read_unaligned()) };
@@ -322,6 +335,12 @@ impl Vnni for Soft {
     }
     fn sext8to16(self, a: Bytes) -> Bytes {
         a.map16(|l, _| i16::from(a.0[l] as i8))
+    }
+    fn zext8to32(self, a: Bytes) -> Bytes {
+        a.map32(|l, _| i32::from(a.0[l]))
+    }
+    fn sext8to32(self, a: Bytes) -> Bytes {
+        a.map32(|l, _| i32::from(a.0[l] as i8))
     }
     fn maddubs(self, u: Bytes, s: Bytes) -> Bytes {
         u.map16(|l, _| {

@@ -1,0 +1,147 @@
+//! Q2_K and Q3_K: 256-value blocks of 2- and 3-bit values with a scale per 16, against
+//! activations quantized per 32 (their coarse weights keep the activations' finer
+//! rounding). A register holds two groups of 32 (one 2-bit plane pair of 32 bytes):
+//! `vpmaddubsw` pair sums meet their scale per 16 in `vpdpwssd`, and the two groups convert
+//! with their own activation scales. A block's mins (Q2_K) or -4 offsets (Q3_K) meet the
+//! activations' sums per 16 in one f32 multiply-add per block.
+
+// Per-token accumulators read best indexed by the token, as the activation rows are.
+#![allow(clippy::needless_range_loop)]
+
+use super::unit::{Vnni, halves16, runs16};
+use super::{RowKernel, Xs, f16_at};
+use crate::ggml::GgmlType;
+
+/// Shifts that take 2-bit plane `p` into the low half and plane `p + 1` into the high half
+/// of a register loaded with the same 32 bytes twice, for `p` = 0 and 2.
+const PLANES: [[u8; 64]; 2] = [halves16(0, 2), halves16(4, 6)];
+/// The i16 lanes of the scales per 16 that a plane pair's pair sums take: units `2g ..`
+/// for the pair's first group `g` (0, 2, 4, 6).
+const UNITS: [[u8; 64]; 4] = [runs16(0, 8), runs16(4, 8), runs16(8, 8), runs16(12, 8)];
+
+/// One row of Q2_K or Q3_K: `planes(half, p)` gives the 64 unsigned values of groups
+/// `4 half + p` and `4 half + p + 1` of the current block.
+///
+/// # Safety
+/// As [`RowKernel::row`].
+#[inline(always)]
+unsafe fn low_bits<U: Vnni, const N: usize>(
+    u: U,
+    row: &[u8],
+    block: usize,
+    xt: &Xs<N>,
+    out: &mut [f32; N],
+    // For block bytes: the scale per 16 as i16 lanes 0-15, the per-unit f32 term against
+    // the activations' sums, and the block scale `d`.
+    scales: impl Fn(&[u8]) -> (U::I, U::F, f32),
+    // For block bytes, half and plane pair: the pair's 64 values.
+    planes: impl Fn(&[u8], usize, usize) -> U::I,
+) {
+    let mut acc = [u.splatf(0.0); N];
+    for (i, x) in row.chunks_exact(block).enumerate() {
+        let (sc, unit_terms, d) = scales(x);
+        for h in 0..2 {
+            for p in [0, 2] {
+                let g = 4 * h + p;
+                let w = planes(x, h, p);
+                let s = u.permw(u.bytes(UNITS[g / 2]), sc);
+                for j in 0..N {
+                    // SAFETY: groups `8 i + g` and the next lie within the rows (caller).
+                    let (xv, xs) = unsafe {
+                        (
+                            xt.x(u, j, 256 * i + 32 * g),
+                            u.load_f2x8(xt.s[j].as_ptr().add(8 * i + g)),
+                        )
+                    };
+                    let p = u.dpwssd(u.zero(), u.maddubs(w, xv), s);
+                    acc[j] = u.fmadd(u.cvt(p), u.mulf(u.splatf(d), xs), acc[j]);
+                }
+            }
+        }
+        for j in 0..N {
+            // SAFETY: block `i` lies within the rows (caller).
+            acc[j] = u.fmadd(unit_terms, unsafe { xt.sums(u, j, i) }, acc[j]);
+        }
+    }
+    for j in 0..N {
+        out[j] = u.hsum(acc[j]);
+    }
+}
+
+/// Q2_K: `{u8 scales[16]; u8 qs[64]; f16 d, dmin}`, value `d · (sc & 15) · q - dmin ·
+/// (sc >> 4)` per 16; each 32 bytes of `qs` hold 128 values as four 2-bit planes.
+pub(in crate::ggml::vecdot) struct Q2K;
+
+impl RowKernel for Q2K {
+    const TYPE: GgmlType = GgmlType::Q2_K;
+
+    #[inline(always)]
+    unsafe fn row<U: Vnni, const N: usize>(u: U, row: &[u8], xt: &Xs<N>, out: &mut [f32; N]) {
+        let (m4, m3) = (u.splat8(0x0f), u.splat8(3));
+        let fours = u.bytes(halves16(4, 4));
+        let scales = |x: &[u8]| {
+            let word = |at: usize| u64::from_le_bytes(x[at..at + 8].try_into().expect("8 bytes"));
+            let v = u.u64x2(word(0), word(8));
+            let (d, dmin) = (f16_at(u, x, 80), f16_at(u, x, 82));
+            let mins = u.cvt(u.zext8to32(u.and(u.srlv16(v, fours), m4)));
+            (u.zext8to16(u.and(v, m4)), u.mulf(mins, u.splatf(-dmin)), d)
+        };
+        let planes = |x: &[u8], h: usize, p: usize| {
+            // SAFETY: bytes 16 + 32 h .. 48 + 32 h lie within the 84-byte block.
+            let q = unsafe { u.load_dup32(x.as_ptr().add(16 + 32 * h)) };
+            u.and(u.srlv16(q, u.bytes(PLANES[p / 2])), m3)
+        };
+        // SAFETY: the caller's guarantees.
+        unsafe { low_bits(u, row, 84, xt, out, scales, planes) }
+    }
+}
+
+/// Q3_K: `{u8 hmask[32]; u8 qs[64]; u8 scales[12]; f16 d}`, value `d · (sc - 32) · (q - 4)`
+/// per 16, `q` the 2 bits of `qs` plus 4 where the value's bit of `hmask` is set (bit `4
+/// half + plane` of byte `l`); the 6-bit scales are packed as 16 low nibbles and 16 pairs
+/// of high bits.
+pub(in crate::ggml::vecdot) struct Q3K;
+
+impl RowKernel for Q3K {
+    const TYPE: GgmlType = GgmlType::Q3_K;
+
+    #[inline(always)]
+    unsafe fn row<U: Vnni, const N: usize>(u: U, row: &[u8], xt: &Xs<N>, out: &mut [f32; N]) {
+        let (m3, one) = (u.splat8(3), u.splat8(1));
+        // The `hmask` bits of plane pair `p` of half `h`: bits `4h + p` and `4h + p + 1`.
+        const HIGH: [[u8; 64]; 4] = [
+            halves16(0, 1),
+            halves16(2, 3),
+            halves16(4, 5),
+            halves16(6, 7),
+        ];
+        let scales = |x: &[u8]| {
+            let s = &x[96..108];
+            let sc: [u8; 16] = std::array::from_fn(|u| {
+                let lo = (s[u % 8] >> (4 * (u / 8))) & 0x0f;
+                let hi = (s[8 + u % 4] >> (2 * (u / 4))) & 3;
+                (lo | (hi << 4)).wrapping_sub(32)
+            });
+            let word = |at: usize| u64::from_le_bytes(sc[at..at + 8].try_into().expect("8 bytes"));
+            let v = u.u64x2(word(0), word(8));
+            let d = f16_at(u, x, 108);
+            // The -4 offset of every value, as a term per 16: -4 d sc_u against Σ x.
+            let offsets = u.mulf(u.cvt(u.sext8to32(v)), u.splatf(-4.0 * d));
+            (u.sext8to16(v), offsets, d)
+        };
+        let planes = |x: &[u8], h: usize, p: usize| {
+            // SAFETY: hmask (0..32) and qs (32..96) lie within the 110-byte block.
+            let (q, hmask) = unsafe {
+                (
+                    u.load_dup32(x.as_ptr().add(32 + 32 * h)),
+                    u.load_dup32(x.as_ptr()),
+                )
+            };
+            let low = u.and(u.srlv16(q, u.bytes(PLANES[p / 2])), m3);
+            let bit = u.and(u.srlv16(hmask, u.bytes(HIGH[2 * h + p / 2])), one);
+            u.or(low, u.slli16::<2>(bit))
+        };
+        // SAFETY: the caller's guarantees.
+        unsafe { low_bits(u, row, 110, xt, out, scales, planes) }
+    }
+}
