@@ -48,6 +48,8 @@ macro_rules! vnni_kernel {
             GgmlType::Q8_0 => Some(vnni::$on::<vnni::Q8_0> as BlockDot),
             GgmlType::Q4_0 => Some(vnni::$on::<vnni::Q4_0> as BlockDot),
             GgmlType::Q5_0 => Some(vnni::$on::<vnni::Q5_0> as BlockDot),
+            GgmlType::Q4_1 => Some(vnni::$on::<vnni::Q4_1> as BlockDot),
+            GgmlType::Q5_1 => Some(vnni::$on::<vnni::Q5_1> as BlockDot),
             GgmlType::IQ4_NL => Some(vnni::$on::<vnni::IQ4NL> as BlockDot),
             GgmlType::IQ4_XS => Some(vnni::$on::<vnni::IQ4XS> as BlockDot),
             _ => None,

@@ -25,7 +25,7 @@ pub(crate) mod unit;
 
 pub(super) use kquants::{Q4K, Q5K, Q6K};
 pub(super) use low_bits::{Q2K, Q3K};
-pub(super) use small::{IQ4NL, IQ4XS, Q4_0, Q5_0, Q8_0};
+pub(super) use small::{IQ4NL, IQ4XS, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
 
 /// One weight row of whole blocks against `N` tokens, on unit `U`.
 pub(super) trait RowKernel {

@@ -10,7 +10,9 @@ use crate::ggml::test_util::random_blocks;
 use crate::ggml::{GgmlMatrix, GgmlType};
 
 /// The types with a VNNI kernel.
-const TYPES: [GgmlType; 10] = [
+const TYPES: [GgmlType; 12] = [
+    GgmlType::Q4_1,
+    GgmlType::Q5_1,
     GgmlType::Q2_K,
     GgmlType::Q3_K,
     GgmlType::Q4_K,
@@ -178,6 +180,7 @@ fn weights(ty: GgmlType, n: usize, k: usize, fill: Option<u8>, seed: &mut u64) -
         let scales: &[usize] = match ty {
             GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
             GgmlType::Q2_K => &[80, 82],
+            GgmlType::Q4_1 | GgmlType::Q5_1 => &[0, 2],
             GgmlType::Q3_K => &[108],
             GgmlType::Q6_K => &[208],
             _ => &[0],
