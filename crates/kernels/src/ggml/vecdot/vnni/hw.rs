@@ -135,6 +135,11 @@ impl Vnni for Avx512Vnni {
         unsafe { _mm512_slli_epi32::<S>(a) }
     }
     #[inline(always)]
+    fn add32(self, a: __m512i, b: __m512i) -> __m512i {
+        // SAFETY: see the impl.
+        unsafe { _mm512_add_epi32(a, b) }
+    }
+    #[inline(always)]
     fn sub32(self, a: __m512i, b: __m512i) -> __m512i {
         // SAFETY: see the impl.
         unsafe { _mm512_sub_epi32(a, b) }

@@ -93,7 +93,9 @@ unsafe fn k4<U: Vnni, const N: usize, const FIVE: bool>(
         } else {
             u.zero()
         };
-        let mut sumi = [u.zero(); N];
+        // Even and odd chunks in two sums: one token's chain of dependent `vpdpwssd` was the
+        // critical path of a decode row.
+        let mut sumi = [[u.zero(); N]; 2];
         for c in 0..4 {
             // SAFETY: bytes qs + 32 c .. qs + 32 c + 32 lie within the block.
             let q = unsafe { u.load_dup32(x.as_ptr().add(qs + 32 * c)) };
@@ -105,14 +107,15 @@ unsafe fn k4<U: Vnni, const N: usize, const FIVE: bool>(
             for j in 0..N {
                 // SAFETY: block `i` of the row lies within the rows of `xt` (caller).
                 let xv = unsafe { xt.x(u, j, 256 * i + 64 * c) };
-                sumi[j] = u.dpwssd(sumi[j], u.maddubs(v, xv), s);
+                sumi[c % 2][j] = u.dpwssd(sumi[c % 2][j], u.maddubs(v, xv), s);
             }
         }
         for j in 0..N {
             let dx = xt.s[j][8 * i];
+            let sumi = u.add32(sumi[0][j], sumi[1][j]);
             // SAFETY: as above.
             let ms = u.dpwssd(u.zero(), unsafe { xt.isums(u, j, i) }, mins16);
-            acc[j] = u.fmadd(u.cvt(sumi[j]), u.splatf(d * dx), acc[j]);
+            acc[j] = u.fmadd(u.cvt(sumi), u.splatf(d * dx), acc[j]);
             acc[j] = u.fmadd(u.cvt(ms), u.splatf(-(dmin * dx)), acc[j]);
         }
     }
@@ -146,7 +149,8 @@ impl RowKernel for Q6K {
             let d = f16_at(u, x, 208);
             let word = |at: usize| u64::from_le_bytes(x[at..at + 8].try_into().expect("8 bytes"));
             let sc = u.sext8to16(u.u64x2(word(192), word(200)));
-            let mut sumi = [u.zero(); N];
+            // The halves in two sums, as for Q4_K.
+            let mut sumi = [[u.zero(); N]; 2];
             for h in 0..2 {
                 // SAFETY: ql (0..128) and qh (128..192) lie within the 210-byte block.
                 let (ql, qh) = unsafe {
@@ -165,7 +169,7 @@ impl RowKernel for Q6K {
                     for j in 0..N {
                         // SAFETY: block `i` lies within the rows of `xt` (caller).
                         let xv = unsafe { xt.x(u, j, 256 * i + 128 * h + 64 * p) };
-                        sumi[j] = u.dpwssd(sumi[j], u.maddubs(v, xv), s);
+                        sumi[h][j] = u.dpwssd(sumi[h][j], u.maddubs(v, xv), s);
                     }
                 }
             }
@@ -174,7 +178,7 @@ impl RowKernel for Q6K {
                 // The -32 offset: Σ_u sc_u · 32 · Σ x over unit u (scales in lanes 0-15).
                 // SAFETY: as above.
                 let off = u.dpwssd(u.zero(), unsafe { xt.isums(u, j, i) }, sc);
-                let s = u.sub32(sumi[j], u.slli32::<5>(off));
+                let s = u.sub32(u.add32(sumi[0][j], sumi[1][j]), u.slli32::<5>(off));
                 acc[j] = u.fmadd(u.cvt(s), u.splatf(d * dx), acc[j]);
             }
         }

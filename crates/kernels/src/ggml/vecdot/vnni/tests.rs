@@ -93,6 +93,7 @@ unsafe fn all_ops<U: Vnni>(
         ("srlv16", by(u.srlv16(x, counts))),
         ("slli16", by(u.slli16::<4>(x))),
         ("slli32", by(u.slli32::<5>(x))),
+        ("add32", by(u.add32(x, y))),
         ("sub32", by(u.sub32(x, y))),
         ("sub8", by(u.sub8(x, y))),
         ("abs8", by(u.abs8(x))),

@@ -76,6 +76,8 @@ pub(crate) trait Vnni: Copy {
     fn slli16<const S: u32>(self, a: Self::I) -> Self::I;
     /// Each i32 lane of `a` shifted left by `S` (`vpslld`).
     fn slli32<const S: u32>(self, a: Self::I) -> Self::I;
+    /// i32 lanes added, wrapping.
+    fn add32(self, a: Self::I, b: Self::I) -> Self::I;
     /// i32 lanes subtracted, wrapping.
     fn sub32(self, a: Self::I, b: Self::I) -> Self::I;
     /// Byte lanes subtracted, wrapping (`vpsubb`).
@@ -296,6 +298,9 @@ impl Vnni for Soft {
     }
     fn slli32<const S: u32>(self, a: Bytes) -> Bytes {
         a.map32(|_, x| if S > 31 { 0 } else { ((x as u32) << S) as i32 })
+    }
+    fn add32(self, a: Bytes, b: Bytes) -> Bytes {
+        a.map32(|l, x| x.wrapping_add(b.i32(l)))
     }
     fn sub32(self, a: Bytes, b: Bytes) -> Bytes {
         a.map32(|l, x| x.wrapping_sub(b.i32(l)))
