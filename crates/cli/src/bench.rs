@@ -416,10 +416,11 @@ fn add_peak_fractions(
     for (r, point) in results.iter_mut().zip(points) {
         let tflops = r["tflops"].as_f64().unwrap_or(f64::NAN);
         let weight_gbs = r["weight_gbs"].as_f64().unwrap_or(f64::NAN);
-        // ggml rows on the block kernels (no packed point) run AVX2 int8 on every x86 CPU,
+        // ggml rows on the block kernels (no packed point) run AVX-512 VNNI or AVX2 int8,
         // unless the type takes the generic f32 path; on BF16 tiles, the BF16 peak.
         let peak = match point {
             Some((isa, fmt)) => peaks.compute(isa, fmt),
+            None if r["isa"] == "avx512" => peaks.avx512_vnni,
             None if r["isa"] == "avx2" => peaks.avx2_int8,
             None => None,
         };
@@ -532,7 +533,7 @@ fn bench_ggml(
         points.push(tiles.map(|isa| (isa, PackedFormat::Bf16)));
         let path = match tiles {
             Some(isa) => format!("{}-tiles", isa.name()),
-            None if has_fast_kernel(ty) => Isa::selected().min(Isa::Avx2).name().to_string(),
+            None if has_fast_kernel(ty) => ggml::row_dot_isa(Isa::selected()).name().to_string(),
             None => "generic".to_string(),
         };
         results.push(json!({

@@ -7,8 +7,9 @@
 //! the permission is per process and valid for all its threads, so the pool's workers need no
 //! request of their own.
 //!
-//! AVX2 (with FMA) serves the kernels on ggml's block formats (`crate::ggml`) and the packed
-//! BF16/INT8/INT4 micro-kernels (`packed::micro::avx2`).
+//! The row-dot kernels on ggml's block formats (`crate::ggml`) run on AVX-512 VNNI from
+//! [`Isa::Avx512`] up and on AVX2 (with FMA) below; AVX2 also serves the packed
+//! BF16/INT8/INT4 micro-kernels (`packed::micro::avx2`) on CPUs without AVX-512.
 //!
 //! `STRATA_KERNEL=portable|avx2|avx512|amx` forces a path (for tests and benchmarks); a forced path
 //! the CPU lacks falls back to the best available one below it, never to a SIGILL.

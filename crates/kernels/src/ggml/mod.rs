@@ -39,6 +39,12 @@ pub fn tile_path(isa: crate::Isa, tokens: usize) -> Option<crate::Isa> {
     tiles::kernel_for(isa, tokens).map(|_| isa)
 }
 
+/// The instruction set the row-dot kernels of the integer types run on when `isa` is
+/// selected: AVX-512 VNNI from [`crate::Isa::Avx512`] up, else AVX2 or portable code.
+pub fn row_dot_isa(isa: crate::Isa) -> crate::Isa {
+    isa.min(crate::Isa::Avx512)
+}
+
 /// Whether the int8 kernels compute `ty` in place; other readable types are dequantized to
 /// f32 per row block (several times slower, named so by `strata info`).
 pub fn has_fast_kernel(ty: GgmlType) -> bool {
