@@ -48,18 +48,16 @@ impl Vnni for Avx512Vnni {
         }
     }
     #[inline(always)]
-    unsafe fn load_4x16(self, a: *const u8, b: *const u8, c: *const u8, d: *const u8) -> __m512i {
+    unsafe fn load_dup16x2(self, a: *const u8, b: *const u8) -> __m512i {
         // SAFETY: see the impl; 16 readable bytes at each (caller).
         unsafe {
             let ab = _mm256_inserti128_si256::<1>(
                 _mm256_castsi128_si256(_mm_loadu_si128(a.cast())),
                 _mm_loadu_si128(b.cast()),
             );
-            let cd = _mm256_inserti128_si256::<1>(
-                _mm256_castsi128_si256(_mm_loadu_si128(c.cast())),
-                _mm_loadu_si128(d.cast()),
-            );
-            _mm512_inserti64x4::<1>(_mm512_castsi256_si512(ab), cd)
+            let ab = _mm512_castsi256_si512(ab);
+            // 128-bit lanes 0, 0, 1, 1 of `ab`.
+            _mm512_shuffle_i64x2::<0b01_01_00_00>(ab, ab)
         }
     }
     #[inline(always)]

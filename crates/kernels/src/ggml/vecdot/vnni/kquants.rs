@@ -76,7 +76,13 @@ unsafe fn k4<U: Vnni, const N: usize, const FIVE: bool>(
     // Sub-blocks 2c and 2c + 1 in the two halves: the scale to pick (i16 lane of the
     // scales), and for Q5_K the bit of `qh` that holds their fifth bits.
     const SUB: [[u8; 64]; 4] = [runs16(0, 16), runs16(2, 16), runs16(4, 16), runs16(6, 16)];
-    let sub = SUB.map(|c| u.bytes(c));
+    // No closures over unit operations here: one compiled apart would call each instruction.
+    let sub = [
+        u.bytes(SUB[0]),
+        u.bytes(SUB[1]),
+        u.bytes(SUB[2]),
+        u.bytes(SUB[3]),
+    ];
     // Each min (i16 lanes 8-15) twice, matching the activations' sums per 16; lanes 16-31
     // meet zero sums.
     let pick_mins = u.bytes(runs16(8, 2));
@@ -143,7 +149,10 @@ impl RowKernel for Q6K {
         // The scale of each pair sum: sub-block `8 half + 4 part + l / 8`.
         const PICK: [[[u8; 64]; 2]; 2] =
             [[runs16(0, 8), runs16(4, 8)], [runs16(8, 8), runs16(12, 8)]];
-        let pick = PICK.map(|h| h.map(|p| u.bytes(p)));
+        let pick = [
+            [u.bytes(PICK[0][0]), u.bytes(PICK[0][1])],
+            [u.bytes(PICK[1][0]), u.bytes(PICK[1][1])],
+        ];
         let mut acc = [u.splatf(0.0); N];
         for (i, x) in row.chunks_exact(210).enumerate() {
             let d = f16_at(u, x, 208);
@@ -159,10 +168,11 @@ impl RowKernel for Q6K {
                         u.load_dup32(x.as_ptr().add(128 + 32 * h)),
                     )
                 };
-                let top = |p: usize| u.slli16::<4>(u.and(u.srlv16(qh, qh_shift[p]), m2));
+                let top0 = u.slli16::<4>(u.and(u.srlv16(qh, qh_shift[0]), m2));
+                let top1 = u.slli16::<4>(u.and(u.srlv16(qh, qh_shift[1]), m2));
                 let parts = [
-                    u.or(u.and(ql, m4), top(0)),
-                    u.or(u.and(u.srlv16(ql, fours), m4), top(1)),
+                    u.or(u.and(ql, m4), top0),
+                    u.or(u.and(u.srlv16(ql, fours), m4), top1),
                 ];
                 for (p, v) in parts.into_iter().enumerate() {
                     let s = u.permw(pick[h][p], sc);

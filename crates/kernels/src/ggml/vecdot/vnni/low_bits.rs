@@ -19,31 +19,38 @@ const PLANES: [[u8; 64]; 2] = [halves16(0, 2), halves16(4, 6)];
 /// for the pair's first group `g` (0, 2, 4, 6).
 const UNITS: [[u8; 64]; 4] = [runs16(0, 8), runs16(4, 8), runs16(8, 8), runs16(12, 8)];
 
-/// One row of Q2_K or Q3_K: `planes(half, p)` gives the 64 unsigned values of groups
-/// `4 half + p` and `4 half + p + 1` of the current block.
+/// How a Q2_K or Q3_K block's bytes become registers (methods, not closures: a closure
+/// compiled apart from the kernel would call each instruction).
+trait LowBits {
+    /// Bytes per block.
+    const BLOCK: usize;
+
+    /// The scale per 16 as i16 lanes 0-15, the per-unit f32 term against the activations'
+    /// sums, and the block scale `d`.
+    fn scales<U: Vnni>(u: U, x: &[u8]) -> (U::I, U::F, f32);
+
+    /// The 64 unsigned values of groups `4 half + p` and `4 half + p + 1` (`p` 0 or 2).
+    fn planes<U: Vnni>(u: U, x: &[u8], half: usize, p: usize) -> U::I;
+}
+
+/// One row of Q2_K or Q3_K.
 ///
 /// # Safety
 /// As [`RowKernel::row`].
 #[inline(always)]
-unsafe fn low_bits<U: Vnni, const N: usize>(
+unsafe fn low_bits<U: Vnni, K: LowBits, const N: usize>(
     u: U,
     row: &[u8],
-    block: usize,
     xt: &Xs<N>,
     out: &mut [f32; N],
-    // For block bytes: the scale per 16 as i16 lanes 0-15, the per-unit f32 term against
-    // the activations' sums, and the block scale `d`.
-    scales: impl Fn(&[u8]) -> (U::I, U::F, f32),
-    // For block bytes, half and plane pair: the pair's 64 values.
-    planes: impl Fn(&[u8], usize, usize) -> U::I,
 ) {
     let mut acc = [u.splatf(0.0); N];
-    for (i, x) in row.chunks_exact(block).enumerate() {
-        let (sc, unit_terms, d) = scales(x);
+    for (i, x) in row.chunks_exact(K::BLOCK).enumerate() {
+        let (sc, unit_terms, d) = K::scales(u, x);
         for h in 0..2 {
             for p in [0, 2] {
                 let g = 4 * h + p;
-                let w = planes(x, h, p);
+                let w = K::planes(u, x, h, p);
                 let s = u.permw(u.bytes(UNITS[g / 2]), sc);
                 for j in 0..N {
                     // SAFETY: groups `8 i + g` and the next lie within the rows (caller).
@@ -74,25 +81,32 @@ pub(in crate::ggml::vecdot) struct Q2K;
 
 impl RowKernel for Q2K {
     const TYPE: GgmlType = GgmlType::Q2_K;
-
     #[inline(always)]
     unsafe fn row<U: Vnni, const N: usize>(u: U, row: &[u8], xt: &Xs<N>, out: &mut [f32; N]) {
-        let (m4, m3) = (u.splat8(0x0f), u.splat8(3));
-        let fours = u.bytes(halves16(4, 4));
-        let scales = |x: &[u8]| {
-            let word = |at: usize| u64::from_le_bytes(x[at..at + 8].try_into().expect("8 bytes"));
-            let v = u.u64x2(word(0), word(8));
-            let (d, dmin) = (f16_at(u, x, 80), f16_at(u, x, 82));
-            let mins = u.cvt(u.zext8to32(u.and(u.srlv16(v, fours), m4)));
-            (u.zext8to16(u.and(v, m4)), u.mulf(mins, u.splatf(-dmin)), d)
-        };
-        let planes = |x: &[u8], h: usize, p: usize| {
-            // SAFETY: bytes 16 + 32 h .. 48 + 32 h lie within the 84-byte block.
-            let q = unsafe { u.load_dup32(x.as_ptr().add(16 + 32 * h)) };
-            u.and(u.srlv16(q, u.bytes(PLANES[p / 2])), m3)
-        };
         // SAFETY: the caller's guarantees.
-        unsafe { low_bits(u, row, 84, xt, out, scales, planes) }
+        unsafe { low_bits::<U, Self, N>(u, row, xt, out) }
+    }
+}
+
+impl LowBits for Q2K {
+    const BLOCK: usize = 84;
+
+    #[inline(always)]
+    fn scales<U: Vnni>(u: U, x: &[u8]) -> (U::I, U::F, f32) {
+        let word = |at: usize| u64::from_le_bytes(x[at..at + 8].try_into().expect("8 bytes"));
+        let v = u.u64x2(word(0), word(8));
+        let (d, dmin) = (f16_at(u, x, 80), f16_at(u, x, 82));
+        let m4 = u.splat8(0x0f);
+        let mins = u.cvt(u.zext8to32(u.and(u.srlv16(v, u.bytes(halves16(4, 4))), m4)));
+        (u.zext8to16(u.and(v, m4)), u.mulf(mins, u.splatf(-dmin)), d)
+    }
+
+    #[inline(always)]
+    fn planes<U: Vnni>(u: U, x: &[u8], h: usize, p: usize) -> U::I {
+        assert!(x.len() == Self::BLOCK && h < 2);
+        // SAFETY: bytes 16 + 32 h .. 48 + 32 h lie within the 84-byte block (checked).
+        let q = unsafe { u.load_dup32(x.as_ptr().add(16 + 32 * h)) };
+        u.and(u.srlv16(q, u.bytes(PLANES[p / 2])), u.splat8(3))
     }
 }
 
@@ -104,44 +118,52 @@ pub(in crate::ggml::vecdot) struct Q3K;
 
 impl RowKernel for Q3K {
     const TYPE: GgmlType = GgmlType::Q3_K;
-
     #[inline(always)]
     unsafe fn row<U: Vnni, const N: usize>(u: U, row: &[u8], xt: &Xs<N>, out: &mut [f32; N]) {
-        let (m3, one) = (u.splat8(3), u.splat8(1));
-        // The `hmask` bits of plane pair `p` of half `h`: bits `4h + p` and `4h + p + 1`.
-        const HIGH: [[u8; 64]; 4] = [
-            halves16(0, 1),
-            halves16(2, 3),
-            halves16(4, 5),
-            halves16(6, 7),
-        ];
-        let scales = |x: &[u8]| {
-            let s = &x[96..108];
-            let sc: [u8; 16] = std::array::from_fn(|u| {
-                let lo = (s[u % 8] >> (4 * (u / 8))) & 0x0f;
-                let hi = (s[8 + u % 4] >> (2 * (u / 4))) & 3;
-                (lo | (hi << 4)).wrapping_sub(32)
-            });
-            let word = |at: usize| u64::from_le_bytes(sc[at..at + 8].try_into().expect("8 bytes"));
-            let v = u.u64x2(word(0), word(8));
-            let d = f16_at(u, x, 108);
-            // The -4 offset of every value, as a term per 16: -4 d sc_u against Σ x.
-            let offsets = u.mulf(u.cvt(u.sext8to32(v)), u.splatf(-4.0 * d));
-            (u.sext8to16(v), offsets, d)
-        };
-        let planes = |x: &[u8], h: usize, p: usize| {
-            // SAFETY: hmask (0..32) and qs (32..96) lie within the 110-byte block.
-            let (q, hmask) = unsafe {
-                (
-                    u.load_dup32(x.as_ptr().add(32 + 32 * h)),
-                    u.load_dup32(x.as_ptr()),
-                )
-            };
-            let low = u.and(u.srlv16(q, u.bytes(PLANES[p / 2])), m3);
-            let bit = u.and(u.srlv16(hmask, u.bytes(HIGH[2 * h + p / 2])), one);
-            u.or(low, u.slli16::<2>(bit))
-        };
         // SAFETY: the caller's guarantees.
-        unsafe { low_bits(u, row, 110, xt, out, scales, planes) }
+        unsafe { low_bits::<U, Self, N>(u, row, xt, out) }
+    }
+}
+
+/// The `hmask` bits of plane pair `p` of half `h`: bits `4h + p` and `4h + p + 1`.
+const HIGH: [[u8; 64]; 4] = [
+    halves16(0, 1),
+    halves16(2, 3),
+    halves16(4, 5),
+    halves16(6, 7),
+];
+
+impl LowBits for Q3K {
+    const BLOCK: usize = 110;
+
+    #[inline(always)]
+    fn scales<U: Vnni>(u: U, x: &[u8]) -> (U::I, U::F, f32) {
+        let s = &x[96..108];
+        let sc: [u8; 16] = std::array::from_fn(|k| {
+            let lo = (s[k % 8] >> (4 * (k / 8))) & 0x0f;
+            let hi = (s[8 + k % 4] >> (2 * (k / 4))) & 3;
+            (lo | (hi << 4)).wrapping_sub(32)
+        });
+        let word = |at: usize| u64::from_le_bytes(sc[at..at + 8].try_into().expect("8 bytes"));
+        let v = u.u64x2(word(0), word(8));
+        let d = f16_at(u, x, 108);
+        // The -4 offset of every value, as a term per 16: -4 d sc_u against Σ x.
+        let offsets = u.mulf(u.cvt(u.sext8to32(v)), u.splatf(-4.0 * d));
+        (u.sext8to16(v), offsets, d)
+    }
+
+    #[inline(always)]
+    fn planes<U: Vnni>(u: U, x: &[u8], h: usize, p: usize) -> U::I {
+        assert!(x.len() == Self::BLOCK && h < 2);
+        // SAFETY: hmask (0..32) and qs (32..96) lie within the 110-byte block (checked).
+        let (q, hmask) = unsafe {
+            (
+                u.load_dup32(x.as_ptr().add(32 + 32 * h)),
+                u.load_dup32(x.as_ptr()),
+            )
+        };
+        let low = u.and(u.srlv16(q, u.bytes(PLANES[p / 2])), u.splat8(3));
+        let bit = u.and(u.srlv16(hmask, u.bytes(HIGH[2 * h + p / 2])), u.splat8(1));
+        u.or(low, u.slli16::<2>(bit))
     }
 }

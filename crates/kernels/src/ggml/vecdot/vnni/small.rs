@@ -13,6 +13,18 @@ use super::{RowKernel, Xs, f16_at};
 use crate::ggml::GgmlType;
 use crate::ggml::unpack::KVALUES_IQ4NL;
 
+/// The registers of one pair of groups: values as bytes in order, scales in f32 lanes 0-7
+/// and 8-15, and mins (zero for signed types).
+type Pair<U> = (<U as Vnni>::I, <U as Vnni>::F, [f32; 2]);
+
+/// Receives the pairs of groups of a row (a trait, not a closure: closures do not inline
+/// reliably, and one compiled apart from the kernel would call each instruction).
+trait PairSink<U: Vnni> {
+    /// Pair `pair` starting at group `g`; `whole` is false for a last group alone, whose
+    /// high half repeats it.
+    fn pair(&mut self, pair: Pair<U>, g: usize, whole: bool);
+}
+
 /// A block type whose groups of 32 values are bytes times an f32 scale: signed, or
 /// unsigned plus a min (`d · q + m`).
 trait Groups32 {
@@ -21,12 +33,33 @@ trait Groups32 {
     /// Whether the values are unsigned with a min per group.
     const WITH_MIN: bool = false;
 
-    /// Groups `g0` (low half) and `g1` (high half) of `row` as bytes in value order, their
-    /// scales in f32 lanes 0-7 and 8-15, and their mins (zero for signed types).
+    /// Hands every pair of groups of `row` to `sink`, in order.
     ///
     /// # Safety
-    /// Both groups lie within `row`; `U` runs on this CPU.
-    unsafe fn decode<U: Vnni>(u: U, row: &[u8], g0: usize, g1: usize) -> (U::I, U::F, [f32; 2]);
+    /// `U` runs on this CPU.
+    unsafe fn pairs<U: Vnni>(u: U, row: &[u8], sink: &mut impl PairSink<U>);
+}
+
+/// [`Groups32::pairs`] for blocks of 32 values, `$bb` bytes each, two at a time, decoded by
+/// the type's `decode(u, low, high)`.
+macro_rules! block_pairs {
+    ($bb:literal) => {
+        #[inline(always)]
+        unsafe fn pairs<U: Vnni>(u: U, row: &[u8], sink: &mut impl PairSink<U>) {
+            let (blocks, rest) = row.as_chunks::<$bb>();
+            debug_assert!(rest.is_empty());
+            let mut two = blocks.chunks_exact(2);
+            for (p, b) in two.by_ref().enumerate() {
+                // SAFETY: the caller's guarantee.
+                sink.pair(unsafe { Self::decode(u, &b[0], &b[1]) }, 2 * p, true);
+            }
+            if let [last] = two.remainder() {
+                // SAFETY: the caller's guarantee.
+                let pair = unsafe { Self::decode(u, last, last) };
+                sink.pair(pair, blocks.len() - 1, false);
+            }
+        }
+    };
 }
 
 /// Every [`Groups32`] type is a row kernel.
@@ -61,14 +94,34 @@ unsafe fn groups32<U: Vnni, K: Groups32, const N: usize>(
     xt: &Xs<N>,
     out: &mut [f32; N],
 ) {
-    let groups = row.len() / K::TYPE.block_bytes() * K::TYPE.block_size() / 32;
-    let mut acc = [u.splatf(0.0); N];
-    // The mins' terms, `m · s Σ q` per group.
-    let mut min_terms = [0.0f32; N];
-    for g in (0..groups).step_by(2) {
-        let pair = g + 1 < groups;
-        // SAFETY: groups `g` and `g + 1` (or `g` twice) lie within the row.
-        let (w, ws, mins) = unsafe { K::decode(u, row, g, if pair { g + 1 } else { g }) };
+    let mut dot = Dot::<U, N, K> {
+        u,
+        xt,
+        acc: [u.splatf(0.0); N],
+        min_terms: [0.0; N],
+        kind: std::marker::PhantomData,
+    };
+    // SAFETY: the caller's guarantees.
+    unsafe { K::pairs(u, row, &mut dot) };
+    for j in 0..N {
+        out[j] = u.hsum(dot.acc[j]) + dot.min_terms[j];
+    }
+}
+
+/// The sums of one row against `N` tokens.
+struct Dot<'a, U: Vnni, const N: usize, K> {
+    u: U,
+    xt: &'a Xs<'a, N>,
+    acc: [U::F; N],
+    /// The mins' terms, `m · s Σ q` per group.
+    min_terms: [f32; N],
+    kind: std::marker::PhantomData<K>,
+}
+
+impl<U: Vnni, const N: usize, K: Groups32> PairSink<U> for Dot<'_, U, N, K> {
+    #[inline(always)]
+    fn pair(&mut self, (w, ws, mins): Pair<U>, g: usize, whole: bool) {
+        let (u, xt) = (self.u, self.xt);
         let (wa, neg) = if K::WITH_MIN {
             (w, u.negative8(u.zero()))
         } else {
@@ -77,30 +130,28 @@ unsafe fn groups32<U: Vnni, K: Groups32, const N: usize>(
         for j in 0..N {
             if K::WITH_MIN {
                 let sums = &xt.sums[j][2 * g..];
-                min_terms[j] += mins[0] * (sums[0] + sums[1]);
-                if pair {
-                    min_terms[j] += mins[1] * (sums[2] + sums[3]);
+                self.min_terms[j] += mins[0] * (sums[0] + sums[1]);
+                if whole {
+                    self.min_terms[j] += mins[1] * (sums[2] + sums[3]);
                 }
             }
-            // SAFETY: the row has `groups` groups of 32 activations and scales (caller).
+            // SAFETY: `pairs` hands out only groups of the row, whose activations and scales
+            // the rows of `xt` hold (the kernel's caller).
             let (xv, xs) = unsafe {
-                if pair {
+                if whole {
                     (xt.x(u, j, 32 * g), u.load_f2x8(xt.s[j].as_ptr().add(g)))
                 } else {
                     (xt.x_low32(u, j, 32 * g), u.f2x8(xt.s[j][g], 0.0))
                 }
             };
             let p = u.dpbusd(u.zero(), wa, u.neg8_where(xv, neg));
-            acc[j] = u.fmadd(u.cvt(p), u.mulf(ws, xs), acc[j]);
+            self.acc[j] = u.fmadd(u.cvt(p), u.mulf(ws, xs), self.acc[j]);
         }
-    }
-    for j in 0..N {
-        out[j] = u.hsum(acc[j]) + min_terms[j];
     }
 }
 
 /// Shifts of 16-bit lanes that take the low nibbles into 128-bit lanes 0 and 2 and the
-/// high ones into 1 and 3, when each block's 16 bytes are loaded twice (`load_4x16`).
+/// high ones into 1 and 3, when each block's 16 bytes are loaded twice (`load_dup16x2`).
 const NIBBLE_SHIFT: [u8; 64] = {
     let mut b = [0u8; 64];
     let mut l = 0;
@@ -119,7 +170,7 @@ const NIBBLE_SHIFT: [u8; 64] = {
 #[inline(always)]
 unsafe fn nibbles<U: Vnni>(u: U, a: *const u8, b: *const u8) -> U::I {
     // SAFETY: the caller's guarantee.
-    let q = unsafe { u.load_4x16(a, a, b, b) };
+    let q = unsafe { u.load_dup16x2(a, b) };
     u.and(u.srlv16(q, u.bytes(NIBBLE_SHIFT)), u.splat8(0x0f))
 }
 
@@ -128,9 +179,16 @@ pub(in crate::ggml::vecdot) struct Q8_0;
 
 impl Groups32 for Q8_0 {
     const TYPE: GgmlType = GgmlType::Q8_0;
+    block_pairs!(34);
+}
+
+impl Q8_0 {
+    /// Blocks `b0` and `b1` as one pair.
+    ///
+    /// # Safety
+    /// `U` runs on this CPU.
     #[inline(always)]
-    unsafe fn decode<U: Vnni>(u: U, row: &[u8], g0: usize, g1: usize) -> (U::I, U::F, [f32; 2]) {
-        let (b0, b1) = (&row[34 * g0..34 * g0 + 34], &row[34 * g1..34 * g1 + 34]);
+    unsafe fn decode<U: Vnni>(u: U, b0: &[u8; 34], b1: &[u8; 34]) -> Pair<U> {
         // SAFETY: each block's values are its bytes 2..34.
         let w = unsafe { u.load_2x32(b0.as_ptr().add(2), b1.as_ptr().add(2)) };
         (w, u.f2x8(f16_at(u, b0, 0), f16_at(u, b1, 0)), [0.0; 2])
@@ -142,16 +200,20 @@ pub(in crate::ggml::vecdot) struct Q4_0;
 
 impl Groups32 for Q4_0 {
     const TYPE: GgmlType = GgmlType::Q4_0;
+    block_pairs!(18);
+}
+
+impl Q4_0 {
+    /// Blocks `b0` and `b1` as one pair.
+    ///
+    /// # Safety
+    /// `U` runs on this CPU.
     #[inline(always)]
-    unsafe fn decode<U: Vnni>(u: U, row: &[u8], g0: usize, g1: usize) -> (U::I, U::F, [f32; 2]) {
-        let (b0, b1) = (&row[18 * g0..18 * g0 + 18], &row[18 * g1..18 * g1 + 18]);
+    unsafe fn decode<U: Vnni>(u: U, b0: &[u8; 18], b1: &[u8; 18]) -> Pair<U> {
         // SAFETY: each block's nibbles are its bytes 2..18.
         let q = unsafe { nibbles(u, b0.as_ptr().add(2), b1.as_ptr().add(2)) };
-        (
-            u.sub8(q, u.splat8(8)),
-            u.f2x8(f16_at(u, b0, 0), f16_at(u, b1, 0)),
-            [0.0; 2],
-        )
+        let ws = u.f2x8(f16_at(u, b0, 0), f16_at(u, b1, 0));
+        (u.sub8(q, u.splat8(8)), ws, [0.0; 2])
     }
 }
 
@@ -161,10 +223,17 @@ pub(in crate::ggml::vecdot) struct Q5_0;
 
 impl Groups32 for Q5_0 {
     const TYPE: GgmlType = GgmlType::Q5_0;
+    block_pairs!(22);
+}
+
+impl Q5_0 {
+    /// Blocks `b0` and `b1` as one pair.
+    ///
+    /// # Safety
+    /// `U` runs on this CPU.
     #[inline(always)]
-    unsafe fn decode<U: Vnni>(u: U, row: &[u8], g0: usize, g1: usize) -> (U::I, U::F, [f32; 2]) {
-        let (b0, b1) = (&row[22 * g0..22 * g0 + 22], &row[22 * g1..22 * g1 + 22]);
-        let qh = |b: &[u8]| u64::from(u32::from_le_bytes([b[2], b[3], b[4], b[5]]));
+    unsafe fn decode<U: Vnni>(u: U, b0: &[u8; 22], b1: &[u8; 22]) -> Pair<U> {
+        let qh = |b: &[u8; 22]| u64::from(u32::from_le_bytes([b[2], b[3], b[4], b[5]]));
         let fifth = u.and(u.bytes_where(qh(b0) | qh(b1) << 32), u.splat8(0x10));
         // SAFETY: each block's nibbles are its bytes 6..22.
         let q = unsafe { nibbles(u, b0.as_ptr().add(6), b1.as_ptr().add(6)) };
@@ -179,9 +248,16 @@ pub(in crate::ggml::vecdot) struct Q4_1;
 impl Groups32 for Q4_1 {
     const TYPE: GgmlType = GgmlType::Q4_1;
     const WITH_MIN: bool = true;
+    block_pairs!(20);
+}
+
+impl Q4_1 {
+    /// Blocks `b0` and `b1` as one pair.
+    ///
+    /// # Safety
+    /// `U` runs on this CPU.
     #[inline(always)]
-    unsafe fn decode<U: Vnni>(u: U, row: &[u8], g0: usize, g1: usize) -> (U::I, U::F, [f32; 2]) {
-        let (b0, b1) = (&row[20 * g0..20 * g0 + 20], &row[20 * g1..20 * g1 + 20]);
+    unsafe fn decode<U: Vnni>(u: U, b0: &[u8; 20], b1: &[u8; 20]) -> Pair<U> {
         // SAFETY: each block's nibbles are its bytes 4..20.
         let q = unsafe { nibbles(u, b0.as_ptr().add(4), b1.as_ptr().add(4)) };
         let ws = u.f2x8(f16_at(u, b0, 0), f16_at(u, b1, 0));
@@ -196,10 +272,17 @@ pub(in crate::ggml::vecdot) struct Q5_1;
 impl Groups32 for Q5_1 {
     const TYPE: GgmlType = GgmlType::Q5_1;
     const WITH_MIN: bool = true;
+    block_pairs!(24);
+}
+
+impl Q5_1 {
+    /// Blocks `b0` and `b1` as one pair.
+    ///
+    /// # Safety
+    /// `U` runs on this CPU.
     #[inline(always)]
-    unsafe fn decode<U: Vnni>(u: U, row: &[u8], g0: usize, g1: usize) -> (U::I, U::F, [f32; 2]) {
-        let (b0, b1) = (&row[24 * g0..24 * g0 + 24], &row[24 * g1..24 * g1 + 24]);
-        let qh = |b: &[u8]| u64::from(u32::from_le_bytes([b[4], b[5], b[6], b[7]]));
+    unsafe fn decode<U: Vnni>(u: U, b0: &[u8; 24], b1: &[u8; 24]) -> Pair<U> {
+        let qh = |b: &[u8; 24]| u64::from(u32::from_le_bytes([b[4], b[5], b[6], b[7]]));
         let fifth = u.and(u.bytes_where(qh(b0) | qh(b1) << 32), u.splat8(0x10));
         // SAFETY: each block's nibbles are its bytes 8..24.
         let q = unsafe { nibbles(u, b0.as_ptr().add(8), b1.as_ptr().add(8)) };
@@ -224,16 +307,20 @@ pub(in crate::ggml::vecdot) struct IQ4NL;
 
 impl Groups32 for IQ4NL {
     const TYPE: GgmlType = GgmlType::IQ4_NL;
+    block_pairs!(18);
+}
+
+impl IQ4NL {
+    /// Blocks `b0` and `b1` as one pair.
+    ///
+    /// # Safety
+    /// `U` runs on this CPU.
     #[inline(always)]
-    unsafe fn decode<U: Vnni>(u: U, row: &[u8], g0: usize, g1: usize) -> (U::I, U::F, [f32; 2]) {
-        let (b0, b1) = (&row[18 * g0..18 * g0 + 18], &row[18 * g1..18 * g1 + 18]);
+    unsafe fn decode<U: Vnni>(u: U, b0: &[u8; 18], b1: &[u8; 18]) -> Pair<U> {
         // SAFETY: each block's nibbles are its bytes 2..18.
         let q = unsafe { nibbles(u, b0.as_ptr().add(2), b1.as_ptr().add(2)) };
-        (
-            u.shufb(u.bytes(IQ4_TABLE), q),
-            u.f2x8(f16_at(u, b0, 0), f16_at(u, b1, 0)),
-            [0.0; 2],
-        )
+        let ws = u.f2x8(f16_at(u, b0, 0), f16_at(u, b1, 0));
+        (u.shufb(u.bytes(IQ4_TABLE), q), ws, [0.0; 2])
     }
 }
 
@@ -243,28 +330,26 @@ impl Groups32 for IQ4NL {
 /// in `qs[16 s .. 16 s + 16]`, low nibbles first.
 pub(in crate::ggml::vecdot) struct IQ4XS;
 
-impl IQ4XS {
-    /// Group `g`'s block, nibble bytes and scale.
-    #[inline(always)]
-    fn group<U: Vnni>(u: U, row: &[u8], g: usize) -> (&[u8], f32) {
-        let (b, s) = (&row[136 * (g / 8)..136 * (g / 8) + 136], g % 8);
-        let low = (b[4 + s / 2] >> (4 * (s % 2))) & 0x0f;
-        let high = (u16::from_le_bytes([b[2], b[3]]) >> (2 * s)) & 3;
-        let ls = i32::from(low) | i32::from(high) << 4;
-        (
-            &b[8 + 16 * s..24 + 16 * s],
-            f16_at(u, b, 0) * (ls - 32) as f32,
-        )
-    }
-}
-
 impl Groups32 for IQ4XS {
     const TYPE: GgmlType = GgmlType::IQ4_XS;
     #[inline(always)]
-    unsafe fn decode<U: Vnni>(u: U, row: &[u8], g0: usize, g1: usize) -> (U::I, U::F, [f32; 2]) {
-        let ((q0, d0), (q1, d1)) = (Self::group(u, row, g0), Self::group(u, row, g1));
-        // SAFETY: each group's 16 nibble bytes are the slices `group` returned.
-        let q = unsafe { nibbles(u, q0.as_ptr(), q1.as_ptr()) };
-        (u.shufb(u.bytes(IQ4_TABLE), q), u.f2x8(d0, d1), [0.0; 2])
+    unsafe fn pairs<U: Vnni>(u: U, row: &[u8], sink: &mut impl PairSink<U>) {
+        let table = u.bytes(IQ4_TABLE);
+        for (i, b) in row.as_chunks::<136>().0.iter().enumerate() {
+            let d = f16_at(u, b, 0);
+            let high = u16::from_le_bytes([b[2], b[3]]);
+            let scale: [f32; 8] = std::array::from_fn(|s| {
+                let low = (b[4 + s / 2] >> (4 * (s % 2))) & 0x0f;
+                let ls = i32::from(low) | i32::from((high >> (2 * s)) & 3) << 4;
+                d * (ls - 32) as f32
+            });
+            for p in 0..4 {
+                // SAFETY: the pair's 32 nibble bytes are bytes 8 + 32 p .. 40 + 32 p.
+                let q =
+                    unsafe { nibbles(u, b.as_ptr().add(8 + 32 * p), b.as_ptr().add(24 + 32 * p)) };
+                let ws = u.f2x8(scale[2 * p], scale[2 * p + 1]);
+                sink.pair((u.shufb(table, q), ws, [0.0; 2]), 8 * i + 2 * p, true);
+            }
+        }
     }
 }

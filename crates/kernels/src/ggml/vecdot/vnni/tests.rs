@@ -70,13 +70,8 @@ unsafe fn all_ops<U: Vnni>(
                 by(u.load_2x32(a.as_ptr().add(3), b.as_ptr().add(32))),
             ),
             (
-                "load_4x16",
-                by(u.load_4x16(
-                    a.as_ptr(),
-                    b.as_ptr().add(5),
-                    a.as_ptr().add(48),
-                    b.as_ptr(),
-                )),
+                "load_dup16x2",
+                by(u.load_dup16x2(a.as_ptr().add(5), b.as_ptr().add(48))),
             ),
             ("load_low32", by(u.load_low32(b.as_ptr().add(1)))),
             ("load_f2x8", fl(u.load_f2x8(f.as_ptr().add(3)))),

@@ -34,11 +34,11 @@ pub(crate) trait Vnni: Copy {
     /// # Safety
     /// Both ranges of 32 bytes must be readable.
     unsafe fn load_2x32(self, lo: *const u8, hi: *const u8) -> Self::I;
-    /// The 16 bytes at `a`, `b`, `c` and `d` in the four 128-bit lanes, in that order.
+    /// The 16 bytes at `a` in 128-bit lanes 0 and 1, those at `b` in lanes 2 and 3.
     ///
     /// # Safety
-    /// The four ranges of 16 bytes must be readable.
-    unsafe fn load_4x16(self, a: *const u8, b: *const u8, c: *const u8, d: *const u8) -> Self::I;
+    /// Both ranges of 16 bytes must be readable.
+    unsafe fn load_dup16x2(self, a: *const u8, b: *const u8) -> Self::I;
     /// The 32 bytes at `p` in the low half, zeros above.
     ///
     /// # Safety
@@ -240,10 +240,10 @@ impl Vnni for Soft {
             |i| if i < 32 { lo[i] } else { hi[i - 32] },
         ))
     }
-    unsafe fn load_4x16(self, a: *const u8, b: *const u8, c: *const u8, d: *const u8) -> Bytes {
+    unsafe fn load_dup16x2(self, a: *const u8, b: *const u8) -> Bytes {
         // SAFETY: the caller's guarantee.
-        let l = unsafe { [read::<16>(a), read::<16>(b), read::<16>(c), read::<16>(d)] };
-        Bytes(std::array::from_fn(|i| l[i / 16][i % 16]))
+        let l = unsafe { [read::<16>(a), read::<16>(b)] };
+        Bytes(std::array::from_fn(|i| l[i / 32][i % 16]))
     }
     unsafe fn load_low32(self, p: *const u8) -> Bytes {
         // SAFETY: the caller's guarantee.
