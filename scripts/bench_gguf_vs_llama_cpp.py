@@ -34,7 +34,9 @@ over rounds (and the best) of
 llama.cpp runs through llama-cpp-python in a child process (`--worker`): `eval(prompt)`, then
 one `eval([token])` per generated token with the argmax of the last logits, each step
 timed (its `generate` would re-evaluate the prompt). Loaded with use_extra_bufts=False (its
-AMX repacking dies with SIGILL on some machines here) and the default mmap. The child's
+AMX repacking dies with SIGILL on some machines here) and the default mmap, or with
+`--llama-repack` with llama.cpp's default extra buffer types (weights repacked at load for
+its AMX / AVX-512 kernels, in anonymous memory). The child's
 RssAnon includes the Python interpreter and numpy (~40 MB).
 Strata runs as `strata generate --model FILE --prompt TEXT --max-tokens N --temperature 0`
 (plus `--strata-arg`s) and its statistics line on stderr is parsed:
@@ -110,6 +112,8 @@ def run_llama(args, prompt: str) -> dict:
     cmd = [sys.executable, __file__, "--worker", "--model", str(args.model),
            "--threads", str(args.threads), "--gen-tokens", str(args.gen_tokens),
            "--prompt-file", str(args.prompt_file)]
+    if args.llama_repack:
+        cmd.append("--llama-repack")
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          env=llama_env(args))
     mem = MemSampler(p.pid)
@@ -174,7 +178,7 @@ def worker(args) -> None:
     t0 = time.perf_counter()
     llm = Llama(model_path=str(args.model), n_ctx=4096, n_batch=512, n_ubatch=512,
                 n_threads=args.threads, n_threads_batch=args.threads, verbose=False,
-                use_extra_bufts=False)
+                use_extra_bufts=args.llama_repack)
     t_load = time.perf_counter()
     tokens = llm.tokenize(prompt.encode(), add_bos=True, special=False)
     t_tok = time.perf_counter()
@@ -247,6 +251,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--prompt-tokens", type=int, default=512)
     p.add_argument("--gen-tokens", type=int, default=128)
+    p.add_argument("--llama-repack", action="store_true",
+                   help="llama.cpp with its default weight repacking (extra buffer types)")
     p.add_argument("--only", choices=["llama.cpp", "strata"], help="run one engine")
     p.add_argument("--json", type=Path, help="also write the results here")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
