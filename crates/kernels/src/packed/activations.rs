@@ -45,6 +45,18 @@ impl Activations {
         Self::convert(Kind::Bf16, k_pad, m, kernel, row)
     }
 
+    /// Converts `m` rows to int8 with per-token scales for matrices of `k_pad` columns (a
+    /// multiple of 64), padded for `kernel`: the activations of weights decoded into INT8
+    /// tiles on the fly.
+    pub(crate) fn int8<'x>(
+        k_pad: usize,
+        m: usize,
+        kernel: Kernel,
+        row: impl Fn(usize) -> &'x [f32],
+    ) -> Self {
+        Self::convert(Kind::Int8, k_pad, m, kernel, row)
+    }
+
     fn convert<'x>(
         kind: Kind,
         k_pad: usize,
