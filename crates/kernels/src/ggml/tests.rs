@@ -106,7 +106,7 @@ pub(super) fn int8_twin(w: &GgmlMatrix, x: &[f32], m: usize) -> Vec<f32> {
         }
     }
     let k_pad = k.div_ceil(64).max(1) * 64;
-    let a = crate::packed::Activations::int8(
+    let a = crate::packed::Activations::int8_grouped(
         k_pad,
         m,
         crate::packed::micro::Kernel::Isa(Isa::Portable),

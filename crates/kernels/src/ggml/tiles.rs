@@ -135,7 +135,7 @@ pub(crate) fn activations<'x>(
     let k_pad = fmt.layout(1, k).k_pad;
     match fmt {
         TileFormat::Bf16 => Activations::bf16(k_pad, m, kernel, row),
-        TileFormat::Int8 => Activations::int8(k_pad, m, kernel, row),
+        TileFormat::Int8 => Activations::int8_grouped(k_pad, m, kernel, row),
     }
 }
 
