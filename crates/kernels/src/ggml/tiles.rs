@@ -8,8 +8,9 @@
 //! row-dot work per cycle. Decoding a 64-row tile costs one pass over its blocks and is shared
 //! by every token of the call, so it fades as tokens grow.
 //!
-//! Types with an integer form (`super::has_fast_kernel`) decode to INT8 with a scale per 32
-//! (`int8`), twice the multiply rate of BF16 on both units; the others to BF16.
+//! On AVX-512, types with an integer form (`super::has_fast_kernel`) decode to INT8 with a
+//! scale per 32 (`int8`): `vpdpbusd` does twice the multiplies of `vdpbf16ps`, and a tile
+//! decodes faster. AMX and the other types take BF16 tiles ([`tile_for`]).
 //!
 //! A key design decision: the tile is written in exactly the layout [`PackedMatrix`] packs at
 //! load, and viewed as one, so every packed micro-kernel, the AMX tile program on the software
@@ -45,10 +46,19 @@ pub(crate) const TILE_MIN_TOKENS_AMX: usize = 32;
 /// tokens per expert, 0.89-1.21x at 64 and 1.31-2.02x at 256. Not yet measured on AMD Zen 4/5,
 /// whose BF16 units are relatively faster.
 pub(crate) const TILE_MIN_TOKENS_AVX512: usize = 128;
-/// Fewest tokens for INT8 tiles on AMX.
+/// Fewest tokens for INT8 tiles on AMX, when forced (`STRATA_GGML_TILES=int8`): by default
+/// AMX takes BF16 tiles. One 64x2048 Q4_K tile on one core of a Xeon with AMX (2026-11-27,
+/// `tile_fill_and_kernel_timing`): `tdpbsud` with weight and activation scales per 32 ran at
+/// 31-58 GOPS, flush-bound, against 410-1000 GOPS for `tdpbf16ps` on BF16 tiles; even one scale
+/// per row (no flush inside `k`) gave 706 GOPS.
 pub(crate) const INT8_MIN_TOKENS_AMX: usize = 32;
-/// Fewest tokens for INT8 tiles on AVX-512 (`vpdpbusd`).
-pub(crate) const INT8_MIN_TOKENS_AVX512: usize = 128;
+/// Fewest tokens of one matrix call for INT8 tiles on AVX-512 (`vpdpbusd`). Measured with
+/// `strata bench moe --formats q4_k,q6_k,q8_0,iq4_xs` (`STRATA_GGML_TILES=int8,8` against the
+/// default) on a 2-core Xeon with AMX and AVX-512 VNNI, the host shared with a build (load
+/// 3-5), 2026-11-27, docs/benchmarks.md: against the AVX2 int8 row-dot kernels the tiles were
+/// 0.5-1.0x at 8 tokens per expert, 0.6-1.45x at 16 (Q4_K and Q6_K behind), 1.15-1.9x at 32
+/// and 1.2-2.2x at 64. The row-dot kernels with VNNI will move this up: measure again.
+pub(crate) const INT8_MIN_TOKENS_AVX512: usize = 32;
 
 /// What a tile is decoded to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,7 +109,9 @@ fn forced() -> (Option<TileFormat>, Option<usize>) {
 /// decode.
 pub(crate) fn tile_for(isa: Isa, m: usize, ty: GgmlType) -> Option<(Kernel, TileFormat)> {
     let (fmt, min) = forced();
-    let fmt = fmt.unwrap_or(if has_fast_kernel(ty) {
+    // AMX keeps BF16: `tdpbsud` with a scale per 32 flushes its four accumulator tiles per 32
+    // `k`, and the flush, not the multiply, sets the speed (see `INT8_MIN_TOKENS_AMX`).
+    let fmt = fmt.unwrap_or(if has_fast_kernel(ty) && isa == Isa::Avx512 {
         TileFormat::Int8
     } else {
         TileFormat::Bf16
@@ -228,12 +240,29 @@ pub(crate) fn block(
 fn fill(w: Rows<'_>, bytes: &mut [u8], layout: &PackedLayout) {
     with_scratch(|s| {
         #[cfg(target_arch = "x86_64")]
-        if Isa::selected() >= Isa::Avx2 {
-            // SAFETY: `Isa::Avx2` or better is only selected when the CPU has AVX2 and FMA.
-            return unsafe { fill_avx2(s, w, bytes, layout) };
+        {
+            if Isa::selected() >= Isa::Avx512 {
+                // SAFETY: `Isa::Avx512` or better is only selected when the CPU has AVX-512
+                // F/BW/VL.
+                return unsafe { fill_avx512(s, w, bytes, layout) };
+            }
+            if Isa::selected() >= Isa::Avx2 {
+                // SAFETY: `Isa::Avx2` or better is only selected when the CPU has AVX2 and FMA.
+                return unsafe { fill_avx2(s, w, bytes, layout) };
+            }
         }
-        fill_body(s, w, bytes, layout);
+        fill_body::<false>(s, w, bytes, layout);
     });
+}
+
+/// [`fill_body`] with the AVX-512 transpose.
+///
+/// # Safety
+/// The CPU must support AVX-512 F, BW and VL.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+unsafe fn fill_avx512(s: &mut Scratch, w: Rows<'_>, bytes: &mut [u8], layout: &PackedLayout) {
+    fill_body::<true>(s, w, bytes, layout);
 }
 
 /// [`fill_body`] compiled with AVX2 enabled, so its loops vectorise.
@@ -243,11 +272,17 @@ fn fill(w: Rows<'_>, bytes: &mut [u8], layout: &PackedLayout) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn fill_avx2(s: &mut Scratch, w: Rows<'_>, bytes: &mut [u8], layout: &PackedLayout) {
-    fill_body(s, w, bytes, layout);
+    fill_body::<false>(s, w, bytes, layout);
 }
 
+/// The fill; `AVX512` only where the CPU has AVX-512 F, BW and VL (from [`fill_avx512`]).
 #[inline(always)]
-fn fill_body(s: &mut Scratch, w: Rows<'_>, bytes: &mut [u8], layout: &PackedLayout) {
+fn fill_body<const AVX512: bool>(
+    s: &mut Scratch,
+    w: Rows<'_>,
+    bytes: &mut [u8],
+    layout: &PackedLayout,
+) {
     let (k, k_pad, nr, src) = (w.k, layout.k_pad, w.n, w.bytes);
     // 1. All rows as BF16, `k_pad` apart; padding rows and columns zero.
     s.h.clear();
@@ -288,6 +323,17 @@ fn fill_body(s: &mut Scratch, w: Rows<'_>, bytes: &mut [u8], layout: &PackedLayo
     let pairs = k_pad / 2;
     for (strip, dst) in bytes.chunks_exact_mut(layout.strip_bytes).enumerate() {
         let h = &s.h[strip * STRIP * k_pad..(strip + 1) * STRIP * k_pad];
+        #[cfg(target_arch = "x86_64")]
+        if AVX512 {
+            // SAFETY: any u16 is two valid bytes, and u8 needs no alignment: all of `h`.
+            let (_, hb, _) = unsafe { h.align_to::<u8>() };
+            for l0 in (0..pairs).step_by(STRIP) {
+                // SAFETY: `AVX512` is only set by `fill_avx512`, whose caller checked the
+                // features; `k_pad` is a multiple of 32, so 16 whole lines remain.
+                unsafe { int8::x86::transpose16(&hb[4 * l0..], 2 * k_pad, &mut dst[l0 * LINE..]) };
+            }
+            continue;
+        }
         for l0 in (0..pairs).step_by(STRIP) {
             let n = STRIP.min(pairs - l0);
             for c in 0..STRIP {

@@ -215,7 +215,7 @@ fn fill_body<const AVX512: bool>(
 
 /// AVX-512 forms of the fill's inner loops, bit for bit the scalar ones (finite weights).
 #[cfg(target_arch = "x86_64")]
-mod x86 {
+pub(super) mod x86 {
     use std::arch::x86_64::*;
 
     use super::GROUP;
@@ -279,7 +279,8 @@ mod x86 {
     }
 
     /// Transposes 16 rows (`stride` bytes apart, 64 bytes each from the start of `src`) of 16
-    /// quads into 16 lines of `dst`: line `n` holds quad `n` of every row.
+    /// quads (4 bytes: an INT8 quad or a BF16 pair) into 16 lines of `dst`: line `n` holds
+    /// quad `n` of every row.
     ///
     /// # Safety
     /// AVX-512 F must be available.
@@ -287,7 +288,7 @@ mod x86 {
     #[allow(clippy::needless_range_loop)]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     #[inline]
-    pub(super) unsafe fn transpose16(src: &[u8], stride: usize, dst: &mut [u8]) {
+    pub(crate) unsafe fn transpose16(src: &[u8], stride: usize, dst: &mut [u8]) {
         assert!(src.len() >= 15 * stride + 64 && dst.len() >= 16 * 64);
         // SAFETY: row `i` is read at `i * stride .. + 64` and line `n` written at `64 n .. +
         // 64`, within the slices (checked above).

@@ -75,12 +75,11 @@ fn tiles_are_taken_for_many_tokens_on_avx512_and_amx_only() {
         return; // STRATA_GGML_TILES set: the choice is the environment's.
     }
     let w = matrix(GgmlType::Q4_K, 64, 256, &mut 1);
-    let int8 = TileFormat::Int8;
-    for (isa, min) in [
-        (Isa::Avx512, INT8_MIN_TOKENS_AVX512),
-        (Isa::Amx, INT8_MIN_TOKENS_AMX),
+    for (isa, min, fmt) in [
+        (Isa::Avx512, INT8_MIN_TOKENS_AVX512, TileFormat::Int8),
+        (Isa::Amx, TILE_MIN_TOKENS_AMX, TileFormat::Bf16),
     ] {
-        assert_eq!(w.form(isa, min), Form::Tiles(Kernel::Isa(isa), int8));
+        assert_eq!(w.form(isa, min), Form::Tiles(Kernel::Isa(isa), fmt));
         assert_eq!(w.form(isa, min - 1), Form::Q8(256));
     }
     for isa in [Isa::Portable, Isa::Avx2] {
