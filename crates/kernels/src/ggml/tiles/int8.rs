@@ -27,6 +27,17 @@ pub(crate) fn exact(ty: GgmlType) -> bool {
     matches!(ty, Q4_0 | Q5_0 | Q8_0 | IQ4_NL | IQ4_XS)
 }
 
+/// The scale (`amax / 127`) and its inverse for a group's absolute maximum, as two
+/// independent divisions: the fill's inner loop waits on them.
+#[inline(always)]
+fn scales(amax: f32) -> (f32, f32) {
+    if amax > 0.0 {
+        (amax / 127.0, 127.0 / amax)
+    } else {
+        (1.0, 1.0)
+    }
+}
+
 /// Requantizes one group of 32 values: returns the scale and writes the stored bytes
 /// (`q + 128`). Shared with the tests' twin, which must round exactly alike.
 #[inline(always)]
@@ -38,8 +49,7 @@ pub(crate) fn requantize(v: &[f32; GROUP], out: &mut [u8; GROUP]) -> f32 {
         a.max(if b > 0x7f80_0000 { 0 } else { b })
     });
     let amax = f32::from_bits(amax);
-    let scale = if amax > 0.0 { amax / 127.0 } else { 1.0 };
-    let inv = 1.0 / scale;
+    let (scale, inv) = scales(amax);
     for (o, &x) in out.iter_mut().zip(v) {
         // Clamped in f32 (|x| / scale may round just past 127), NaN to 0, so that the
         // conversion needs no saturation and the loop vectorises.
@@ -262,8 +272,8 @@ pub(super) mod x86 {
             );
         }
         let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v[0]), _mm512_abs_ps(v[1])));
-        let scale = if amax > 0.0 { amax / 127.0 } else { 1.0 };
-        let inv = _mm512_set1_ps(1.0 / scale);
+        let (scale, inv) = super::scales(amax);
+        let inv = _mm512_set1_ps(inv);
         for (h, v) in v.iter().enumerate() {
             // Round to nearest even (the default MXCSR mode), clamp, add the offset.
             let q = _mm512_cvtps_epi32(_mm512_mul_ps(*v, inv));
