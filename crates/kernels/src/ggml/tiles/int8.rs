@@ -146,6 +146,40 @@ fn fill_body<const AVX512: bool>(
         let row = &mut s.b[r * k_pad..(r + 1) * k_pad];
         let (strip, c) = (r / STRIP, r % STRIP);
         let sc = &mut scales[strip * groups * STRIP..][..groups * STRIP];
+        #[cfg(target_arch = "x86_64")]
+        if AVX512 && decoded {
+            // `k` is a whole number of blocks of 32 or 256 here.
+            let (q, d, m) = (
+                &s.q[r * k..(r + 1) * k],
+                &s.d[r * k / UNIT..(r + 1) * k / UNIT],
+                &s.m[r * k / UNIT..(r + 1) * k / UNIT],
+            );
+            let mut row_scales = [0.0f32; x86::BATCH];
+            for (b, ((q, (d, m)), out)) in q
+                .chunks(x86::BATCH * GROUP)
+                .zip(d.chunks(2 * x86::BATCH).zip(m.chunks(2 * x86::BATCH)))
+                .zip(row[..k].chunks_mut(x86::BATCH * GROUP))
+                .enumerate()
+            {
+                let n = q.len() / GROUP;
+                // SAFETY: `AVX512` is only set by `fill_avx512`, whose caller checked the
+                // features; the slices hold `n` groups (and 2 `n` units) each.
+                unsafe {
+                    if exact {
+                        x86::row_exact(q, out);
+                        for (g, sc) in row_scales[..n].iter_mut().enumerate() {
+                            *sc = d[2 * g];
+                        }
+                    } else {
+                        x86::batch_requantize(q, d, m, out, &mut row_scales[..n]);
+                    }
+                }
+                for (g, v) in row_scales[..n].iter().enumerate() {
+                    sc[(b * x86::BATCH + g) * STRIP + c] = *v;
+                }
+            }
+            continue;
+        }
         // `k` is a whole number of blocks of 32 or 256 (or of 1 for the float types): a
         // group lies within `k` or within the padding, except a float type's last.
         for (g, qb) in row[..k.next_multiple_of(GROUP)]
@@ -154,24 +188,8 @@ fn fill_body<const AVX512: bool>(
         {
             let qb: &mut [u8; GROUP] = qb.try_into().expect("whole groups");
             let (p0, at) = (g * GROUP, r * k + g * GROUP);
-            let q = &s.q[at.min(s.q.len())..];
-            #[cfg(target_arch = "x86_64")]
-            if AVX512 && decoded {
-                let u = at / UNIT;
-                // SAFETY: `AVX512` is only set by `fill_avx512`, whose caller checked the
-                // features; `q` holds the group's 32 values (a whole group of `k`).
-                sc[g * STRIP + c] = unsafe {
-                    if exact {
-                        x86::group_exact(q, qb);
-                        s.d[u]
-                    } else {
-                        x86::group_requantize(q, [s.d[u], s.d[u + 1]], [s.m[u], s.m[u + 1]], qb)
-                    }
-                };
-                continue;
-            }
             sc[g * STRIP + c] = if decoded && exact {
-                let q = &q[..GROUP];
+                let q = &s.q[at..at + GROUP];
                 for (b, &q) in qb.iter_mut().zip(q) {
                     *b = (q as u8) ^ 0x80;
                 }
@@ -230,62 +248,96 @@ pub(super) mod x86 {
 
     use super::GROUP;
 
-    /// `out = q + 128`, 32 values.
+    /// Groups per batch of [`batch_requantize`]: one zmm of scales.
+    pub(super) const BATCH: usize = 16;
+
+    /// `out = q + 128`, whole groups of 32.
     ///
     /// # Safety
-    /// AVX-512 F/BW/VL must be available; `q` holds at least 32 values.
+    /// AVX-512 F/BW/VL must be available.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     #[inline]
-    pub(super) unsafe fn group_exact(q: &[i8], out: &mut [u8; GROUP]) {
-        assert!(q.len() >= GROUP);
-        // SAFETY: 32 bytes are read from `q` and written to `out` (checked above / by type).
-        unsafe {
-            let v = _mm256_loadu_si256(q.as_ptr().cast());
-            let v = _mm256_xor_si256(v, _mm256_set1_epi8(i8::MIN));
-            _mm256_storeu_si256(out.as_mut_ptr().cast(), v);
+    pub(super) unsafe fn row_exact(q: &[i8], out: &mut [u8]) {
+        assert!(q.len() == out.len() && q.len().is_multiple_of(GROUP));
+        for (q, o) in q.chunks_exact(GROUP).zip(out.chunks_exact_mut(GROUP)) {
+            // SAFETY: 32 bytes are read from `q` and written to `out` (whole chunks).
+            unsafe {
+                let v = _mm256_loadu_si256(q.as_ptr().cast());
+                let v = _mm256_xor_si256(v, _mm256_set1_epi8(i8::MIN));
+                _mm256_storeu_si256(o.as_mut_ptr().cast(), v);
+            }
         }
     }
 
-    /// [`super::requantize`] of `d[h] · q + m[h]` for the two halves `h` of 32 values; returns
-    /// the scale.
+    /// [`super::requantize`] of `d[u] · q + m[u]` (a scale and min per 16 values) for up to
+    /// [`BATCH`] groups: writes the stored bytes to `out` and the scales to `scales`. The
+    /// groups' scales and inverses are divided in one vector, so no group waits on its own
+    /// divisions.
     ///
     /// # Safety
-    /// AVX-512 F/BW/VL must be available; `q` holds at least 32 values.
+    /// AVX-512 F/BW/VL must be available.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     #[inline]
-    pub(super) unsafe fn group_requantize(
+    pub(super) unsafe fn batch_requantize(
         q: &[i8],
-        d: [f32; 2],
-        m: [f32; 2],
-        out: &mut [u8; GROUP],
-    ) -> f32 {
-        assert!(q.len() >= GROUP);
-        let mut v = [_mm512_setzero_ps(); 2];
-        for (h, v) in v.iter_mut().enumerate() {
-            // SAFETY: 16 bytes at `16 h` lie within `q` (checked above).
-            let qi = unsafe { _mm_loadu_si128(q.as_ptr().add(16 * h).cast()) };
-            let qf = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(qi));
-            // A multiply then an add, as the scalar `d * q + m` rounds (not a fused FMA).
-            *v = _mm512_add_ps(
-                _mm512_mul_ps(_mm512_set1_ps(d[h]), qf),
-                _mm512_set1_ps(m[h]),
-            );
+        d: &[f32],
+        m: &[f32],
+        out: &mut [u8],
+        scales: &mut [f32],
+    ) {
+        let n = scales.len();
+        assert!(
+            n <= BATCH
+                && q.len() == n * GROUP
+                && out.len() == n * GROUP
+                && d.len() >= 2 * n
+                && m.len() >= 2 * n
+        );
+        let mut v = [[_mm512_setzero_ps(); 2]; BATCH];
+        let mut amax = [0.0f32; BATCH];
+        for g in 0..n {
+            for h in 0..2 {
+                // SAFETY: 16 bytes at `32 g + 16 h` lie within `q` (checked above).
+                let qi = unsafe { _mm_loadu_si128(q.as_ptr().add(GROUP * g + 16 * h).cast()) };
+                let qf = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(qi));
+                // A multiply then an add, as the scalar `d * q + m` rounds (not a fused FMA).
+                let (dv, mv) = (_mm512_set1_ps(d[2 * g + h]), _mm512_set1_ps(m[2 * g + h]));
+                v[g][h] = _mm512_add_ps(_mm512_mul_ps(dv, qf), mv);
+            }
+            amax[g] = _mm512_reduce_max_ps(_mm512_max_ps(
+                _mm512_abs_ps(v[g][0]),
+                _mm512_abs_ps(v[g][1]),
+            ));
         }
-        let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v[0]), _mm512_abs_ps(v[1])));
-        let (scale, inv) = super::scales(amax);
-        let inv = _mm512_set1_ps(inv);
-        for (h, v) in v.iter().enumerate() {
-            // Round to nearest even (the default MXCSR mode), clamp, add the offset.
-            let q = _mm512_cvtps_epi32(_mm512_mul_ps(*v, inv));
-            let q = _mm512_min_epi32(
-                _mm512_max_epi32(q, _mm512_set1_epi32(-127)),
-                _mm512_set1_epi32(127),
-            );
-            let b = _mm512_cvtepi32_epi8(_mm512_add_epi32(q, _mm512_set1_epi32(128)));
-            // SAFETY: 16 bytes at `16 h` of the 32 of `out`.
-            unsafe { _mm_storeu_si128(out.as_mut_ptr().add(16 * h).cast(), b) };
+        // `super::scales` for all groups at once: amax / 127 and 127 / amax, 1 where amax is 0.
+        // SAFETY: `amax` holds 16 floats.
+        let a = unsafe { _mm512_loadu_ps(amax.as_ptr()) };
+        let pos = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(a, _mm512_setzero_ps());
+        let one = _mm512_set1_ps(1.0);
+        let scale = _mm512_mask_div_ps(one, pos, a, _mm512_set1_ps(127.0));
+        let inv = _mm512_mask_div_ps(one, pos, _mm512_set1_ps(127.0), a);
+        let mut invs = [0.0f32; BATCH];
+        let mut all = [0.0f32; BATCH];
+        // SAFETY: both arrays hold 16 floats.
+        unsafe {
+            _mm512_storeu_ps(invs.as_mut_ptr(), inv);
+            _mm512_storeu_ps(all.as_mut_ptr(), scale);
         }
-        scale
+        scales.copy_from_slice(&all[..n]);
+        for (g, (v, inv)) in v.iter().zip(invs).take(n).enumerate() {
+            let inv = _mm512_set1_ps(inv);
+            for (h, v) in v.iter().enumerate() {
+                // Round to nearest even (the default MXCSR mode), clamp, add the offset.
+                let qv = _mm512_cvtps_epi32(_mm512_mul_ps(*v, inv));
+                let qv = _mm512_min_epi32(
+                    _mm512_max_epi32(qv, _mm512_set1_epi32(-127)),
+                    _mm512_set1_epi32(127),
+                );
+                let b = _mm512_cvtepi32_epi8(_mm512_add_epi32(qv, _mm512_set1_epi32(128)));
+                // SAFETY: 16 bytes at `32 g + 16 h` of `out` (checked above).
+                unsafe { _mm_storeu_si128(out.as_mut_ptr().add(GROUP * g + 16 * h).cast(), b) };
+            }
+        }
     }
 
     /// Transposes 16 rows (`stride` bytes apart, 64 bytes each from the start of `src`) of 16

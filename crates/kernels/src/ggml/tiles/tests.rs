@@ -278,7 +278,26 @@ fn tile_fill_and_kernel_timing() {
                     TileFormat::Int8 => int8::fill(w, bytes, &mut sc, &layout),
                 }
             });
-            let mut line = format!("{ty:>6} {fmt:?}: fill {:6.1} us", fill_s * 1e6);
+            let (mut q, mut d, mut mm) = (
+                vec![0i8; n * k],
+                vec![0.0; n * k / 16],
+                vec![0.0; n * k / 16],
+            );
+            let unpack_s = time(&mut || {
+                crate::ggml::unpack::unpack_rows(
+                    Isa::selected(),
+                    ty,
+                    w.bytes,
+                    &mut q,
+                    &mut d,
+                    &mut mm,
+                );
+            });
+            let mut line = format!(
+                "{ty:>6} {fmt:?}: fill {:6.1} us (block decoders {:5.1})",
+                fill_s * 1e6,
+                unpack_s * 1e6
+            );
             let view = match fmt {
                 TileFormat::Bf16 => PackedMatrix::pack(&wm.dequantize(), n, k, fmt.packed()),
                 TileFormat::Int8 => PackedMatrix::pack(&wm.dequantize(), n, k, fmt.packed()),
