@@ -450,7 +450,7 @@ fn ggml_type(name: &str) -> Option<GgmlType> {
 /// One ggml format's points: experts of random valid blocks, computed in place by
 /// `fused_moe_ggml`; accuracy against f32 on the dequantized weights (so it measures the
 /// kernels' activation rounding, not the quantization of the weights). Returns, per point,
-/// the tile path's instruction set and format where it ran on BF16 tiles (for its %peak).
+/// the tile path's instruction set and format where it ran on tiles (for its %peak).
 fn bench_ggml(
     args: &BenchMoeArgs,
     ty: GgmlType,
@@ -529,10 +529,10 @@ fn bench_ggml(
         })?;
         let flops = 6.0 * (t * k) as f64 * (h * inter) as f64;
         // Routing spreads tokens evenly, so every expert's calls take the same path.
-        let tiles = ggml::tile_path(Isa::selected(), t * k / e);
-        points.push(tiles.map(|isa| (isa, PackedFormat::Bf16)));
+        let tiles = ggml::tile_path(Isa::selected(), ty, t * k / e);
+        points.push(tiles);
         let path = match tiles {
-            Some(isa) => format!("{}-tiles", isa.name()),
+            Some((isa, fmt)) => format!("{}-{}-tiles", isa.name(), fmt.name()),
             None if has_fast_kernel(ty) => ggml::row_dot_isa(Isa::selected()).name().to_string(),
             None => "generic".to_string(),
         };

@@ -11,8 +11,8 @@
 //! - **generic** (F32, F16, BF16 and any other type the reference dequantizer reads, such as
 //!   the grid-based i-quants): rows are dequantized to f32 in scratch and multiplied in f32.
 //!   [`GgmlMatrix::has_fast_kernel`] tells them apart (`strata info` names the slow ones).
-//! - **tiles** (any type, many tokens, AVX-512 or AMX): 64-row tiles decoded to packed BF16
-//!   and multiplied by the packed micro-kernels (`super::tiles`).
+//! - **tiles** (any type, many tokens, AVX-512 or AMX): 64-row tiles decoded to packed INT8
+//!   (integer types) or BF16 and multiplied by the packed micro-kernels (`super::tiles`).
 //!
 //! Nothing is copied or repacked at load: a matrix is a byte range of its owner, so a mapped
 //! file's pages stay shared and evictable, and experts that are never routed are never read.
@@ -28,9 +28,10 @@ use crate::{Isa, KernelError, parallel_for, vector};
 
 use super::dot::{Q8Rows, WRow, dot_rows};
 use super::scratch::with_scratch;
+use super::tiles::{self, TileFormat};
 use super::unpack::{UNIT, decoder, unpack_rows};
+use super::vecdot;
 use super::{GgmlType, dequantize_row};
-use super::{tiles, vecdot};
 
 /// Weight rows per task on the in-register kernels: long sequential runs of one matrix per
 /// thread, which the hardware prefetcher follows (decode at 128 rows was 1.18x faster than
@@ -248,7 +249,7 @@ impl GgmlMatrix {
         let chunk = form.token_chunk();
         let chunks = m.div_ceil(chunk);
         let row_block = match form {
-            Form::Bf16(_) => self.row_block(isa, form),
+            Form::Tiles(..) => self.row_block(isa, form),
             _ => balanced_rows(self.n, self.row_block(isa, form), chunks),
         };
         let n_blocks = self.n.div_ceil(row_block);
@@ -266,8 +267,8 @@ impl GgmlMatrix {
 
     /// How a call with `m` tokens on `isa` (available) computes.
     pub(crate) fn form(&self, isa: Isa, m: usize) -> Form {
-        match (tiles::kernel_for(isa, m), self.decoder) {
-            (Some(kernel), _) => Form::Bf16(kernel),
+        match (tiles::tile_for(isa, m, self.ty), self.decoder) {
+            (Some((kernel, fmt)), _) => Form::Tiles(kernel, fmt),
             (None, Some(_)) => Form::Q8(vecdot::activation_block(self.ty)),
             (None, None) => Form::F32,
         }
@@ -276,7 +277,7 @@ impl GgmlMatrix {
     /// Weight rows one task takes on `isa` in `form`.
     pub(crate) fn row_block(&self, isa: Isa, form: Form) -> usize {
         match form {
-            Form::Bf16(_) => tiles::TILE_ROWS,
+            Form::Tiles(..) => tiles::TILE_ROWS,
             _ if vecdot::kernel(isa, self.ty).is_some() => ROW_BLOCK_IN_REGISTER,
             _ => ROW_BLOCK_DECODED,
         }
@@ -292,7 +293,9 @@ impl GgmlMatrix {
         match form {
             Form::Q8(block) => Input::Q8(Q8Rows::quantize(self.k, block, m, row)),
             Form::F32 => Input::F32((0..m).flat_map(|r| row(r).iter().copied()).collect()),
-            Form::Bf16(kernel) => Input::Bf16(tiles::activations(self.k, m, kernel, row), kernel),
+            Form::Tiles(kernel, fmt) => {
+                Input::Tiles(tiles::activations(self.k, m, kernel, fmt, row), kernel, fmt)
+            }
         }
     }
 
@@ -309,14 +312,14 @@ impl GgmlMatrix {
         let (k, nr, nt) = (self.k, rows.len(), tokens.len());
         let rb = self.row_bytes();
         let src = &self.bytes()[rows.start * rb..rows.end * rb];
-        if let Input::Bf16(a, kernel) = input {
+        if let Input::Tiles(a, kernel, fmt) = input {
             let w = tiles::Rows {
                 ty: self.ty,
                 n: nr,
                 k,
                 bytes: src,
             };
-            return tiles::block(w, *kernel, a, tokens, emit);
+            return tiles::block(w, *kernel, *fmt, a, tokens, emit);
         }
         with_scratch(|s| {
             s.tile.clear();
@@ -359,7 +362,7 @@ impl GgmlMatrix {
                         }
                     }
                 }
-                (Input::Q8(_), None) | (Input::Bf16(..), _) => {
+                (Input::Q8(_), None) | (Input::Tiles(..), _) => {
                     unreachable!("inputs are made by `input` for this type")
                 }
             }
@@ -381,7 +384,7 @@ impl GgmlMatrix {
             let xt: Vec<f32> = match &input {
                 Input::Q8(a) => (0..self.k).map(|p| a.value(t, p)).collect(),
                 Input::F32(v) => v[t * self.k..(t + 1) * self.k].to_vec(),
-                Input::Bf16(..) => unreachable!("the portable path has no tiles"),
+                Input::Tiles(..) => unreachable!("the portable path has no tiles"),
             };
             for j in 0..self.n {
                 let wj = &w[j * self.k..(j + 1) * self.k];
@@ -399,15 +402,16 @@ pub(crate) enum Form {
     Q8(usize),
     /// F32 activations, rows dequantized to f32 (types without an integer form).
     F32,
-    /// BF16 activations, weight tiles decoded to BF16 for the packed micro-kernels.
-    Bf16(Kernel),
+    /// Weight tiles decoded to packed BF16 or INT8 for the packed micro-kernels, activations
+    /// converted to match.
+    Tiles(Kernel, TileFormat),
 }
 
 impl Form {
     /// Tokens per task: all of a long prompt's tokens share each decoded tile.
     pub(crate) fn token_chunk(self) -> usize {
         match self {
-            Form::Bf16(_) => tiles::TILE_TOKENS,
+            Form::Tiles(..) => tiles::TILE_TOKENS,
             Form::Q8(_) | Form::F32 => TOKEN_CHUNK,
         }
     }
@@ -417,5 +421,5 @@ impl Form {
 pub(crate) enum Input {
     Q8(Q8Rows),
     F32(Vec<f32>),
-    Bf16(Activations, Kernel),
+    Tiles(Activations, Kernel, TileFormat),
 }

@@ -4,9 +4,9 @@
 //! - [`dequantize_row`] / [`dequantize_row_bf16`]: the scalar reference decoders, bit for bit
 //!   what ggml's `dequantize_row_*` compute.
 //! - [`GgmlMatrix`]: a `[n, k]` matrix of blocks viewed in place (a mapped file's bytes) with
-//!   `y = x · Wᵀ` on int8 kernels (AVX2 and portable) for the integer types and a generic
-//!   dequantizing path for the rest; with many tokens on AVX-512 or AMX, on BF16 tiles decoded
-//!   in cache and fed to the packed micro-kernels (`tiles`).
+//!   `y = x · Wᵀ` on int8 kernels (AVX-512 VNNI, AVX2, portable) for the integer types and a generic
+//!   dequantizing path for the rest; with many tokens on AVX-512 or AMX, on INT8 or BF16 tiles
+//!   decoded in cache and fed to the packed micro-kernels (`tiles`).
 //! - [`GgmlExperts`] and [`fused_moe_ggml`]: a MoE layer's experts as three stacked block
 //!   tensors, each expert addressed in place.
 //!
@@ -32,11 +32,15 @@ pub use matrix::GgmlMatrix;
 pub use moe::{GgmlExperts, fused_moe_ggml, fused_moe_ggml_ref};
 pub use types::{GgmlType, QK_K};
 
-/// The instruction set of the BF16 tile path for one matrix call with `tokens` tokens on
-/// `isa`, when that path is taken (AVX-512 or AMX, and enough tokens to repay decoding a
-/// tile); `None` when the block kernels run.
-pub fn tile_path(isa: crate::Isa, tokens: usize) -> Option<crate::Isa> {
-    tiles::kernel_for(isa, tokens).map(|_| isa)
+/// The instruction set and packed format of the tile path for one matrix call of `ty` with
+/// `tokens` tokens on `isa`, when that path is taken (AVX-512 or AMX, and enough tokens to
+/// repay decoding a tile); `None` when the block kernels run.
+pub fn tile_path(
+    isa: crate::Isa,
+    ty: GgmlType,
+    tokens: usize,
+) -> Option<(crate::Isa, crate::PackedFormat)> {
+    tiles::tile_for(isa, tokens, ty).map(|(_, fmt)| (isa, fmt.packed()))
 }
 
 /// The instruction set the row-dot kernels of the integer types run on when `isa` is

@@ -4,7 +4,7 @@
 use std::cell::Cell;
 
 /// Decoded rows (`q`, `d`, `m`), dequantized rows (`f`), one row's results (`col`), the
-/// output tile (`tile`) and BF16 rows (`h`).
+/// output tile (`tile`), BF16 rows (`h`) and INT8 rows as stored (`b`).
 #[derive(Default)]
 pub(super) struct Scratch {
     pub q: Vec<i8>,
@@ -14,6 +14,7 @@ pub(super) struct Scratch {
     pub col: Vec<f32>,
     pub tile: Vec<f32>,
     pub h: Vec<u16>,
+    pub b: Vec<u8>,
 }
 
 /// Runs `f` on this thread's scratch.

@@ -5,6 +5,7 @@ use half::{bf16, f16};
 
 use super::matrix::Form;
 use super::test_util::random_blocks;
+use super::tiles::TileFormat;
 use super::*;
 use crate::moe::{ExpertBatch, MoeOptions, group_by_expert};
 use crate::{Isa, KernelError};
@@ -85,17 +86,60 @@ pub(super) fn bf16_twin(w: &GgmlMatrix, x: &[f32], m: usize) -> Vec<f32> {
     out
 }
 
+/// The INT8 tile path's twin: `x` quantized per token, `W` as the INT8 tile holds it (exact
+/// or requantized per 32 from the reference dequantizer's values), summed in f32.
+pub(super) fn int8_twin(w: &GgmlMatrix, x: &[f32], m: usize) -> Vec<f32> {
+    use super::tiles::int8;
+    let (n, k) = (w.n(), w.k());
+    let mut wf = w.dequantize();
+    if !int8::exact(w.ty()) {
+        for row in wf.chunks_exact_mut(k.max(1)) {
+            for g in row.chunks_mut(int8::GROUP) {
+                let mut v = [0.0f32; int8::GROUP];
+                v[..g.len()].copy_from_slice(g);
+                let mut q = [0u8; int8::GROUP];
+                let scale = int8::requantize(&v, &mut q);
+                for (w, q) in g.iter_mut().zip(q) {
+                    *w = (i32::from(q) - 128) as f32 * scale;
+                }
+            }
+        }
+    }
+    let k_pad = k.div_ceil(64).max(1) * 64;
+    let a = crate::packed::Activations::int8_grouped(
+        k_pad,
+        m,
+        crate::packed::micro::Kernel::Isa(Isa::Portable),
+        |r| &x[r * k..(r + 1) * k],
+    );
+    let xq: Vec<f32> = (0..m)
+        .flat_map(|t| (0..k).map(move |p| (t, p)))
+        .map(|(t, p)| a.value(t, p))
+        .collect();
+    let mut out = vec![0.0; m * n];
+    crate::gemm::matmul_f32_ref(&xq, &wf, &mut out, m, n, k);
+    out
+}
+
+/// The twin of the tile path in `fmt`.
+pub(super) fn tile_twin(w: &GgmlMatrix, x: &[f32], m: usize, fmt: TileFormat) -> Vec<f32> {
+    match fmt {
+        TileFormat::Bf16 => bf16_twin(w, x, m),
+        TileFormat::Int8 => int8_twin(w, x, m),
+    }
+}
+
 /// One expert's SwiGLU on one token, computed as the path `tiles` selects computes it: the
-/// tile path's BF16 rounding, or the block kernels' (`matmul_ref`).
+/// tile path's rounding (BF16 or INT8), or the block kernels' (`matmul_ref`).
 pub(super) fn expert_twin(
     e: (&GgmlMatrix, &GgmlMatrix, &GgmlMatrix),
     x: &[f32],
-    tiles: bool,
+    tiles: impl Fn(&GgmlMatrix) -> Option<TileFormat>,
 ) -> Vec<f32> {
     let (g, u, d) = e;
     let mm = |w: &GgmlMatrix, x: &[f32]| {
-        if tiles {
-            bf16_twin(w, x, 1)
+        if let Some(fmt) = tiles(w) {
+            tile_twin(w, x, 1, fmt)
         } else {
             let mut y = vec![0.0; w.n()];
             w.matmul_ref(x, 1, &mut y).expect("shapes agree");
@@ -110,23 +154,21 @@ pub(super) fn expert_twin(
     mm(d, &mid)
 }
 
-/// The MoE layer, expert `e` computed as `tiles(e)` says.
+/// The MoE layer, matrix `w` of expert `e` computed as `tiles(e, w)` says.
 pub(super) fn moe_twin(
     experts: &GgmlExperts,
     x: &[f32],
     batches: &[ExpertBatch],
-    tiles: impl Fn(usize) -> bool,
+    tiles: impl Fn(usize, &GgmlMatrix) -> Option<TileFormat>,
 ) -> Vec<f32> {
     let h = experts.hidden();
     let mut out = vec![0.0; x.len()];
     for b in batches {
         for (&t, &w) in b.tokens.iter().zip(&b.weights) {
             let t = t as usize;
-            let y = expert_twin(
-                experts.expert(b.expert),
-                &x[t * h..(t + 1) * h],
-                tiles(b.expert),
-            );
+            let y = expert_twin(experts.expert(b.expert), &x[t * h..(t + 1) * h], |w| {
+                tiles(b.expert, w)
+            });
             for (o, v) in out[t * h..(t + 1) * h].iter_mut().zip(y) {
                 *o += w * v;
             }
@@ -171,7 +213,7 @@ fn matmul_matches_its_twin_and_f32_on_every_type_and_path() {
                 let mut got = vec![f32::NAN; m * n];
                 w.matmul_with(isa, &x, m, &mut got).expect("shapes agree");
                 let want = match w.form(isa, m) {
-                    Form::Bf16(_) => bf16_twin(&w, &x, m),
+                    Form::Tiles(_, fmt) => tile_twin(&w, &x, m, fmt),
                     _ => want.clone(),
                 };
                 check(ty, &format!("{isa:?} {m}x{n}x{k}"), &got, &want, &mag, 1e-5);
@@ -201,7 +243,7 @@ fn a_tokens_outputs_do_not_depend_on_its_batch() {
                 .map(|t| (t, 1))
                 .chain([(1, 2), (2, 3), (3, 5), (4, 7)])
             {
-                if matches!(w.form(isa, len), Form::Bf16(_)) {
+                if matches!(w.form(isa, len), Form::Tiles(..)) {
                     continue;
                 }
                 let xs = &x[start * k..(start + len) * k];
@@ -277,7 +319,7 @@ fn fused_moe_matches_its_twin() {
             let mut want = vec![0.0; t * h];
             fused_moe_ggml_ref(&experts, &x, &batches, &mut want).expect("shapes agree");
             let scale = want.iter().fold(0.0f32, |a, v| a.max(v.abs())).max(1e-3);
-            assert_eq!(want, moe_twin(&experts, &x, &batches, |_| false));
+            assert_eq!(want, moe_twin(&experts, &x, &batches, |_, _| None));
             // The twin of the path `isa` takes, and its tolerance: on AVX-512, an expert with
             // many tokens takes the tile path (expert 0 at t = 37), the others the block
             // kernels; a tiled expert's intermediate is rounded to BF16, where an
@@ -289,8 +331,16 @@ fn fused_moe_matches_its_twin() {
                         .find(|b| b.expert == e)
                         .map_or(0, |b| b.tokens.len())
                 };
-                let tiled = |e| matches!(experts.expert(e).0.form(isa, tokens(e)), Form::Bf16(_));
-                let tol = if (0..n_exp).any(tiled) { 2e-3 } else { 1e-4 };
+                let tiled = |e, w: &GgmlMatrix| match w.form(isa, tokens(e)) {
+                    Form::Tiles(_, fmt) => Some(fmt),
+                    _ => None,
+                };
+                let (g, ..) = experts.expert(0);
+                let tol = if (0..n_exp).any(|e| tiled(e, g).is_some()) {
+                    2e-3
+                } else {
+                    1e-4
+                };
                 (moe_twin(&experts, &x, &batches, tiled), tol)
             };
             for isa in Isa::available() {

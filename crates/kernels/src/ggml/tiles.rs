@@ -1,12 +1,16 @@
-//! The many-token path on ggml blocks: dequantize a tile of weight rows into packed BF16 in
-//! per-thread scratch, then run the packed micro-kernels (AVX-512 `vdpbf16ps`, AMX
-//! `tdpbf16ps`) over all the call's tokens.
+//! The many-token path on ggml blocks: decode a tile of weight rows into packed BF16 or INT8
+//! in per-thread scratch, then run the packed micro-kernels (AVX-512 `vdpbf16ps` /
+//! `vpdpbusd`, AMX `tdpbf16ps` / `tdpbsud`) over all the call's tokens.
 //!
 //! Decode reads each weight once per token, so the int8 row-dot kernels (`super::vecdot`)
 //! that work on the blocks as they lie are bound by memory. A prompt multiplies each weight by
-//! hundreds of tokens: there the cost is the multiply, and the BF16 tile units do several
-//! times the int8 row-dot work per cycle. Decoding a 64-row tile costs one pass over its
-//! blocks and is shared by every token of the call, so it fades as tokens grow.
+//! hundreds of tokens: there the cost is the multiply, and the tile units do several times the
+//! row-dot work per cycle. Decoding a 64-row tile costs one pass over its blocks and is shared
+//! by every token of the call, so it fades as tokens grow.
+//!
+//! On AVX-512, types with an integer form (`super::has_fast_kernel`) decode to INT8 with a
+//! scale per 32 (`int8`): `vpdpbusd` does twice the multiplies of `vdpbf16ps`, and a tile
+//! decodes faster. AMX and the other types take BF16 tiles ([`tile_for`]).
 //!
 //! A key design decision: the tile is written in exactly the layout [`PackedMatrix`] packs at
 //! load, and viewed as one, so every packed micro-kernel, the AMX tile program on the software
@@ -14,7 +18,7 @@
 
 use std::cell::Cell;
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use crate::PackedMatrix;
 use crate::buf::AlignedBuf;
@@ -25,6 +29,8 @@ use crate::packed::{Activations, LINE, PackedFormat, PackedLayout, STRIP, Stable
 use super::scratch::{Scratch, with_scratch};
 use super::unpack::{UNIT, unpack_rows};
 use super::{GgmlType, dequantize_row, has_fast_kernel};
+
+pub(super) mod int8;
 
 /// Weight rows per tile: the strips one micro-kernel block takes (64 output columns).
 pub(crate) const TILE_ROWS: usize = micro::N_BLOCK_STRIPS * STRIP;
@@ -40,16 +46,84 @@ pub(crate) const TILE_MIN_TOKENS_AMX: usize = 32;
 /// tokens per expert, 0.89-1.21x at 64 and 1.31-2.02x at 256. Not yet measured on AMD Zen 4/5,
 /// whose BF16 units are relatively faster.
 pub(crate) const TILE_MIN_TOKENS_AVX512: usize = 128;
+/// Fewest tokens for INT8 tiles on AMX, when forced (`STRATA_GGML_TILES=int8`): by default
+/// AMX takes BF16 tiles. One 64x2048 Q4_K tile on one core of a Xeon with AMX (2026-11-27,
+/// `tile_fill_and_kernel_timing`): `tdpbsud` with weight and activation scales per 32 ran at
+/// 31-58 GOPS, flush-bound, against 410-1000 GOPS for `tdpbf16ps` on BF16 tiles; even one scale
+/// per row (no flush inside `k`) gave 706 GOPS.
+pub(crate) const INT8_MIN_TOKENS_AMX: usize = 32;
+/// Fewest tokens of one matrix call for INT8 tiles on AVX-512 (`vpdpbusd`). Measured with
+/// `strata bench moe --formats q4_k,q6_k,q8_0,iq4_xs` (`STRATA_GGML_TILES=int8,8` against the
+/// default) on a 2-core Xeon with AMX and AVX-512 VNNI, the host shared with a build (load
+/// 3-5), 2026-11-27, docs/benchmarks.md: against the AVX2 int8 row-dot kernels the tiles were
+/// 0.5-1.0x at 8 tokens per expert, 0.6-1.45x at 16 (Q4_K and Q6_K behind), 1.15-1.9x at 32
+/// and 1.2-2.2x at 64. The row-dot kernels with VNNI will move this up: measure again.
+pub(crate) const INT8_MIN_TOKENS_AVX512: usize = 32;
 
-/// The micro-kernel path for `m` tokens on `isa`, when the tile path applies: the CPU has
-/// BF16 tile or vector units and there are enough tokens to repay the decode.
-pub(crate) fn kernel_for(isa: Isa, m: usize) -> Option<Kernel> {
-    let min = match isa {
-        Isa::Amx => TILE_MIN_TOKENS_AMX,
-        Isa::Avx512 => TILE_MIN_TOKENS_AVX512,
-        Isa::Avx2 | Isa::Portable => return None,
-    };
-    (m >= min).then_some(Kernel::Isa(isa))
+/// What a tile is decoded to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TileFormat {
+    /// BF16, any type.
+    Bf16,
+    /// INT8 with a scale per [`int8::GROUP`], types with an integer form.
+    Int8,
+}
+
+impl TileFormat {
+    /// The packed format the tile is written in.
+    pub(crate) fn packed(self) -> PackedFormat {
+        match self {
+            TileFormat::Bf16 => PackedFormat::Bf16,
+            TileFormat::Int8 => PackedFormat::Int8 {
+                group: Some(int8::GROUP),
+            },
+        }
+    }
+
+    /// The packed layout of `n` rows of `k` values.
+    fn layout(self, n: usize, k: usize) -> PackedLayout {
+        PackedLayout::new(self.packed(), n, k).expect("tile groups are valid")
+    }
+}
+
+/// `STRATA_GGML_TILES=bf16|int8[,MIN]` (benchmarks): the tile format for every type, and the
+/// fewest tokens per call that take tiles. Read once.
+fn forced() -> (Option<TileFormat>, Option<usize>) {
+    static FORCED: OnceLock<(Option<TileFormat>, Option<usize>)> = OnceLock::new();
+    *FORCED.get_or_init(|| {
+        let Ok(v) = std::env::var("STRATA_GGML_TILES") else {
+            return (None, None);
+        };
+        let mut parts = v.split(',');
+        let fmt = match parts.next().map(str::trim) {
+            Some("bf16") => Some(TileFormat::Bf16),
+            Some("int8") => Some(TileFormat::Int8),
+            _ => None,
+        };
+        (fmt, parts.next().and_then(|m| m.trim().parse().ok()))
+    })
+}
+
+/// The micro-kernel path and tile format for `m` tokens of `ty` on `isa`, when the tile path
+/// applies: the CPU has tile or wide vector units and there are enough tokens to repay the
+/// decode.
+pub(crate) fn tile_for(isa: Isa, m: usize, ty: GgmlType) -> Option<(Kernel, TileFormat)> {
+    let (fmt, min) = forced();
+    // AMX keeps BF16: `tdpbsud` with a scale per 32 flushes its four accumulator tiles per 32
+    // `k`, and the flush, not the multiply, sets the speed (see `INT8_MIN_TOKENS_AMX`).
+    let fmt = fmt.unwrap_or(if has_fast_kernel(ty) && isa == Isa::Avx512 {
+        TileFormat::Int8
+    } else {
+        TileFormat::Bf16
+    });
+    let min = min.unwrap_or(match (isa, fmt) {
+        (Isa::Amx, TileFormat::Bf16) => TILE_MIN_TOKENS_AMX,
+        (Isa::Amx, TileFormat::Int8) => INT8_MIN_TOKENS_AMX,
+        (Isa::Avx512, TileFormat::Bf16) => TILE_MIN_TOKENS_AVX512,
+        (Isa::Avx512, TileFormat::Int8) => INT8_MIN_TOKENS_AVX512,
+        (Isa::Avx2 | Isa::Portable, _) => return None,
+    });
+    (m >= min.max(1)).then_some((Kernel::Isa(isa), fmt))
 }
 
 /// Weight rows of one tile: `n` rows of `k` values of `ty`, as stored.
@@ -61,19 +135,20 @@ pub(crate) struct Rows<'a> {
     pub bytes: &'a [u8],
 }
 
-/// `m` activation rows of `k` values converted to BF16, padded for `kernel`.
+/// `m` activation rows of `k` values converted for tiles in `fmt` (BF16, or int8 with a scale
+/// per token), padded for `kernel`.
 pub(crate) fn activations<'x>(
     k: usize,
     m: usize,
     kernel: Kernel,
+    fmt: TileFormat,
     row: impl Fn(usize) -> &'x [f32],
 ) -> Activations {
-    Activations::bf16(layout(1, k).k_pad, m, kernel, row)
-}
-
-/// The packed BF16 layout of `n` rows of `k` values.
-fn layout(n: usize, k: usize) -> PackedLayout {
-    PackedLayout::new(PackedFormat::Bf16, n, k).expect("BF16 needs no group")
+    let k_pad = fmt.layout(1, k).k_pad;
+    match fmt {
+        TileFormat::Bf16 => Activations::bf16(k_pad, m, kernel, row),
+        TileFormat::Int8 => Activations::int8_grouped(k_pad, m, kernel, row),
+    }
 }
 
 /// Per-thread tile storage, viewed by one [`PackedMatrix`] at a time.
@@ -102,17 +177,18 @@ fn with_tile<R>(len: usize, f: impl FnOnce(&mut Arc<TileBytes>) -> R) -> R {
     r
 }
 
-/// `w` (at most [`TILE_ROWS`] rows) times tokens `tokens` of `a` (BF16 activations made by
-/// [`activations`] for `kernel`); `emit(t, values)` receives each token's results.
+/// `w` (at most [`TILE_ROWS`] rows) times tokens `tokens` of `a` (activations made by
+/// [`activations`] for `kernel` and `fmt`); `emit(t, values)` receives each token's results.
 pub(crate) fn block(
     w: Rows<'_>,
     kernel: Kernel,
+    fmt: TileFormat,
     a: &Activations,
     tokens: Range<usize>,
     mut emit: impl FnMut(usize, &[f32]),
 ) {
     let (nr, k) = (w.n, w.k);
-    let layout = layout(nr, k);
+    let layout = fmt.layout(nr, k);
     debug_assert!(nr <= TILE_ROWS && a.k_pad == layout.k_pad);
     let (data, scales) = (layout.data_bytes, layout.scales * 4);
     let strips = layout.n_pad / STRIP;
@@ -124,13 +200,27 @@ pub(crate) fn block(
                 .expect("no view of the tile outlives its task")
                 .0
                 .as_mut_slice();
-            fill(w, &mut bytes[..data], &layout);
-            // BF16 kernels read no scales; zero them rather than leave a larger tile's bytes.
-            bytes[data..data + scales].fill(0);
+            let (values, scale_bytes) = bytes[..data + scales].split_at_mut(data);
+            match fmt {
+                TileFormat::Bf16 => {
+                    fill(w, values, &layout);
+                    // BF16 kernels read no scales; zero them rather than leave another
+                    // tile's bytes.
+                    scale_bytes.fill(0);
+                }
+                TileFormat::Int8 => {
+                    // SAFETY: every bit pattern is a valid f32; the scales start 64-byte
+                    // aligned (an aligned buffer, `data` a multiple of 64), so nothing is left
+                    // in the unaligned head.
+                    let (head, sc, _) = unsafe { scale_bytes.align_to_mut::<f32>() };
+                    assert!(head.is_empty() && sc.len() == layout.scales);
+                    int8::fill(w, values, sc, &layout);
+                }
+            }
         }
         let view = PackedMatrix::from_stored(
             tile.clone(),
-            PackedFormat::Bf16,
+            fmt.packed(),
             nr,
             k,
             0..data,
@@ -150,12 +240,29 @@ pub(crate) fn block(
 fn fill(w: Rows<'_>, bytes: &mut [u8], layout: &PackedLayout) {
     with_scratch(|s| {
         #[cfg(target_arch = "x86_64")]
-        if Isa::selected() >= Isa::Avx2 {
-            // SAFETY: `Isa::Avx2` or better is only selected when the CPU has AVX2 and FMA.
-            return unsafe { fill_avx2(s, w, bytes, layout) };
+        {
+            if Isa::selected() >= Isa::Avx512 {
+                // SAFETY: `Isa::Avx512` or better is only selected when the CPU has AVX-512
+                // F/BW/VL.
+                return unsafe { fill_avx512(s, w, bytes, layout) };
+            }
+            if Isa::selected() >= Isa::Avx2 {
+                // SAFETY: `Isa::Avx2` or better is only selected when the CPU has AVX2 and FMA.
+                return unsafe { fill_avx2(s, w, bytes, layout) };
+            }
         }
-        fill_body(s, w, bytes, layout);
+        fill_body::<false>(s, w, bytes, layout);
     });
+}
+
+/// [`fill_body`] with the AVX-512 transpose.
+///
+/// # Safety
+/// The CPU must support AVX-512 F, BW and VL.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+unsafe fn fill_avx512(s: &mut Scratch, w: Rows<'_>, bytes: &mut [u8], layout: &PackedLayout) {
+    fill_body::<true>(s, w, bytes, layout);
 }
 
 /// [`fill_body`] compiled with AVX2 enabled, so its loops vectorise.
@@ -165,11 +272,17 @@ fn fill(w: Rows<'_>, bytes: &mut [u8], layout: &PackedLayout) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn fill_avx2(s: &mut Scratch, w: Rows<'_>, bytes: &mut [u8], layout: &PackedLayout) {
-    fill_body(s, w, bytes, layout);
+    fill_body::<false>(s, w, bytes, layout);
 }
 
+/// The fill; `AVX512` only where the CPU has AVX-512 F, BW and VL (from [`fill_avx512`]).
 #[inline(always)]
-fn fill_body(s: &mut Scratch, w: Rows<'_>, bytes: &mut [u8], layout: &PackedLayout) {
+fn fill_body<const AVX512: bool>(
+    s: &mut Scratch,
+    w: Rows<'_>,
+    bytes: &mut [u8],
+    layout: &PackedLayout,
+) {
     let (k, k_pad, nr, src) = (w.k, layout.k_pad, w.n, w.bytes);
     // 1. All rows as BF16, `k_pad` apart; padding rows and columns zero.
     s.h.clear();
@@ -210,6 +323,17 @@ fn fill_body(s: &mut Scratch, w: Rows<'_>, bytes: &mut [u8], layout: &PackedLayo
     let pairs = k_pad / 2;
     for (strip, dst) in bytes.chunks_exact_mut(layout.strip_bytes).enumerate() {
         let h = &s.h[strip * STRIP * k_pad..(strip + 1) * STRIP * k_pad];
+        #[cfg(target_arch = "x86_64")]
+        if AVX512 {
+            // SAFETY: any u16 is two valid bytes, and u8 needs no alignment: all of `h`.
+            let (_, hb, _) = unsafe { h.align_to::<u8>() };
+            for l0 in (0..pairs).step_by(STRIP) {
+                // SAFETY: `AVX512` is only set by `fill_avx512`, whose caller checked the
+                // features; `k_pad` is a multiple of 32, so 16 whole lines remain.
+                unsafe { int8::x86::transpose16(&hb[4 * l0..], 2 * k_pad, &mut dst[l0 * LINE..]) };
+            }
+            continue;
+        }
         for l0 in (0..pairs).step_by(STRIP) {
             let n = STRIP.min(pairs - l0);
             for c in 0..STRIP {

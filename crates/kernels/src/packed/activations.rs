@@ -1,11 +1,12 @@
 //! Activations converted once per matrix call for the micro-kernels: BF16 rows, or int8
-//! rows with per-token scales and per-unit sums (the zero-point correction).
+//! rows with a scale per token (or per [`XSUM_UNIT`] values of a token) and per-unit sums (the
+//! zero-point correction).
 
 use super::micro::{self, Kernel};
 use super::{Kind, M_ALIGN, PackedMatrix, XSUM_UNIT, bf16_bits_to_f32};
 use crate::buf::AlignedBuf;
 
-/// Activations converted for one packed matrix: BF16, or int8 with per-token scales.
+/// Activations converted for one packed matrix: BF16, or int8 with per-token or per-32 scales.
 pub(crate) struct Activations {
     pub(crate) k_pad: usize,
     /// Bytes per row of `data`.
@@ -16,8 +17,11 @@ pub(crate) struct Activations {
     pub(crate) m_pad: usize,
     /// `[m_pad, k_pad]` bf16 or i8, rows beyond `m` zero.
     pub(crate) data: AlignedBuf,
-    /// Per-token dequantization scale (integer formats).
+    /// Dequantization scales (integer formats): `[m_pad, k_pad / scale_group]`.
     pub(crate) scale: Vec<f32>,
+    /// `k` per scale: `k_pad` (one per token) or [`XSUM_UNIT`]. Integer kernels flush at
+    /// least this often when it is smaller than a row (see [`Activations::scale_at`]).
+    pub(crate) scale_group: usize,
     /// `[m_pad, k_pad / XSUM_UNIT]` sums of the int8 values (integer formats).
     pub(crate) xsum: Vec<i32>,
 }
@@ -31,7 +35,7 @@ impl Activations {
         kernel: Kernel,
         row: impl Fn(usize) -> &'x [f32],
     ) -> Self {
-        Self::convert(w.kind, w.k_pad, m, kernel, row)
+        Self::convert(w.kind, w.k_pad, m, kernel, false, row)
     }
 
     /// Converts `m` rows to BF16 for matrices of `k_pad` columns (a multiple of 32), padded
@@ -42,7 +46,26 @@ impl Activations {
         kernel: Kernel,
         row: impl Fn(usize) -> &'x [f32],
     ) -> Self {
-        Self::convert(Kind::Bf16, k_pad, m, kernel, row)
+        Self::convert(Kind::Bf16, k_pad, m, kernel, false, row)
+    }
+
+    /// Converts `m` rows to int8 with a scale per [`XSUM_UNIT`] values for matrices of `k_pad`
+    /// columns (a multiple of 64) with weight scales per [`XSUM_UNIT`], padded for `kernel`:
+    /// the activations of weights decoded into INT8 tiles on the fly. A scale per 32 keeps an
+    /// outlier channel from coarsening the whole token; the kernels flush per 32 anyway.
+    pub(crate) fn int8_grouped<'x>(
+        k_pad: usize,
+        m: usize,
+        kernel: Kernel,
+        row: impl Fn(usize) -> &'x [f32],
+    ) -> Self {
+        Self::convert(Kind::Int8, k_pad, m, kernel, true, row)
+    }
+
+    /// The scale of row `r` at `k = f0`.
+    #[inline(always)]
+    pub(crate) fn scale_at(&self, r: usize, f0: usize) -> f32 {
+        self.scale[r * (self.k_pad / self.scale_group) + f0 / self.scale_group]
     }
 
     fn convert<'x>(
@@ -50,6 +73,7 @@ impl Activations {
         k_pad: usize,
         m: usize,
         kernel: Kernel,
+        grouped: bool,
         row: impl Fn(usize) -> &'x [f32],
     ) -> Self {
         let m_pad = if kernel.uses_tiles() {
@@ -61,7 +85,8 @@ impl Activations {
         let lda = k_pad * elem;
         let mut data = AlignedBuf::zeroed(m_pad * lda);
         let units = k_pad / XSUM_UNIT;
-        let mut scale = vec![0.0f32; m_pad];
+        let scale_group = if grouped { XSUM_UNIT } else { k_pad };
+        let mut scale = vec![0.0f32; m_pad * (k_pad / scale_group)];
         let mut xsum = vec![0i32; m_pad * units];
         let bytes = data.as_mut_slice();
         for r in 0..m {
@@ -78,7 +103,15 @@ impl Activations {
                 micro::to_bf16(x, dst16);
             } else {
                 let sums = &mut xsum[r * units..(r + 1) * units];
-                scale[r] = micro::quantize_i8(x, &mut dst[..x.len()], sums);
+                if grouped {
+                    let (src, dst) = (x.chunks(XSUM_UNIT), dst.chunks_mut(XSUM_UNIT));
+                    let sc = &mut scale[r * units..(r + 1) * units];
+                    for (((x, d), s), sc) in src.zip(dst).zip(sums.chunks_mut(1)).zip(sc) {
+                        *sc = micro::quantize_i8(x, &mut d[..x.len()], s);
+                    }
+                } else {
+                    scale[r] = micro::quantize_i8(x, &mut dst[..x.len()], sums);
+                }
             }
         }
         Self {
@@ -87,6 +120,7 @@ impl Activations {
             m_pad,
             data,
             scale,
+            scale_group,
             xsum,
         }
     }
@@ -97,7 +131,7 @@ impl Activations {
         if self.lda == self.k_pad * 2 {
             bf16_bits_to_f32(u16::from_le_bytes([b[2 * p], b[2 * p + 1]]))
         } else {
-            f32::from(b[p] as i8) * self.scale[r]
+            f32::from(b[p] as i8) * self.scale_at(r, p)
         }
     }
 }

@@ -21,7 +21,8 @@
 //! flush. Scales are symmetric: per output row (INT8 without group) or per `group` of `k`.
 //!
 //! Activations are converted per call: to BF16 (round to nearest even), or to int8 with one
-//! scale per token (`amax / 127`). `n` is padded to a multiple of 32 (two strips: an AMX
+//! scale per token (`amax / 127`; per 32 values for the GGUF INT8 tiles, whose weight scales
+//! are per 32 too). `n` is padded to a multiple of 32 (two strips: an AMX
 //! 32x32 output block) and `k` to the tile depth, with zeros.
 //!
 //! A matrix owns its bytes when packed at load, or views them in a memory-mapped file

@@ -312,7 +312,7 @@ pub(super) fn block<U: TileUnit>(
                     for i in 0..nrows {
                         let r = r0 + i;
                         let corr = correction(w, a, r, f0, fs);
-                        let xs = a.scale[r];
+                        let xs = a.scale_at(r, f0);
                         for h in 0..2 {
                             let sc = &w.scales[((sp + h) * w.groups + g) * STRIP..][..STRIP];
                             let o = &mut out

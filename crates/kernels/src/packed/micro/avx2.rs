@@ -251,7 +251,7 @@ unsafe fn flush<const MR: usize, const NS: usize>(
             0
         };
         let corr = _mm256_set1_epi32(corr);
-        let xs = _mm256_set1_ps(a.scale[r]);
+        let xs = _mm256_set1_ps(a.scale_at(r, f0));
         for s in 0..NS {
             let sc = &w.scales[((it.strip0 + s) * w.groups + g) * STRIP..][..STRIP];
             for h in 0..2 {

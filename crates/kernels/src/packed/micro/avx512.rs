@@ -253,7 +253,7 @@ unsafe fn flush<const MR: usize, const NS: usize>(
     for i in 0..MR {
         let r = it.row0 + i;
         let corr = _mm512_set1_epi32(correction(w, a, r, f0, it.fs));
-        let xs = _mm512_set1_ps(a.scale[r]);
+        let xs = _mm512_set1_ps(a.scale_at(r, f0));
         for s in 0..NS {
             let sc = &w.scales[((it.strip0 + s) * w.groups + g) * STRIP..][..STRIP];
             // SAFETY: `sc` holds 16 floats.

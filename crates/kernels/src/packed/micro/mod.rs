@@ -118,6 +118,13 @@ pub(crate) fn run_block(
         w.strips()
     );
     assert!(rows.end <= a.m_pad && a.k_pad == w.k_pad);
+    // Each flush (at most a weight group) must lie within one activation scale.
+    assert!(
+        w.kind == Kind::Bf16 || w.group <= a.scale_group,
+        "activation scales per {} k, weight scales per {}",
+        a.scale_group,
+        w.group
+    );
     assert!(
         ldo >= strips.len() * STRIP && out.len() >= (rows.len() - 1) * ldo + strips.len() * STRIP
     );

@@ -67,7 +67,7 @@ pub(super) fn block(
                 let g = f0 / w.group;
                 let sc = &w.scales[(s * w.groups + g) * STRIP..(s * w.groups + g + 1) * STRIP];
                 for c in 0..STRIP {
-                    o[c] += (acc[c] - corr) as f32 * sc[c] * a.scale[r];
+                    o[c] += (acc[c] - corr) as f32 * sc[c] * a.scale_at(r, f0);
                 }
             }
         }
