@@ -40,7 +40,9 @@ pub(crate) const TILE_TOKENS: usize = 512;
 /// `strata bench moe --formats q4_k,q6_k,q8_0,iq4_xs` on a 16-core Xeon (2026-11-24,
 /// docs/benchmarks.md): at 32 tokens per expert the tiles were 1.01-1.55x the int8 row-dot
 /// kernels, at 64 1.4-2.1x, at 256 3.1-4.5x; at 16, 1.02-1.24x but with the row-dot kernels
-/// still ahead on some types.
+/// still ahead on some types. Against the VNNI row-dot kernels (2-core Xeon, 2026-11-27,
+/// `STRATA_GGML_TILES=int8,1000000000` against the default): 1.24-2.0x at 32 tokens per
+/// expert, 1.7-2.2x at 64 (Q4_K, Q6_K, Q8_0).
 pub(crate) const TILE_MIN_TOKENS_AMX: usize = 32;
 /// The same on AVX-512 without AMX (`vdpbf16ps`): on that Xeon the tiles were 0.67-1.03x at 32
 /// tokens per expert, 0.89-1.21x at 64 and 1.31-2.02x at 256. Not yet measured on AMD Zen 4/5,
@@ -57,7 +59,9 @@ pub(crate) const INT8_MIN_TOKENS_AMX: usize = 32;
 /// default) on a 2-core Xeon with AMX and AVX-512 VNNI, the host shared with a build (load
 /// 3-5), 2026-11-27, docs/benchmarks.md: against the AVX2 int8 row-dot kernels the tiles were
 /// 0.5-1.0x at 8 tokens per expert, 0.6-1.45x at 16 (Q4_K and Q6_K behind), 1.15-1.9x at 32
-/// and 1.2-2.2x at 64. The row-dot kernels with VNNI will move this up: measure again.
+/// and 1.2-2.2x at 64. Measured again against the VNNI row-dot kernels (same host, quiet,
+/// 2026-11-27 21:43 UTC): 1.21-1.72x at 32 tokens per expert and 1.54-1.90x at 64 (Q4_K,
+/// Q6_K, Q8_0), so the threshold stands.
 pub(crate) const INT8_MIN_TOKENS_AVX512: usize = 32;
 
 /// What a tile is decoded to.
