@@ -81,6 +81,11 @@ impl Vnni for Avx512Vnni {
     }
 
     #[inline(always)]
+    fn prefetch(self, p: *const u8) {
+        // SAFETY: see the impl; a prefetch reads nothing architecturally and never faults.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) }
+    }
+    #[inline(always)]
     fn bytes(self, b: [u8; 64]) -> __m512i {
         // SAFETY: see the impl; `b` is 64 readable bytes.
         unsafe { _mm512_loadu_si512(b.as_ptr().cast()) }

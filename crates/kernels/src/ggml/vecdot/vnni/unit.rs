@@ -55,6 +55,10 @@ pub(crate) trait Vnni: Copy {
     /// `p[0]` and `p[1]` must be readable.
     unsafe fn load_f2x8(self, p: *const f32) -> Self::F;
 
+    /// Asks for the cache line at `p` ahead of its use (`prefetcht0`; no architectural
+    /// effect, so any address is allowed; the software unit does nothing).
+    fn prefetch(self, p: *const u8);
+
     /// The 64 bytes `b`.
     fn bytes(self, b: [u8; 64]) -> Self::I;
     /// `lo` in bytes 0-7, `hi` in bytes 8-15 (little-endian), zeros above.
@@ -260,6 +264,7 @@ impl Vnni for Soft {
         self.f2x8(a, b)
     }
 
+    fn prefetch(self, _: *const u8) {}
     fn bytes(self, b: [u8; 64]) -> Bytes {
         Bytes(b)
     }
