@@ -8,7 +8,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::Q8Rows;
+use super::{PREFETCH_ROWS, Q8Rows};
 use kquants::{q2_k_n, q3_k_n, q4_k_n, q5_k_n, q6_k_n};
 use small::{iq4_nl_n, iq4_xs_n, q4_0_n, q4_1_n, q5_0_n, q5_1_n, q8_0_n};
 
@@ -81,6 +81,13 @@ unsafe fn rows_at<const N: usize>(
 ) {
     let n_rows = src.len() / rb;
     for (r, row) in src.chunks_exact(rb).enumerate() {
+        // The row `PREFETCH_ROWS` ahead into L1 while this one computes.
+        if let Some(ahead) = src.get((r + PREFETCH_ROWS) * rb..(r + PREFETCH_ROWS + 1) * rb) {
+            for line in ahead.chunks(64) {
+                // SAFETY: a prefetch reads nothing architecturally and never faults.
+                unsafe { _mm_prefetch::<_MM_HINT_T0>(line.as_ptr().cast()) };
+            }
+        }
         let mut o = [0.0f32; N];
         // SAFETY: the caller's guarantees.
         unsafe { kernel(row, xt, &mut o) };

@@ -13,7 +13,7 @@
 
 use std::ops::Range;
 
-use super::{GgmlType, Q8Rows};
+use super::{GgmlType, PREFETCH_ROWS, Q8Rows};
 use unit::Vnni;
 
 #[cfg(target_arch = "x86_64")]
@@ -133,11 +133,6 @@ fn check<K: RowKernel>(
     );
     rb
 }
-
-/// Rows ahead of the one computing whose bytes are prefetched. Measured with `strata bench
-/// moe --formats q4_k,q6_k,q8_0 --tokens 1,4 --layers 4` on a 2-core Xeon (2026-11-27): no
-/// prefetch against 2 rows ahead 1.03-1.39x, 4 against 2 0.85-1.20x (Q4_K, Q6_K better).
-const PREFETCH_ROWS: usize = 4;
 
 /// Every row of `src` against the tokens, four at a time: tokens are the outer loop, so
 /// four tokens' activations stay in L1 while the rows pass by. Token `j`'s result for row
