@@ -33,6 +33,29 @@ pub(crate) type BlockDot =
 #[cfg(any(target_arch = "x86_64", test))]
 pub(crate) const PREFETCH_ROWS: usize = 4;
 
+/// Up to four tokens' activation rows, resolved once for all rows of a task: int8 values,
+/// scales per 32, and per 16 `s · Σ q` and `Σ q`, of tokens `t .. t + N`. The AVX2 and
+/// VNNI kernels each add their loads.
+#[cfg(any(target_arch = "x86_64", test))]
+pub(crate) struct Tokens<'a, const N: usize> {
+    pub(crate) q: [&'a [i8]; N],
+    pub(crate) s: [&'a [f32]; N],
+    pub(crate) sums: [&'a [f32]; N],
+    pub(crate) isums: [&'a [i16]; N],
+}
+
+#[cfg(any(target_arch = "x86_64", test))]
+impl<'a, const N: usize> Tokens<'a, N> {
+    fn new(a: &'a Q8Rows, t: usize) -> Self {
+        Self {
+            q: std::array::from_fn(|j| a.q(t + j)),
+            s: std::array::from_fn(|j| a.s(t + j)),
+            sums: std::array::from_fn(|j| a.sums(t + j)),
+            isums: std::array::from_fn(|j| a.isums(t + j)),
+        }
+    }
+}
+
 /// Values per activation scale for weights of `ty` on every path: 256 for the k-quants with
 /// in-register kernels (their integer sub-scales need one activation scale per block), 32
 /// for the rest (finer rounding; their scales are applied per 16 or 32 in f32 anyway).
@@ -101,6 +124,23 @@ mod avx2;
 #[cfg(any(target_arch = "x86_64", test))]
 mod vnni;
 
+/// Every type with in-register kernels (AVX2 and VNNI alike), for the tests.
+#[cfg(test)]
+const IN_REGISTER_TYPES: [GgmlType; 12] = [
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+    GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::IQ4_NL,
+    GgmlType::IQ4_XS,
+];
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -115,20 +155,7 @@ mod tests {
             eprintln!("NOT CHECKED: this CPU has no AVX2, so the in-register kernels cannot run");
         }
         let mut seed = 5;
-        for ty in [
-            GgmlType::Q2_K,
-            GgmlType::Q3_K,
-            GgmlType::Q4_K,
-            GgmlType::Q5_K,
-            GgmlType::Q6_K,
-            GgmlType::Q8_0,
-            GgmlType::Q4_0,
-            GgmlType::Q4_1,
-            GgmlType::Q5_0,
-            GgmlType::Q5_1,
-            GgmlType::IQ4_NL,
-            GgmlType::IQ4_XS,
-        ] {
+        for ty in IN_REGISTER_TYPES {
             for isa in Isa::available() {
                 let Some(dot) = kernel(isa, ty) else {
                     if isa >= Isa::Avx2 {

@@ -8,7 +8,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::{PREFETCH_ROWS, Q8Rows};
+use super::{PREFETCH_ROWS, Q8Rows, Tokens};
 use kquants::{q2_k_n, q3_k_n, q4_k_n, q5_k_n, q6_k_n};
 use small::{iq4_nl_n, iq4_xs_n, q4_0_n, q4_1_n, q5_0_n, q5_1_n, q8_0_n};
 
@@ -137,25 +137,7 @@ unsafe fn load(p: *const u8) -> __m256i {
     unsafe { _mm256_loadu_si256(p.cast()) }
 }
 
-/// A group of up to four tokens' activation rows, resolved once for all rows of a task: values, scales per 32 and integer
-/// sums per 16 of tokens `t .. t + N`.
-struct Tokens<'a, const N: usize> {
-    q: [&'a [i8]; N],
-    s: [&'a [f32]; N],
-    sums: [&'a [f32]; N],
-    isums: [&'a [i16]; N],
-}
-
-impl<'a, const N: usize> Tokens<'a, N> {
-    fn new(a: &'a Q8Rows, t: usize) -> Self {
-        Self {
-            q: std::array::from_fn(|j| a.q(t + j)),
-            s: std::array::from_fn(|j| a.s(t + j)),
-            sums: std::array::from_fn(|j| a.sums(t + j)),
-            isums: std::array::from_fn(|j| a.isums(t + j)),
-        }
-    }
-
+impl<const N: usize> Tokens<'_, N> {
     /// Token `j`'s 32 values from position `p`.
     ///
     /// # Safety

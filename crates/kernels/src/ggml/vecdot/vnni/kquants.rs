@@ -7,7 +7,7 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::unit::{Vnni, halves16, runs16};
-use super::{RowKernel, Xs, f16_at};
+use super::{RowKernel, Tokens, f16_at};
 use crate::ggml::GgmlType;
 
 /// The eight 6-bit scales and eight mins of a Q4_K / Q5_K block from its 12 packed bytes
@@ -42,7 +42,7 @@ pub(in crate::ggml::vecdot) struct Q5K;
 impl RowKernel for Q4K {
     const TYPE: GgmlType = GgmlType::Q4_K;
     #[inline(always)]
-    unsafe fn row<U: Vnni, const N: usize>(u: U, row: &[u8], xt: &Xs<N>, out: &mut [f32; N]) {
+    unsafe fn row<U: Vnni, const N: usize>(u: U, row: &[u8], xt: &Tokens<N>, out: &mut [f32; N]) {
         // SAFETY: the caller's guarantees.
         unsafe { k4::<U, N, false>(u, row, xt, out) }
     }
@@ -51,7 +51,7 @@ impl RowKernel for Q4K {
 impl RowKernel for Q5K {
     const TYPE: GgmlType = GgmlType::Q5_K;
     #[inline(always)]
-    unsafe fn row<U: Vnni, const N: usize>(u: U, row: &[u8], xt: &Xs<N>, out: &mut [f32; N]) {
+    unsafe fn row<U: Vnni, const N: usize>(u: U, row: &[u8], xt: &Tokens<N>, out: &mut [f32; N]) {
         // SAFETY: the caller's guarantees.
         unsafe { k4::<U, N, true>(u, row, xt, out) }
     }
@@ -65,7 +65,7 @@ impl RowKernel for Q5K {
 unsafe fn k4<U: Vnni, const N: usize, const FIVE: bool>(
     u: U,
     row: &[u8],
-    xt: &Xs<N>,
+    xt: &Tokens<N>,
     out: &mut [f32; N],
 ) {
     let (block, qs) = if FIVE { (176, 48) } else { (144, 16) };
@@ -112,7 +112,7 @@ unsafe fn k4<U: Vnni, const N: usize, const FIVE: bool>(
             let s = u.permw(sub[c], sm);
             for j in 0..N {
                 // SAFETY: block `i` of the row lies within the rows of `xt` (caller).
-                let xv = unsafe { xt.x(u, j, 256 * i + 64 * c) };
+                let xv = unsafe { xt.load_x(u, j, 256 * i + 64 * c) };
                 sumi[c % 2][j] = u.dpwssd(sumi[c % 2][j], u.maddubs(v, xv), s);
             }
         }
@@ -120,7 +120,7 @@ unsafe fn k4<U: Vnni, const N: usize, const FIVE: bool>(
             let dx = xt.s[j][8 * i];
             let sumi = u.add32(sumi[0][j], sumi[1][j]);
             // SAFETY: as above.
-            let ms = u.dpwssd(u.zero(), unsafe { xt.isums(u, j, i) }, mins16);
+            let ms = u.dpwssd(u.zero(), unsafe { xt.load_isums(u, j, i) }, mins16);
             acc[j] = u.fmadd(u.cvt(sumi), u.splatf(d * dx), acc[j]);
             acc[j] = u.fmadd(u.cvt(ms), u.splatf(-(dmin * dx)), acc[j]);
         }
@@ -140,7 +140,7 @@ impl RowKernel for Q6K {
     const TYPE: GgmlType = GgmlType::Q6_K;
 
     #[inline(always)]
-    unsafe fn row<U: Vnni, const N: usize>(u: U, row: &[u8], xt: &Xs<N>, out: &mut [f32; N]) {
+    unsafe fn row<U: Vnni, const N: usize>(u: U, row: &[u8], xt: &Tokens<N>, out: &mut [f32; N]) {
         let (m4, m2) = (u.splat8(0x0f), u.splat8(0x03));
         let fours = u.bytes(halves16(4, 4));
         // `qh` bits of values 0-63 of a half (low register half: bits 0-1, high: 2-3) and of
@@ -178,7 +178,7 @@ impl RowKernel for Q6K {
                     let s = u.permw(pick[h][p], sc);
                     for j in 0..N {
                         // SAFETY: block `i` lies within the rows of `xt` (caller).
-                        let xv = unsafe { xt.x(u, j, 256 * i + 128 * h + 64 * p) };
+                        let xv = unsafe { xt.load_x(u, j, 256 * i + 128 * h + 64 * p) };
                         sumi[h][j] = u.dpwssd(sumi[h][j], u.maddubs(v, xv), s);
                     }
                 }
@@ -187,7 +187,7 @@ impl RowKernel for Q6K {
                 let dx = xt.s[j][8 * i];
                 // The -32 offset: Σ_u sc_u · 32 · Σ x over unit u (scales in lanes 0-15).
                 // SAFETY: as above.
-                let off = u.dpwssd(u.zero(), unsafe { xt.isums(u, j, i) }, sc);
+                let off = u.dpwssd(u.zero(), unsafe { xt.load_isums(u, j, i) }, sc);
                 let s = u.sub32(u.add32(sumi[0][j], sumi[1][j]), u.slli32::<5>(off));
                 acc[j] = u.fmadd(u.cvt(s), u.splatf(d * dx), acc[j]);
             }

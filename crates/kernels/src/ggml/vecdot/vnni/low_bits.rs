@@ -9,7 +9,7 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::unit::{Vnni, halves16, runs16};
-use super::{RowKernel, Xs, f16_at};
+use super::{RowKernel, Tokens, f16_at};
 use crate::ggml::GgmlType;
 
 /// Shifts that take 2-bit plane `p` into the low half and plane `p + 1` into the high half
@@ -41,7 +41,7 @@ trait LowBits {
 unsafe fn low_bits<U: Vnni, K: LowBits, const N: usize>(
     u: U,
     row: &[u8],
-    xt: &Xs<N>,
+    xt: &Tokens<N>,
     out: &mut [f32; N],
 ) {
     let mut acc = [u.splatf(0.0); N];
@@ -56,7 +56,7 @@ unsafe fn low_bits<U: Vnni, K: LowBits, const N: usize>(
                     // SAFETY: groups `8 i + g` and the next lie within the rows (caller).
                     let (xv, xs) = unsafe {
                         (
-                            xt.x(u, j, 256 * i + 32 * g),
+                            xt.load_x(u, j, 256 * i + 32 * g),
                             u.load_f2x8(xt.s[j].as_ptr().add(8 * i + g)),
                         )
                     };
@@ -67,7 +67,7 @@ unsafe fn low_bits<U: Vnni, K: LowBits, const N: usize>(
         }
         for j in 0..N {
             // SAFETY: block `i` lies within the rows (caller).
-            acc[j] = u.fmadd(unit_terms, unsafe { xt.sums(u, j, i) }, acc[j]);
+            acc[j] = u.fmadd(unit_terms, unsafe { xt.load_sums(u, j, i) }, acc[j]);
         }
     }
     for j in 0..N {
@@ -82,7 +82,7 @@ pub(in crate::ggml::vecdot) struct Q2K;
 impl RowKernel for Q2K {
     const TYPE: GgmlType = GgmlType::Q2_K;
     #[inline(always)]
-    unsafe fn row<U: Vnni, const N: usize>(u: U, row: &[u8], xt: &Xs<N>, out: &mut [f32; N]) {
+    unsafe fn row<U: Vnni, const N: usize>(u: U, row: &[u8], xt: &Tokens<N>, out: &mut [f32; N]) {
         // SAFETY: the caller's guarantees.
         unsafe { low_bits::<U, Self, N>(u, row, xt, out) }
     }
@@ -119,7 +119,7 @@ pub(in crate::ggml::vecdot) struct Q3K;
 impl RowKernel for Q3K {
     const TYPE: GgmlType = GgmlType::Q3_K;
     #[inline(always)]
-    unsafe fn row<U: Vnni, const N: usize>(u: U, row: &[u8], xt: &Xs<N>, out: &mut [f32; N]) {
+    unsafe fn row<U: Vnni, const N: usize>(u: U, row: &[u8], xt: &Tokens<N>, out: &mut [f32; N]) {
         // SAFETY: the caller's guarantees.
         unsafe { low_bits::<U, Self, N>(u, row, xt, out) }
     }

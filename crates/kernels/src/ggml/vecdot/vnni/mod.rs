@@ -13,7 +13,7 @@
 
 use std::ops::Range;
 
-use super::{GgmlType, PREFETCH_ROWS, Q8Rows};
+use super::{GgmlType, PREFETCH_ROWS, Q8Rows, Tokens};
 use unit::Vnni;
 
 #[cfg(target_arch = "x86_64")]
@@ -37,34 +37,17 @@ pub(super) trait RowKernel {
     /// # Safety
     /// `U` runs on this CPU with the kernel compiled for it (inlined into a function that
     /// enables its features); `row` is whole blocks matching the rows of `xt`.
-    unsafe fn row<U: Vnni, const N: usize>(u: U, row: &[u8], xt: &Xs<N>, out: &mut [f32; N]);
+    unsafe fn row<U: Vnni, const N: usize>(u: U, row: &[u8], xt: &Tokens<N>, out: &mut [f32; N]);
 }
 
-/// Up to four tokens' activation rows, resolved once per task: int8 values, scales per 32
-/// and integer sums per 16 of tokens `t .. t + N`.
-pub(super) struct Xs<'a, const N: usize> {
-    q: [&'a [i8]; N],
-    s: [&'a [f32]; N],
-    sums: [&'a [f32]; N],
-    isums: [&'a [i16]; N],
-}
-
-impl<'a, const N: usize> Xs<'a, N> {
-    fn new(a: &'a Q8Rows, t: usize) -> Self {
-        Self {
-            q: std::array::from_fn(|j| a.q(t + j)),
-            s: std::array::from_fn(|j| a.s(t + j)),
-            sums: std::array::from_fn(|j| a.sums(t + j)),
-            isums: std::array::from_fn(|j| a.isums(t + j)),
-        }
-    }
-
+/// The VNNI kernels' loads of the activations.
+impl<const N: usize> Tokens<'_, N> {
     /// Token `j`'s 64 values from position `p`.
     ///
     /// # Safety
     /// `p + 64 <= k`.
     #[inline(always)]
-    unsafe fn x<U: Vnni>(&self, u: U, j: usize, p: usize) -> U::I {
+    unsafe fn load_x<U: Vnni>(&self, u: U, j: usize, p: usize) -> U::I {
         // SAFETY: the caller keeps `p + 64` within the row of `k` values.
         unsafe { u.load(self.q[j].as_ptr().add(p).cast()) }
     }
@@ -74,7 +57,7 @@ impl<'a, const N: usize> Xs<'a, N> {
     /// # Safety
     /// `p + 32 <= k`.
     #[inline(always)]
-    unsafe fn x_low32<U: Vnni>(&self, u: U, j: usize, p: usize) -> U::I {
+    unsafe fn load_x_low32<U: Vnni>(&self, u: U, j: usize, p: usize) -> U::I {
         // SAFETY: the caller keeps `p + 32` within the row of `k` values.
         unsafe { u.load_low32(self.q[j].as_ptr().add(p).cast()) }
     }
@@ -84,7 +67,7 @@ impl<'a, const N: usize> Xs<'a, N> {
     /// # Safety
     /// `256 (i + 1) <= k`.
     #[inline(always)]
-    unsafe fn sums<U: Vnni>(&self, u: U, j: usize, i: usize) -> U::F {
+    unsafe fn load_sums<U: Vnni>(&self, u: U, j: usize, i: usize) -> U::F {
         // SAFETY: a row has `k / 16` sums and block `i` has 16 of them.
         unsafe { u.loadf(self.sums[j].as_ptr().add(16 * i)) }
     }
@@ -95,7 +78,7 @@ impl<'a, const N: usize> Xs<'a, N> {
     /// # Safety
     /// `256 (i + 1) <= k`.
     #[inline(always)]
-    unsafe fn isums<U: Vnni>(&self, u: U, j: usize, i: usize) -> U::I {
+    unsafe fn load_isums<U: Vnni>(&self, u: U, j: usize, i: usize) -> U::I {
         // SAFETY: a row has `k / 16` sums and block `i` has 16 of them (32 bytes).
         unsafe { u.load_low32(self.isums[j].as_ptr().add(16 * i).cast()) }
     }
@@ -154,7 +137,7 @@ unsafe fn all_rows<U: Vnni, K: RowKernel>(
         u: U,
         src: &[u8],
         rb: usize,
-        xt: &Xs<N>,
+        xt: &Tokens<N>,
         tile: &mut [f32],
     ) {
         let n_rows = src.len() / rb;
@@ -180,10 +163,10 @@ unsafe fn all_rows<U: Vnni, K: RowKernel>(
         // SAFETY: the caller's guarantees.
         unsafe {
             match (tokens.end - t).min(4) {
-                4 => rows_of::<U, K, 4>(u, src, rb, &Xs::new(a, t), tile),
-                3 => rows_of::<U, K, 3>(u, src, rb, &Xs::new(a, t), tile),
-                2 => rows_of::<U, K, 2>(u, src, rb, &Xs::new(a, t), tile),
-                _ => rows_of::<U, K, 1>(u, src, rb, &Xs::new(a, t), tile),
+                4 => rows_of::<U, K, 4>(u, src, rb, &Tokens::new(a, t), tile),
+                3 => rows_of::<U, K, 3>(u, src, rb, &Tokens::new(a, t), tile),
+                2 => rows_of::<U, K, 2>(u, src, rb, &Tokens::new(a, t), tile),
+                _ => rows_of::<U, K, 1>(u, src, rb, &Tokens::new(a, t), tile),
             }
         }
     }

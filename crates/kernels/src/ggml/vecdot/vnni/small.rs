@@ -9,7 +9,7 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::unit::Vnni;
-use super::{RowKernel, Xs, f16_at};
+use super::{RowKernel, Tokens, f16_at};
 use crate::ggml::GgmlType;
 use crate::ggml::unpack::KVALUES_IQ4NL;
 
@@ -71,7 +71,7 @@ macro_rules! row_kernel {
             unsafe fn row<U: Vnni, const N: usize>(
                 u: U,
                 row: &[u8],
-                xt: &Xs<N>,
+                xt: &Tokens<N>,
                 out: &mut [f32; N],
             ) {
                 // SAFETY: the caller's guarantees.
@@ -91,7 +91,7 @@ row_kernel!(Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, IQ4NL, IQ4XS);
 unsafe fn groups32<U: Vnni, K: Groups32, const N: usize>(
     u: U,
     row: &[u8],
-    xt: &Xs<N>,
+    xt: &Tokens<N>,
     out: &mut [f32; N],
 ) {
     let mut dot = Dot::<U, N, K> {
@@ -111,7 +111,7 @@ unsafe fn groups32<U: Vnni, K: Groups32, const N: usize>(
 /// The sums of one row against `N` tokens.
 struct Dot<'a, U: Vnni, const N: usize, K> {
     u: U,
-    xt: &'a Xs<'a, N>,
+    xt: &'a Tokens<'a, N>,
     acc: [U::F; N],
     /// The mins' terms, `m · s Σ q` per group.
     min_terms: [f32; N],
@@ -139,9 +139,12 @@ impl<U: Vnni, const N: usize, K: Groups32> PairSink<U> for Dot<'_, U, N, K> {
             // the rows of `xt` hold (the kernel's caller).
             let (xv, xs) = unsafe {
                 if whole {
-                    (xt.x(u, j, 32 * g), u.load_f2x8(xt.s[j].as_ptr().add(g)))
+                    (
+                        xt.load_x(u, j, 32 * g),
+                        u.load_f2x8(xt.s[j].as_ptr().add(g)),
+                    )
                 } else {
-                    (xt.x_low32(u, j, 32 * g), u.f2x8(xt.s[j][g], 0.0))
+                    (xt.load_x_low32(u, j, 32 * g), u.f2x8(xt.s[j][g], 0.0))
                 }
             };
             let p = u.dpbusd(u.zero(), wa, u.neg8_where(xv, neg));

@@ -2,28 +2,12 @@
 //! software unit against the general integer path, and on the CPU bit for bit against the
 //! software unit.
 
-use super::super::{BlockDot, activation_block};
+use super::super::{BlockDot, IN_REGISTER_TYPES as TYPES, activation_block};
 use super::unit::{Soft, Vnni};
 use crate::Isa;
 use crate::ggml::dot::Q8Rows;
 use crate::ggml::test_util::random_blocks;
 use crate::ggml::{GgmlMatrix, GgmlType};
-
-/// The types with a VNNI kernel.
-const TYPES: [GgmlType; 12] = [
-    GgmlType::Q4_1,
-    GgmlType::Q5_1,
-    GgmlType::Q2_K,
-    GgmlType::Q3_K,
-    GgmlType::Q4_K,
-    GgmlType::Q5_K,
-    GgmlType::Q6_K,
-    GgmlType::Q8_0,
-    GgmlType::Q4_0,
-    GgmlType::Q5_0,
-    GgmlType::IQ4_NL,
-    GgmlType::IQ4_XS,
-];
 
 fn next(seed: &mut u64) -> u64 {
     *seed = seed
