@@ -15,72 +15,9 @@ use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::Result;
-
-/// How weights are stored on the device: f32, or two 16-bit values per 32-bit word.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum WeightType {
-    /// One f32 per word.
-    F32,
-    /// Two bfloat16 per word, element 0 in the low half.
-    Bf16,
-    /// Two IEEE half floats per word, element 0 in the low half.
-    F16,
-}
-
-impl WeightType {
-    /// Bytes of `n` elements, rounded up to whole 32-bit words.
-    pub fn bytes(self, n: usize) -> u64 {
-        match self {
-            WeightType::F32 => 4 * n as u64,
-            WeightType::Bf16 | WeightType::F16 => 4 * n.div_ceil(2) as u64,
-        }
-    }
-
-    /// Bytes of one element.
-    pub fn elem_bytes(self) -> u64 {
-        match self {
-            WeightType::F32 => 4,
-            WeightType::Bf16 | WeightType::F16 => 2,
-        }
-    }
-
-    /// The split granule of a row-major matrix with rows of `k` elements: whole rows that
-    /// are also whole 32-bit words (pass it to [`Device::alloc`]).
-    pub fn row_granule(self, k: usize) -> u64 {
-        let row = self.elem_bytes() * k.max(1) as u64;
-        match row % 4 {
-            0 => row,
-            2 => 2 * row,
-            _ => 4 * row,
-        }
-    }
-
-    /// Encodes f32 values in this type (round to nearest even).
-    pub fn encode(self, v: &[f32]) -> Vec<u8> {
-        let mut out = Vec::with_capacity(self.bytes(v.len()) as usize);
-        match self {
-            WeightType::F32 => v.iter().for_each(|x| out.extend(x.to_le_bytes())),
-            WeightType::Bf16 => v
-                .iter()
-                .for_each(|x| out.extend(half::bf16::from_f32(*x).to_le_bytes())),
-            WeightType::F16 => v
-                .iter()
-                .for_each(|x| out.extend(half::f16::from_f32(*x).to_le_bytes())),
-        }
-        out.resize(self.bytes(v.len()) as usize, 0);
-        out
-    }
-
-    /// Name as printed by `strata devices`.
-    pub fn name(self) -> &'static str {
-        match self {
-            WeightType::F32 => "f32",
-            WeightType::Bf16 => "bf16",
-            WeightType::F16 => "f16",
-        }
-    }
-}
+pub use crate::expert::ExpertFormat;
+pub use crate::wtype::WeightType;
+use crate::{Error, Result};
 
 /// Kinds of operation a device may support ([`Device::supports_op`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -165,6 +102,9 @@ pub struct DeviceOptions {
     /// granule) at this many bytes, below the device's binding limit; tests use it to
     /// exercise split tensors on small shapes.
     pub max_binding: Option<u64>,
+    /// Reduce without subgroup operations even where the adapter has them (tests run the
+    /// kernels both ways).
+    pub no_subgroups: bool,
 }
 
 /// Memory in use under the budget.
@@ -462,6 +402,8 @@ pub enum Op<'a> {
         x: &'a Buffer,
         /// The expert slots.
         slots: &'a ExpertSlots,
+        /// How this layer's experts are stored in them.
+        format: ExpertFormat,
         /// `(row, slot)` u32 pairs `[P, 2]`, sorted by slot.
         pairs: &'a Buffer,
         /// Output `[P, inter]` or `[P, hidden]`.
@@ -503,7 +445,7 @@ impl Op<'_> {
             Op::SiluMul { .. } => OpKind::SiluMul,
             Op::Add { .. } => OpKind::Add,
             Op::TopK { .. } => OpKind::TopK,
-            Op::ExpertFfn { slots, .. } => OpKind::ExpertFfn(slots.wtype),
+            Op::ExpertFfn { format, stage, .. } => OpKind::ExpertFfn(format.stage_type(*stage)),
             Op::MoeCombine { .. } => OpKind::MoeCombine,
         }
     }
@@ -576,77 +518,64 @@ pub trait Device: Send + Sync + fmt::Debug {
     }
 }
 
-/// `n` fixed-size regions of one buffer, each holding one expert's gate `[inter, hidden]`,
-/// up `[inter, hidden]` and down `[hidden, inter]` weights, refilled in place.
+/// `n` fixed-size regions of one buffer, each holding one expert, refilled in place. A slot
+/// holds an expert of any [`ExpertFormat`] that fits it: a hybrid cache shares its slots
+/// among layers whose experts are stored in different types, and each kernel launch says
+/// the format of the layer it serves.
 #[derive(Debug)]
 pub struct ExpertSlots {
     /// The storage (split across bindings at slot boundaries).
     pub buffer: Buffer,
-    /// Storage type of the weights.
-    pub wtype: WeightType,
     /// Residual stream width.
     pub hidden: u32,
     /// Expert intermediate size.
     pub inter: u32,
     /// Number of slots.
     pub n_slots: u32,
+    /// Bytes per slot (whole words).
+    pub slot_bytes: u64,
 }
 
 impl ExpertSlots {
-    /// Allocates `n_slots` slots.
+    /// Allocates `n_slots` slots large enough for experts in any of `formats`.
     pub fn new(
         dev: &dyn Device,
         n_slots: u32,
         hidden: u32,
         inter: u32,
-        wtype: WeightType,
+        formats: &[ExpertFormat],
     ) -> Result<ExpertSlots> {
-        let slot = Self::slot_bytes_for(hidden, inter, wtype);
-        let buffer = dev.alloc(slot * n_slots as u64, slot, "expert slots")?;
+        let mut slot_bytes = 0;
+        for f in formats {
+            f.check(hidden, inter)?;
+            slot_bytes = slot_bytes.max(f.bytes(hidden, inter));
+        }
+        let buffer = dev.alloc(slot_bytes * n_slots as u64, slot_bytes, "expert slots")?;
         Ok(ExpertSlots {
             buffer,
-            wtype,
             hidden,
             inter,
             n_slots,
+            slot_bytes,
         })
     }
 
-    fn slot_bytes_for(hidden: u32, inter: u32, wtype: WeightType) -> u64 {
-        // Whole words per slot, an even element count, so 16-bit slots never share a word.
-        let elems = 3 * hidden as usize * inter as usize;
-        wtype.bytes(elems + elems % 2)
-    }
-
-    /// Bytes per slot.
-    pub fn slot_bytes(&self) -> u64 {
-        Self::slot_bytes_for(self.hidden, self.inter, self.wtype)
-    }
-
-    /// Elements per slot (the stride kernels use).
-    pub fn slot_elems(&self) -> u64 {
-        let elems = 3 * self.hidden as u64 * self.inter as u64;
-        elems + elems % 2
-    }
-
     /// Starts refilling `slot` with an expert's weights (`gate`, `up`: `[inter, hidden]`,
-    /// `down`: `[hidden, inter]`, f32, encoded to the slot type). Kernels issued after this
-    /// call read the new expert; kernels issued before read the old one.
+    /// `down`: `[hidden, inter]`, f32) encoded in the float type `wtype`. Kernels issued
+    /// after this call read the new expert; kernels issued before read the old one.
     pub fn refill(
         &self,
         dev: &dyn Device,
         slot: u32,
-        gate: &[f32],
-        up: &[f32],
-        down: &[f32],
+        wtype: WeightType,
+        [gate, up, down]: [&[f32]; 3],
     ) -> Result<Event> {
         let hi = self.hidden as usize * self.inter as usize;
-        if slot >= self.n_slots || gate.len() != hi || up.len() != hi || down.len() != hi {
-            return Err(crate::Error::Shape {
+        if gate.len() != hi || up.len() != hi || down.len() != hi {
+            return Err(Error::Shape {
                 op: "expert slot refill",
                 message: format!(
-                    "slot {slot} of {}, expected 3 x {hi} values but got {}, {}, {}",
-                    self.n_slots,
+                    "expected 3 x {hi} values but got {}, {}, {}",
                     gate.len(),
                     up.len(),
                     down.len()
@@ -657,23 +586,49 @@ impl ExpertSlots {
         all.extend_from_slice(gate);
         all.extend_from_slice(up);
         all.extend_from_slice(down);
-        all.resize(self.slot_elems() as usize, 0.0);
-        self.refill_bytes(dev, slot, &self.wtype.encode(&all))
+        self.refill_bytes(dev, slot, &wtype.encode(&all)?)
     }
 
-    /// [`ExpertSlots::refill`] from bytes already in the slot type (`slot_bytes` long).
+    /// [`ExpertSlots::refill`] from the three matrices' bytes as stored in `format` (the
+    /// quantized blocks of a GGUF's expert, uploaded as they are in the file).
+    pub fn refill_parts(
+        &self,
+        dev: &dyn Device,
+        slot: u32,
+        format: ExpertFormat,
+        [gate, up, down]: [&[u8]; 3],
+    ) -> Result<Event> {
+        let [part, down_bytes] = format.part_bytes(self.hidden, self.inter);
+        let want = [part, part, down_bytes];
+        let got = [gate.len() as u64, up.len() as u64, down.len() as u64];
+        if got != want {
+            return Err(Error::Shape {
+                op: "expert slot refill",
+                message: format!("expected {want:?} bytes of gate, up, down but got {got:?}"),
+            });
+        }
+        // One upload: uploads take whole words, and a part may end inside one.
+        let mut whole = Vec::with_capacity(format.bytes(self.hidden, self.inter) as usize);
+        whole.extend_from_slice(gate);
+        whole.extend_from_slice(up);
+        whole.extend_from_slice(down);
+        whole.resize(whole.len().next_multiple_of(4), 0);
+        self.refill_bytes(dev, slot, &whole)
+    }
+
+    /// [`ExpertSlots::refill`] from bytes already in a slot's layout (at most `slot_bytes`,
+    /// whole words; the rest of the slot is left as it was).
     pub fn refill_bytes(&self, dev: &dyn Device, slot: u32, bytes: &[u8]) -> Result<Event> {
-        if slot >= self.n_slots || bytes.len() as u64 != self.slot_bytes() {
-            return Err(crate::Error::Shape {
+        let n = bytes.len() as u64;
+        if slot >= self.n_slots || n > self.slot_bytes || !n.is_multiple_of(4) {
+            return Err(Error::Shape {
                 op: "expert slot refill",
                 message: format!(
-                    "slot {slot} of {}, expected {} bytes but got {}",
-                    self.n_slots,
-                    self.slot_bytes(),
-                    bytes.len()
+                    "slot {slot} of {}, expected at most {} bytes in whole words but got {n}",
+                    self.n_slots, self.slot_bytes,
                 ),
             });
         }
-        dev.upload(&self.buffer, slot as u64 * self.slot_bytes(), bytes)
+        dev.upload(&self.buffer, slot as u64 * self.slot_bytes, bytes)
     }
 }

@@ -46,6 +46,8 @@
 
 mod device;
 mod error;
+mod expert;
+mod wtype;
 
 #[cfg(feature = "wgpu")]
 mod backend {
@@ -55,8 +57,8 @@ mod backend {
 use std::sync::Arc;
 
 pub use device::{
-    Buffer, Device, DeviceInfo, DeviceOptions, Event, ExpertSlots, MemoryUse, Op, OpKind,
-    RawBuffer, Readback, RopeKind, TopKParams, WeightType,
+    Buffer, Device, DeviceInfo, DeviceOptions, Event, ExpertFormat, ExpertSlots, MemoryUse, Op,
+    OpKind, RawBuffer, Readback, RopeKind, TopKParams, WeightType,
 };
 pub use error::{Error, Result};
 

@@ -4,7 +4,9 @@
 mod common;
 
 use common::{Rng, down, down_u32, gpu, max_err, up, up_u32};
-use strata_accel::{Device, DeviceOptions, ExpertSlots, Op, RopeKind, TopKParams, WeightType};
+use strata_accel::{
+    Device, DeviceOptions, ExpertFormat, ExpertSlots, Op, RopeKind, TopKParams, WeightType,
+};
 use strata_model::config::{RopeConfig, RopeScaling, RopeStyle};
 use strata_model::rope::Rope;
 
@@ -25,11 +27,12 @@ fn rounded(t: WeightType, v: &[f32]) -> Vec<f32> {
             .map(|x| half::bf16::from_f32(*x).to_f32())
             .collect(),
         WeightType::F16 => v.iter().map(|x| half::f16::from_f32(*x).to_f32()).collect(),
+        q => panic!("{} is not a float type", q.name()),
     }
 }
 
 fn upload_weights(dev: &dyn Device, t: WeightType, v: &[f32], row: usize) -> strata_accel::Buffer {
-    let bytes = t.encode(v);
+    let bytes = t.encode(v).unwrap();
     let b = dev
         .alloc(bytes.len() as u64, t.row_granule(row), "weights")
         .unwrap();
@@ -431,12 +434,21 @@ fn grouped_experts_match_reference() {
     let mut rng = Rng::new(7);
     let (h, inter, n_exp, t, k) = (6usize, 5usize, 4usize, 9usize, 2usize);
     for wt in [WeightType::F32, WeightType::Bf16] {
-        let slots = ExpertSlots::new(&*dev, n_exp as u32, h as u32, inter as u32, wt).unwrap();
+        let slots = ExpertSlots::new(
+            &*dev,
+            n_exp as u32,
+            h as u32,
+            inter as u32,
+            &[ExpertFormat::uniform(wt)],
+        )
+        .unwrap();
         let experts: Vec<[Vec<f32>; 3]> = (0..n_exp)
             .map(|_| [rng.vec(inter * h), rng.vec(inter * h), rng.vec(h * inter)])
             .collect();
         for (s, e) in experts.iter().enumerate() {
-            slots.refill(&*dev, s as u32, &e[0], &e[1], &e[2]).unwrap();
+            slots
+                .refill(&*dev, s as u32, wt, [&e[0], &e[1], &e[2]])
+                .unwrap();
         }
         let x = rng.vec(t * h);
         // Routing: token r chooses experts (r % n, (r + 1 + r / 3) % n) with random weights.
@@ -480,6 +492,7 @@ fn grouped_experts_match_reference() {
             dev.enqueue(&Op::ExpertFfn {
                 x: input,
                 slots: &slots,
+                format: ExpertFormat::uniform(wt),
                 pairs: &pb,
                 out,
                 n_pairs: np as u32,

@@ -3,7 +3,7 @@
 mod common;
 
 use common::{Rng, default_gpu, down, gpu, max_err, up, up_u32};
-use strata_accel::{Device, DeviceOptions, Error, ExpertSlots, Op, WeightType};
+use strata_accel::{Device, DeviceOptions, Error, ExpertFormat, ExpertSlots, Op, WeightType};
 
 #[test]
 fn allocation_past_budget_fails_clearly_and_frees_return() {
@@ -42,14 +42,26 @@ fn allocation_past_budget_fails_clearly_and_frees_return() {
 fn slots_refill_in_place_thousands_of_times() {
     let Some(dev) = default_gpu() else { return };
     let (h, inter) = (8u32, 6u32);
-    let slots = ExpertSlots::new(&*dev, 4, h, inter, WeightType::Bf16).unwrap();
+    let slots = ExpertSlots::new(
+        &*dev,
+        4,
+        h,
+        inter,
+        &[ExpertFormat::uniform(WeightType::Bf16)],
+    )
+    .unwrap();
     let held = dev.memory();
     let n = (h * inter) as usize;
     let mut last = Vec::new();
     for i in 0..3000u32 {
         let v: Vec<f32> = (0..3 * n).map(|j| (i * 7 + j as u32) as f32).collect();
         let ev = slots
-            .refill(&*dev, i % 4, &v[..n], &v[n..2 * n], &v[2 * n..])
+            .refill(
+                &*dev,
+                i % 4,
+                WeightType::Bf16,
+                [&v[..n], &v[n..2 * n], &v[2 * n..]],
+            )
             .unwrap();
         if i % 500 == 0 {
             dev.wait(&ev).unwrap();
@@ -60,18 +72,28 @@ fn slots_refill_in_place_thousands_of_times() {
     assert_eq!(dev.memory(), held, "refills allocate nothing");
     // Slot 3 holds the last refill, rounded to bf16.
     let bytes = dev
-        .download(&slots.buffer, 3 * slots.slot_bytes(), slots.slot_bytes())
+        .download(&slots.buffer, 3 * slots.slot_bytes, slots.slot_bytes)
         .unwrap();
-    assert_eq!(bytes, WeightType::Bf16.encode(&last));
+    assert_eq!(bytes, WeightType::Bf16.encode(&last).unwrap());
     // Out-of-range slot or wrong size: an error, not a panic.
     assert!(
         slots
-            .refill(&*dev, 4, &last[..n], &last[..n], &last[..n])
+            .refill(
+                &*dev,
+                4,
+                WeightType::Bf16,
+                [&last[..n], &last[..n], &last[..n]]
+            )
             .is_err()
     );
     assert!(
         slots
-            .refill(&*dev, 0, &last[..1], &last[..n], &last[..n])
+            .refill(
+                &*dev,
+                0,
+                WeightType::Bf16,
+                [&last[..1], &last[..n], &last[..n]]
+            )
             .is_err()
     );
 }
@@ -89,6 +111,7 @@ fn run_slot(
         dev.enqueue(&Op::ExpertFfn {
             x: input,
             slots,
+            format: ExpertFormat::uniform(WeightType::F32),
             pairs: &pairs,
             out,
             n_pairs: 1,
@@ -104,11 +127,22 @@ fn upload_during_compute_is_ordered_with_kernels() {
     let Some(dev) = default_gpu() else { return };
     let mut rng = Rng::new(11);
     let (h, inter) = (128usize, 256usize);
-    let slots = ExpertSlots::new(&*dev, 1, h as u32, inter as u32, WeightType::F32).unwrap();
+    let slots = ExpertSlots::new(
+        &*dev,
+        1,
+        h as u32,
+        inter as u32,
+        &[ExpertFormat::uniform(WeightType::F32)],
+    )
+    .unwrap();
     let a: Vec<Vec<f32>> = (0..3).map(|_| rng.vec(h * inter)).collect();
     let b: Vec<Vec<f32>> = (0..3).map(|_| rng.vec(h * inter)).collect();
-    dev.wait(&slots.refill(&*dev, 0, &a[0], &a[1], &a[2]).unwrap())
-        .unwrap();
+    dev.wait(
+        &slots
+            .refill(&*dev, 0, WeightType::F32, [&a[0], &a[1], &a[2]])
+            .unwrap(),
+    )
+    .unwrap();
     let x = rng.vec(h);
     let xb = up(&*dev, &x);
 
@@ -135,7 +169,9 @@ fn upload_during_compute_is_ordered_with_kernels() {
     // Issued before the refill: must read expert A.
     let ya = run_slot(&*dev, &slots, &xb);
     // The refill is issued while the attention kernel may still run.
-    let refill = slots.refill(&*dev, 0, &b[0], &b[1], &b[2]).unwrap();
+    let refill = slots
+        .refill(&*dev, 0, WeightType::F32, [&b[0], &b[1], &b[2]])
+        .unwrap();
     // Issued after: must wait for the refill and read expert B, never a mix.
     let yb = run_slot(&*dev, &slots, &xb);
     dev.wait(&refill).unwrap();

@@ -208,12 +208,15 @@ impl HybridExecutor {
         cost: CostModel,
         opts: &ExecOptions,
     ) -> Result<HybridExecutor> {
-        let op = OpKind::ExpertFfn(host.wtype());
-        if !dev.supports_op(op) {
-            return Err(Error::Config(format!(
-                "{} does not run {op}, which the experts need",
-                dev.info().name
-            )));
+        for f in host.formats() {
+            for op in [0, 1].map(|stage| OpKind::ExpertFfn(f.stage_type(stage))) {
+                if !dev.supports_op(op) {
+                    return Err(Error::Config(format!(
+                        "{} does not run {op}, which the experts need",
+                        dev.info().name
+                    )));
+                }
+            }
         }
         let slot = Self::slot_bytes(&host);
         let n_slots = u32::try_from(opts.vram_budget / slot.max(1)).unwrap_or(u32::MAX);
@@ -224,7 +227,7 @@ impl HybridExecutor {
                 n_slots,
                 host.hidden() as u32,
                 host.inter() as u32,
-                host.wtype(),
+                &host.formats(),
             )?)
         } else {
             None
@@ -239,7 +242,7 @@ impl HybridExecutor {
             )));
         }
         let host = Arc::new(host);
-        let slot_bytes = slots.as_ref().map_or(0, ExpertSlots::slot_bytes);
+        let slot_bytes = slots.as_ref().map_or(0, |s| s.slot_bytes);
         let worker = Worker::start(DeviceSide {
             held: vec![None; slots.as_ref().map_or(0, |s| s.n_slots as usize)],
             dev,
@@ -284,10 +287,9 @@ impl HybridExecutor {
         })
     }
 
-    /// Bytes of one expert slot for `host`'s experts.
+    /// Bytes of one expert slot for `host`'s experts (the largest layer's).
     pub fn slot_bytes(host: &HostExperts) -> u64 {
-        let elems = 3 * host.hidden() * host.inter();
-        host.wtype().bytes(elems + elems % 2)
+        host.slot_bytes()
     }
 
     /// The part of `vram_budget` that caches experts (the rest, at most two slots, stages

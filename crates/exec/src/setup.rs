@@ -303,7 +303,7 @@ pub fn attach_hybrid(
         policy_options.read_profile(path, opts.policy, &shape)?;
     }
     let host = HostExperts::open(dir)?;
-    let bits = 8.0 * host.wtype().elem_bytes() as f64;
+    let bits = host.bits_per_weight();
     let cache = HybridExecutor::cache_bytes(&host, opts.vram_budget);
     let cost = cost_model(opts.hardware.clone(), shape, bits, cache)?;
     let policy = build_policy(opts.policy, &cost, &policy_options);

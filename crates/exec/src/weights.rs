@@ -10,29 +10,62 @@
 
 use std::path::Path;
 
-use strata_accel::{ExpertSlots, WeightType};
+use strata_accel::{ExpertFormat, WeightType};
 use strata_model::config::{FfnConfig, ModelConfig};
 use strata_model::names::{self, ExpertLayout, ExpertPart, LayerNames};
 use strata_model::source::{Source, Tensor};
-use strata_model::tensors::{MlpTensors, StackedExperts};
+use strata_model::tensors::{MatrixSpec, MlpTensors, StackedExperts};
 
 use crate::{Error, Result};
 
-/// Storage type that holds a stored dtype exactly (a converted model's packed BF16 is
-/// BF16; its int8/int4 matrices are dequantized, which f32 holds exactly).
-pub(crate) fn wtype_of(dtype: &str) -> WeightType {
-    match dtype {
+/// The device storage type of tensor `t` with rows of `k` values: a GGUF's blocks as they
+/// are where the device's kernels decode the type (and rows are whole blocks), its other
+/// quantized types dequantized to F16; BF16 and F16 as stored (a converted model's packed
+/// BF16 too); everything else as f32, which holds those values exactly (f32, FP8 with its
+/// scales applied, a converted model's int8/int4 dequantized).
+pub(crate) fn device_type(t: &Tensor, k: usize) -> WeightType {
+    let name = t.dtype_name();
+    match name.as_str() {
         "BF16" | "packed bf16" => WeightType::Bf16,
         "F16" => WeightType::F16,
+        "F32" => WeightType::F32,
+        _ if t.is_ggml() => WeightType::from_ggml_name(&name)
+            .filter(|w| w.fits_row(k))
+            .unwrap_or(WeightType::F16),
         _ => WeightType::F32,
     }
 }
 
-/// The values of `t` and the storage type that holds them exactly: a converted model's
-/// packed matrices are dequantized (the values its CPU kernels use), others read as
-/// stored.
+/// Rows `row0..row0 + n` of `t` as stored in `wtype` on the device: a quantized type's
+/// blocks as the file holds them (exact bytes, not padded), a float type's values encoded.
+pub(crate) fn device_rows(t: &Tensor, row0: usize, n: usize, wtype: WeightType) -> Result<Vec<u8>> {
+    if wtype.is_quantized() {
+        return match t.ggml_rows(row0, n)? {
+            Some(m) => Ok(m.bytes().to_vec()),
+            None => Err(Error::Config(format!(
+                "{}: not ggml blocks, cannot be stored as {}",
+                t.name(),
+                wtype.name()
+            ))),
+        };
+    }
+    let values = match t.stored_packed() {
+        Some(p) => {
+            let k = t.shape().last().copied().unwrap_or(1);
+            p?.dequantize()[row0 * k..(row0 + n) * k].to_vec()
+        }
+        None => t.rows_f32(row0, n)?,
+    };
+    Ok(wtype.encode(&values)?)
+}
+
+/// The values of `t` and the float storage type that holds them (a converted model's packed
+/// matrices are dequantized: the values its CPU kernels use).
 pub(crate) fn stored_values(t: &Tensor) -> Result<(Vec<f32>, WeightType)> {
-    let wtype = wtype_of(&t.dtype_name());
+    let wtype = match device_type(t, 1) {
+        w if w.is_quantized() => WeightType::F16,
+        w => w,
+    };
     match t.stored_packed() {
         Some(p) => Ok((p?.dequantize(), wtype)),
         None => Ok((t.to_f32()?, wtype)),
@@ -101,16 +134,114 @@ pub(crate) fn converted_expert(
     })
 }
 
+/// How the experts of a block stored as `layout` go to the device: a GGUF's blocks as they
+/// are (gate/up and down may differ), floats in the type that holds them exactly, and F16
+/// where the quantized types cannot form one format (gate and up differ, or a type the
+/// device does not decode).
+pub(crate) fn expert_format(
+    src: &Source,
+    fp8_block: Option<[usize; 2]>,
+    layout: &ExpertLayout,
+    hidden: usize,
+    inter: usize,
+) -> Result<ExpertFormat> {
+    let (gate, up, down) = match layout {
+        ExpertLayout::Converted { prefix } => {
+            let x = converted_expert(src, prefix, 0, hidden, inter)?;
+            return Ok(ExpertFormat::uniform(x.wtype));
+        }
+        ExpertLayout::Stacked { gate_up, .. } => {
+            let t = src.tensor_fp8(gate_up, fp8_block)?;
+            return Ok(ExpertFormat::uniform(device_type(&t, hidden)));
+        }
+        ExpertLayout::PerExpert { prefix, names } => {
+            let x = MlpTensors::expert(prefix, *names, 0, hidden, inter);
+            let t = |m: &MatrixSpec| src.tensor_fp8(&m.weight(), fp8_block);
+            (t(&x.gate)?, t(&x.up)?, t(&x.down)?)
+        }
+    };
+    let (g, u, d) = (
+        device_type(&gate, hidden),
+        device_type(&up, hidden),
+        device_type(&down, inter),
+    );
+    let format = ExpertFormat {
+        gate_up: g,
+        down: d,
+    };
+    let fits = format.check(hidden as u32, inter as u32).is_ok();
+    Ok(if g == u && fits {
+        format
+    } else if [g, u, d].iter().any(|w| w.is_quantized()) {
+        ExpertFormat::uniform(WeightType::F16)
+    } else {
+        ExpertFormat::uniform(WeightType::F32)
+    })
+}
+
+/// Expert `e` of the `n` of a block stored as `layout`, as a slot holds it in `format`:
+/// quantized parts' blocks back to back, float values encoded together; whole words.
+pub(crate) fn expert_bytes(
+    src: &Source,
+    fp8_block: Option<[usize; 2]>,
+    layout: &ExpertLayout,
+    [e, n, hidden, inter]: [usize; 4],
+    format: ExpertFormat,
+) -> Result<Vec<u8>> {
+    let (h, i) = (hidden, inter);
+    let mut values = Vec::with_capacity(3 * h * i);
+    match layout {
+        ExpertLayout::Stacked { gate_up, down } => {
+            let s = StackedExperts::new(gate_up, down, n, h, i);
+            let gu = src.tensor_fp8(&s.gate_up.name, fp8_block)?;
+            gu.expect_shape(&s.gate_up.shape)?;
+            let down = src.tensor_fp8(&s.down.name, fp8_block)?;
+            down.expect_shape(&s.down.shape)?;
+            values.extend(gu.rows_f32(e * 2 * i, 2 * i)?);
+            values.extend(down.rows_f32(e * h, h)?);
+        }
+        ExpertLayout::PerExpert { prefix, names } => {
+            let x = MlpTensors::expert(prefix, *names, e, h, i);
+            let mut bytes = Vec::new();
+            for (m, wtype) in [
+                (&x.gate, format.gate_up),
+                (&x.up, format.gate_up),
+                (&x.down, format.down),
+            ] {
+                let t = src.tensor_fp8(&m.weight(), fp8_block)?;
+                t.expect_shape(&m.shape())?;
+                if wtype.is_quantized() {
+                    bytes.extend(device_rows(&t, 0, m.rows, wtype)?);
+                } else {
+                    values.extend(t.to_f32()?);
+                }
+            }
+            if format.gate_up.is_quantized() {
+                bytes.resize(bytes.len().next_multiple_of(4), 0);
+                return Ok(bytes);
+            }
+        }
+        ExpertLayout::Converted { prefix } => {
+            let x = converted_expert(src, prefix, e, h, i)?;
+            values.extend(x.gate);
+            values.extend(x.up);
+            values.extend(x.down);
+        }
+    }
+    Ok(format.gate_up.encode(&values)?)
+}
+
 /// The routed experts of every MoE layer, readable one expert at a time.
 #[derive(Debug)]
 pub struct HostExperts {
     src: Source,
     fp8_block: Option<[usize; 2]>,
     layers: Vec<ExpertLayout>,
+    /// How each MoE layer's experts are stored on the device.
+    formats: Vec<ExpertFormat>,
     hidden: usize,
     inter: usize,
     n_experts: usize,
-    wtype: WeightType,
 }
 
 impl HostExperts {
@@ -134,18 +265,20 @@ impl HostExperts {
                 "the model has no mixture-of-experts layer".into(),
             ));
         };
-        let mut host = HostExperts {
+        let (h, fp8) = (config.hidden_size, config.fp8_block);
+        let formats = layers
+            .iter()
+            .map(|l| expert_format(&src, fp8, l, h, inter))
+            .collect::<Result<_>>()?;
+        Ok(HostExperts {
             src,
-            fp8_block: config.fp8_block,
+            fp8_block: fp8,
             layers,
-            hidden: config.hidden_size,
+            formats,
+            hidden: h,
             inter,
             n_experts,
-            wtype: WeightType::F32,
-        };
-        let first = host.layers[0].first_tensor(&host.src);
-        host.wtype = wtype_of(&host.src.tensor(&first)?.dtype_name());
-        Ok(host)
+        })
     }
 
     /// MoE layers.
@@ -168,52 +301,65 @@ impl HostExperts {
         self.inter
     }
 
-    /// Storage type on the device: the checkpoint's own when it is BF16 or F16 (exact),
-    /// else f32.
-    pub fn wtype(&self) -> WeightType {
-        self.wtype
+    /// How MoE layer `layer`'s experts are stored on the device (see [`expert_format`]).
+    pub fn format(&self, layer: usize) -> Option<ExpertFormat> {
+        self.formats.get(layer).copied()
     }
 
-    /// `expert` of MoE layer `layer` encoded for a slot of `slots`.
-    pub fn slot_bytes(&self, layer: usize, expert: u32, slots: &ExpertSlots) -> Result<Vec<u8>> {
-        let (h, i, e) = (self.hidden, self.inter, expert as usize);
-        let layout = self
-            .layers
-            .get(layer)
-            .ok_or_else(|| Error::Config(format!("moe layer {layer} of {}", self.layers.len())))?;
+    /// Every format the layers use, once each.
+    pub fn formats(&self) -> Vec<ExpertFormat> {
+        let mut all: Vec<ExpertFormat> = Vec::new();
+        for f in &self.formats {
+            if !all.contains(f) {
+                all.push(*f);
+            }
+        }
+        all
+    }
+
+    /// Bytes of the largest expert on the device: a slot that holds any layer's.
+    pub fn slot_bytes(&self) -> u64 {
+        let (h, i) = (self.hidden as u32, self.inter as u32);
+        self.formats
+            .iter()
+            .map(|f| f.bytes(h, i))
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Device bits per expert weight, averaged over the layers (the cost model's transfer
+    /// size).
+    pub fn bits_per_weight(&self) -> f64 {
+        let (h, i) = (self.hidden as u32, self.inter as u32);
+        let bytes: u64 = self.formats.iter().map(|f| f.bytes(h, i)).sum();
+        let weights = 3.0 * self.hidden as f64 * self.inter as f64 * self.formats.len() as f64;
+        8.0 * bytes as f64 / weights.max(1.0)
+    }
+
+    /// `expert` of MoE layer `layer` as a slot holds it (in [`HostExperts::format`]).
+    pub fn expert_bytes(&self, layer: usize, expert: u32) -> Result<Vec<u8>> {
+        let (layout, format) = match (self.layers.get(layer), self.format(layer)) {
+            (Some(l), Some(f)) => (l, f),
+            _ => {
+                return Err(Error::Config(format!(
+                    "moe layer {layer} of {}",
+                    self.layers.len()
+                )));
+            }
+        };
+        let e = expert as usize;
         if e >= self.n_experts {
             return Err(Error::Config(format!(
                 "expert {e} of layer {layer}, expected below {}",
                 self.n_experts
             )));
         }
-        let mut all = Vec::with_capacity(slots.slot_elems() as usize);
-        match layout {
-            ExpertLayout::Stacked { gate_up, down } => {
-                let s = StackedExperts::new(gate_up, down, self.n_experts, h, i);
-                let gu = self.src.tensor_fp8(&s.gate_up.name, self.fp8_block)?;
-                gu.expect_shape(&s.gate_up.shape)?;
-                let down = self.src.tensor_fp8(&s.down.name, self.fp8_block)?;
-                down.expect_shape(&s.down.shape)?;
-                all.extend(gu.rows_f32(e * 2 * i, 2 * i)?);
-                all.extend(down.rows_f32(e * h, h)?);
-            }
-            ExpertLayout::PerExpert { prefix, names } => {
-                let x = MlpTensors::expert(prefix, *names, e, h, i);
-                for m in [&x.gate, &x.up, &x.down] {
-                    let t = self.src.tensor_fp8(&m.weight(), self.fp8_block)?;
-                    t.expect_shape(&m.shape())?;
-                    all.extend(t.to_f32()?);
-                }
-            }
-            ExpertLayout::Converted { prefix } => {
-                let x = converted_expert(&self.src, prefix, e, h, i)?;
-                all.extend(x.gate);
-                all.extend(x.up);
-                all.extend(x.down);
-            }
-        }
-        all.resize(slots.slot_elems() as usize, 0.0);
-        Ok(slots.wtype.encode(&all))
+        expert_bytes(
+            &self.src,
+            self.fp8_block,
+            layout,
+            [e, self.n_experts, self.hidden, self.inter],
+            format,
+        )
     }
 }

@@ -235,7 +235,7 @@ impl DeviceSide {
         let held = self.held.get_mut(slot as usize).ok_or_else(no_slots)?;
         // Until the copy succeeds the slot holds nothing usable.
         *held = None;
-        let bytes = self.host.slot_bytes(layer, expert, slots)?;
+        let bytes = self.host.expert_bytes(layer, expert)?;
         slots.refill_bytes(&*self.dev, slot, &bytes)?;
         *held = Some((layer, expert));
         let mut c = lock(&self.counters);
@@ -283,6 +283,11 @@ impl DeviceSide {
             let mut pairs = pairs.clone();
             pairs.sort_by_key(|p| (p.slot, p.row));
             let p = pairs.len();
+            // A job's pairs are one layer's: its experts' format.
+            let layer = pairs[0].expert.0;
+            let format = self.host.format(layer).ok_or_else(|| {
+                Error::Config(format!("moe layer {layer} has no experts on the host"))
+            })?;
             let idx: Vec<u8> = pairs
                 .iter()
                 .flat_map(|q| [q.row, q.slot])
@@ -296,6 +301,7 @@ impl DeviceSide {
                 dev.enqueue(&Op::ExpertFfn {
                     x: input,
                     slots,
+                    format,
                     pairs: &pairs_buf,
                     out: output,
                     n_pairs: p as u32,

@@ -72,7 +72,7 @@ fn check(name: &str, opts: LoadOptions, bound: f32) {
     let cost = cost_model(
         Hardware::load("ktrans-4080").unwrap(),
         model_shape(&model.config).unwrap(),
-        8.0 * host.wtype().elem_bytes() as f64,
+        host.bits_per_weight(),
         HybridExecutor::cache_bytes(&host, budget),
     )
     .unwrap();

@@ -96,7 +96,7 @@ impl Setup {
         let cost = cost_model(
             Hardware::load(self.hardware).unwrap(),
             model_shape(&model.config).unwrap(),
-            8.0 * host.wtype().elem_bytes() as f64,
+            host.bits_per_weight(),
             HybridExecutor::cache_bytes(&host, budget),
         )
         .unwrap();

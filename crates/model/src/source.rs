@@ -234,6 +234,11 @@ fn kv_b_from_split<'a>(g: &'a GgufFile, gname: &str) -> Result<Tensor<'a>> {
 }
 
 impl Tensor<'_> {
+    /// The tensor's name as the model asked for it.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
     /// Shape, outermost first.
     pub fn shape(&self) -> &[usize] {
         &self.shape
@@ -332,6 +337,16 @@ impl Tensor<'_> {
             Kind::Gguf(_, info) => info.ggml_type == GgmlType::F32,
             Kind::Built(_, _, ty) => *ty == GgmlType::F32,
             Kind::Packed(..) => false,
+        }
+    }
+
+    /// Whether the data are ggml blocks as a GGUF stores them (a GGUF tensor, or ggml blocks
+    /// of a converted model), whose bytes [`Tensor::ggml_rows`] views.
+    pub fn is_ggml(&self) -> bool {
+        match &self.kind {
+            Kind::Gguf(..) => true,
+            Kind::Packed(_, t) => matches!(t.kind, StoredKind::Ggml(_)),
+            Kind::St(_) | Kind::Built(..) => false,
         }
     }
 

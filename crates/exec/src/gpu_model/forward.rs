@@ -272,6 +272,7 @@ impl GpuModel {
             dev.enqueue(&Op::ExpertFfn {
                 x: input,
                 slots: &moe.slots,
+                format: moe.format,
                 pairs: &pairs_buf,
                 out,
                 n_pairs: (t * k) as u32,

@@ -10,11 +10,14 @@
 //! sequence per cache, several sequences per forward pass ([`GpuModel::forward_batch`]),
 //! and the engine's `Backend` (`backend.rs`), so the scheduler serves it.
 //!
-//! A key design decision made here is that weights keep the precision they are stored in
-//! (BF16 and F16 two per word, everything else f32) so the device computes what the CPU's
-//! f32 reference computes from the same checkpoint, and that routing is read back to the
-//! host once per MoE layer to group the routed rows by expert: the same point at which the
-//! hybrid runtime's policy will decide where each expert runs.
+//! A key design decision made here is that weights keep the form they are stored in: a
+//! GGUF's quantized blocks go to the device as the file holds them (Q4_0, Q5_0, Q8_0, Q4_K,
+//! Q5_K, Q6_K, IQ4_XS; the kernels decode them, so a Q4_K model takes its file's bytes of
+//! device memory), its other quantized types are dequantized to F16, BF16 and F16 stay two
+//! per word and everything else is f32; activations are f32, so the device computes what
+//! an exact reader of the file computes. Routing is read back to the host once per MoE
+//! layer to group the routed rows by expert: the same point at which the hybrid runtime's
+//! policy decides where each expert runs.
 
 mod backend;
 mod forward;
@@ -22,18 +25,18 @@ mod forward;
 use std::path::Path;
 use std::sync::{Arc, RwLock};
 
-use strata_accel::{Buffer, Device, ExpertSlots, TopKParams, WeightType};
+use strata_accel::{Buffer, Device, ExpertFormat, ExpertSlots, TopKParams, WeightType};
 use strata_model::config::{AttentionConfig, FfnConfig, GroupScore, ModelConfig, Scoring};
 use strata_model::model::open;
 use strata_model::names::{self, AttentionNames, ExpertLayout, LayerNames};
 use strata_model::rope::Rope;
 use strata_model::source::Source;
-use strata_model::tensors::{
-    AttentionTensors, MatrixSpec, MlpTensors, MoeTensors, StackedExperts, TensorSpec,
-};
+use strata_model::tensors::{AttentionTensors, MatrixSpec, MlpTensors, MoeTensors, TensorSpec};
 use strata_model::{Head, LayerGraph, LogitsWanted, RoutingTap};
 
-use crate::weights::{converted_expert, stored_values, wtype_of};
+use crate::weights::{
+    converted_expert, device_rows, device_type, expert_bytes, expert_format, stored_values,
+};
 use crate::{Error, Result};
 
 /// A matrix `[n, k]` on the device, with an optional f32 bias `[n]`.
@@ -58,6 +61,8 @@ struct Moe {
     router: Matrix,
     correction_bias: Option<Buffer>,
     slots: ExpertSlots,
+    /// How the routed experts are stored in their slots.
+    format: ExpertFormat,
     params: TopKParams,
     shared: Option<Mlp>,
     shared_gate: Option<Matrix>,
@@ -201,23 +206,37 @@ impl<'a> Loader<'a> {
     }
 
     fn values(&self, v: &[f32], wtype: WeightType, k: usize, label: &str) -> Result<Buffer> {
-        let bytes = wtype.encode(v);
+        self.upload(&wtype.encode(v)?, wtype, k, label)
+    }
+
+    /// A matrix with rows of `k` values stored in `wtype` on the device.
+    fn upload(&self, bytes: &[u8], wtype: WeightType, k: usize, label: &str) -> Result<Buffer> {
         let b = self
             .dev
             .alloc(bytes.len() as u64, wtype.row_granule(k), label)?;
-        self.dev.upload(&b, 0, &bytes)?;
+        self.dev.upload(&b, 0, bytes)?;
         Ok(b)
     }
 
-    /// The matrix `m` (and its bias), in f32 when `force_f32` (routers).
+    /// The matrix `m` (and its bias), in f32 when `force_f32` (routers), else as
+    /// [`device_type`] says: a GGUF's blocks as the file holds them.
     fn matrix(&self, m: &MatrixSpec, force_f32: bool) -> Result<Matrix> {
         let (n, k) = (m.rows, m.cols);
         let name = m.weight();
         let t = self.tensor(&name)?;
         t.expect_shape(&[n, k])?;
-        let (values, stored) = stored_values(&t)?;
-        let wtype = if force_f32 { WeightType::F32 } else { stored };
-        let buf = self.values(&values, wtype, k, &name)?;
+        let wtype = if force_f32 {
+            WeightType::F32
+        } else {
+            device_type(&t, k)
+        };
+        let buf = if wtype.is_quantized() {
+            let mut bytes = device_rows(&t, 0, n, wtype)?;
+            bytes.resize(bytes.len().next_multiple_of(4), 0);
+            self.upload(&bytes, wtype, k, &name)?
+        } else {
+            self.values(&stored_values(&t)?.0, wtype, k, &name)?
+        };
         let bias = if m.bias {
             Some(self.f32_tensor(&format!("{}.bias", m.name), &[n])?)
         } else {
@@ -288,70 +307,28 @@ impl<'a> Loader<'a> {
         })
     }
 
-    /// Every routed expert of a block stored as `layout` into its own slot.
+    /// Every routed expert of a block stored as `layout` into its own slot, and how they
+    /// are stored.
     fn experts(
         &self,
         layout: &ExpertLayout,
         n: usize,
         h: usize,
         inter: usize,
-    ) -> Result<ExpertSlots> {
-        let no_experts = || {
-            Error::Config(format!(
+    ) -> Result<(ExpertSlots, ExpertFormat)> {
+        if n == 0 {
+            return Err(Error::Config(format!(
                 "{}: a mixture of experts with no experts",
                 layout.prefix()
-            ))
-        };
-        let slots_for = |wtype| ExpertSlots::new(self.dev, n as u32, h as u32, inter as u32, wtype);
-        match layout {
-            ExpertLayout::Converted { prefix } => {
-                let mut slots = None;
-                for e in 0..n {
-                    let x = converted_expert(self.src, prefix, e, h, inter)?;
-                    let s = match &slots {
-                        Some(s) => s,
-                        None => slots.insert(slots_for(x.wtype)?),
-                    };
-                    s.refill(self.dev, e as u32, &x.gate, &x.up, &x.down)?;
-                }
-                slots.ok_or_else(no_experts)
-            }
-            ExpertLayout::Stacked { gate_up, down } => {
-                let s = StackedExperts::new(gate_up, down, n, h, inter);
-                let gu = self.tensor(&s.gate_up.name)?;
-                gu.expect_shape(&s.gate_up.shape)?;
-                let down = self.tensor(&s.down.name)?;
-                down.expect_shape(&s.down.shape)?;
-                let slots = slots_for(wtype_of(&gu.dtype_name()))?;
-                let hi = h * inter;
-                for e in 0..n {
-                    let g_u = gu.rows_f32(e * 2 * inter, 2 * inter)?;
-                    let d = down.rows_f32(e * h, h)?;
-                    slots.refill(self.dev, e as u32, &g_u[..hi], &g_u[hi..], &d)?;
-                }
-                Ok(slots)
-            }
-            ExpertLayout::PerExpert { prefix, names } => {
-                let get = |m: &MatrixSpec| -> Result<(Vec<f32>, String)> {
-                    let t = self.tensor(&m.weight())?;
-                    t.expect_shape(&m.shape())?;
-                    Ok((t.to_f32()?, t.dtype_name()))
-                };
-                let mut slots = None;
-                for e in 0..n {
-                    let t = MlpTensors::expert(prefix, *names, e, h, inter);
-                    let (g, dtype) = get(&t.gate)?;
-                    let (u, _) = get(&t.up)?;
-                    let (d, _) = get(&t.down)?;
-                    let s = match &slots {
-                        Some(s) => s,
-                        None => slots.insert(slots_for(wtype_of(&dtype))?),
-                    };
-                    s.refill(self.dev, e as u32, &g, &u, &d)?;
-                }
-                slots.ok_or_else(no_experts)
-            }
+            )));
         }
+        let format = expert_format(self.src, self.fp8_block, layout, h, inter)?;
+        let slots = ExpertSlots::new(self.dev, n as u32, h as u32, inter as u32, &[format])?;
+        for e in 0..n {
+            let bytes = expert_bytes(self.src, self.fp8_block, layout, [e, n, h, inter], format)?;
+            slots.refill_bytes(self.dev, e as u32, &bytes)?;
+        }
+        Ok((slots, format))
     }
 }
 
@@ -408,13 +385,15 @@ impl GpuModel {
                     let shared = t.shared.as_ref().map(|s| ld.mlp(s)).transpose()?;
                     let shared_gate = t.shared_gate.as_ref();
                     let shared_gate = shared_gate.map(|g| ld.matrix(g, true)).transpose()?;
+                    let (slots, format) = ld.experts(&mn.experts, n, h, moe.intermediate)?;
                     Ffn::Moe(Box::new(Moe {
                         router: ld.matrix(&t.router, true)?,
                         correction_bias: match &t.correction_bias {
                             Some(b) => Some(ld.f32_tensor(&b.name, &b.shape)?),
                             None => None,
                         },
-                        slots: ld.experts(&mn.experts, n, h, moe.intermediate)?,
+                        slots,
+                        format,
                         params: TopKParams {
                             n_experts: n as u32,
                             k: r.top_k as u32,

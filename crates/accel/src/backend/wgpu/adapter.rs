@@ -4,9 +4,6 @@
 use crate::device::{DeviceInfo, OpKind, WeightType};
 use crate::{Error, Result};
 
-/// Weight types every matrix kernel is compiled for.
-const ALL_WTYPES: [WeightType; 3] = [WeightType::F32, WeightType::Bf16, WeightType::F16];
-
 /// Graphics APIs this build searches.
 fn backends() -> wgpu::Backends {
     let mut b = wgpu::Backends::VULKAN;
@@ -75,7 +72,7 @@ pub(super) fn info_of(index: usize, adapter: &wgpu::Adapter) -> DeviceInfo {
     ]
     .into_iter()
     .chain(
-        ALL_WTYPES
+        WeightType::ALL
             .iter()
             .flat_map(|&t| [OpKind::Embed(t), OpKind::Matmul(t), OpKind::ExpertFfn(t)]),
     )

@@ -45,6 +45,8 @@ pub struct WgpuDevice {
     queue: wgpu::Queue,
     max_binding: u64,
     device_binding: u64,
+    /// Whether kernels reduce through subgroup operations.
+    subgroups: bool,
     pipelines: Mutex<HashMap<(&'static str, WeightType), wgpu::ComputePipeline>>,
     pending: Mutex<Option<wgpu::CommandEncoder>>,
     pool: Arc<Mutex<Pool>>,
@@ -66,9 +68,14 @@ impl WgpuDevice {
             })?;
         let info = adapter::info_of(opts.index, &adapter);
         let limits = adapter.limits();
+        let subgroups = info.subgroups && !opts.no_subgroups;
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("strata"),
-            required_features: wgpu::Features::empty(),
+            required_features: if subgroups {
+                wgpu::Features::SUBGROUP
+            } else {
+                wgpu::Features::empty()
+            },
             required_limits: limits.clone(),
             experimental_features: wgpu::ExperimentalFeatures::disabled(),
             memory_hints: wgpu::MemoryHints::Performance,
@@ -99,6 +106,7 @@ impl WgpuDevice {
             queue,
             max_binding,
             device_binding,
+            subgroups,
             pipelines: Mutex::new(HashMap::new()),
             pending: Mutex::new(None),
             pool: Arc::new(Mutex::new(Pool::new(opts.vram_budget.unwrap_or(u64::MAX)))),

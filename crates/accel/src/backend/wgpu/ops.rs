@@ -8,8 +8,24 @@
 
 use super::WgpuDevice;
 use super::pipeline::{linear_groups, rows_groups};
-use crate::device::{Buffer, ExpertSlots, Op, RopeKind, TopKParams, WeightType};
+use crate::device::{Buffer, ExpertFormat, ExpertSlots, Op, RopeKind, TopKParams, WeightType};
 use crate::{Error, Result};
+
+/// Fails unless rows of `k` values are whole blocks of `wtype` (the quantized kernels read
+/// whole groups of 32).
+fn check_rows(op: &'static str, wtype: WeightType, k: u32) -> Result<()> {
+    if wtype.fits_row(k as usize) {
+        return Ok(());
+    }
+    Err(Error::Shape {
+        op,
+        message: format!(
+            "rows of {k} values are not whole {} blocks of {}",
+            wtype.name(),
+            wtype.block().0
+        ),
+    })
+}
 
 /// A float as the uniform word the kernels read it from.
 fn f(x: f32) -> u32 {
@@ -112,11 +128,12 @@ impl WgpuDevice {
             Op::ExpertFfn {
                 x,
                 slots,
+                format,
                 pairs,
                 out,
                 n_pairs,
                 stage,
-            } => self.expert_ffn(x, slots, pairs, out, n_pairs, stage),
+            } => self.expert_ffn([x, pairs, out], slots, format, n_pairs, stage),
             Op::MoeCombine {
                 out,
                 y,
@@ -140,8 +157,11 @@ impl WgpuDevice {
         dim: u32,
     ) -> Result<()> {
         let t = self.raw(table)?;
-        let row_bytes = wtype.elem_bytes() * dim.max(1) as u64;
+        check_rows("embed", wtype, dim)?;
+        let row_bytes = wtype.row_bytes(dim.max(1) as usize);
         let (ids, out) = (self.single(ids, "ids")?, self.single(out, "embed output")?);
+        // A quantized table decodes a group of 32 per invocation.
+        let per_row = if wtype.is_quantized() { dim / 32 } else { dim };
         for (ci, chunk) in t.chunks.iter().enumerate() {
             let r0 = (ci as u64 * (t.chunk_bytes / row_bytes)) as u32;
             let r1 = r0.saturating_add((chunk.size() / row_bytes) as u32);
@@ -150,7 +170,7 @@ impl WgpuDevice {
                 wtype,
                 &[rows, dim, r0, r1],
                 &[chunk, ids, out],
-                linear_groups(rows as u64 * dim as u64),
+                linear_groups(rows as u64 * per_row as u64),
             )?;
         }
         Ok(())
@@ -174,28 +194,27 @@ impl WgpuDevice {
             self.single(out, "matmul output")?,
         );
         let bb = self.single_or_dummy(bias, "bias")?;
-        // Rows per chunk: chunks are cut at whole rows (in words for 16-bit types).
-        let elems_per_chunk = match wtype {
-            WeightType::F32 => wr.chunk_bytes / 4,
-            _ => wr.chunk_bytes / 2,
-        };
-        let rows_per_chunk = if k == 0 {
-            n as u64
-        } else {
-            elems_per_chunk / k as u64
-        };
+        check_rows("matmul", wtype, k)?;
+        // Rows per chunk: chunks are cut at whole rows that are whole words.
+        let rows_per_chunk = wr.chunk_bytes / wtype.row_bytes(k.max(1) as usize);
         for (ci, chunk) in wr.chunks.iter().enumerate() {
             let n0 = ci as u64 * rows_per_chunk;
             if n0 >= n as u64 {
                 break;
             }
             let n_rows = rows_per_chunk.min(n as u64 - n0) as u32;
+            // Quantized rows: one workgroup each; floats: 16x16 output tiles.
+            let groups = if wtype.is_quantized() {
+                rows_groups(n_rows)
+            } else {
+                (n_rows.div_ceil(16), m.div_ceil(16))
+            };
             self.dispatch(
                 "matmul",
                 wtype,
                 &[m, k, n0 as u32, n_rows, n, bias.is_some() as u32],
                 &[xb, chunk, bb, ob],
-                (n_rows.div_ceil(16), m.div_ceil(16)),
+                groups,
             )?;
         }
         Ok(())
@@ -396,17 +415,32 @@ impl WgpuDevice {
 
     /// [`Op::ExpertFfn`]: one dispatch per chunk of the slots, each serving the pairs
     /// whose slot it holds.
+    /// `buffers` is `[x, pairs, out]`.
     fn expert_ffn(
         &self,
-        x: &Buffer,
+        buffers: [&Buffer; 3],
         slots: &ExpertSlots,
-        pairs: &Buffer,
-        out: &Buffer,
+        format: ExpertFormat,
         n_pairs: u32,
         stage: u32,
     ) -> Result<()> {
+        let [x, pairs, out] = buffers;
+        format.check(slots.hidden, slots.inter)?;
+        if format.bytes(slots.hidden, slots.inter) > slots.slot_bytes {
+            return Err(Error::Shape {
+                op: "expert ffn",
+                message: format!(
+                    "experts as {}/{} take {} bytes, more than a slot's {}",
+                    format.gate_up.name(),
+                    format.down.name(),
+                    format.bytes(slots.hidden, slots.inter),
+                    slots.slot_bytes
+                ),
+            });
+        }
         let sr = self.raw(&slots.buffer)?;
-        let slots_per_chunk = (sr.chunk_bytes / slots.slot_bytes()) as u32;
+        let slots_per_chunk = (sr.chunk_bytes / slots.slot_bytes) as u32;
+        let wtype = format.stage_type(stage);
         let width = if stage == 0 {
             slots.inter
         } else {
@@ -417,22 +451,36 @@ impl WgpuDevice {
             self.single(pairs, "expert pairs")?,
             self.single(out, "expert output")?,
         );
+        let [_, up_at, down_at] = format.offsets(slots.hidden, slots.inter);
+        let (a_at, b_at) = if stage == 0 { (0, up_at) } else { (down_at, 0) };
         for (ci, chunk) in sr.chunks.iter().enumerate() {
             let s0 = ci as u32 * slots_per_chunk;
+            let (stride, groups) = if wtype.is_quantized() {
+                // One workgroup per output row and 8 pairs (the kernel's TM).
+                (slots.slot_bytes, (width, n_pairs.div_ceil(8)))
+            } else {
+                // Elements: one invocation per output value.
+                (
+                    slots.slot_bytes / wtype.block().1 as u64,
+                    linear_groups(n_pairs as u64 * width as u64),
+                )
+            };
             self.dispatch(
                 "expert_ffn",
-                slots.wtype,
+                wtype,
                 &[
                     n_pairs,
                     slots.hidden,
                     slots.inter,
-                    slots.slot_elems() as u32,
+                    stride as u32,
                     s0,
                     s0 + slots_per_chunk,
                     stage,
+                    a_at as u32,
+                    b_at as u32,
                 ],
                 &[xb, chunk, pb, ob],
-                linear_groups(n_pairs as u64 * width as u64),
+                groups,
             )?;
         }
         Ok(())

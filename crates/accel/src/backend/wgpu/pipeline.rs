@@ -47,23 +47,81 @@ pub(super) fn rows_groups(rows: u32) -> (u32, u32) {
     (x, rows.div_ceil(x.max(1)))
 }
 
+/// Kernels over quantized weights, by the name of their float twin: WGSL source and
+/// whether it dots weight rows with activations (`quant/rows.wgsl`).
+const QUANT_KERNELS: &[(&str, &str, bool)] = &[
+    ("embed", include_str!("../../shaders/embed_q.wgsl"), false),
+    ("matmul", include_str!("../../shaders/matmul_q.wgsl"), true),
+    (
+        "expert_ffn",
+        include_str!("../../shaders/expert_ffn_q.wgsl"),
+        true,
+    ),
+];
+
+const QUANT_COMMON: &str = include_str!("../../shaders/quant/common.wgsl");
+const QUANT_ROWS: &str = include_str!("../../shaders/quant/rows.wgsl");
+
+/// Lane sums through subgroup operations, or one invocation per lane.
+const LANES: [&str; 2] = [
+    include_str!("../../shaders/quant/lanes_plain.wgsl"),
+    include_str!("../../shaders/quant/lanes_subgroup.wgsl"),
+];
+
+/// The block decoder of a quantized type (one file per ggml block layout).
+fn decoder(wtype: WeightType) -> Option<&'static str> {
+    Some(match wtype {
+        WeightType::F32 | WeightType::Bf16 | WeightType::F16 => return None,
+        WeightType::Q4_0 => include_str!("../../shaders/quant/q4_0.wgsl"),
+        WeightType::Q5_0 => include_str!("../../shaders/quant/q5_0.wgsl"),
+        WeightType::Q8_0 => include_str!("../../shaders/quant/q8_0.wgsl"),
+        WeightType::Q4_K => include_str!("../../shaders/quant/q4_k.wgsl"),
+        WeightType::Q5_K => include_str!("../../shaders/quant/q5_k.wgsl"),
+        WeightType::Q6_K => include_str!("../../shaders/quant/q6_k.wgsl"),
+        WeightType::IQ4_XS => include_str!("../../shaders/quant/iq4_xs.wgsl"),
+    })
+}
+
+/// The WGSL of kernel `name` for weights of `wtype`: the prelude (with the float type
+/// code) and the kernel, and for a quantized type its block decoder and the quantized
+/// kernel instead, reducing through subgroups when `subgroups`.
+fn source(name: &str, wtype: WeightType, subgroups: bool) -> Result<String> {
+    let unsupported = || Error::Unsupported(format!("{name} over {} weights", wtype.name()));
+    if let Some(decode) = decoder(wtype) {
+        let &(_, body, rows) = QUANT_KERNELS
+            .iter()
+            .find(|(n, ..)| *n == name)
+            .ok_or_else(unsupported)?;
+        let rows = if rows {
+            format!("{QUANT_ROWS}\n{}", LANES[subgroups as usize])
+        } else {
+            String::new()
+        };
+        let prelude = PRELUDE.replace("__WTYPE__", "0");
+        return Ok(format!(
+            "{prelude}\n{QUANT_COMMON}\n{decode}\n{rows}\n{body}"
+        ));
+    }
+    let body = KERNELS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, s)| *s)
+        .ok_or_else(unsupported)?;
+    let code = match wtype {
+        WeightType::Bf16 => "1",
+        WeightType::F16 => "2",
+        _ => "0",
+    };
+    Ok(format!("{}\n{body}", PRELUDE.replace("__WTYPE__", code)))
+}
+
 impl WgpuDevice {
     fn pipeline(&self, name: &'static str, wtype: WeightType) -> Result<wgpu::ComputePipeline> {
         let mut cache = lock(&self.pipelines);
         if let Some(p) = cache.get(&(name, wtype)) {
             return Ok(p.clone());
         }
-        let body = KERNELS
-            .iter()
-            .find(|(n, _)| *n == name)
-            .map(|(_, s)| *s)
-            .ok_or_else(|| Error::Unsupported(name.to_string()))?;
-        let code = match wtype {
-            WeightType::F32 => "0",
-            WeightType::Bf16 => "1",
-            WeightType::F16 => "2",
-        };
-        let src = format!("{}\n{body}", PRELUDE.replace("__WTYPE__", code));
+        let src = source(name, wtype, self.subgroups)?;
         let module = self
             .device
             .create_shader_module(wgpu::ShaderModuleDescriptor {

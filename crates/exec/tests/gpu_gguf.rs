@@ -1,0 +1,108 @@
+//! Quantized GGUFs on the accelerator (`tests/fixtures-gguf/qwen3_moe_k.*`: one random
+//! Qwen3-MoE quantized by llama-quantize `--pure` into each ggml type) against an exact
+//! reader of the file (transformers on the weights dequantized by gguf-py): the device
+//! keeps the types its kernels decode as the file's blocks, so it holds about the file's
+//! bytes and computes the exact reader's function (f32 activations) within 1e-3 x max|ref|,
+//! all at once and token by token; the other types are dequantized to F16 on upload, which
+//! rounds the weights (within 1e-2).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::default_gpu;
+use strata_exec::GpuModel;
+use strata_formats::npy;
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures-gguf")
+}
+
+fn sequences() -> Vec<Vec<u32>> {
+    let path = fixtures().join("qwen3_moe_k.json");
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    manifest["sequences"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            let s = s.as_array().unwrap();
+            s.iter().map(|t| t.as_u64().unwrap() as u32).collect()
+        })
+        .collect()
+}
+
+fn rel_err(got: &[f32], want: &[f32]) -> f32 {
+    assert_eq!(got.len(), want.len());
+    let max_ref = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let max_diff = got
+        .iter()
+        .zip(want)
+        .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+    max_diff / max_ref
+}
+
+/// `qwen3_moe_k.<suffix>.gguf` on the device: device memory within `max_bytes_ratio` of
+/// the file's size, logits within `tol` of the dequantized reference.
+fn check(suffix: &str, max_bytes_ratio: f64, tol: f32) {
+    let Some(dev) = default_gpu() else { return };
+    let stem = format!("qwen3_moe_k.{suffix}");
+    let path = fixtures().join(format!("{stem}.gguf"));
+    let before = dev.memory().live;
+    let gpu = GpuModel::load(dev.clone(), &path).unwrap_or_else(|e| panic!("{stem}: {e}"));
+    let held = (dev.memory().live - before) as f64;
+    let file = std::fs::metadata(&path).unwrap().len() as f64;
+    println!(
+        "{stem}: {:.2} MB on the device, file {:.2} MB",
+        held / 1e6,
+        file / 1e6
+    );
+    assert!(
+        held <= max_bytes_ratio * file,
+        "{stem}: the weights take {held} bytes on the device, {:.2}x the file's {file}",
+        held / file
+    );
+    for (i, seq) in sequences().iter().enumerate() {
+        let want = npy::read_f32(&fixtures().join(format!("{stem}.dequant_{i}.npy")))
+            .unwrap()
+            .data;
+        for chunk in [seq.len(), 1] {
+            let mut cache = gpu.new_cache(seq.len()).unwrap();
+            let mut got = Vec::new();
+            for part in seq.chunks(chunk) {
+                got.extend(gpu.forward(part, &mut cache).unwrap());
+            }
+            let e = rel_err(&got, &want);
+            println!("{stem} seq {i} chunk {chunk}: max rel err {e:.2e}");
+            assert!(
+                e <= tol,
+                "{stem} seq {i} chunk {chunk}: error {e:.2e} > {tol:e}"
+            );
+        }
+    }
+}
+
+macro_rules! on_device {
+    ($($test:ident => $suffix:literal, $ratio:expr, $tol:expr;)*) => {$(
+        #[test]
+        fn $test() {
+            check($suffix, $ratio, $tol);
+        }
+    )*};
+}
+
+on_device! {
+    // Decoded by the device's kernels: the file's bytes (norms and router are f32 in the
+    // file too), the exact reader's logits.
+    q4_0_blocks_on_the_device => "q4_0", 1.02, 1e-3;
+    q5_0_blocks_on_the_device => "q5_0", 1.02, 1e-3;
+    q8_0_blocks_on_the_device => "q8_0", 1.02, 1e-3;
+    q4_k_blocks_on_the_device => "q4_k", 1.02, 1e-3;
+    q5_k_blocks_on_the_device => "q5_k", 1.02, 1e-3;
+    q6_k_blocks_on_the_device => "q6_k", 1.02, 1e-3;
+    iq4_xs_blocks_on_the_device => "iq4_xs", 1.02, 1e-3;
+    // Dequantized to F16 on upload: 16 bits per weight.
+    q4_1_as_f16_on_the_device => "q4_1", 4.0, 1e-2;
+    q3_k_as_f16_on_the_device => "q3_k", 6.0, 1e-2;
+}
