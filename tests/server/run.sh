@@ -4,22 +4,28 @@
 # second server on SmolLM2-135M for the prefix cache under load with a 2,000-token prompt
 # and the tool-call templates whose calls need more context; then, with STRATA_GPU_TESTS=1,
 # a third on `--device gpu` for a subset.
-# Creates .venv-server at the repository root (pip installs openai, pytest and jsonschema), builds
-# the CLI, starts the server, runs pytest, then stops the server with SIGTERM and checks
+# Creates .venv-server at the repository root, or STRATA_VENV_SERVER (pip installs
+# scripts/requirements/server.txt: openai, pytest and jsonschema), builds
+# the CLI (unless STRATA_BIN names one), starts the server, runs pytest, then stops the server with SIGTERM and checks
 # that it drained and exited cleanly. Exits non-zero on any failure.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$root"
-venv="$root/.venv-server"
+venv="${STRATA_VENV_SERVER:-$root/.venv-server}"
 if ! "$venv/bin/python" -c "import openai, pytest, jsonschema" 2>/dev/null; then
+    rm -rf "$venv"
     python3 -m venv "$venv"
-    "$venv/bin/pip" install --quiet --disable-pip-version-check "openai>=1.40" "pytest>=8" "jsonschema>=4"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
+        -r "$root/scripts/requirements/server.txt"
 fi
 
-cargo build --quiet -p strata-cli
-target_dir="${CARGO_TARGET_DIR:-$root/target}"
-strata="$target_dir/debug/strata"
+# scripts/test.sh passes the binary its `cargo test` built (STRATA_BIN); alone, build one.
+if [ -z "${STRATA_BIN:-}" ]; then
+    cargo build --quiet -p strata-cli
+    STRATA_BIN="${CARGO_TARGET_DIR:-$root/target}/debug/strata"
+fi
+strata="$STRATA_BIN"
 
 # Starts `strata serve "$@"` on a free loopback port and waits for /health; sets port, pid, log.
 start_server() {
