@@ -5,7 +5,11 @@
 #[test]
 fn the_extension_module_exports_its_init_function() {
     let deps = std::env::current_exe().unwrap();
-    let name = format!("{}_strata{}", std::env::consts::DLL_PREFIX, std::env::consts::DLL_SUFFIX);
+    let name = format!(
+        "{}_strata{}",
+        std::env::consts::DLL_PREFIX,
+        std::env::consts::DLL_SUFFIX
+    );
     let module = deps.parent().unwrap().join(name);
     let bytes = std::fs::read(&module)
         .unwrap_or_else(|e| panic!("{}: {e} (built with the tests)", module.display()));
