@@ -79,10 +79,19 @@ def test_accelerator_panel_shows_the_executors_counters(browser, hybrid, log_dir
     assert busy, "no device was busy while the request ran"
     table = page.locator("#hybrid-table").inner_text()
     assert "cache hits / misses" in table and "uploaded" in table, table
-    # The experts the device cache holds are outlined in the heat map and counted.
-    resident = int(page.locator("#heat").get_attribute("data-resident"))
+    # The experts the device cache holds are outlined in the heat map and counted. The
+    # page redraws twice a second, so both are read in one evaluation (one redraw).
+    resident, counted = page.evaluate(
+        """() => {
+            const row = [...document.querySelectorAll('#hybrid-table tr')]
+                .map(r => [...r.querySelectorAll('td')].map(c => c.innerText))
+                .find(c => c[0] === 'resident experts');
+            return [document.querySelector('#heat').dataset.resident, row ? row[1] : null];
+        }"""
+    )
+    resident = int(resident)
     assert 1 <= resident <= 19, resident
-    assert table_value(page, "resident experts").startswith(f"{resident} "), table
+    assert counted is not None and counted.startswith(f"{resident} "), (resident, counted, table)
     page.screenshot(path=str(log_dir / "07-hybrid.png"), full_page=True)
     page.click("#halt")
     expect(page.locator("#send")).to_be_enabled(timeout=TIMEOUT_MS)

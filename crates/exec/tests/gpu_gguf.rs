@@ -11,6 +11,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::default_gpu;
+use strata_accel::WeightType;
 use strata_exec::GpuModel;
 use strata_formats::npy;
 
@@ -105,4 +106,39 @@ on_device! {
     // Dequantized to F16 on upload: 16 bits per weight.
     q4_1_as_f16_on_the_device => "q4_1", 4.0, 1e-2;
     q3_k_as_f16_on_the_device => "q3_k", 6.0, 1e-2;
+}
+
+/// The hybrid executor's uploads: an expert of a GGUF goes to the device as the file's
+/// blocks of its three matrices (gate, up and down of `*_exps`), nothing widened.
+#[test]
+fn an_expert_upload_moves_the_files_blocks() {
+    let path = fixtures().join("qwen3_moe_k.q4_k.gguf");
+    let host = strata_exec::HostExperts::open(&path).unwrap();
+    let file = strata_formats::gguf::GgufFile::open(&path).unwrap();
+    let format = host.format(1).unwrap();
+    assert_eq!(
+        (format.gate_up, format.down),
+        (WeightType::Q4_K, WeightType::Q4_K)
+    );
+    let e = 5;
+    let mut want = Vec::new();
+    for part in ["gate", "up", "down"] {
+        let stacked = file
+            .tensor_bytes(&format!("blk.1.ffn_{part}_exps.weight"))
+            .unwrap();
+        let per_expert = stacked.len() / host.n_experts();
+        want.extend_from_slice(&stacked[e * per_expert..][..per_expert]);
+    }
+    let got = host.expert_bytes(1, e as u32).unwrap();
+    assert_eq!(got.len(), want.len());
+    assert!(
+        got == want,
+        "expert {e}'s upload differs from the file's blocks"
+    );
+    // The cost model prices transfers at the file's bits per weight (Q4_K: 4.5).
+    assert!(
+        (host.bits_per_weight() - 4.5).abs() < 1e-9,
+        "{}",
+        host.bits_per_weight()
+    );
 }
