@@ -12,15 +12,10 @@ use common::{Rng, down, gpu, max_err, up, up_u32};
 use strata_accel::{Device, DeviceOptions, ExpertFormat, ExpertSlots, Op, WeightType};
 use strata_kernels::ggml::{GgmlType, dequantize_row, random_blocks};
 
-const QUANTIZED: [WeightType; 7] = [
-    WeightType::Q4_0,
-    WeightType::Q5_0,
-    WeightType::Q8_0,
-    WeightType::Q4_K,
-    WeightType::Q5_K,
-    WeightType::Q6_K,
-    WeightType::IQ4_XS,
-];
+/// Every quantized type the device stores.
+fn quantized() -> impl Iterator<Item = WeightType> {
+    WeightType::ALL.into_iter().filter(|t| t.is_quantized())
+}
 
 fn ggml(t: WeightType) -> GgmlType {
     GgmlType::ALL
@@ -99,7 +94,7 @@ fn upload(dev: &dyn Device, t: WeightType, bytes: &[u8], k: usize) -> strata_acc
 
 #[test]
 fn the_geometry_is_ggmls() {
-    for t in QUANTIZED {
+    for t in quantized() {
         let g = ggml(t);
         assert_eq!(t.block(), (g.block_size(), g.block_bytes()), "{}", t.name());
         assert_eq!(WeightType::from_ggml_name(g.name()), Some(t));
@@ -112,7 +107,7 @@ fn quantized_matmul_matches_the_dequantized_reference() {
     let mut seed = 5u64;
     let mut rng = Rng::new(3);
     for dev in devices(2048) {
-        for t in QUANTIZED {
+        for t in quantized() {
             let qk = t.block().0;
             // m past the kernel's 8 tokens per pass; odd row counts; 1-3 blocks per row.
             for &(m, n, k) in &[(1, 3, qk), (9, 7, 2 * qk), (3, 5, 3 * qk), (0, 2, qk)] {
@@ -174,7 +169,7 @@ fn quantized_rows_of_any_length_are_refused() {
 fn quantized_embedding_gathers_the_dequantized_rows() {
     let mut seed = 9u64;
     for dev in devices(2048) {
-        for t in QUANTIZED {
+        for t in quantized() {
             let (v, dim) = (13, t.block().0.max(64));
             let table = blocks(t, v, dim, &mut seed);
             let tf = dequantized(t, &table, v * dim);

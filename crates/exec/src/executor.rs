@@ -218,7 +218,7 @@ impl HybridExecutor {
                 }
             }
         }
-        let slot = Self::slot_bytes(&host);
+        let slot = host.slot_bytes();
         let n_slots = u32::try_from(opts.vram_budget / slot.max(1)).unwrap_or(u32::MAX);
         let cache = SlotCache::new(n_slots);
         let slots = if n_slots > 0 {
@@ -287,15 +287,10 @@ impl HybridExecutor {
         })
     }
 
-    /// Bytes of one expert slot for `host`'s experts (the largest layer's).
-    pub fn slot_bytes(host: &HostExperts) -> u64 {
-        host.slot_bytes()
-    }
-
     /// The part of `vram_budget` that caches experts (the rest, at most two slots, stages
     /// them): what the cost model's GPU expert budget must be.
     pub fn cache_bytes(host: &HostExperts, vram_budget: u64) -> u64 {
-        let slot = Self::slot_bytes(host);
+        let slot = host.slot_bytes();
         let n = vram_budget / slot.max(1);
         n.saturating_sub(2) * slot
     }

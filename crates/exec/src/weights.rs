@@ -36,27 +36,17 @@ pub(crate) fn device_type(t: &Tensor, k: usize) -> WeightType {
     }
 }
 
-/// Rows `row0..row0 + n` of `t` as stored in `wtype` on the device: a quantized type's
-/// blocks as the file holds them (exact bytes, not padded), a float type's values encoded.
-pub(crate) fn device_rows(t: &Tensor, row0: usize, n: usize, wtype: WeightType) -> Result<Vec<u8>> {
-    if wtype.is_quantized() {
-        return match t.ggml_rows(row0, n)? {
-            Some(m) => Ok(m.bytes().to_vec()),
-            None => Err(Error::Config(format!(
-                "{}: not ggml blocks, cannot be stored as {}",
-                t.name(),
-                wtype.name()
-            ))),
-        };
+/// All rows of `t` as the blocks of the quantized `wtype` that the file holds (exact bytes,
+/// not padded): what the device stores for [`device_type`]'s quantized types.
+pub(crate) fn ggml_blocks(t: &Tensor, n_rows: usize, wtype: WeightType) -> Result<Vec<u8>> {
+    match t.ggml_rows(0, n_rows)? {
+        Some(m) => Ok(m.bytes().to_vec()),
+        None => Err(Error::Config(format!(
+            "{}: not ggml blocks, cannot be stored as {}",
+            t.name(),
+            wtype.name()
+        ))),
     }
-    let values = match t.stored_packed() {
-        Some(p) => {
-            let k = t.shape().last().copied().unwrap_or(1);
-            p?.dequantize()[row0 * k..(row0 + n) * k].to_vec()
-        }
-        None => t.rows_f32(row0, n)?,
-    };
-    Ok(wtype.encode(&values)?)
 }
 
 /// The values of `t` and the float storage type that holds them (a converted model's packed
@@ -211,7 +201,7 @@ pub(crate) fn expert_bytes(
                 let t = src.tensor_fp8(&m.weight(), fp8_block)?;
                 t.expect_shape(&m.shape())?;
                 if wtype.is_quantized() {
-                    bytes.extend(device_rows(&t, 0, m.rows, wtype)?);
+                    bytes.extend(ggml_blocks(&t, m.rows, wtype)?);
                 } else {
                     values.extend(t.to_f32()?);
                 }

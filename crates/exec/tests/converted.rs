@@ -68,7 +68,7 @@ fn check(name: &str, opts: LoadOptions, bound: f32) {
     let want = run(&Model::load(&out, opts).unwrap());
     let mut model = Model::load(&out, opts).unwrap();
     let host = HostExperts::open(&out).unwrap_or_else(|e| panic!("{name}: {e}"));
-    let budget = 64 * HybridExecutor::slot_bytes(&host);
+    let budget = 64 * host.slot_bytes();
     let cost = cost_model(
         Hardware::load("ktrans-4080").unwrap(),
         model_shape(&model.config).unwrap(),

@@ -92,7 +92,7 @@ impl Setup {
     fn load(&self, dev: &Arc<dyn Device>, precision: Precision) -> (Model, Arc<HybridExecutor>) {
         let mut model = Model::load(&self.dir, precision).unwrap();
         let host = HostExperts::open(&self.dir).unwrap();
-        let budget = self.slots * HybridExecutor::slot_bytes(&host);
+        let budget = self.slots * host.slot_bytes();
         let cost = cost_model(
             Hardware::load(self.hardware).unwrap(),
             model_shape(&model.config).unwrap(),
@@ -178,7 +178,7 @@ fn check(setup: &Setup, prompt: &[u32], next: &[u32]) -> strata_exec::ExecStats 
     let stats = exec.stats();
     let log = exec.take_log();
     let host = HostExperts::open(&setup.dir).unwrap();
-    let slot = HybridExecutor::slot_bytes(&host);
+    let slot = host.slot_bytes();
     check_log(&name, &log, setup.slots.saturating_sub(2));
     assert!(
         stats.slot_bytes_allocated <= setup.slots * slot,

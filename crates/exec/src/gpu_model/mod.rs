@@ -35,7 +35,7 @@ use strata_model::tensors::{AttentionTensors, MatrixSpec, MlpTensors, MoeTensors
 use strata_model::{Head, LayerGraph, LogitsWanted, RoutingTap};
 
 use crate::weights::{
-    converted_expert, device_rows, device_type, expert_bytes, expert_format, stored_values,
+    converted_expert, device_type, expert_bytes, expert_format, ggml_blocks, stored_values,
 };
 use crate::{Error, Result};
 
@@ -231,7 +231,7 @@ impl<'a> Loader<'a> {
             device_type(&t, k)
         };
         let buf = if wtype.is_quantized() {
-            let mut bytes = device_rows(&t, 0, n, wtype)?;
+            let mut bytes = ggml_blocks(&t, n, wtype)?;
             bytes.resize(bytes.len().next_multiple_of(4), 0);
             self.upload(&bytes, wtype, k, &name)?
         } else {
