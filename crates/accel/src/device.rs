@@ -44,6 +44,8 @@ pub enum OpKind {
     ExpertFfn(WeightType),
     /// Weighted sum of the experts' outputs per token.
     MoeCombine,
+    /// Chains of fused multiply-adds that measure the arithmetic peak (benchmarks).
+    FmaPeak,
 }
 
 impl fmt::Display for OpKind {
@@ -60,6 +62,7 @@ impl fmt::Display for OpKind {
             OpKind::Add => f.write_str("add"),
             OpKind::TopK => f.write_str("topk"),
             OpKind::MoeCombine => f.write_str("moe_combine"),
+            OpKind::FmaPeak => f.write_str("fma_peak"),
         }
     }
 }
@@ -430,6 +433,19 @@ pub enum Op<'a> {
         /// Choices per token.
         k: u32,
     },
+    /// The arithmetic peak: each of `workgroups * 64` invocations runs `iters` rounds of 16
+    /// independent vec4 fused multiply-adds (128 FLOPs a round) in f16 when `half` (the
+    /// device must report `shader_f16`), else f32, and writes one f32 to `out`.
+    FmaPeak {
+        /// Output `[workgroups * 64]` f32.
+        out: &'a Buffer,
+        /// Workgroups of 64 (at most the device's limit per dimension, 65535 in practice).
+        workgroups: u32,
+        /// Rounds per invocation.
+        iters: u32,
+        /// f16 arithmetic.
+        half: bool,
+    },
 }
 
 impl Op<'_> {
@@ -447,6 +463,7 @@ impl Op<'_> {
             Op::TopK { .. } => OpKind::TopK,
             Op::ExpertFfn { format, stage, .. } => OpKind::ExpertFfn(format.stage_type(*stage)),
             Op::MoeCombine { .. } => OpKind::MoeCombine,
+            Op::FmaPeak { .. } => OpKind::FmaPeak,
         }
     }
 }

@@ -28,6 +28,7 @@ macro_rules! out {
 
 mod batch;
 mod bench;
+mod bench_device;
 mod bench_grammar;
 mod chat;
 mod convert;
@@ -94,6 +95,9 @@ enum Command {
 enum BenchCommand {
     /// Time one MoE layer on the CPU kernels against the machine's measured peaks.
     Moe(bench::BenchMoeArgs),
+    /// Time the accelerator's kernels on GGUF blocks against its measured copy bandwidth
+    /// and arithmetic peak.
+    Device(bench_device::BenchDeviceArgs),
     /// Time structured outputs: the grammar's cost per generated token at each batch size.
     Grammar(bench_grammar::BenchGrammarArgs),
 }
@@ -108,6 +112,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Logits(a) => logits::run(a),
         Command::Bench(BenchCommand::Moe(a)) => bench::bench_moe(&a),
         Command::Bench(BenchCommand::Grammar(a)) => bench_grammar::run(a),
+        Command::Bench(BenchCommand::Device(a)) => bench_device::run(a),
         Command::Devices(a) => devices::run(a),
         Command::Trace(a) => trace::run(a),
         Command::Simulate(a) => simulate::run(a),

@@ -71,11 +71,12 @@ impl WgpuDevice {
         let subgroups = info.subgroups && !opts.no_subgroups;
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("strata"),
-            required_features: if subgroups {
-                wgpu::Features::SUBGROUP
-            } else {
-                wgpu::Features::empty()
-            },
+            required_features: (adapter.features() & wgpu::Features::SHADER_F16)
+                | if subgroups {
+                    wgpu::Features::SUBGROUP
+                } else {
+                    wgpu::Features::empty()
+                },
             required_limits: limits.clone(),
             experimental_features: wgpu::ExperimentalFeatures::disabled(),
             memory_hints: wgpu::MemoryHints::Performance,

@@ -143,7 +143,38 @@ impl WgpuDevice {
                 hidden,
                 k,
             } => self.moe_combine([out, y, weights, pair_of], tokens, hidden, k),
+            Op::FmaPeak {
+                out,
+                workgroups,
+                iters,
+                half,
+            } => self.fma_peak(out, workgroups, iters, half),
         }
+    }
+
+    /// [`Op::FmaPeak`]: the kernel in f16 (cached under [`WeightType::F16`]) or f32.
+    fn fma_peak(&self, out: &Buffer, workgroups: u32, iters: u32, half: bool) -> Result<()> {
+        if half && !self.info.shader_f16 {
+            return Err(Error::Unsupported(format!(
+                "f16 arithmetic on {}: the adapter lacks shader-f16",
+                self.info.name
+            )));
+        }
+        let need = workgroups as u64 * 64 * 4;
+        if out.bytes() < need {
+            return Err(Error::Shape {
+                op: "fma_peak",
+                message: format!("output of {} bytes, need {need}", out.bytes()),
+            });
+        }
+        let wtype = if half {
+            WeightType::F16
+        } else {
+            WeightType::F32
+        };
+        let out = self.single(out, "fma_peak output")?;
+        let params = [iters, f(0.999), f(1e-3)];
+        self.dispatch("fma_peak", wtype, &params, &[out], (workgroups, 1))
     }
 
     /// [`Op::Embed`]: one dispatch per chunk of the table, each gathering its rows.

@@ -86,6 +86,13 @@ fn decoder(wtype: WeightType) -> Option<&'static str> {
 /// code) and the kernel, and for a quantized type its block decoder and the quantized
 /// kernel instead, reducing through subgroups when `subgroups`.
 fn source(name: &str, wtype: WeightType, subgroups: bool) -> Result<String> {
+    if name == "fma_peak" {
+        let peak = include_str!("../../shaders/fma_peak.wgsl");
+        return Ok(match wtype {
+            WeightType::F16 => format!("enable f16;\n{}", peak.replace("SCALAR", "f16")),
+            _ => peak.replace("SCALAR", "f32"),
+        });
+    }
     let unsupported = || Error::Unsupported(format!("{name} over {} weights", wtype.name()));
     if let Some(decode) = decoder(wtype) {
         let &(_, body, rows) = QUANT_KERNELS
