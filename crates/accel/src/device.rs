@@ -44,6 +44,8 @@ pub enum OpKind {
     ExpertFfn(WeightType),
     /// Weighted sum of the experts' outputs per token.
     MoeCombine,
+    /// Routed entries grouped by expert, on the device.
+    MoeGroup,
     /// Chains of fused multiply-adds that measure the arithmetic peak (benchmarks).
     FmaPeak,
 }
@@ -62,6 +64,7 @@ impl fmt::Display for OpKind {
             OpKind::Add => f.write_str("add"),
             OpKind::TopK => f.write_str("topk"),
             OpKind::MoeCombine => f.write_str("moe_combine"),
+            OpKind::MoeGroup => f.write_str("moe_group"),
             OpKind::FmaPeak => f.write_str("fma_peak"),
         }
     }
@@ -227,6 +230,9 @@ pub struct TopKParams {
     /// Final factor on the weights.
     pub scaling: f32,
 }
+
+/// Most experts per layer [`Op::MoeGroup`] groups (DeepSeek-V3 has 256, Qwen3-Next 512).
+pub const MOE_GROUP_MAX_EXPERTS: u32 = 1024;
 
 /// One kernel launch. Buffers hold f32 activations unless a [`WeightType`] says otherwise;
 /// shapes are in elements.
@@ -433,6 +439,25 @@ pub enum Op<'a> {
         /// Choices per token.
         k: u32,
     },
+    /// Groups the routed entries `ids: [tokens, k]` (u32 experts below `n_experts`, at most
+    /// [`MOE_GROUP_MAX_EXPERTS`]) by expert without the host: `pairs: [tokens * k, 2]` gets
+    /// the (token, expert) pairs sorted by expert, one expert's in routing order (what
+    /// [`Op::ExpertFfn`] reads), and `pair_of: [tokens, k]` each entry's position (what
+    /// [`Op::MoeCombine`] reads).
+    MoeGroup {
+        /// Chosen experts, u32 `[tokens, k]`.
+        ids: &'a Buffer,
+        /// Output pairs, u32 `[tokens * k, 2]`.
+        pairs: &'a Buffer,
+        /// Output positions, u32 `[tokens, k]`.
+        pair_of: &'a Buffer,
+        /// Tokens.
+        tokens: u32,
+        /// Choices per token.
+        k: u32,
+        /// Experts of the layer.
+        n_experts: u32,
+    },
     /// The arithmetic peak: each of `workgroups * 64` invocations runs `iters` rounds of 16
     /// independent vec4 fused multiply-adds (128 FLOPs a round) in f16 when `half` (the
     /// device must report `shader_f16`), else f32, and writes one f32 to `out`.
@@ -463,6 +488,7 @@ impl Op<'_> {
             Op::TopK { .. } => OpKind::TopK,
             Op::ExpertFfn { format, stage, .. } => OpKind::ExpertFfn(format.stage_type(*stage)),
             Op::MoeCombine { .. } => OpKind::MoeCombine,
+            Op::MoeGroup { .. } => OpKind::MoeGroup,
             Op::FmaPeak { .. } => OpKind::FmaPeak,
         }
     }

@@ -57,8 +57,9 @@ mod backend {
 use std::sync::Arc;
 
 pub use device::{
-    Buffer, Device, DeviceInfo, DeviceOptions, Event, ExpertFormat, ExpertSlots, MemoryUse, Op,
-    OpKind, RawBuffer, Readback, RopeKind, TopKParams, WeightType,
+    Buffer, Device, DeviceInfo, DeviceOptions, Event, ExpertFormat, ExpertSlots,
+    MOE_GROUP_MAX_EXPERTS, MemoryUse, Op, OpKind, RawBuffer, Readback, RopeKind, TopKParams,
+    WeightType,
 };
 pub use error::{Error, Result};
 

@@ -428,6 +428,79 @@ pub fn expert_ref(x: &[f32], g: &[f32], u: &[f32], d: &[f32], h: usize, i: usize
     y
 }
 
+/// Routed entries grouped by expert on the device equal a stable sort by expert on the
+/// host, also with more experts than the kernel's 256 invocations; past the limit, an error.
+#[test]
+fn moe_group_is_a_stable_sort_by_expert() {
+    let Some(dev) = gpu(DeviceOptions::default()) else {
+        return;
+    };
+    let mut seed = 5u64;
+    for (tokens, k, n_experts) in [
+        (1usize, 8usize, 128u32),
+        (7, 2, 8),
+        (300, 8, 300),
+        (64, 6, 1024),
+    ] {
+        let ids: Vec<u32> = (0..tokens * k)
+            .map(|_| {
+                seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                // Few distinct experts in the small case, so runs are long.
+                ((seed >> 33) as u32) % n_experts.min(if tokens == 7 { 3 } else { n_experts })
+            })
+            .collect();
+        let n = ids.len();
+        let (ib, pairs, pair_of) = (
+            up_u32(&*dev, &ids),
+            dev.alloc((8 * n) as u64, 0, "pairs").unwrap(),
+            dev.alloc((4 * n) as u64, 0, "pair_of").unwrap(),
+        );
+        dev.enqueue(&Op::MoeGroup {
+            ids: &ib,
+            pairs: &pairs,
+            pair_of: &pair_of,
+            tokens: tokens as u32,
+            k: k as u32,
+            n_experts,
+        })
+        .unwrap();
+        let mut order: Vec<usize> = (0..n).collect();
+        order.sort_by_key(|&p| ids[p]);
+        let want_pairs: Vec<u32> = order
+            .iter()
+            .flat_map(|&p| [(p / k) as u32, ids[p]])
+            .collect();
+        let mut want_of = vec![0u32; n];
+        for (pos, &p) in order.iter().enumerate() {
+            want_of[p] = pos as u32;
+        }
+        assert_eq!(
+            down_u32(&*dev, &pairs, 2 * n),
+            want_pairs,
+            "{tokens}x{k} over {n_experts}"
+        );
+        assert_eq!(
+            down_u32(&*dev, &pair_of, n),
+            want_of,
+            "{tokens}x{k} over {n_experts}"
+        );
+    }
+    let b = dev.alloc(64, 0, "ids").unwrap();
+    let err = dev
+        .enqueue(&Op::MoeGroup {
+            ids: &b,
+            pairs: &b,
+            pair_of: &b,
+            tokens: 1,
+            k: 1,
+            n_experts: strata_accel::MOE_GROUP_MAX_EXPERTS + 1,
+        })
+        .unwrap_err();
+    assert!(err.to_string().contains("experts grouped"), "{err}");
+}
+
 #[test]
 fn grouped_experts_match_reference() {
     let Some(dev) = split_gpu() else { return };

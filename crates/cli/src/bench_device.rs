@@ -10,8 +10,10 @@
 //! experts, as TFLOPS (`6 P H I` for P token-expert pairs) against the f16 peak and expert
 //! bytes read per second.
 //!
-//! A time is from submission to completion of a batch of launches, so recording them on the
-//! host is not counted; batches grow until one takes `--min-seconds`. Weights come from
+//! A kernel's time is the device's, from the return of the submission to completion of a
+//! batch of launches; the host's time per launch (recording, then the submission call, where
+//! wgpu encodes the commands for the driver) is shown beside it. Batches grow until the
+//! device's part takes `--min-seconds`. Weights come from
 //! device memory, not its cache: each matrix has enough copies to span 256 MiB, launches
 //! rotate through them, and expert launches at few tokens rotate the routing over the
 //! layer's experts. Results are read back and must be finite.
@@ -66,28 +68,45 @@ pub struct BenchDeviceArgs {
 /// last-level cache.
 const ROTATION_BYTES: u64 = 256 << 20;
 
-/// Seconds per launch of what `record` enqueues: batches of launches, each timed from
-/// submission to completion, doubled until one takes `min_seconds` (at most 4096).
+/// Seconds per launch: recording on the host, the submission call (where wgpu encodes the
+/// recorded commands for the driver), and the device's run after it.
+#[derive(Debug, Clone, Copy)]
+struct LaunchTime {
+    record: f64,
+    submit: f64,
+    device: f64,
+}
+
+/// Times what `record` enqueues: batches of launches, doubled until the device's part of a
+/// batch takes `min_seconds` (at most 4096 launches).
 fn time_launches(
     dev: &dyn Device,
     min_seconds: f64,
     mut record: impl FnMut(usize) -> anyhow::Result<()>,
-) -> anyhow::Result<f64> {
+) -> anyhow::Result<LaunchTime> {
     record(0)?;
     dev.synchronize()?;
     let mut reps = 1usize;
     loop {
+        let start = Instant::now();
         for i in 0..reps {
             record(i + 1)?;
         }
-        let start = Instant::now();
+        let recorded = Instant::now();
         let done = dev.submit()?;
+        let submitted = Instant::now();
         dev.wait(&done)?;
-        let took = start.elapsed().as_secs_f64();
-        if took >= min_seconds || reps >= 4096 {
-            return Ok(took / reps as f64);
+        let finished = Instant::now();
+        let device = (finished - submitted).as_secs_f64();
+        if device >= min_seconds || reps >= 4096 {
+            let per = |d: std::time::Duration| d.as_secs_f64() / reps as f64;
+            return Ok(LaunchTime {
+                record: per(recorded - start),
+                submit: per(submitted - recorded),
+                device: device / reps as f64,
+            });
         }
-        let want = (min_seconds / took.max(1e-7) * reps as f64 * 1.2).ceil() as usize;
+        let want = (min_seconds / device.max(1e-7) * reps as f64 * 1.2).ceil() as usize;
         reps = want.clamp(reps * 2, 4096);
     }
 }
@@ -170,7 +189,7 @@ fn measure_limits(dev: &dyn Device, min_seconds: f64) -> anyhow::Result<Limits> 
         dev.alloc(len, 4, "copy src")?,
         dev.alloc(len, 4, "copy dst")?,
     );
-    let copy_s = time_launches(dev, min_seconds, |_| Ok(dev.copy(&src, 0, &dst, 0, len)?))?;
+    let copy_s = time_launches(dev, min_seconds, |_| Ok(dev.copy(&src, 0, &dst, 0, len)?))?.device;
     let host = vec![1u8; len as usize];
     let start = Instant::now();
     dev.wait(&dev.upload(&dst, 0, &host)?)?;
@@ -188,9 +207,9 @@ fn measure_limits(dev: &dyn Device, min_seconds: f64) -> anyhow::Result<Limits> 
                 iters,
                 half,
             };
-            let s = time_launches(dev, 0.0, |_| Ok(dev.enqueue(&op)?))?;
+            let s = time_launches(dev, 0.0, |_| Ok(dev.enqueue(&op)?))?.device;
             if s > 5e-3 || iters >= 1 << 16 {
-                let s = time_launches(dev, min_seconds, |_| Ok(dev.enqueue(&op)?))?;
+                let s = time_launches(dev, min_seconds, |_| Ok(dev.enqueue(&op)?))?.device;
                 finite(dev, &out, 64, "fma peak")?;
                 return Ok(workgroups as f64 * 64.0 * 128.0 * iters as f64 / s);
             }
@@ -216,7 +235,7 @@ struct Point {
     kernel: String,
     wtype: WeightType,
     shape: String,
-    seconds: f64,
+    time: LaunchTime,
     /// Weight bytes read per launch.
     bytes: f64,
     flops: f64,
@@ -240,7 +259,7 @@ fn time_matmul(
     for m in [1usize, 8] {
         let x = upload(dev, &f32_bytes(&rng.vec(m * k)), 0, "x")?;
         let out = dev.alloc((m * n * 4) as u64, 4, "out")?;
-        let seconds = time_launches(dev, args.min_seconds, |i| {
+        let time = time_launches(dev, args.min_seconds, |i| {
             Ok(dev.enqueue(&Op::Matmul {
                 x: &x,
                 w: &weights[i % copies],
@@ -257,7 +276,7 @@ fn time_matmul(
             kernel: format!("matmul {name}"),
             wtype,
             shape: format!("{m}x{k} . [{n},{k}]"),
-            seconds,
+            time,
             bytes: bytes as f64,
             flops: 2.0 * (m * n * k) as f64,
         });
@@ -308,7 +327,7 @@ fn time_experts(
         let x = upload(dev, &f32_bytes(&rng.vec(tokens * h)), 0, "x")?;
         let act = dev.alloc((n_pairs * inter * 4) as u64, 0, "act")?;
         let y = dev.alloc((n_pairs * h * 4) as u64, 0, "y")?;
-        let seconds = time_launches(dev, args.min_seconds, |i| {
+        let time = time_launches(dev, args.min_seconds, |i| {
             for (stage, input, out) in [(0, &x, &act), (1, &act, &y)] {
                 dev.enqueue(&Op::ExpertFfn {
                     x: input,
@@ -327,7 +346,7 @@ fn time_experts(
             kernel: "expert_ffn".into(),
             wtype,
             shape: format!("T={tokens}, {n_pairs} pairs over {n_exp} experts of {h}x{inter}"),
-            seconds,
+            time,
             bytes: n_pairs.min(n_exp) as f64 * expert_bytes,
             flops: 6.0 * (n_pairs * h * inter) as f64,
         });
@@ -374,10 +393,12 @@ pub fn run(args: BenchDeviceArgs) -> anyhow::Result<()> {
             .map(|p| {
                 json!({
                     "kernel": p.kernel, "type": p.wtype.name(), "shape": p.shape,
-                    "us": p.seconds * 1e6, "weight_gbps": p.bytes / p.seconds / 1e9,
-                    "of_copy_bw": p.bytes / p.seconds / limits.copy,
-                    "tflops": p.flops / p.seconds / 1e12,
-                    "of_f16_peak": limits.f16_flops.map(|f| p.flops / p.seconds / f),
+                    "us": p.time.device * 1e6, "record_us": p.time.record * 1e6,
+                    "submit_us": p.time.submit * 1e6,
+                    "weight_gbps": p.bytes / p.time.device / 1e9,
+                    "of_copy_bw": p.bytes / p.time.device / limits.copy,
+                    "tflops": p.flops / p.time.device / 1e12,
+                    "of_f16_peak": limits.f16_flops.map(|f| p.flops / p.time.device / f),
                 })
             })
             .collect();
@@ -402,20 +423,24 @@ pub fn run(args: BenchDeviceArgs) -> anyhow::Result<()> {
             .f16_flops
             .map_or("n/a".into(), |f| format!("{:.1} TFLOPS", f / 1e12)),
     );
-    println!("| kernel | type | shape | us | weights GB/s (of copy) | TFLOPS (of f16 peak) |");
-    println!("|---|---|---|---|---|---|");
+    println!(
+        "| kernel | type | shape | device us | host us (record + submit) | weights GB/s (of copy) | TFLOPS (of f16 peak) |"
+    );
+    println!("|---|---|---|---|---|---|---|");
     for p in &points {
-        let gbps = p.bytes / p.seconds;
-        let flops = p.flops / p.seconds;
+        let gbps = p.bytes / p.time.device;
+        let flops = p.flops / p.time.device;
         let of_peak = limits
             .f16_flops
             .map_or(String::new(), |f| format!(" ({:.1}%)", 100.0 * flops / f));
         println!(
-            "| {} | {} | {} | {:.1} | {:.1} ({:.1}%) | {:.3}{of_peak} |",
+            "| {} | {} | {} | {:.1} | {:.1} + {:.1} | {:.1} ({:.1}%) | {:.3}{of_peak} |",
             p.kernel,
             p.wtype.name(),
             p.shape,
-            p.seconds * 1e6,
+            p.time.device * 1e6,
+            p.time.record * 1e6,
+            p.time.submit * 1e6,
             gbps / 1e9,
             100.0 * gbps / limits.copy,
             flops / 1e12,

@@ -238,33 +238,19 @@ impl GpuModel {
             tokens: t as u32,
             params: moe.params,
         })?;
-        // Group the routed rows by expert on the host (the policy's decision point).
-        let chosen: Vec<u32> = dev
-            .download(&ids, 0, (t * k * 4) as u64)?
-            .chunks_exact(4)
-            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
-        self.report_routing(li, &chosen, &weights, k)?;
-        let mut order: Vec<usize> = (0..t * k).collect();
-        order.sort_by_key(|&p| chosen[p]);
-        let mut pairs = Vec::with_capacity(2 * t * k * 4);
-        let mut pair_of = vec![0u32; t * k];
-        for (pi, &p) in order.iter().enumerate() {
-            pairs.extend(((p / k) as u32).to_le_bytes());
-            pairs.extend(chosen[p].to_le_bytes());
-            pair_of[p] = pi as u32;
-        }
-        let pairs_buf = dev.alloc(pairs.len() as u64, 0, "expert pairs")?;
-        dev.upload(&pairs_buf, 0, &pairs)?;
-        let pair_of_buf = dev.alloc((t * k * 4) as u64, 0, "pair index")?;
-        dev.upload(
-            &pair_of_buf,
-            0,
-            &pair_of
-                .iter()
-                .flat_map(|x| x.to_le_bytes())
-                .collect::<Vec<u8>>(),
-        )?;
+        // Grouped by expert on the device: no round trip to the host inside a step.
+        let n = t * k;
+        let pairs = self.scratch(2 * n, "expert pairs")?;
+        let pair_of = self.scratch(n, "pair index")?;
+        dev.enqueue(&Op::MoeGroup {
+            ids: &ids,
+            pairs: &pairs,
+            pair_of: &pair_of,
+            tokens: t as u32,
+            k: k as u32,
+            n_experts: moe.params.n_experts,
+        })?;
+        self.report_routing(li, &ids, &weights, n, k)?;
         let inter = moe.slots.inter as usize;
         let act = self.scratch(t * k * inter, "expert activations")?;
         let y = self.scratch(t * k * h, "expert outputs")?;
@@ -273,7 +259,7 @@ impl GpuModel {
                 x: input,
                 slots: &moe.slots,
                 format: moe.format,
-                pairs: &pairs_buf,
+                pairs: &pairs,
                 out,
                 n_pairs: (t * k) as u32,
                 stage,
@@ -283,7 +269,7 @@ impl GpuModel {
             out: x,
             y: &y,
             weights: &weights,
-            pair_of: &pair_of_buf,
+            pair_of: &pair_of,
             tokens: t as u32,
             hidden: h as u32,
             k: k as u32,
@@ -292,15 +278,26 @@ impl GpuModel {
 }
 
 impl GpuModel {
-    /// Hands layer `li`'s routing to the installed tap, if any (reading the combine
-    /// weights back only then).
-    fn report_routing(&self, li: usize, ids: &[u32], weights: &Buffer, k: usize) -> Result<()> {
+    /// Hands layer `li`'s routing of `n` entries to the installed tap, if any: only then
+    /// are the ids and weights read back (a host round trip per layer, for tracing).
+    fn report_routing(
+        &self,
+        li: usize,
+        ids: &Buffer,
+        weights: &Buffer,
+        n: usize,
+        k: usize,
+    ) -> Result<()> {
         let tap = self.tap.read().ok().and_then(|t| t.clone());
         let Some(tap) = tap else { return Ok(()) };
-        let bytes = self.dev.download(weights, 0, (ids.len() * 4) as u64)?;
+        let ids = self.dev.download(ids, 0, (n * 4) as u64)?;
+        let bytes = self.dev.download(weights, 0, (n * 4) as u64)?;
         let routing = Routing {
             top_k: k,
-            ids: ids.to_vec(),
+            ids: ids
+                .chunks_exact(4)
+                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
             weights: f32s(&bytes).collect(),
             candidates: None,
         };

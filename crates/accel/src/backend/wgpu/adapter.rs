@@ -69,6 +69,7 @@ pub(super) fn info_of(index: usize, adapter: &wgpu::Adapter) -> DeviceInfo {
         OpKind::Add,
         OpKind::TopK,
         OpKind::MoeCombine,
+        OpKind::MoeGroup,
         OpKind::FmaPeak,
     ]
     .into_iter()

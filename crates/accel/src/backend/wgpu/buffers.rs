@@ -229,7 +229,7 @@ impl WgpuDevice {
         }
         let r = self.raw(buf)?;
         // Work recorded before this upload must not see its bytes: send it first.
-        self.flush_pending();
+        self.submit_pending();
         let mut done = 0usize;
         for (c, off, n) in self.pieces(buf, offset, data.len() as u64)? {
             let part = &data[done..done + n as usize];
@@ -272,7 +272,7 @@ impl WgpuDevice {
                 dst += n;
             }
         }
-        self.flush_pending();
+        self.submit_pending();
         let (event, flag) = Event::new();
         let result = Arc::new(Mutex::new(None));
         let sink = result.clone();

@@ -49,6 +49,8 @@ pub struct WgpuDevice {
     subgroups: bool,
     pipelines: Mutex<HashMap<(&'static str, WeightType), wgpu::ComputePipeline>>,
     pending: Mutex<Option<wgpu::CommandEncoder>>,
+    /// The uniform words of the pending encoder's dispatches.
+    params: Mutex<pipeline::ParamArena>,
     pool: Arc<Mutex<Pool>>,
     error: Arc<Mutex<Option<String>>>,
     dummy: wgpu::Buffer,
@@ -110,6 +112,7 @@ impl WgpuDevice {
             subgroups,
             pipelines: Mutex::new(HashMap::new()),
             pending: Mutex::new(None),
+            params: Mutex::default(),
             pool: Arc::new(Mutex::new(Pool::new(opts.vram_budget.unwrap_or(u64::MAX)))),
             error,
             dummy,
@@ -169,12 +172,7 @@ impl Device for WgpuDevice {
     }
 
     fn submit(&self) -> Result<Event> {
-        let cmds: Vec<wgpu::CommandBuffer> = lock(&self.pending)
-            .take()
-            .map(|e| e.finish())
-            .into_iter()
-            .collect();
-        self.queue.submit(cmds);
+        self.submit_pending();
         let (event, flag) = Event::new();
         self.queue
             .on_submitted_work_done(move || flag.store(true, Ordering::Release));

@@ -8,7 +8,9 @@
 
 use super::WgpuDevice;
 use super::pipeline::{linear_groups, rows_groups};
-use crate::device::{Buffer, ExpertFormat, ExpertSlots, Op, RopeKind, TopKParams, WeightType};
+use crate::device::{
+    Buffer, ExpertFormat, ExpertSlots, MOE_GROUP_MAX_EXPERTS, Op, RopeKind, TopKParams, WeightType,
+};
 use crate::{Error, Result};
 
 /// Fails unless rows of `k` values are whole blocks of `wtype` (the quantized kernels read
@@ -143,6 +145,14 @@ impl WgpuDevice {
                 hidden,
                 k,
             } => self.moe_combine([out, y, weights, pair_of], tokens, hidden, k),
+            Op::MoeGroup {
+                ids,
+                pairs,
+                pair_of,
+                tokens,
+                k,
+                n_experts,
+            } => self.moe_group([ids, pairs, pair_of], tokens, k, n_experts),
             Op::FmaPeak {
                 out,
                 workgroups,
@@ -150,6 +160,29 @@ impl WgpuDevice {
                 half,
             } => self.fma_peak(out, workgroups, iters, half),
         }
+    }
+
+    /// [`Op::MoeGroup`]: one workgroup; `buffers` is `[ids, pairs, pair_of]`.
+    fn moe_group(&self, buffers: [&Buffer; 3], tokens: u32, k: u32, n_experts: u32) -> Result<()> {
+        if n_experts > MOE_GROUP_MAX_EXPERTS {
+            return Err(Error::Limit {
+                what: "experts grouped on the device".into(),
+                got: n_experts as u64,
+                limit: MOE_GROUP_MAX_EXPERTS as u64,
+            });
+        }
+        let [ids, pairs, pair_of] = buffers;
+        self.dispatch(
+            "moe_group",
+            WeightType::F32,
+            &[tokens * k, k, n_experts],
+            &[
+                self.single(ids, "expert ids")?,
+                self.single(pairs, "expert pairs")?,
+                self.single(pair_of, "pair index")?,
+            ],
+            (1, 1),
+        )
     }
 
     /// [`Op::FmaPeak`]: the kernel in f16 (cached under [`WeightType::F16`]) or f32.

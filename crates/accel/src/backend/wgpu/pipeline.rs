@@ -3,8 +3,6 @@
 
 use std::sync::MutexGuard;
 
-use wgpu::util::DeviceExt;
-
 use super::{WgpuDevice, lock};
 use crate::device::WeightType;
 use crate::{Error, Result};
@@ -32,6 +30,7 @@ const KERNELS: &[(&str, &str)] = &[
         "moe_combine",
         include_str!("../../shaders/moe_combine.wgsl"),
     ),
+    ("moe_group", include_str!("../../shaders/moe_group.wgsl")),
 ];
 
 /// Linear dispatch of `n` invocations in workgroups of 64, folded into y past 65535.
@@ -122,6 +121,60 @@ fn source(name: &str, wtype: WeightType, subgroups: bool) -> Result<String> {
     Ok(format!("{}\n{body}", PRELUDE.replace("__WTYPE__", code)))
 }
 
+/// Bytes of one dispatch's uniform words: Vulkan's largest uniform offset alignment, and
+/// room for 64 words.
+const PARAM_SLOT: u64 = 256;
+
+/// Slots per uniform buffer of the arena.
+const PARAM_SLOTS_PER_BUFFER: u64 = 256;
+
+/// The uniform words of the dispatches recorded since the last submission, one slot each,
+/// in 64 KiB buffers kept across submissions (more when a submission records more
+/// dispatches) and written with one `write_buffer` each just before the submission, which
+/// wgpu orders before its commands (and after the reads of earlier submissions). A buffer
+/// created per dispatch cost more host time than the dispatch's recording.
+#[derive(Debug, Default)]
+pub(super) struct ParamArena {
+    buffers: Vec<wgpu::Buffer>,
+    staged: Vec<u8>,
+}
+
+impl ParamArena {
+    /// Stages `bytes` in the next slot: its buffer and offset.
+    fn stage(&mut self, device: &wgpu::Device, bytes: &[u8]) -> Result<(wgpu::Buffer, u64)> {
+        if bytes.len() as u64 > PARAM_SLOT {
+            return Err(Error::Device(format!(
+                "{} bytes of uniform words exceed a slot of {PARAM_SLOT}",
+                bytes.len()
+            )));
+        }
+        let slot = self.staged.len() as u64 / PARAM_SLOT;
+        let index = (slot / PARAM_SLOTS_PER_BUFFER) as usize;
+        if index == self.buffers.len() {
+            self.buffers
+                .push(device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("uniform words"),
+                    size: PARAM_SLOT * PARAM_SLOTS_PER_BUFFER,
+                    usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                }));
+        }
+        self.staged.extend_from_slice(bytes);
+        self.staged.resize(((slot + 1) * PARAM_SLOT) as usize, 0);
+        let offset = (slot % PARAM_SLOTS_PER_BUFFER) * PARAM_SLOT;
+        Ok((self.buffers[index].clone(), offset))
+    }
+
+    /// Queues the staged words for the next submission and empties the stage.
+    fn write(&mut self, queue: &wgpu::Queue) {
+        let per_buffer = (PARAM_SLOT * PARAM_SLOTS_PER_BUFFER) as usize;
+        for (buffer, words) in self.buffers.iter().zip(self.staged.chunks(per_buffer)) {
+            queue.write_buffer(buffer, 0, words);
+        }
+        self.staged.clear();
+    }
+}
+
 impl WgpuDevice {
     fn pipeline(&self, name: &'static str, wtype: WeightType) -> Result<wgpu::ComputePipeline> {
         let mut cache = lock(&self.pipelines);
@@ -162,11 +215,13 @@ impl WgpuDevice {
         g
     }
 
-    /// Submits the pending encoder, if any, without an event.
-    pub(super) fn flush_pending(&self) {
-        if let Some(enc) = lock(&self.pending).take() {
-            self.queue.submit([enc.finish()]);
-        }
+    /// Submits the pending encoder, if any, after writing the uniform words its dispatches
+    /// read.
+    pub(super) fn submit_pending(&self) {
+        let mut pending = lock(&self.pending);
+        let enc = pending.take();
+        lock(&self.params).write(&self.queue);
+        self.queue.submit(enc.map(|e| e.finish()));
     }
 
     /// Records one dispatch of `name` with a uniform of `params` words and `buffers` at
@@ -191,19 +246,18 @@ impl WgpuDevice {
             });
         }
         let pipeline = self.pipeline(name, wtype)?;
-        let mut words = params.to_vec();
-        words.resize(params.len().div_ceil(4).max(1) * 4, 0);
-        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
-        let uniform = self
-            .device
-            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some(name),
-                contents: &bytes,
-                usage: wgpu::BufferUsages::UNIFORM,
-            });
+        let bytes: Vec<u8> = params.iter().flat_map(|w| w.to_le_bytes()).collect();
+        // The encoder's lock is held from staging the words to recording the dispatch, so a
+        // submission from another thread cannot come between them.
+        let mut enc = self.encoder();
+        let (uniform, offset) = lock(&self.params).stage(&self.device, &bytes)?;
         let mut entries = vec![wgpu::BindGroupEntry {
             binding: 0,
-            resource: uniform.as_entire_binding(),
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: &uniform,
+                offset,
+                size: std::num::NonZeroU64::new(PARAM_SLOT),
+            }),
         }];
         for (i, b) in buffers.iter().enumerate() {
             entries.push(wgpu::BindGroupEntry {
@@ -216,7 +270,6 @@ impl WgpuDevice {
             layout: &pipeline.get_bind_group_layout(0),
             entries: &entries,
         });
-        let mut enc = self.encoder();
         let enc = enc.as_mut().expect("encoder() creates one");
         let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
             label: Some(name),

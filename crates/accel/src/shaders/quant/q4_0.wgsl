@@ -2,15 +2,14 @@
 const QK: u32 = 32u;
 const BLOCK_BYTES: u32 = 18u;
 
-fn decode32(row: u32, s: u32, v: ptr<function, array<f32, 32>>) {
+struct Group { qs: u32, d: f32 }
+
+fn group(row: u32, s: u32) -> Group {
     let b = row + s * BLOCK_BYTES;
-    let d = f16_at(b);
-    for (var i = 0u; i < 4u; i++) {
-        let q = word_at(b + 2u + 4u * i);
-        for (var j = 0u; j < 4u; j++) {
-            let x = (q >> (8u * j)) & 0xffu;
-            (*v)[4u * i + j] = (f32(x & 15u) - 8.0) * d;
-            (*v)[16u + 4u * i + j] = (f32(x >> 4u) - 8.0) * d;
-        }
-    }
+    return Group(b + 2u, f16_at(b));
+}
+
+fn values4(g: Group, i: u32) -> vec4<f32> {
+    let q = word_at(g.qs + 4u * (i % 4u)) >> (4u * (i / 4u));
+    return (masked4(q, 15u) - 8.0) * g.d;
 }

@@ -3,19 +3,16 @@
 const QK: u32 = 32u;
 const BLOCK_BYTES: u32 = 22u;
 
-fn decode32(row: u32, s: u32, v: ptr<function, array<f32, 32>>) {
+struct Group { qs: u32, qh: u32, d: f32 }
+
+fn group(row: u32, s: u32) -> Group {
     let b = row + s * BLOCK_BYTES;
-    let d = f16_at(b);
-    let qh = word_at(b + 2u);
-    for (var i = 0u; i < 4u; i++) {
-        let q = word_at(b + 6u + 4u * i);
-        for (var j = 0u; j < 4u; j++) {
-            let l = 4u * i + j;
-            let x = (q >> (8u * j)) & 0xffu;
-            let h0 = ((qh >> l) & 1u) << 4u;
-            let h1 = ((qh >> (l + 16u)) & 1u) << 4u;
-            (*v)[l] = (f32((x & 15u) | h0) - 16.0) * d;
-            (*v)[16u + l] = (f32((x >> 4u) | h1) - 16.0) * d;
-        }
-    }
+    return Group(b + 6u, word_at(b + 2u), f16_at(b));
+}
+
+fn values4(g: Group, i: u32) -> vec4<f32> {
+    let q = word_at(g.qs + 4u * (i % 4u)) >> (4u * (i / 4u));
+    let h = g.qh >> (4u * i);
+    let hi = vec4<f32>(f32(h & 1u), f32((h >> 1u) & 1u), f32((h >> 2u) & 1u), f32((h >> 3u) & 1u));
+    return (masked4(q, 15u) + 16.0 * hi - 16.0) * g.d;
 }

@@ -3,20 +3,20 @@
 const QK: u32 = 256u;
 const BLOCK_BYTES: u32 = 176u;
 
-fn decode32(row: u32, s: u32, v: ptr<function, array<f32, 32>>) {
+struct Group { qs: u32, shift: u32, qh: u32, j: u32, d: f32, m: f32 }
+
+fn group(row: u32, s: u32) -> Group {
     let b = row + (s / 8u) * BLOCK_BYTES;
     let j = s % 8u;
     let sm = scale_min_k4(b + 4u, j);
-    let d = f16_at(b) * sm.x;
-    let m = f16_at(b + 2u) * sm.y;
-    let qs = b + 48u + 32u * (j / 2u);
-    let shift = 4u * (j % 2u);
-    for (var i = 0u; i < 8u; i++) {
-        let q = word_at(qs + 4u * i) >> shift;
-        let h = word_at(b + 16u + 4u * i) >> j;
-        for (var t = 0u; t < 4u; t++) {
-            let x = ((q >> (8u * t)) & 15u) | (((h >> (8u * t)) & 1u) << 4u);
-            (*v)[4u * i + t] = d * f32(x) - m;
-        }
-    }
+    return Group(
+        b + 48u + 32u * (j / 2u), 4u * (j % 2u), b + 16u, j,
+        f16_at(b) * sm.x, f16_at(b + 2u) * sm.y,
+    );
+}
+
+fn values4(g: Group, i: u32) -> vec4<f32> {
+    let q = masked4(word_at(g.qs + 4u * i) >> g.shift, 15u);
+    let h = masked4(word_at(g.qh + 4u * i) >> g.j, 1u);
+    return g.d * (q + 16.0 * h) - g.m;
 }

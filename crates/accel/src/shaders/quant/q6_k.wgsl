@@ -4,26 +4,22 @@
 const QK: u32 = 256u;
 const BLOCK_BYTES: u32 = 210u;
 
-fn decode32(row: u32, s: u32, v: ptr<function, array<f32, 32>>) {
+struct Group { ql: u32, lo_shift: u32, qh: u32, hi_shift: u32, d0: f32, d1: f32 }
+
+fn group(row: u32, s: u32) -> Group {
     let b = row + (s / 8u) * BLOCK_BYTES;
     let n = (s % 8u) / 4u;
     let q = s % 4u;
     let d = f16_at(b + 208u);
     let sc = word_at(b + 192u + 8u * n + 2u * q);
-    let d0 = d * i8_of(sc, 0u);
-    let d1 = d * i8_of(sc, 1u);
-    let ql = b + 64u * n + 32u * (q & 1u);
-    let lo_shift = 4u * (q / 2u);
-    for (var i = 0u; i < 8u; i++) {
-        let l4 = word_at(ql + 4u * i) >> lo_shift;
-        let h4 = word_at(b + 128u + 32u * n + 4u * i) >> (2u * q);
-        var dl = d0;
-        if (i >= 4u) {
-            dl = d1;
-        }
-        for (var t = 0u; t < 4u; t++) {
-            let x = ((l4 >> (8u * t)) & 15u) | (((h4 >> (8u * t)) & 3u) << 4u);
-            (*v)[4u * i + t] = dl * (f32(x) - 32.0);
-        }
-    }
+    return Group(
+        b + 64u * n + 32u * (q & 1u), 4u * (q / 2u), b + 128u + 32u * n, 2u * q,
+        d * i8_of(sc, 0u), d * i8_of(sc, 1u),
+    );
+}
+
+fn values4(g: Group, i: u32) -> vec4<f32> {
+    let lo = masked4(word_at(g.ql + 4u * i) >> g.lo_shift, 15u);
+    let hi = masked4(word_at(g.qh + 4u * i) >> g.hi_shift, 3u);
+    return select(g.d0, g.d1, i >= 4u) * (lo + 16.0 * hi - 32.0);
 }

@@ -2,13 +2,13 @@
 const QK: u32 = 32u;
 const BLOCK_BYTES: u32 = 34u;
 
-fn decode32(row: u32, s: u32, v: ptr<function, array<f32, 32>>) {
+struct Group { qs: u32, d: f32 }
+
+fn group(row: u32, s: u32) -> Group {
     let b = row + s * BLOCK_BYTES;
-    let d = f16_at(b);
-    for (var i = 0u; i < 8u; i++) {
-        let q = word_at(b + 2u + 4u * i);
-        for (var j = 0u; j < 4u; j++) {
-            (*v)[4u * i + j] = i8_of(q, j) * d;
-        }
-    }
+    return Group(b + 2u, f16_at(b));
+}
+
+fn values4(g: Group, i: u32) -> vec4<f32> {
+    return i8x4(word_at(g.qs + 4u * i)) * g.d;
 }

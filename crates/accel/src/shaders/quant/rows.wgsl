@@ -1,37 +1,53 @@
-// For the kernels that dot decoded weight rows with activations `x`: several tokens per
-// pass and the workgroup sum.
+// For the kernels that dot decoded weight rows with activations `x` (read as vec4s): TM
+// tokens (or expert pairs) per pass over a weight row, and the workgroup sums.
 
-// Tokens (or expert pairs) a workgroup computes per pass over a weight row: each decoded
-// group of 32 weights is used TM times.
+// Tokens (or expert pairs) a workgroup computes per pass over a weight row.
 const TM: u32 = 8u;
 
-// Dot product of 32 decoded weights with x[xo..xo + 32].
-fn dot32(v: ptr<function, array<f32, 32>>, xo: u32) -> f32 {
+// Dot product of group `g` with the 32 activations from vec4 `xo` on.
+fn dot_group(g: Group, xo: u32) -> f32 {
     var d = 0.0;
-    for (var i = 0u; i < 32u; i++) {
-        d += (*v)[i] * x[xo + i];
+    for (var i = 0u; i < 8u; i++) {
+        d += dot(values4(g, i), x[xo + i]);
     }
     return d;
 }
 
-var<workgroup> part: array<array<f32, 8>, 64>;
+// Dot products of group `g` with four tokens' activations, from vec4s `xo` on (one offset
+// per token): the group is decoded once for the four.
+fn dot_group4(g: Group, xo: vec4<u32>) -> vec4<f32> {
+    var d = vec4<f32>(0.0);
+    for (var i = 0u; i < 8u; i++) {
+        let v = values4(g, i);
+        d += vec4<f32>(dot(v, x[xo.x + i]), dot(v, x[xo.y + i]), dot(v, x[xo.z + i]), dot(v, x[xo.w + i]));
+    }
+    return d;
+}
 
-// Sums each of the TM values over the workgroup of 64: invocation t < TM returns sum t.
-// Lane sums first (`lanes_*.wgsl`), then the leaders' partial sums in a fixed order, so
-// the result does not depend on timing.
-fn sum_tm(acc: array<f32, TM>, tid: u32) -> f32 {
-    let leader = lane_leader(tid);
-    for (var t = 0u; t < TM; t++) {
-        let s = lane_sum(acc[t]);
-        part[tid][t] = select(0.0, s, leader);
+// Per-invocation partial sums of up to 2 TM columns (stage 0 of the expert kernel keeps
+// gate and up), by row: one row per lane group (`lanes_*.wgsl`).
+var<workgroup> part: array<array<f32, 16>, 64>;
+
+// Enters invocation `tid`'s value for column `c`: its lane group's sum, kept by the group's
+// first invocation.
+fn put_part(v: f32, c: u32, tid: u32, lanes: Lanes) {
+    let s = lane_sum(v);
+    if (lane_first(lanes)) {
+        part[tid / lane_count(lanes)][c] = s;
     }
+}
+
+// After every invocation has entered its columns: sums all 16 columns over the lane groups
+// in place, in a fixed tree (the result does not depend on timing); column c's total is
+// then part[0][c], until the caller's next barrier.
+fn column_sums(tid: u32, lanes: Lanes) {
     workgroupBarrier();
-    var total = 0.0;
-    if (tid < TM) {
-        for (var i = 0u; i < 64u; i++) {
-            total += part[i][tid];
+    let c = tid % 16u;
+    let r = tid / 16u;
+    for (var off = 32u / lane_count(lanes); off > 0u; off >>= 1u) {
+        for (var rr = r; rr < off; rr += 4u) {
+            part[rr][c] += part[rr + off][c];
         }
+        workgroupBarrier();
     }
-    workgroupBarrier();
-    return total;
 }
