@@ -124,6 +124,32 @@ pub struct MemoryUse {
     pub budget: u64,
 }
 
+/// What the host has asked of a device since it was opened: the figures behind "host
+/// round trips and submissions per token".
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Traffic {
+    /// Submissions of recorded work to the device's queue.
+    pub submissions: u64,
+    /// Downloads: each one a host round trip (the host waits for the device's result).
+    pub downloads: u64,
+    /// Bytes uploaded from the host.
+    pub uploaded: u64,
+    /// Bytes downloaded to the host.
+    pub downloaded: u64,
+}
+
+impl Traffic {
+    /// What happened between `earlier` and `self`.
+    pub fn since(self, earlier: Traffic) -> Traffic {
+        Traffic {
+            submissions: self.submissions - earlier.submissions,
+            downloads: self.downloads - earlier.downloads,
+            uploaded: self.uploaded - earlier.uploaded,
+            downloaded: self.downloaded - earlier.downloaded,
+        }
+    }
+}
+
 /// A backend's buffer behind a [`Buffer`] handle.
 pub trait RawBuffer: Any + Send + Sync + fmt::Debug {
     /// For the backend to recover its own type.
@@ -510,6 +536,9 @@ pub trait Device: Send + Sync + fmt::Debug {
 
     /// Memory held under the budget.
     fn memory(&self) -> MemoryUse;
+
+    /// Submissions and transfers so far.
+    fn traffic(&self) -> Traffic;
 
     /// A buffer of `bytes` bytes from the pool. With `granule > 0` it is split into bindings
     /// at multiples of `granule` bytes (rows or slots) when larger than the binding limit;

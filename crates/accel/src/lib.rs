@@ -59,7 +59,7 @@ use std::sync::Arc;
 pub use device::{
     Buffer, Device, DeviceInfo, DeviceOptions, Event, ExpertFormat, ExpertSlots,
     MOE_GROUP_MAX_EXPERTS, MemoryUse, Op, OpKind, RawBuffer, Readback, RopeKind, TopKParams,
-    WeightType,
+    Traffic, WeightType,
 };
 pub use error::{Error, Result};
 

@@ -107,7 +107,7 @@ fn time_launches(
             });
         }
         let want = (min_seconds / device.max(1e-7) * reps as f64 * 1.2).ceil() as usize;
-        reps = want.clamp(reps * 2, 4096);
+        reps = want.max(reps * 2).min(4096);
     }
 }
 

@@ -85,7 +85,7 @@ pub fn run(mut args: GenerateArgs) -> anyhow::Result<()> {
     }
     let dir = args.model.dir()?;
     let loaded = args.device.load_engine(&args.model, &dir)?;
-    let (engine, hybrid, load) = (loaded.engine, loaded.hybrid, loaded.took);
+    let (engine, hybrid, accel, load) = (loaded.engine, loaded.hybrid, loaded.accel, loaded.took);
     let prompt = match &args.prompt {
         Some(p) => engine.text_prompt(p)?,
         None => engine.chat_prompt(&messages(&args))?,
@@ -106,7 +106,14 @@ pub fn run(mut args: GenerateArgs) -> anyhow::Result<()> {
     };
     let mut stdout = std::io::stdout().lock();
     let mut write_err = None;
+    // The accelerator's traffic when the first token is out (prefill done) and at the end:
+    // what decoding asks of it per token.
+    let traffic = || accel.as_ref().map(|d| d.traffic());
+    let mut after_prefill = None;
     let (outputs, stats) = generate_batch(&engine, std::slice::from_ref(&request), |_, text| {
+        if after_prefill.is_none() {
+            after_prefill = traffic();
+        }
         if write_err.is_none()
             && let Err(e) = stdout
                 .write_all(text.as_bytes())
@@ -137,7 +144,29 @@ pub fn run(mut args: GenerateArgs) -> anyhow::Result<()> {
     if let Some(exec) = hybrid {
         eprintln!("[hybrid, policy {}: {}]", exec.policy_name(), exec.stats());
     }
+    if let (Some(dev), Some(start), Some(end)) = (&accel, after_prefill, traffic()) {
+        print_traffic(
+            &**dev,
+            end.since(start),
+            outputs[0].tokens.len().saturating_sub(1),
+        );
+    }
     Ok(())
+}
+
+/// The accelerator's line: memory it holds, and per decoded token the submissions, host
+/// round trips (downloads) and bytes each way.
+fn print_traffic(dev: &dyn strata_accel::Device, decode: strata_accel::Traffic, tokens: usize) {
+    let per = |n: u64| n as f64 / tokens.max(1) as f64;
+    eprintln!(
+        "[{}: {:.1} MiB resident; per decoded token ({tokens}): {:.1} submissions, {:.1} host round trips, {:.1} KiB up, {:.1} KiB down]",
+        dev.info().name,
+        dev.memory().live as f64 / (1u64 << 20) as f64,
+        per(decode.submissions),
+        per(decode.downloads),
+        per(decode.uploaded) / 1024.0,
+        per(decode.downloaded) / 1024.0,
+    );
 }
 
 /// A duration as the stats line shows it: milliseconds below a second.

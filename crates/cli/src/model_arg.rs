@@ -315,6 +315,8 @@ pub struct LoadedEngine {
     pub engine: Engine,
     /// With `--device hybrid`: the executor, for its statistics.
     pub hybrid: Option<Arc<HybridExecutor>>,
+    /// With `--device gpu` or `hybrid`: the accelerator, for its traffic counters.
+    pub accel: Option<Arc<dyn strata_accel::Device>>,
     /// How long the model took to load.
     pub took: Duration,
 }
@@ -358,9 +360,11 @@ impl DeviceArgs {
             let started = Instant::now();
             let tokenizer = load_tokenizer(dir)?;
             let gpu = self.gpu_model(dir)?;
+            let accel = Some(gpu.device().clone());
             return Ok(LoadedEngine {
                 engine: Engine::new(Box::new(gpu), tokenizer)?,
                 hybrid: None,
+                accel,
                 took: started.elapsed(),
             });
         }
@@ -375,6 +379,7 @@ impl DeviceArgs {
         };
         Ok(LoadedEngine {
             engine,
+            accel: hybrid.as_ref().map(|h| h.device().clone()),
             hybrid,
             took,
         })

@@ -166,6 +166,8 @@ pub struct LayerRecord {
 #[derive(Debug)]
 pub struct HybridExecutor {
     state: Mutex<State>,
+    /// The accelerator (its worker thread holds it too), for its traffic counters.
+    device: Arc<dyn Device>,
 }
 
 struct State {
@@ -243,6 +245,7 @@ impl HybridExecutor {
         }
         let host = Arc::new(host);
         let slot_bytes = slots.as_ref().map_or(0, |s| s.slot_bytes);
+        let device = dev.clone();
         let worker = Worker::start(DeviceSide {
             held: vec![None; slots.as_ref().map_or(0, |s| s.n_slots as usize)],
             dev,
@@ -284,6 +287,7 @@ impl HybridExecutor {
         st.stats.peak_resident = st.cache.len();
         Ok(HybridExecutor {
             state: Mutex::new(st),
+            device,
         })
     }
 
@@ -293,6 +297,11 @@ impl HybridExecutor {
         let slot = host.slot_bytes();
         let n = vram_budget / slot.max(1);
         n.saturating_sub(2) * slot
+    }
+
+    /// The accelerator it runs on.
+    pub fn device(&self) -> &Arc<dyn Device> {
+        &self.device
     }
 
     /// Statistics so far (once the copies in flight are done).

@@ -251,7 +251,7 @@ impl DeviceSide {
         for &(slot, layer, expert) in &plan.uploads {
             self.copy(slot, layer, expert)?;
         }
-        let mut reads = Vec::new();
+        let mut rounds: Vec<(Vec<Pair>, [Buffer; 3])> = Vec::new();
         let mut x_buf = None;
         for (copies, pairs) in &plan.rounds {
             for &(slot, layer, expert) in copies {
@@ -309,13 +309,33 @@ impl DeviceSide {
                 })?;
             }
             dev.submit()?;
-            let read = dev.download_async(&y, 0, (p * h * 4) as u64)?;
-            reads.push((read, pairs, [pairs_buf, act, y], h));
+            rounds.push((pairs, [pairs_buf, act, y]));
         }
-        for (read, pairs, bufs, h) in reads {
-            let bytes = read.wait()?;
-            drop::<[Buffer; 3]>(bufs);
-            for (q, yr) in pairs.iter().zip(bytes.chunks_exact(4 * h)) {
+        // The rounds' outputs gathered into one buffer and read back once: the layer's one
+        // wait for the device.
+        let Some(h) = self.slots.as_ref().map(|s| s.hidden as usize) else {
+            return Ok(done);
+        };
+        let total: usize = rounds.iter().map(|(pairs, _)| pairs.len()).sum();
+        if total == 0 {
+            return Ok(done);
+        }
+        let dev = &*self.dev;
+        let all = dev.alloc(
+            (total * h * 4) as u64,
+            0,
+            "hybrid expert outputs, all rounds",
+        )?;
+        let mut at = 0u64;
+        for (pairs, [_, _, y]) in &rounds {
+            let len = (pairs.len() * h * 4) as u64;
+            dev.copy(y, 0, &all, at, len)?;
+            at += len;
+        }
+        let bytes = dev.download_async(&all, 0, at)?.wait()?;
+        let mut rows = bytes.chunks_exact(4 * h);
+        for (pairs, _) in &rounds {
+            for (q, yr) in pairs.iter().zip(&mut rows) {
                 let target = if q.deferred {
                     &mut done.deferred
                 } else {

@@ -134,3 +134,34 @@ fn strata_tiny_moe_matches_cpu() {
     println!("strata-tiny-moe: max rel err {e:.2e}");
     assert!(e <= 1e-3, "strata-tiny-moe: error {e:.2e} > 1e-3");
 }
+
+/// A decoded token costs the host one round trip (its logits) and a few submissions (the
+/// token's uploads, then the step): routing is grouped on the device, not read back per MoE
+/// layer.
+#[test]
+fn a_decoded_token_is_one_host_round_trip() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/models/strata-tiny-moe");
+    if !dir.join("config.json").exists() {
+        eprintln!("skipping: {} not found", dir.display());
+        return;
+    }
+    let Some(dev) = default_gpu() else { return };
+    let gpu = GpuModel::load(dev.clone(), &dir).unwrap();
+    let toks: Vec<u32> = (0..24u32).map(|i| (i * 37 + 11) % 8192).collect();
+    let mut cache = gpu.new_cache(toks.len()).unwrap();
+    gpu.forward(&toks[..16], &mut cache).unwrap();
+    let before = dev.traffic();
+    for tok in &toks[16..] {
+        gpu.forward(std::slice::from_ref(tok), &mut cache).unwrap();
+    }
+    let steps = (toks.len() - 16) as u64;
+    let decode = dev.traffic().since(before);
+    assert_eq!(
+        decode.downloads, steps,
+        "host round trips in {steps} steps: {decode:?}"
+    );
+    assert!(
+        decode.submissions <= 3 * steps,
+        "submissions in {steps} steps: {decode:?}"
+    );
+}

@@ -172,12 +172,20 @@ fn check(setup: &Setup, prompt: &[u32], next: &[u32]) -> strata_exec::ExecStats 
     let cpu = Model::load(&setup.dir, Precision::F32).unwrap();
     let want = run(&cpu, prompt, next);
     let (model, exec) = setup.load(&dev, Precision::F32);
+    let before = dev.traffic();
     let got = run(&model, prompt, next);
+    let traffic = dev.traffic().since(before);
     let err = rel_err(&got, &want);
     assert!(err < 2e-5, "{name}: logits differ by {err} x max|ref|");
     let stats = exec.stats();
     let log = exec.take_log();
     let host = HostExperts::open(&setup.dir).unwrap();
+    // The executor waits for the device at most once per MoE layer and step.
+    let budget = (host.n_layers() * (1 + next.len())) as u64;
+    assert!(
+        traffic.downloads <= budget,
+        "{name}: {traffic:?}, budget {budget}"
+    );
     let slot = host.slot_bytes();
     check_log(&name, &log, setup.slots.saturating_sub(2));
     assert!(

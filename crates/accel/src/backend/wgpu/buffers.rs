@@ -229,7 +229,8 @@ impl WgpuDevice {
         }
         let r = self.raw(buf)?;
         // Work recorded before this upload must not see its bytes: send it first.
-        self.submit_pending();
+        self.submit_pending(false);
+        lock(&self.traffic).uploaded += data.len() as u64;
         let mut done = 0usize;
         for (c, off, n) in self.pieces(buf, offset, data.len() as u64)? {
             let part = &data[done..done + n as usize];
@@ -272,7 +273,11 @@ impl WgpuDevice {
                 dst += n;
             }
         }
-        self.submit_pending();
+        self.submit_pending(false);
+        let mut traffic = lock(&self.traffic);
+        traffic.downloads += 1;
+        traffic.downloaded += len;
+        drop(traffic);
         let (event, flag) = Event::new();
         let result = Arc::new(Mutex::new(None));
         let sink = result.clone();

@@ -27,7 +27,7 @@ pub use adapter::enumerate;
 use buffers::Pool;
 
 use crate::device::{
-    Buffer, Device, DeviceInfo, DeviceOptions, Event, MemoryUse, Op, Readback, WeightType,
+    Buffer, Device, DeviceInfo, DeviceOptions, Event, MemoryUse, Op, Readback, Traffic, WeightType,
 };
 use crate::{Error, Result};
 
@@ -51,6 +51,8 @@ pub struct WgpuDevice {
     pending: Mutex<Option<wgpu::CommandEncoder>>,
     /// The uniform words of the pending encoder's dispatches.
     params: Mutex<pipeline::ParamArena>,
+    /// Submissions and transfers so far.
+    traffic: Mutex<Traffic>,
     pool: Arc<Mutex<Pool>>,
     error: Arc<Mutex<Option<String>>>,
     dummy: wgpu::Buffer,
@@ -113,6 +115,7 @@ impl WgpuDevice {
             pipelines: Mutex::new(HashMap::new()),
             pending: Mutex::new(None),
             params: Mutex::default(),
+            traffic: Mutex::default(),
             pool: Arc::new(Mutex::new(Pool::new(opts.vram_budget.unwrap_or(u64::MAX)))),
             error,
             dummy,
@@ -140,6 +143,10 @@ impl Device for WgpuDevice {
             pooled: p.pooled,
             budget: p.budget,
         }
+    }
+
+    fn traffic(&self) -> Traffic {
+        *lock(&self.traffic)
     }
 
     fn alloc(&self, bytes: u64, granule: u64, label: &str) -> Result<Buffer> {
@@ -172,7 +179,7 @@ impl Device for WgpuDevice {
     }
 
     fn submit(&self) -> Result<Event> {
-        self.submit_pending();
+        self.submit_pending(true);
         let (event, flag) = Event::new();
         self.queue
             .on_submitted_work_done(move || flag.store(true, Ordering::Release));

@@ -215,13 +215,17 @@ impl WgpuDevice {
         g
     }
 
-    /// Submits the pending encoder, if any, after writing the uniform words its dispatches
-    /// read.
-    pub(super) fn submit_pending(&self) {
+    /// Submits the pending encoder, after writing the uniform words its dispatches read;
+    /// with `always`, also when there is none (that submission sends queued uploads).
+    pub(super) fn submit_pending(&self, always: bool) {
         let mut pending = lock(&self.pending);
         let enc = pending.take();
+        if enc.is_none() && !always {
+            return;
+        }
         lock(&self.params).write(&self.queue);
         self.queue.submit(enc.map(|e| e.finish()));
+        lock(&self.traffic).submissions += 1;
     }
 
     /// Records one dispatch of `name` with a uniform of `params` words and `buffers` at
