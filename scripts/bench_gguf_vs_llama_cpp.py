@@ -5,7 +5,7 @@
     # once: llama.cpp and its venv (see the script), the Strata binary, the asset
     scripts/setup_llama_cpp.sh
     cargo build --release -p strata-cli
-    python scripts/make_qwen3_30b_gguf.py --out /work/bench-assets/qwen3-30b-a3b.q4_k_m.gguf
+    python scripts/make_bench_gguf.py --out /work/bench-assets/qwen3-30b-a3b.q4_k_m.gguf
     # then, on a quiet machine:
     .venv-llama/bin/python scripts/bench_gguf_vs_llama_cpp.py \\
         --model /work/bench-assets/qwen3-30b-a3b.q4_k_m.gguf --rounds 3 --json bench.json

@@ -9,14 +9,15 @@
 # tokenizer.* keys of any Qwen2.5/Qwen3 GGUF). Steps, all logged to OUT_DIR/device_bench.log
 # (outputs and the generator's log in /tmp/device_bench_runs):
 #   1. the machine: GPU, CPU, `strata devices`;
-#   2. the benchmark GGUF written with scripts/make_qwen3_30b_gguf.py (Qwen3-30B-A3B shape,
-#      LAYERS layers, Q4_K/Q6_K), in the background while step 3 runs;
+#   2. the benchmark GGUFs written with scripts/make_bench_gguf.py (Qwen3-30B-A3B and
+#      DeepSeek-V2-Lite shapes, LAYERS layers each, Q4_K_M-like), in the background while
+#      step 3 runs;
 #   3. `strata bench device $BENCH_DEVICE_ARGS` (kernels against the GPU's copy bandwidth and FMA peak) and
 #      `strata bench moe` at one token (the CPU's read bandwidth, for the hybrid bound);
-#   4. `strata generate` on that GGUF, the 512-token prompt scripts/bench_prompt_512.txt and
-#      128 greedy tokens: --device cpu, gpu, hybrid with ktransformers, smoe and hybrimoe
-#      (the last two with an expert cache of a quarter of the experts), each under a time
-#      limit, with the md5 of each output text.
+#   4. `strata generate` on each GGUF, the 512-token prompt scripts/bench_prompt_512.txt
+#      and 128 greedy tokens: --device cpu, gpu, hybrid with ktransformers, smoe and
+#      hybrimoe (the last two with an expert cache of a quarter of the experts), each under
+#      a time limit, with the md5 of each output text.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bin=${1:?usage: scripts/device_bench.sh BIN OUT_DIR}
@@ -25,7 +26,6 @@ layers=${LAYERS:-12}
 tokens=${TOKENS:-128}
 limit=${RUN_LIMIT:-150}
 tokenizer=${STRATA_TOKENIZER_GGUF:-.bench/qwen-tokenizer.gguf}
-gguf=${GGUF:-/tmp/qwen3-30b-a3b-${layers}l.gguf}
 runs=/tmp/device_bench_runs
 mkdir -p "$out" "$runs"
 log="$out/device_bench.log"
@@ -39,27 +39,26 @@ lscpu | grep -E '^Model name|^CPU\(s\)|^L3' | tee -a "$log"
 export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
 "$bin" devices 2>&1 | grep -v '^  ' | tee -a "$log"
 
-gen_pid=
-if [[ ! -f "$gguf" ]]; then
-    stamp "writing $gguf ($layers layers) in the background"
-    python3 scripts/make_qwen3_30b_gguf.py --layers "$layers" --out "$gguf" \
-        --tokenizer-from "$tokenizer" >"$runs/make_gguf.log" 2>&1 &
-    gen_pid=$!
-fi
+shapes=${SHAPES:-qwen3-30b-a3b deepseek-v2-lite}
+gen_pids=()
+for shape in $shapes; do
+    gguf=/tmp/$shape-${layers}l.gguf
+    [[ -f "$gguf" ]] && continue
+    stamp "writing $gguf in the background"
+    python3 scripts/make_bench_gguf.py --shape "$shape" --layers "$layers" --out "$gguf" \
+        --tokenizer-from "$tokenizer" >"$runs/make_gguf.$shape.log" 2>&1 &
+    gen_pids+=($!)
+done
 
 stamp "strata bench device"
 timeout 200 "$bin" bench device ${BENCH_DEVICE_ARGS:-} 2>&1 | tee -a "$log"
 stamp "strata bench moe (CPU read bandwidth at one token)"
 timeout 60 "$bin" bench moe --formats q4_k --tokens 1 --min-seconds 0.3 --layers 4 2>&1 | tee -a "$log"
 
-if [[ -n "$gen_pid" ]]; then
-    wait "$gen_pid" || { say "the GGUF generator failed:"; tail -5 "$runs/make_gguf.log" | tee -a "$log"; exit 1; }
-    stamp "GGUF written: $(tail -1 "$runs/make_gguf.log")"
-fi
+for pid in "${gen_pids[@]}"; do
+    wait "$pid" || { say "a GGUF generator failed:"; tail -5 "$runs"/make_gguf.*.log | tee -a "$log"; exit 1; }
+done
 
-# A quarter of the routed experts' bytes: the *_exps tensors are all but ~0.5 GB of the file
-# (embedding, LM head, attention), so a quarter of (file - 0.5 GB) is close.
-quarter=$(( ($(stat -c %s "$gguf") - 500000000) / 4 ))
 run() {
     local name=$1
     shift
@@ -67,12 +66,20 @@ run() {
     timeout "$limit" "$bin" generate -m "$gguf" -p - -n "$tokens" --temperature 0 "$@" \
         <scripts/bench_prompt_512.txt >"$runs/text.$name" 2>"$runs/err.$name"
     local rc=$?
-    tail -3 "$runs/err.$name" | tee -a "$log"
+    grep -v '^loading' "$runs/err.$name" | tail -3 | tee -a "$log"
     say "exit $rc, text md5 $(md5sum <"$runs/text.$name" | cut -c1-12), $(wc -c <"$runs/text.$name") bytes"
 }
-run cpu --device cpu
-run gpu --device gpu
-run ktransformers --device hybrid --policy ktransformers
-run smoe --device hybrid --policy smoe --vram-budget "$quarter"
-run hybrimoe --device hybrid --policy hybrimoe --vram-budget "$quarter"
+for shape in $shapes; do
+    gguf=/tmp/$shape-${layers}l.gguf
+    stamp "$shape: $(tail -1 "$runs/make_gguf.$shape.log" 2>/dev/null)"
+    # A quarter of the routed experts' bytes: the *_exps tensors are all but ~0.7 GB of the
+    # file (embedding, LM head, attention, dense and shared layers), so a quarter of
+    # (file - 0.7 GB) is close.
+    quarter=$(( ($(stat -c %s "$gguf") - 700000000) / 4 ))
+    run "$shape.cpu" --device cpu
+    run "$shape.gpu" --device gpu
+    run "$shape.ktransformers" --device hybrid --policy ktransformers
+    run "$shape.smoe" --device hybrid --policy smoe --vram-budget "$quarter"
+    run "$shape.hybrimoe" --device hybrid --policy hybrimoe --vram-budget "$quarter"
+done
 stamp done
