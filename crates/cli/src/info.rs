@@ -115,6 +115,9 @@ pub fn run(args: InfoArgs) -> anyhow::Result<()> {
                 "available_bytes": strata_model::memory::available_bytes(),
             },
             "slow_types": slow_types(&dtypes),
+            "device_f16_types": device_f16(&dtypes).iter().map(|d| serde_json::json!({
+                "type": d.name, "tensors": d.tensors, "bytes": d.bytes, "f16_bytes": d.f16_bytes,
+            })).collect::<Vec<_>>(),
             "max_position_embeddings": cfg.max_position_embeddings,
         });
         outln!("{}", serde_json::to_string_pretty(&doc)?)?;
@@ -175,8 +178,52 @@ pub fn run(args: InfoArgs) -> anyhow::Result<()> {
             slow.join(", ")
         )?;
     }
+    let widened = device_f16(&dtypes);
+    if !widened.is_empty() {
+        let list: Vec<String> = widened
+            .iter()
+            .map(|d| {
+                let (n, b, f) = (d.tensors, bytes(d.bytes), bytes(d.f16_bytes));
+                format!("{} ({n} tensors, {b} -> {f})", d.name)
+            })
+            .collect();
+        outln!(
+            "on a GPU       {} dequantized to F16 on upload (the device kernels read the other types as stored)",
+            list.join(", ")
+        )?;
+    }
     outln!("context        {} positions", cfg.max_position_embeddings)?;
     Ok(())
+}
+
+/// A ggml block type the accelerator has no kernel for: `--device gpu|hybrid` stores it as
+/// F16 (`strata_exec`'s device types).
+struct DeviceF16 {
+    name: String,
+    tensors: usize,
+    bytes: usize,
+    f16_bytes: usize,
+}
+
+fn device_f16(dtypes: &BTreeMap<String, (usize, usize)>) -> Vec<DeviceF16> {
+    dtypes
+        .iter()
+        .filter_map(|(name, &(tensors, bytes))| {
+            let t = strata_kernels::ggml::GgmlType::ALL
+                .into_iter()
+                .find(|t| t.name() == name.as_str() && t.block_size() > 1)?;
+            if strata_accel::WeightType::from_ggml_name(name).is_some() {
+                return None;
+            }
+            let values = bytes / t.block_bytes() * t.block_size();
+            Some(DeviceF16 {
+                name: name.clone(),
+                tensors,
+                bytes,
+                f16_bytes: 2 * values,
+            })
+        })
+        .collect()
 }
 
 /// The attention kind and its heads, as `info` shows them.

@@ -90,6 +90,29 @@ fn info_describes_every_fixture() {
     }
 }
 
+/// A GGUF type the GPU kernels do not read is reported as widened to F16 there, with its
+/// size; one they read is not.
+#[test]
+fn info_says_which_types_a_gpu_widens_to_f16() {
+    let dir = root().join("tests/fixtures-gguf");
+    let doc = |name: &str| -> serde_json::Value {
+        let path = dir.join(format!("qwen3_moe_k.{name}.gguf"));
+        let o = strata(&["info", "--model", path.to_str().unwrap(), "--json"]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        serde_json::from_slice(&o.stdout).unwrap()
+    };
+    let q3 = doc("q3_k");
+    let widened = &q3["device_f16_types"][0];
+    assert_eq!(widened["type"], "Q3_K", "{q3}");
+    let (bytes, f16) = (
+        widened["bytes"].as_u64().unwrap(),
+        widened["f16_bytes"].as_u64().unwrap(),
+    );
+    // Q3_K holds 3.4375 bits per weight; F16 16.
+    assert!(f16 * 110 == bytes * 512, "{bytes} -> {f16}");
+    assert_eq!(doc("q4_k")["device_f16_types"], serde_json::json!([]));
+}
+
 #[test]
 fn generate_reproduces_the_reference_continuation() {
     // Greedy decoding of the shipped model continues its first reference prompt as
