@@ -264,8 +264,8 @@ impl WgpuDevice {
             mapped_at_creation: false,
         });
         {
-            let mut enc = self.encoder();
-            let enc = enc.as_mut().expect("encoder() creates one");
+            let mut pending = self.pending();
+            let enc = pending.as_mut().expect("pending() creates it").encoder();
             let mut dst = 0;
             for (c, off, n) in pieces {
                 let n4 = n.next_multiple_of(4).min(r.chunks[c].size() - off);
@@ -331,8 +331,8 @@ impl WgpuDevice {
             });
         }
         let (rs, rd) = (self.raw(src)?, self.raw(dst)?);
-        let mut enc = self.encoder();
-        let enc = enc.as_mut().expect("encoder() creates one");
+        let mut pending = self.pending();
+        let enc = pending.as_mut().expect("pending() creates it").encoder();
         let mut pos = 0;
         for (c, off, n) in self.pieces(src, src_offset, len)? {
             let mut left = n;

@@ -48,7 +48,7 @@ pub struct WgpuDevice {
     /// Whether kernels reduce through subgroup operations.
     subgroups: bool,
     pipelines: Mutex<HashMap<(&'static str, WeightType), wgpu::ComputePipeline>>,
-    pending: Mutex<Option<wgpu::CommandEncoder>>,
+    pending: Mutex<Option<pipeline::Pending>>,
     /// The uniform words of the pending encoder's dispatches.
     params: Mutex<pipeline::ParamArena>,
     /// Submissions and transfers so far.

@@ -175,6 +175,41 @@ impl ParamArena {
     }
 }
 
+/// Commands recorded since the last submission: consecutive dispatches share one compute
+/// pass (wgpu still orders each dispatch after the writes it reads), which costs the host
+/// less per dispatch than a pass each; copies end it.
+#[derive(Debug)]
+pub(super) struct Pending {
+    encoder: wgpu::CommandEncoder,
+    pass: Option<wgpu::ComputePass<'static>>,
+}
+
+impl Pending {
+    /// The encoder, for commands outside a compute pass (the open pass ends first).
+    pub(super) fn encoder(&mut self) -> &mut wgpu::CommandEncoder {
+        self.pass = None;
+        &mut self.encoder
+    }
+
+    /// The open compute pass, begun if none is.
+    fn pass(&mut self) -> &mut wgpu::ComputePass<'static> {
+        let encoder = &mut self.encoder;
+        self.pass.get_or_insert_with(|| {
+            encoder
+                .begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: None,
+                    timestamp_writes: None,
+                })
+                .forget_lifetime()
+        })
+    }
+
+    fn finish(mut self) -> wgpu::CommandBuffer {
+        self.pass = None;
+        self.encoder.finish()
+    }
+}
+
 impl WgpuDevice {
     fn pipeline(&self, name: &'static str, wtype: WeightType) -> Result<wgpu::ComputePipeline> {
         let mut cache = lock(&self.pipelines);
@@ -203,14 +238,16 @@ impl WgpuDevice {
         Ok(p)
     }
 
-    /// The pending command encoder, created on first use.
-    pub(super) fn encoder(&self) -> MutexGuard<'_, Option<wgpu::CommandEncoder>> {
+    /// The pending commands, created on first use.
+    pub(super) fn pending(&self) -> MutexGuard<'_, Option<Pending>> {
         let mut g = lock(&self.pending);
         if g.is_none() {
-            *g = Some(
-                self.device
+            *g = Some(Pending {
+                encoder: self
+                    .device
                     .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None }),
-            );
+                pass: None,
+            });
         }
         g
     }
@@ -224,7 +261,7 @@ impl WgpuDevice {
             return;
         }
         lock(&self.params).write(&self.queue);
-        self.queue.submit(enc.map(|e| e.finish()));
+        self.queue.submit(enc.map(Pending::finish));
         lock(&self.traffic).submissions += 1;
     }
 
@@ -253,7 +290,7 @@ impl WgpuDevice {
         let bytes: Vec<u8> = params.iter().flat_map(|w| w.to_le_bytes()).collect();
         // The encoder's lock is held from staging the words to recording the dispatch, so a
         // submission from another thread cannot come between them.
-        let mut enc = self.encoder();
+        let mut pending = self.pending();
         let (uniform, offset) = lock(&self.params).stage(&self.device, &bytes)?;
         let mut entries = vec![wgpu::BindGroupEntry {
             binding: 0,
@@ -274,15 +311,10 @@ impl WgpuDevice {
             layout: &pipeline.get_bind_group_layout(0),
             entries: &entries,
         });
-        let enc = enc.as_mut().expect("encoder() creates one");
-        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-            label: Some(name),
-            timestamp_writes: None,
-        });
+        let pass = pending.as_mut().expect("pending() creates it").pass();
         pass.set_pipeline(&pipeline);
         pass.set_bind_group(0, &bind, &[]);
         pass.dispatch_workgroups(groups.0, groups.1, 1);
-        drop(pass);
         Ok(())
     }
 }
