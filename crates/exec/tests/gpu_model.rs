@@ -165,3 +165,24 @@ fn a_decoded_token_is_one_host_round_trip() {
         "submissions in {steps} steps: {decode:?}"
     );
 }
+
+/// A model larger than the device budget is refused before anything runs, with what its
+/// weights take and what to do instead.
+#[test]
+fn a_model_over_the_vram_budget_is_refused_with_what_it_needs() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/models/strata-tiny-moe");
+    if !dir.join("config.json").exists() || default_gpu().is_none() {
+        eprintln!("skipping: no GPU or no {}", dir.display());
+        return;
+    }
+    let err = GpuModel::load_on_first_device(&dir, Some(8 << 20)).unwrap_err();
+    let msg = err.to_string();
+    for want in [
+        "does not fit the device budget of 8.0 MiB",
+        "--vram-budget",
+        "--device hybrid",
+    ] {
+        assert!(msg.contains(want), "{msg}");
+    }
+    GpuModel::load_on_first_device(&dir, Some(1 << 30)).unwrap();
+}

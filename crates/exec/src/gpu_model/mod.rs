@@ -172,6 +172,29 @@ fn to_bytes(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
+/// About how many bytes `src`'s weights take on the device, and in the file: a GGUF's
+/// blocks as stored where the device's kernels read the type, its other block types as F16,
+/// floats as stored (a converted model's packed int8/int4, widened to f32 there, count at
+/// their stored size: the figure is a lower bound for them).
+fn device_weight_bytes(src: &Source) -> (u64, u64) {
+    use strata_kernels::ggml::GgmlType;
+    let mut need = 0u64;
+    let mut file = 0u64;
+    for (dtype, bytes) in src.stored_tensors() {
+        let b = bytes as u64;
+        file += b;
+        let widened = GgmlType::ALL
+            .into_iter()
+            .find(|t| t.name() == dtype && t.block_size() > 1)
+            .filter(|_| WeightType::from_ggml_name(&dtype).is_none());
+        need += match widened {
+            Some(t) => b / t.block_bytes() as u64 * t.block_size() as u64 * 2,
+            None => b,
+        };
+    }
+    (need, file)
+}
+
 /// The f32 values of little-endian `bytes` (a download).
 fn f32s(bytes: &[u8]) -> impl Iterator<Item = f32> + '_ {
     bytes
@@ -345,12 +368,34 @@ impl GpuModel {
 
     /// [`GpuModel::load`] onto the first accelerator, its allocations held within
     /// `vram_budget` bytes when given (`--device gpu`, `strata.LLM(device='gpu')`).
+    /// A model that does not fit the budget is refused with what its weights take there
+    /// and what to do instead.
     pub fn load_on_first_device(path: &Path, vram_budget: Option<u64>) -> Result<GpuModel> {
         let dev = strata_accel::open(&strata_accel::DeviceOptions {
             vram_budget,
             ..Default::default()
         })?;
-        GpuModel::load(dev, path)
+        let (config, src) = open(path)?;
+        match GpuModel::from_source(dev, config, &src) {
+            Err(Error::Accel(strata_accel::Error::OutOfBudget { budget, .. })) => {
+                let (need, file) = device_weight_bytes(&src);
+                let size = |b: u64| match b {
+                    b if b >= 1 << 30 => format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64),
+                    b => format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64),
+                };
+                Err(Error::Config(format!(
+                    "{} does not fit the device budget of {}: its weights take about {} there \
+                     ({} in the file), before the KV cache and scratch; raise --vram-budget \
+                     above that, or run --device hybrid, which keeps the routed experts in \
+                     host memory",
+                    path.display(),
+                    size(budget),
+                    size(need),
+                    size(file),
+                )))
+            }
+            r => r,
+        }
     }
 
     /// Builds the model on `dev` from a parsed config and its tensors.
