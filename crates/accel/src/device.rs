@@ -46,6 +46,8 @@ pub enum OpKind {
     MoeCombine,
     /// Routed entries grouped by expert, on the device.
     MoeGroup,
+    /// Values stored into a KV cache (f32 or f16).
+    CacheStore,
     /// Chains of fused multiply-adds that measure the arithmetic peak (benchmarks).
     FmaPeak,
 }
@@ -65,6 +67,7 @@ impl fmt::Display for OpKind {
             OpKind::TopK => f.write_str("topk"),
             OpKind::MoeCombine => f.write_str("moe_combine"),
             OpKind::MoeGroup => f.write_str("moe_group"),
+            OpKind::CacheStore => f.write_str("cache_store"),
             OpKind::FmaPeak => f.write_str("fma_peak"),
         }
     }
@@ -344,6 +347,8 @@ pub enum Op<'a> {
         k: &'a Buffer,
         /// Value cache.
         v: &'a Buffer,
+        /// How the caches store values: [`WeightType::F32`] or [`WeightType::F16`].
+        cache: WeightType,
         /// Output `[n_tokens, n_heads * hd]`.
         out: &'a Buffer,
         /// New tokens.
@@ -372,6 +377,8 @@ pub enum Op<'a> {
         latent: &'a Buffer,
         /// Rotated shared keys.
         k_rope: &'a Buffer,
+        /// How the two caches store values: [`WeightType::F32`] or [`WeightType::F16`].
+        cache: WeightType,
         /// `kv_b_proj` weight, f32.
         kv_b: &'a Buffer,
         /// Output `[n_tokens, n_heads * v]`.
@@ -465,6 +472,23 @@ pub enum Op<'a> {
         /// Choices per token.
         k: u32,
     },
+    /// Writes `n` f32 values of `src` from element `from` into a KV cache at element `at`,
+    /// stored as `cache` ([`WeightType::F32`], a copy, or [`WeightType::F16`], rounded to
+    /// nearest; then `at` and `n` must be even).
+    CacheStore {
+        /// Values, f32.
+        src: &'a Buffer,
+        /// First element read.
+        from: u64,
+        /// The cache.
+        dst: &'a Buffer,
+        /// First element written.
+        at: u64,
+        /// Elements.
+        n: u64,
+        /// How the cache stores values.
+        cache: WeightType,
+    },
     /// Groups the routed entries `ids: [tokens, k]` (u32 experts below `n_experts`, at most
     /// [`MOE_GROUP_MAX_EXPERTS`]) by expert without the host: `pairs: [tokens * k, 2]` gets
     /// the (token, expert) pairs sorted by expert, one expert's in routing order (what
@@ -515,6 +539,7 @@ impl Op<'_> {
             Op::ExpertFfn { format, stage, .. } => OpKind::ExpertFfn(format.stage_type(*stage)),
             Op::MoeCombine { .. } => OpKind::MoeCombine,
             Op::MoeGroup { .. } => OpKind::MoeGroup,
+            Op::CacheStore { .. } => OpKind::CacheStore,
             Op::FmaPeak { .. } => OpKind::FmaPeak,
         }
     }

@@ -289,6 +289,35 @@ fn attention_ref(
     out
 }
 
+/// `v` as a KV cache stored as `t` (f16 through [`Op::CacheStore`], padded to an even
+/// count), and the values as stored.
+fn cache(dev: &dyn Device, v: &[f32], t: WeightType) -> (strata_accel::Buffer, Vec<f32>) {
+    if t == WeightType::F32 {
+        return (up(dev, v), v.to_vec());
+    }
+    let mut padded = v.to_vec();
+    padded.resize(v.len().next_multiple_of(2), 0.0);
+    let src = up(dev, &padded);
+    let dst = dev
+        .alloc(
+            (2 * padded.len()).next_multiple_of(4) as u64,
+            0,
+            "f16 cache",
+        )
+        .unwrap();
+    dev.enqueue(&Op::CacheStore {
+        src: &src,
+        from: 0,
+        dst: &dst,
+        at: 0,
+        n: padded.len() as u64,
+        cache: t,
+    })
+    .unwrap();
+    let stored = v.iter().map(|x| half::f16::from_f32(*x).to_f32()).collect();
+    (dst, stored)
+}
+
 #[test]
 fn attention_prefill_and_decode_match_reference() {
     let Some(dev) = gpu(DeviceOptions::default()) else {
@@ -304,32 +333,40 @@ fn attention_prefill_and_decode_match_reference() {
         (5, 90, 2, 2, 16, 40),
         (3, 10, 2, 1, 256, 0),
     ] {
-        let ctx = start + t;
-        let (q, k, v) = (
-            rng.vec(t * heads * hd),
-            rng.vec(ctx * kvh * hd),
-            rng.vec(ctx * kvh * hd),
-        );
-        let scale = 1.0 / (hd as f32).sqrt();
-        let want = attention_ref(&q, &k, &v, t, start, heads, kvh, hd, window, scale);
-        let (qb, kb, vb) = (up(&*dev, &q), up(&*dev, &k), up(&*dev, &v));
-        let out = dev.alloc((want.len() * 4) as u64, 0, "out").unwrap();
-        dev.enqueue(&Op::Attention {
-            q: &qb,
-            k: &kb,
-            v: &vb,
-            out: &out,
-            n_tokens: t as u32,
-            start_pos: start as u32,
-            n_heads: heads as u32,
-            n_kv_heads: kvh as u32,
-            head_dim: hd as u32,
-            window: window as u32,
-            scale,
-        })
-        .unwrap();
-        let e = max_err(&down(&*dev, &out, want.len()), &want);
-        assert!(e < 1e-5, "attention t={t} start={start} hd={hd}: {e}");
+        for ct in [WeightType::F32, WeightType::F16] {
+            let ctx = start + t;
+            let (q, k, v) = (
+                rng.vec(t * heads * hd),
+                rng.vec(ctx * kvh * hd),
+                rng.vec(ctx * kvh * hd),
+            );
+            let scale = 1.0 / (hd as f32).sqrt();
+            let ((kb, k), (vb, v)) = (cache(&*dev, &k, ct), cache(&*dev, &v, ct));
+            let want = attention_ref(&q, &k, &v, t, start, heads, kvh, hd, window, scale);
+            let qb = up(&*dev, &q);
+            let out = dev.alloc((want.len() * 4) as u64, 0, "out").unwrap();
+            dev.enqueue(&Op::Attention {
+                q: &qb,
+                k: &kb,
+                v: &vb,
+                cache: ct,
+                out: &out,
+                n_tokens: t as u32,
+                start_pos: start as u32,
+                n_heads: heads as u32,
+                n_kv_heads: kvh as u32,
+                head_dim: hd as u32,
+                window: window as u32,
+                scale,
+            })
+            .unwrap();
+            let e = max_err(&down(&*dev, &out, want.len()), &want);
+            assert!(
+                e < 1e-5,
+                "attention t={t} start={start} hd={hd} {}: {e}",
+                ct.name()
+            );
+        }
     }
 }
 
@@ -655,51 +692,49 @@ fn mla_attention_matches_unabsorbed_reference() {
         (1, 100, 3, 70, 5, 6, 9),
         (3, 4, 2, 512, 16, 64, 8),
     ] {
-        let ctx = start + t;
-        let q = rng.vec(t * heads * (nope + rd));
-        let lat = rng.vec(ctx * l);
-        let kr = rng.vec(ctx * rd);
-        let wkvb: Vec<f32> = rng
-            .vec(heads * (nope + vd) * l)
-            .iter()
-            .map(|v| v * 0.3)
-            .collect();
-        let scale = 1.0 / ((nope + rd) as f32).sqrt();
-        let want = mla_ref(
-            &q,
-            &lat,
-            &kr,
-            &wkvb,
-            t,
-            start,
-            heads,
-            (l, nope, rd, vd),
-            scale,
-        );
-        let (qb, lb, kb, wb) = (
-            up(&*dev, &q),
-            up(&*dev, &lat),
-            up(&*dev, &kr),
-            up(&*dev, &wkvb),
-        );
-        let out = dev.alloc((want.len() * 4) as u64, 0, "out").unwrap();
-        dev.enqueue(&Op::MlaAttention {
-            q: &qb,
-            latent: &lb,
-            k_rope: &kb,
-            kv_b: &wb,
-            out: &out,
-            n_tokens: t as u32,
-            start_pos: start as u32,
-            n_heads: heads as u32,
-            kv_lora: l as u32,
-            nope: nope as u32,
-            rope: rd as u32,
-            v_dim: vd as u32,
-            scale,
-        })
-        .unwrap();
-        let e = max_err(&down(&*dev, &out, want.len()), &want);
-        assert!(e < 1e-4, "mla t={t} start={start} l={l}: {e}");
+        for ct in [WeightType::F32, WeightType::F16] {
+            let ctx = start + t;
+            let q = rng.vec(t * heads * (nope + rd));
+            let (lb, lat) = cache(&*dev, &rng.vec(ctx * l), ct);
+            let (kb, kr) = cache(&*dev, &rng.vec(ctx * rd), ct);
+            let wkvb: Vec<f32> = rng
+                .vec(heads * (nope + vd) * l)
+                .iter()
+                .map(|v| v * 0.3)
+                .collect();
+            let scale = 1.0 / ((nope + rd) as f32).sqrt();
+            let want = mla_ref(
+                &q,
+                &lat,
+                &kr,
+                &wkvb,
+                t,
+                start,
+                heads,
+                (l, nope, rd, vd),
+                scale,
+            );
+            let (qb, wb) = (up(&*dev, &q), up(&*dev, &wkvb));
+            let out = dev.alloc((want.len() * 4) as u64, 0, "out").unwrap();
+            dev.enqueue(&Op::MlaAttention {
+                q: &qb,
+                latent: &lb,
+                k_rope: &kb,
+                cache: ct,
+                kv_b: &wb,
+                out: &out,
+                n_tokens: t as u32,
+                start_pos: start as u32,
+                n_heads: heads as u32,
+                kv_lora: l as u32,
+                nope: nope as u32,
+                rope: rd as u32,
+                v_dim: vd as u32,
+                scale,
+            })
+            .unwrap();
+            let e = max_err(&down(&*dev, &out, want.len()), &want);
+            assert!(e < 1e-4, "mla t={t} start={start} l={l} {}: {e}", ct.name());
+        }
     }
 }

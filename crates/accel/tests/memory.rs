@@ -152,6 +152,7 @@ fn upload_during_compute_is_ordered_with_kernels() {
     let kv = up(&*dev, &rng.vec(ctx * hd));
     let out = dev.alloc((t * 4 * hd * 4) as u64, 0, "out").unwrap();
     dev.enqueue(&Op::Attention {
+        cache: WeightType::F32,
         q: &q,
         k: &kv,
         v: &kv,
@@ -210,6 +211,7 @@ fn errors_not_panics() {
     assert!(dev.upload(&b, 2, &[0; 4]).is_err());
     let err = dev
         .enqueue(&Op::Attention {
+            cache: WeightType::F32,
             q: &b,
             k: &b,
             v: &b,

@@ -1,9 +1,18 @@
 struct P { n_tokens: u32, start_pos: u32, n_heads: u32, n_kv_heads: u32, hd: u32, window: u32, scale: f32, _a: u32 }
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> q: array<f32>;
-@group(0) @binding(2) var<storage, read> kc: array<f32>;
-@group(0) @binding(3) var<storage, read> vc: array<f32>;
+// The caches, f32 or f16 (WTYPE): element i through load_word.
+@group(0) @binding(2) var<storage, read> kc: array<u32>;
+@group(0) @binding(3) var<storage, read> vc: array<u32>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
+
+fn k_at(i: u32) -> f32 {
+    return load_word(kc[word_index(i)], i);
+}
+
+fn v_at(i: u32) -> f32 {
+    return load_word(vc[word_index(i)], i);
+}
 
 var<workgroup> qs: array<f32, 256>;
 var<workgroup> sc: array<f32, 64>;
@@ -39,7 +48,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l: v
             let kb = j * kv_w + kvh * hd;
             var dot = 0.0;
             for (var d = 0u; d < hd; d++) {
-                dot += qs[d] * kc[kb + d];
+                dot += qs[d] * k_at(kb + d);
             }
             s = dot * p.scale;
         }
@@ -57,7 +66,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l: v
             if (d < hd) {
                 var a = acc[r] * alpha;
                 for (var jj = 0u; jj < cnt; jj++) {
-                    a += sc[jj] * vc[(j0 + jj) * kv_w + kvh * hd + d];
+                    a += sc[jj] * v_at((j0 + jj) * kv_w + kvh * hd + d);
                 }
                 acc[r] = a;
             }

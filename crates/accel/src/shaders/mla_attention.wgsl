@@ -1,11 +1,20 @@
 struct P { n_tokens: u32, start_pos: u32, n_heads: u32, l: u32, nope: u32, rd: u32, vd: u32, scale: f32 }
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> q: array<f32>;
-@group(0) @binding(2) var<storage, read> lat: array<f32>;
-@group(0) @binding(3) var<storage, read> kr: array<f32>;
+// The caches, f32 or f16 (WTYPE): element i through load_word.
+@group(0) @binding(2) var<storage, read> lat: array<u32>;
+@group(0) @binding(3) var<storage, read> kr: array<u32>;
 // kv_b_proj [n_heads * (nope + vd), l]: per head W_UK [nope, l] then W_UV [vd, l].
 @group(0) @binding(4) var<storage, read> wkvb: array<f32>;
 @group(0) @binding(5) var<storage, read_write> out: array<f32>;
+
+fn lat_at(i: u32) -> f32 {
+    return load_word(lat[word_index(i)], i);
+}
+
+fn kr_at(i: u32) -> f32 {
+    return load_word(kr[word_index(i)], i);
+}
 
 var<workgroup> ql: array<f32, 512>;
 var<workgroup> qr: array<f32, 64>;
@@ -44,10 +53,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) li: 
         if (j <= pos) {
             var dot = 0.0;
             for (var c = 0u; c < l; c++) {
-                dot += ql[c] * lat[j * l + c];
+                dot += ql[c] * lat_at(j * l + c);
             }
             for (var d = 0u; d < p.rd; d++) {
-                dot += qr[d] * kr[j * p.rd + d];
+                dot += qr[d] * kr_at(j * p.rd + d);
             }
             s = dot * p.scale;
         }
@@ -65,7 +74,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) li: 
             if (c < l) {
                 var a = acc[r] * alpha;
                 for (var jj = 0u; jj < cnt; jj++) {
-                    a += sc[jj] * lat[(j0 + jj) * l + c];
+                    a += sc[jj] * lat_at((j0 + jj) * l + c);
                 }
                 acc[r] = a;
             }

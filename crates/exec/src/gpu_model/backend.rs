@@ -12,7 +12,9 @@ use strata_model::config::ModelConfig;
 use strata_model::memory::kv_bytes_per_token;
 use strata_model::{RoutingTap, check_rows};
 
-use super::{GpuCache, GpuModel, GpuSeq, f32s, to_bytes};
+use strata_accel::WeightType;
+
+use super::{GpuCache, GpuModel, GpuSeq, f32s};
 
 impl SeqCache for GpuCache {
     fn len(&self) -> usize {
@@ -34,11 +36,17 @@ impl SeqCache for GpuCache {
             return None;
         }
         let read = |buf, w: usize| {
-            let row = (w * 4) as u64;
+            let row = self.kv_type.bytes(w);
             let bytes = self
                 .dev
                 .download(buf, start as u64 * row, (end - start) as u64 * row);
-            bytes.ok().map(|b| f32s(&b).collect())
+            bytes.ok().map(|b| match self.kv_type {
+                WeightType::F16 => b
+                    .chunks_exact(2)
+                    .map(|h| half::f16::from_le_bytes([h[0], h[1]]).to_f32())
+                    .collect(),
+                _ => f32s(&b).collect(),
+            })
         };
         Some((read(&self.k[layer], wa)?, read(&self.v[layer], wb)?))
     }
@@ -52,11 +60,16 @@ impl SeqCache for GpuCache {
             )));
         }
         for (layer, ((a, b), &(wa, wb))) in rows.iter().zip(&self.widths).enumerate() {
-            let at = self.len as u64 * 4;
-            let upload =
-                |buf, w: usize, v: &[f32]| self.dev.upload(buf, at * w as u64, &to_bytes(v));
-            upload(&self.k[layer], wa, a).map_err(BackendError::new)?;
-            upload(&self.v[layer], wb, b).map_err(BackendError::new)?;
+            let upload = |buf, w: usize, v: &[f32]| -> Result<(), BackendError> {
+                let at = self.kv_type.bytes(self.len * w);
+                let bytes = self.kv_type.encode(v).map_err(BackendError::new)?;
+                self.dev
+                    .upload(buf, at, &bytes)
+                    .map_err(BackendError::new)?;
+                Ok(())
+            };
+            upload(&self.k[layer], wa, a)?;
+            upload(&self.v[layer], wb, b)?;
         }
         self.len += n;
         Ok(())
@@ -114,8 +127,10 @@ impl Backend for GpuModel {
         };
         CacheMemory::Device {
             name: info.name.clone(),
-            // Each cache also holds its rotary table, `dim` values per position.
-            kv_per_token: kv_bytes_per_token(&self.config) + (self.rope.dim() * 4) as u64,
+            // Values as the device stores them (kv_bytes_per_token counts f32), and each cache
+            // also holds its rotary table, `dim` f32 values per position.
+            kv_per_token: kv_bytes_per_token(&self.config) / 4 * self.kv_type.bytes(1)
+                + (self.rope.dim() * 4) as u64,
             free: total.map(|t| t.saturating_sub(use_.live)),
         }
     }

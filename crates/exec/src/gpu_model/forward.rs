@@ -364,14 +364,15 @@ impl GpuPass<'_> {
         for p in self.parts.iter().filter(|p| p.n > 0) {
             let (c, at) = (&p.cache, p.cache.len);
             for (src, dst, w) in [(a, &c.k[li], wa), (b, &c.v[li], wb)] {
-                let row = (w * 4) as u64;
-                dev.copy(
+                let w = w as u64;
+                dev.enqueue(&Op::CacheStore {
                     src,
-                    p.row as u64 * row,
+                    from: p.row as u64 * w,
                     dst,
-                    at as u64 * row,
-                    p.n as u64 * row,
-                )?;
+                    at: at as u64 * w,
+                    n: p.n as u64 * w,
+                    cache: c.kv_type,
+                })?;
             }
         }
         Ok(())
@@ -467,6 +468,7 @@ impl Decoder for GpuPass<'_> {
                 q,
                 k: &p.cache.k[li],
                 v: &p.cache.v[li],
+                cache: p.cache.kv_type,
                 out,
                 n_tokens: p.n as u32,
                 start_pos: p.cache.len as u32,
@@ -529,6 +531,7 @@ impl Decoder for GpuPass<'_> {
                 q,
                 latent: &p.cache.k[li],
                 k_rope: &p.cache.v[li],
+                cache: p.cache.kv_type,
                 kv_b,
                 out,
                 n_tokens: p.n as u32,

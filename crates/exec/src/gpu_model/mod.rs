@@ -114,6 +114,8 @@ pub struct GpuCache {
     dev: Arc<dyn Device>,
     k: Vec<Buffer>,
     v: Vec<Buffer>,
+    /// How `k` and `v` store values: F32 or F16.
+    kv_type: WeightType,
     /// Values per position of each layer's two buffers.
     widths: Vec<(usize, usize)>,
     rope_table: Buffer,
@@ -163,6 +165,9 @@ pub struct GpuModel {
     rope: Rope,
     scale: f32,
     eps: f32,
+    /// How the KV caches store values: F16 (half the memory, as llama.cpp's default) when
+    /// every layer's cache rows have an even width, else F32.
+    kv_type: WeightType,
     /// Sees every MoE layer's routing (the server's live view); set on a shared model,
     /// hence the lock.
     tap: RwLock<Option<Arc<dyn RoutingTap>>>,
@@ -471,7 +476,16 @@ impl GpuModel {
             Head::Own => Some(ld.matrix(&MatrixSpec::new(names::LM_HEAD, v, h, false), false)?),
         };
         dev.synchronize()?;
+        let even = graph.layers().iter().all(|l| {
+            let (a, b) = l.attention.cache_widths();
+            a % 2 == 0 && b % 2 == 0
+        });
         Ok(GpuModel {
+            kv_type: if even {
+                WeightType::F16
+            } else {
+                WeightType::F32
+            },
             rope: Rope::new(&config.rope),
             eps: config.rms_norm_eps,
             graph,
@@ -491,22 +505,31 @@ impl GpuModel {
         &self.dev
     }
 
-    /// An empty cache for up to `capacity` positions.
+    /// An empty cache for up to `capacity` positions, its values in F16 where every layer's
+    /// rows have an even width (else f32).
     pub fn new_cache(&self, capacity: usize) -> Result<GpuCache> {
+        self.new_cache_as(capacity, self.kv_type)
+    }
+
+    /// [`GpuModel::new_cache`] storing values as `kv_type` (F32, or F16 where the widths
+    /// allow it): tests check the kernels against f32 references with F32 caches.
+    pub fn new_cache_as(&self, capacity: usize, kv_type: WeightType) -> Result<GpuCache> {
+        if !(kv_type == WeightType::F32 || kv_type == self.kv_type) {
+            return Err(Error::Config(format!(
+                "a {} KV cache: this model's cache rows allow {} or f32",
+                kv_type.name(),
+                self.kv_type.name()
+            )));
+        }
         let mut k = Vec::with_capacity(self.layers.len());
         let mut v = Vec::with_capacity(self.layers.len());
         let mut widths = Vec::with_capacity(self.layers.len());
         for layer in self.graph.layers() {
             let (wa, wb) = layer.attention.cache_widths();
             widths.push((wa, wb));
-            k.push(
-                self.dev
-                    .alloc((capacity.max(1) * wa * 4) as u64, 0, "key cache")?,
-            );
-            v.push(
-                self.dev
-                    .alloc((capacity.max(1) * wb * 4) as u64, 0, "value cache")?,
-            );
+            let bytes = |w: usize| kv_type.bytes(capacity.max(1) * w).next_multiple_of(4);
+            k.push(self.dev.alloc(bytes(wa), 0, "key cache")?);
+            v.push(self.dev.alloc(bytes(wb), 0, "value cache")?);
         }
         let half = self.rope.dim() / 2;
         let (mut c, mut s) = (vec![0.0; half], vec![0.0; half]);
@@ -522,6 +545,7 @@ impl GpuModel {
             dev: Arc::clone(&self.dev),
             k,
             v,
+            kv_type,
             widths,
             rope_table,
             len: 0,

@@ -70,6 +70,7 @@ pub(super) fn info_of(index: usize, adapter: &wgpu::Adapter) -> DeviceInfo {
         OpKind::TopK,
         OpKind::MoeCombine,
         OpKind::MoeGroup,
+        OpKind::CacheStore,
         OpKind::FmaPeak,
     ]
     .into_iter()

@@ -85,6 +85,7 @@ impl WgpuDevice {
                 q,
                 k,
                 v,
+                cache,
                 out,
                 n_tokens,
                 start_pos,
@@ -95,6 +96,7 @@ impl WgpuDevice {
                 scale,
             } => self.attention(
                 [q, k, v, out],
+                cache,
                 [n_tokens, start_pos, n_heads, n_kv_heads, head_dim, window],
                 scale,
             ),
@@ -102,6 +104,7 @@ impl WgpuDevice {
                 q,
                 latent,
                 k_rope,
+                cache,
                 kv_b,
                 out,
                 n_tokens,
@@ -114,6 +117,7 @@ impl WgpuDevice {
                 scale,
             } => self.mla_attention(
                 [q, latent, k_rope, kv_b, out],
+                cache,
                 [n_tokens, start_pos, n_heads, kv_lora, nope, rope, v_dim],
                 scale,
             ),
@@ -145,6 +149,14 @@ impl WgpuDevice {
                 hidden,
                 k,
             } => self.moe_combine([out, y, weights, pair_of], tokens, hidden, k),
+            Op::CacheStore {
+                src,
+                from,
+                dst,
+                at,
+                n,
+                cache,
+            } => self.cache_store((src, from), (dst, at), n, cache),
             Op::MoeGroup {
                 ids,
                 pairs,
@@ -159,6 +171,53 @@ impl WgpuDevice {
                 iters,
                 half,
             } => self.fma_peak(out, workgroups, iters, half),
+        }
+    }
+
+    /// [`Op::CacheStore`]: a copy for an f32 cache, the packing kernel for an f16 one.
+    fn cache_store(
+        &self,
+        (src, from): (&Buffer, u64),
+        (dst, at): (&Buffer, u64),
+        n: u64,
+        cache: WeightType,
+    ) -> Result<()> {
+        match cache {
+            WeightType::F32 => self.copy_bytes(src, 4 * from, dst, 4 * at, 4 * n),
+            WeightType::F16 => {
+                if at % 2 != 0 || n % 2 != 0 || 2 * (at + n) > dst.bytes() {
+                    return Err(Error::Shape {
+                        op: "cache_store",
+                        message: format!(
+                            "{n} f16 values at {at} in a cache of {} bytes (both even, inside)",
+                            dst.bytes()
+                        ),
+                    });
+                }
+                let word = |x: u64, what: &str| {
+                    u32::try_from(x).map_err(|_| Error::Limit {
+                        what: what.into(),
+                        got: x,
+                        limit: u32::MAX as u64,
+                    })
+                };
+                let pairs = word(n / 2, "f16 pairs stored at once")?;
+                self.dispatch(
+                    "cache_store",
+                    WeightType::F32,
+                    &[
+                        pairs,
+                        word(at / 2, "cache position")?,
+                        word(from, "source position")?,
+                    ],
+                    &[
+                        self.single(src, "cache input")?,
+                        self.single(dst, "f16 cache")?,
+                    ],
+                    linear_groups(pairs as u64),
+                )
+            }
+            other => Err(Error::Unsupported(format!("a {} KV cache", other.name()))),
         }
     }
 
@@ -339,7 +398,13 @@ impl WgpuDevice {
 
     /// [`Op::Attention`]; `buffers` is `[q, k, v, out]`, `dims` is `[n_tokens, start_pos,
     /// n_heads, n_kv_heads, head_dim, window]`.
-    fn attention(&self, buffers: [&Buffer; 4], dims: [u32; 6], scale: f32) -> Result<()> {
+    fn attention(
+        &self,
+        buffers: [&Buffer; 4],
+        cache: WeightType,
+        dims: [u32; 6],
+        scale: f32,
+    ) -> Result<()> {
         let [q, k, v, out] = buffers;
         let [n_tokens, _, n_heads, n_kv_heads, head_dim, _] = dims;
         if head_dim > 256 || n_kv_heads == 0 || n_heads % n_kv_heads != 0 {
@@ -352,6 +417,7 @@ impl WgpuDevice {
         }
         self.dispatch_attention(
             "attention",
+            cache,
             &[
                 (q, "queries"),
                 (k, "key cache"),
@@ -366,7 +432,13 @@ impl WgpuDevice {
 
     /// [`Op::MlaAttention`]; `buffers` is `[q, latent, k_rope, kv_b, out]`, `dims` is
     /// `[n_tokens, start_pos, n_heads, kv_lora, nope, rope, v_dim]`.
-    fn mla_attention(&self, buffers: [&Buffer; 5], dims: [u32; 7], scale: f32) -> Result<()> {
+    fn mla_attention(
+        &self,
+        buffers: [&Buffer; 5],
+        cache: WeightType,
+        dims: [u32; 7],
+        scale: f32,
+    ) -> Result<()> {
         let [q, latent, k_rope, kv_b, out] = buffers;
         let [n_tokens, _, n_heads, kv_lora, _, rope, _] = dims;
         if kv_lora > 512 || rope > 64 {
@@ -379,6 +451,7 @@ impl WgpuDevice {
         }
         self.dispatch_attention(
             "mla_attention",
+            cache,
             &[
                 (q, "queries"),
                 (latent, "latent cache"),
@@ -392,12 +465,14 @@ impl WgpuDevice {
         )
     }
 
-    /// Dispatches an attention kernel over `groups` (one workgroup per head and token): its
-    /// uniform words are the op's `dims` then the softmax `scale`, its bindings `buffers`
-    /// in order, each one binding (named in the error when it is not).
+    /// Dispatches an attention kernel over `groups` (one workgroup per head and token) for
+    /// caches stored as `cache` (the kernel's WTYPE): its uniform words are the op's `dims`
+    /// then the softmax `scale`, its bindings `buffers` in order, each one binding (named in
+    /// the error when it is not).
     fn dispatch_attention(
         &self,
         kernel: &'static str,
+        cache: WeightType,
         buffers: &[(&Buffer, &str)],
         dims: &[u32],
         scale: f32,
@@ -408,7 +483,13 @@ impl WgpuDevice {
             .iter()
             .map(|&(b, what)| self.single(b, what))
             .collect::<Result<Vec<_>>>()?;
-        self.dispatch(kernel, WeightType::F32, &params, &bindings, groups)
+        if !matches!(cache, WeightType::F32 | WeightType::F16) {
+            return Err(Error::Unsupported(format!(
+                "{kernel} over a {} cache",
+                cache.name()
+            )));
+        }
+        self.dispatch(kernel, cache, &params, &bindings, groups)
     }
 
     /// [`Op::SiluMul`]: the elementwise kernel's mode 0.

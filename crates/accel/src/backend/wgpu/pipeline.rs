@@ -31,6 +31,10 @@ const KERNELS: &[(&str, &str)] = &[
         include_str!("../../shaders/moe_combine.wgsl"),
     ),
     ("moe_group", include_str!("../../shaders/moe_group.wgsl")),
+    (
+        "cache_store",
+        include_str!("../../shaders/cache_store.wgsl"),
+    ),
 ];
 
 /// Linear dispatch of `n` invocations in workgroups of 64, folded into y past 65535.
