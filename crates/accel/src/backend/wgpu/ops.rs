@@ -185,7 +185,7 @@ impl WgpuDevice {
         match cache {
             WeightType::F32 => self.copy_bytes(src, 4 * from, dst, 4 * at, 4 * n),
             WeightType::F16 => {
-                if at % 2 != 0 || n % 2 != 0 || 2 * (at + n) > dst.bytes() {
+                if !at.is_multiple_of(2) || !n.is_multiple_of(2) || 2 * (at + n) > dst.bytes() {
                     return Err(Error::Shape {
                         op: "cache_store",
                         message: format!(
