@@ -17,6 +17,21 @@ fn v_at(i: u32) -> f32 {
 var<workgroup> qs: array<f32, 256>;
 var<workgroup> sc: array<f32, 64>;
 
+// Output dim d's accumulator `a` rescaled by `alpha` plus this chunk's `cnt` weighted values
+// from position j0 (rows of `stride` values, the head's at `base`); unchanged past hd. The
+// four accumulators are a vec4's components, not an array: GPU compilers may place arrays
+// in slow local memory.
+fn weighted(a: f32, alpha: f32, d: u32, j0: u32, cnt: u32, stride: u32, base: u32) -> f32 {
+    if (d >= p.hd) {
+        return a;
+    }
+    var r = a * alpha;
+    for (var jj = 0u; jj < cnt; jj++) {
+        r += sc[jj] * v_at((j0 + jj) * stride + base + d);
+    }
+    return r;
+}
+
 // Causal attention of one query row and head over the device KV cache (GQA: kv head =
 // head / group), 64 cached positions at a time with an online softmax, so prefill and
 // decode share one kernel and the context length is unbounded.
@@ -40,7 +55,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l: v
     }
     var m = NEG_BIG;
     var den = 0.0;
-    var acc = array<f32, 4>(0.0, 0.0, 0.0, 0.0);
+    var acc = vec4<f32>(0.0);
     for (var j0 = lo; j0 <= pos; j0 += 64u) {
         let j = j0 + tid;
         var s = NEG_BIG;
@@ -61,23 +76,27 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l: v
         sc[tid] = pr;
         den = den * alpha + reduce_sum(pr, tid);
         let cnt = min(64u, pos + 1u - j0);
-        for (var r = 0u; r < 4u; r++) {
-            let d = tid + r * 64u;
-            if (d < hd) {
-                var a = acc[r] * alpha;
-                for (var jj = 0u; jj < cnt; jj++) {
-                    a += sc[jj] * v_at((j0 + jj) * kv_w + kvh * hd + d);
-                }
-                acc[r] = a;
-            }
-        }
+        let vb = kvh * hd;
+        acc = vec4<f32>(
+            weighted(acc.x, alpha, tid, j0, cnt, kv_w, vb),
+            weighted(acc.y, alpha, tid + 64u, j0, cnt, kv_w, vb),
+            weighted(acc.z, alpha, tid + 128u, j0, cnt, kv_w, vb),
+            weighted(acc.w, alpha, tid + 192u, j0, cnt, kv_w, vb),
+        );
         m = new_m;
         workgroupBarrier();
     }
-    for (var r = 0u; r < 4u; r++) {
-        let d = tid + r * 64u;
-        if (d < hd) {
-            out[qbase + d] = acc[r] / den;
-        }
+    let o = acc / den;
+    if (tid < hd) {
+        out[qbase + tid] = o.x;
+    }
+    if (tid + 64u < hd) {
+        out[qbase + tid + 64u] = o.y;
+    }
+    if (tid + 128u < hd) {
+        out[qbase + tid + 128u] = o.z;
+    }
+    if (tid + 192u < hd) {
+        out[qbase + tid + 192u] = o.w;
     }
 }

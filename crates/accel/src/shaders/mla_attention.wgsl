@@ -16,6 +16,36 @@ fn kr_at(i: u32) -> f32 {
     return load_word(kr[word_index(i)], i);
 }
 
+// Latent dim c's accumulator `a` rescaled by `alpha` plus this chunk's `cnt` weighted
+// latents from position j0; unchanged past l. The eight accumulators are two vec4s'
+// components, not an array: GPU compilers may place arrays in slow local memory.
+fn weighted(a: f32, alpha: f32, c: u32, j0: u32, cnt: u32) -> f32 {
+    if (c >= p.l) {
+        return a;
+    }
+    var r = a * alpha;
+    for (var jj = 0u; jj < cnt; jj++) {
+        r += sc[jj] * lat_at((j0 + jj) * p.l + c);
+    }
+    return r;
+}
+
+// Writes the latent output o (dims tid + 64 i) over q_lat in workgroup memory.
+fn put_latent(o: vec4<f32>, c0: u32) {
+    if (c0 < p.l) {
+        ql[c0] = o.x;
+    }
+    if (c0 + 64u < p.l) {
+        ql[c0 + 64u] = o.y;
+    }
+    if (c0 + 128u < p.l) {
+        ql[c0 + 128u] = o.z;
+    }
+    if (c0 + 192u < p.l) {
+        ql[c0 + 192u] = o.w;
+    }
+}
+
 var<workgroup> ql: array<f32, 512>;
 var<workgroup> qr: array<f32, 64>;
 var<workgroup> sc: array<f32, 64>;
@@ -46,7 +76,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) li: 
     let pos = p.start_pos + t;
     var m = NEG_BIG;
     var den = 0.0;
-    var acc = array<f32, 8>(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
+    var lo = vec4<f32>(0.0);
+    var hi = vec4<f32>(0.0);
     for (var j0 = 0u; j0 <= pos; j0 += 64u) {
         let j = j0 + tid;
         var s = NEG_BIG;
@@ -69,26 +100,24 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) li: 
         sc[tid] = pr;
         den = den * alpha + reduce_sum(pr, tid);
         let cnt = min(64u, pos + 1u - j0);
-        for (var r = 0u; r < 8u; r++) {
-            let c = tid + r * 64u;
-            if (c < l) {
-                var a = acc[r] * alpha;
-                for (var jj = 0u; jj < cnt; jj++) {
-                    a += sc[jj] * lat_at((j0 + jj) * l + c);
-                }
-                acc[r] = a;
-            }
-        }
+        lo = vec4<f32>(
+            weighted(lo.x, alpha, tid, j0, cnt),
+            weighted(lo.y, alpha, tid + 64u, j0, cnt),
+            weighted(lo.z, alpha, tid + 128u, j0, cnt),
+            weighted(lo.w, alpha, tid + 192u, j0, cnt),
+        );
+        hi = vec4<f32>(
+            weighted(hi.x, alpha, tid + 256u, j0, cnt),
+            weighted(hi.y, alpha, tid + 320u, j0, cnt),
+            weighted(hi.z, alpha, tid + 384u, j0, cnt),
+            weighted(hi.w, alpha, tid + 448u, j0, cnt),
+        );
         m = new_m;
         workgroupBarrier();
     }
     // The latent output replaces q_lat in workgroup memory.
-    for (var r = 0u; r < 8u; r++) {
-        let c = tid + r * 64u;
-        if (c < l) {
-            ql[c] = acc[r] / den;
-        }
-    }
+    put_latent(lo / den, tid);
+    put_latent(hi / den, tid + 256u);
     workgroupBarrier();
     let obase = t * p.n_heads * p.vd + head * p.vd;
     for (var vi = tid; vi < p.vd; vi += 64u) {
