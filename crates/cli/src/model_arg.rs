@@ -80,7 +80,8 @@ pub struct HybridArgs {
     pub defer: Option<usize>,
     /// The hardware preset or JSON file whose CPU and GPU speeds price the policies'
     /// choices (`strata simulate` presets); its GPU memory is replaced by `--vram-budget`
-    /// [default: local].
+    /// [default: local, with the GPU and link rates the accelerator measures for one of the
+    /// model's experts at start (a real GPU only; lavapipe keeps the preset's)].
     #[arg(long, value_name = "NAME|FILE")]
     pub hardware: Option<String>,
     /// A routing trace (`strata trace`) to learn from: its expert activation counts choose
@@ -415,6 +416,7 @@ impl DeviceArgs {
         }
         if let Some(hw) = &h.hardware {
             opts.hardware = strata_policy::Hardware::load(hw)?;
+            opts.measure = false;
         }
         opts.policy_options.deferred = h.defer.unwrap_or(0);
         opts.profile = h.profile.clone();

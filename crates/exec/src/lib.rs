@@ -26,6 +26,7 @@
 #![deny(missing_docs)]
 
 mod cache;
+mod calibrate;
 mod executor;
 mod gpu_model;
 mod setup;
@@ -33,6 +34,7 @@ mod weights;
 mod worker;
 
 pub use cache::SlotCache;
+pub use calibrate::DeviceFigures;
 pub use executor::{ExecOptions, ExecStats, HybridExecutor, LayerRecord};
 pub use gpu_model::{GpuCache, GpuModel, GpuSeq};
 pub use setup::{

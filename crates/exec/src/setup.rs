@@ -19,7 +19,7 @@ use strata_policy::policies::{Fiddler, GpuLru, HybriMoE, KTransformers, Smoe, Sm
 use strata_policy::predictor::LinearPredictor;
 use strata_policy::{CostModel, Hardware, ModelShape, Policy};
 
-use crate::{Error, ExecOptions, HostExperts, HybridExecutor, Result};
+use crate::{DeviceFigures, Error, ExecOptions, HostExperts, HybridExecutor, Result};
 
 /// The policies the executor can run (`--policy`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -260,6 +260,11 @@ pub struct HybridOptions {
     /// The machine whose CPU and GPU speeds price the policy's choices; its GPU memory is
     /// replaced by the cache that `vram_budget` gives.
     pub hardware: Hardware,
+    /// Whether [`attach_hybrid`] replaces `hardware`'s GPU and link rates with what the
+    /// accelerator measures for one of the model's experts ([`DeviceFigures`]): set when
+    /// no machine was named. Applied on a real GPU only: a CPU adapter's (lavapipe's)
+    /// figures say nothing of a GPU and would make placement depend on the host's load.
+    pub measure: bool,
     /// The policy's settings (deferral, profile, predictors), checked against the model.
     pub policy_options: PolicyOptions,
     /// A routing trace (`strata trace`; `--profile`, `profile=`) to learn from: its expert
@@ -275,12 +280,14 @@ impl HybridOptions {
     pub const DEFAULT_HARDWARE: &str = "local";
 
     /// `policy` with the defaults: [`Self::DEFAULT_VRAM_BUDGET`], the
-    /// [`Self::DEFAULT_HARDWARE`] preset, no deferral, no profile, no predictors, no trace.
+    /// [`Self::DEFAULT_HARDWARE`] preset with the device's measured rates, no deferral, no
+    /// profile, no predictors, no trace.
     pub fn new(policy: PolicyKind) -> Result<HybridOptions> {
         Ok(HybridOptions {
             policy,
             vram_budget: Self::DEFAULT_VRAM_BUDGET,
             hardware: Hardware::load(Self::DEFAULT_HARDWARE)?,
+            measure: true,
             policy_options: PolicyOptions::default(),
             profile: None,
         })
@@ -305,9 +312,14 @@ pub fn attach_hybrid(
     let host = HostExperts::open(dir)?;
     let bits = host.bits_per_weight();
     let cache = HybridExecutor::cache_bytes(&host, opts.vram_budget);
-    let cost = cost_model(opts.hardware.clone(), shape, bits, cache)?;
-    let policy = build_policy(opts.policy, &cost, &policy_options);
     let dev = strata_accel::open(&strata_accel::DeviceOptions::default())?;
+    let mut hardware = opts.hardware.clone();
+    if opts.measure && dev.info().device_type != "Cpu" {
+        let figures = DeviceFigures::measure(&*dev, &host)?;
+        figures.apply(&mut hardware, host.hidden(), host.inter(), bits);
+    }
+    let cost = cost_model(hardware, shape, bits, cache)?;
+    let policy = build_policy(opts.policy, &cost, &policy_options);
     let exec = Arc::new(HybridExecutor::new(
         dev,
         host,

@@ -16,8 +16,8 @@ use std::sync::Arc;
 use common::default_gpu as gpu;
 use strata_accel::Device;
 use strata_exec::{
-    ExecOptions, HostExperts, HybridExecutor, LayerRecord, PolicyKind, PolicyOptions, build_policy,
-    cost_model, install, model_shape,
+    DeviceFigures, ExecOptions, HostExperts, HybridExecutor, LayerRecord, PolicyKind,
+    PolicyOptions, build_policy, cost_model, install, model_shape,
 };
 use strata_model::moe::{ExpertCall, ExpertExecutor};
 use strata_model::{LogitsWanted, Model, Precision, Routing, SeqInput};
@@ -612,4 +612,46 @@ fn prefetched_experts_are_copied_in_the_background_and_used_correctly() {
                 .any(|&(l, e)| l == w[1].moe_layer && w[1].gpu_tasks.iter().any(|t| t.0 == e))
     });
     assert!(used, "no prefetched expert was used: {stats}");
+}
+
+/// The device's measured figures for one expert price GPU experts as measured: the cost
+/// model built from them gives the measured times at one and many pairs, and the upload.
+#[test]
+fn measured_device_figures_price_experts_as_measured() {
+    let Some(dev) = gpu() else { return };
+    let dir = repo("models/strata-tiny-moe");
+    let host = HostExperts::open(&dir).unwrap();
+    let f = DeviceFigures::measure(&*dev, &host).unwrap();
+    assert_eq!(
+        f.expert_bytes,
+        host.expert_bytes(0, 0).unwrap().len() as u64
+    );
+    assert!(
+        f.upload_s > 0.0 && f.one_pair_s > 0.0 && f.many_pairs_s > 0.0,
+        "{f:?}"
+    );
+    let bits = host.bits_per_weight();
+    let mut hw = Hardware::load("local").unwrap();
+    f.apply(&mut hw, host.hidden(), host.inter(), bits);
+    assert!(
+        hw.sources["gpu.flops"].starts_with("measured"),
+        "{:?}",
+        hw.sources
+    );
+    let config = strata_model::model::open(&dir).unwrap().0;
+    let cost = cost_model(hw, model_shape(&config).unwrap(), bits, 0).unwrap();
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-6 * b;
+    let many = DeviceFigures::MANY;
+    let (t1, tm) = (f.one_pair_s, f.many_pairs_s);
+    assert!(
+        close(cost.expert_time(Place::Gpu, 1), t1.max(tm / many as f64)),
+        "{f:?}"
+    );
+    assert!(
+        close(cost.expert_time(Place::Gpu, many as u32), tm.max(t1)),
+        "{f:?}"
+    );
+    let moved = cost.expert_transfer_time() - cost.hw.pcie.latency_s;
+    let want = f.upload_s * cost.expert_bytes() as f64 / f.expert_bytes as f64;
+    assert!(close(moved, want), "{moved} vs {want}: {f:?}");
 }

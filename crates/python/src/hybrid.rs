@@ -37,6 +37,7 @@ pub fn options(
     }
     if let Some(h) = hardware {
         opts.hardware = strata_policy::Hardware::load(h).map_err(|e| value_err("hardware", &e))?;
+        opts.measure = false;
     }
     opts.policy_options.deferred = defer.unwrap_or(0);
     opts.policy_options
