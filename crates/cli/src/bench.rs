@@ -95,10 +95,10 @@ fn parse_format(s: &str) -> anyhow::Result<PackedFormat> {
 }
 
 /// A deterministic stream of values in [-0.5, 0.5).
-struct Lcg(u64);
+pub(crate) struct Lcg(pub(crate) u64);
 
 impl Lcg {
-    fn vec(&mut self, len: usize, scale: f32) -> Vec<f32> {
+    pub(crate) fn vec(&mut self, len: usize, scale: f32) -> Vec<f32> {
         (0..len)
             .map(|_| {
                 self.0 = self

@@ -26,6 +26,8 @@ use serde_json::{Value, json};
 use strata_accel::{Buffer, Device, DeviceOptions, ExpertFormat, ExpertSlots, Op, WeightType};
 use strata_kernels::ggml::{GgmlType, random_blocks};
 
+use crate::bench::Lcg;
+
 /// Arguments of `strata bench device`.
 #[derive(Debug, Clone, Args)]
 pub struct BenchDeviceArgs {
@@ -120,22 +122,6 @@ fn finite(dev: &dyn Device, buf: &Buffer, n: usize, what: &str) -> anyhow::Resul
         .count();
     ensure!(bad == 0, "{what}: {bad} of {n} outputs are not finite");
     Ok(())
-}
-
-/// A small deterministic generator (xorshift) for weights and activations.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> f32 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        (self.0 >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-    }
-
-    fn vec(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.next()).collect()
-    }
 }
 
 /// `rows` rows of `k` values of `wtype`: 16 rows of random valid blocks, repeated (the
@@ -247,7 +233,7 @@ fn time_matmul(
     args: &BenchDeviceArgs,
     wtype: WeightType,
     (name, n, k): (&str, usize, usize),
-    rng: &mut Rng,
+    rng: &mut Lcg,
 ) -> anyhow::Result<Vec<Point>> {
     let bytes = wtype.bytes(n * k);
     let data = weight_bytes(wtype, n, k, &mut rng.0)?;
@@ -257,7 +243,7 @@ fn time_matmul(
         .collect::<anyhow::Result<_>>()?;
     let mut points = Vec::new();
     for m in [1usize, 8] {
-        let x = upload(dev, &f32_bytes(&rng.vec(m * k)), 0, "x")?;
+        let x = upload(dev, &f32_bytes(&rng.vec(m * k, 2.0)), 0, "x")?;
         let out = dev.alloc((m * n * 4) as u64, 4, "out")?;
         let time = time_launches(dev, args.min_seconds, |i| {
             Ok(dev.enqueue(&Op::Matmul {
@@ -289,7 +275,7 @@ fn time_experts(
     dev: &dyn Device,
     args: &BenchDeviceArgs,
     wtype: WeightType,
-    rng: &mut Rng,
+    rng: &mut Lcg,
 ) -> anyhow::Result<Vec<Point>> {
     let (h, inter, n_exp, topk) = (args.hidden, args.inter, args.experts, args.topk);
     let format = ExpertFormat::uniform(wtype);
@@ -324,7 +310,7 @@ fn time_experts(
                 upload(dev, &u32_bytes(&flat), 0, "pairs")
             })
             .collect::<anyhow::Result<_>>()?;
-        let x = upload(dev, &f32_bytes(&rng.vec(tokens * h)), 0, "x")?;
+        let x = upload(dev, &f32_bytes(&rng.vec(tokens * h, 2.0)), 0, "x")?;
         let act = dev.alloc((n_pairs * inter * 4) as u64, 0, "act")?;
         let y = dev.alloc((n_pairs * h * 4) as u64, 0, "y")?;
         let time = time_launches(dev, args.min_seconds, |i| {
@@ -373,7 +359,7 @@ pub fn run(args: BenchDeviceArgs) -> anyhow::Result<()> {
         })
         .collect::<anyhow::Result<_>>()?;
     let limits = measure_limits(dev, args.min_seconds)?;
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut rng = Lcg(0x9e37_79b9_7f4a_7c15);
     let shapes = [
         ("attn_q", args.q_dim, args.hidden),
         ("attn_output", args.hidden, args.q_dim),

@@ -209,18 +209,12 @@ fn device_f16(dtypes: &BTreeMap<String, (usize, usize)>) -> Vec<DeviceF16> {
     dtypes
         .iter()
         .filter_map(|(name, &(tensors, bytes))| {
-            let t = strata_kernels::ggml::GgmlType::ALL
-                .into_iter()
-                .find(|t| t.name() == name.as_str() && t.block_size() > 1)?;
-            if strata_accel::WeightType::from_ggml_name(name).is_some() {
-                return None;
-            }
-            let values = bytes / t.block_bytes() * t.block_size();
+            let f16 = strata_exec::device_f16_bytes(name, bytes as u64)?;
             Some(DeviceF16 {
                 name: name.clone(),
                 tensors,
                 bytes,
-                f16_bytes: 2 * values,
+                f16_bytes: f16 as usize,
             })
         })
         .collect()

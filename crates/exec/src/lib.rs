@@ -41,7 +41,7 @@ pub use setup::{
     HybridOptions, PolicyKind, PolicyOptions, attach_hybrid, build_policy, cost_model, install,
     model_shape, resolve_model_shape,
 };
-pub use weights::HostExperts;
+pub use weights::{HostExperts, device_f16_bytes};
 
 /// Errors of the executor.
 #[derive(Debug, thiserror::Error)]

@@ -11,6 +11,7 @@
 use std::path::Path;
 
 use strata_accel::{ExpertFormat, WeightType};
+use strata_kernels::ggml::GgmlType;
 use strata_model::config::{FfnConfig, ModelConfig};
 use strata_model::names::{self, ExpertLayout, ExpertPart, LayerNames};
 use strata_model::source::{Source, Tensor};
@@ -34,6 +35,19 @@ pub(crate) fn device_type(t: &Tensor, k: usize) -> WeightType {
             .unwrap_or(WeightType::F16),
         _ => WeightType::F32,
     }
+}
+
+/// Bytes on the device of `bytes` stored as the ggml block type named `dtype`, when the
+/// device widens it to F16 (its kernels do not read the type: [`device_type`]); `None`
+/// for the types it holds as stored.
+pub fn device_f16_bytes(dtype: &str, bytes: u64) -> Option<u64> {
+    let t = GgmlType::ALL
+        .into_iter()
+        .find(|t| t.name() == dtype && t.block_size() > 1)?;
+    if WeightType::from_ggml_name(dtype).is_some() {
+        return None;
+    }
+    Some(bytes / t.block_bytes() as u64 * t.block_size() as u64 * 2)
 }
 
 /// All rows of `t` as the blocks of the quantized `wtype` that the file holds (exact bytes,

@@ -35,7 +35,8 @@ use strata_model::tensors::{AttentionTensors, MatrixSpec, MlpTensors, MoeTensors
 use strata_model::{Head, LayerGraph, LogitsWanted, RoutingTap};
 
 use crate::weights::{
-    converted_expert, device_type, expert_bytes, expert_format, ggml_blocks, stored_values,
+    converted_expert, device_f16_bytes, device_type, expert_bytes, expert_format, ggml_blocks,
+    stored_values,
 };
 use crate::{Error, Result};
 
@@ -182,20 +183,12 @@ fn to_bytes(v: &[f32]) -> Vec<u8> {
 /// floats as stored (a converted model's packed int8/int4, widened to f32 there, count at
 /// their stored size: the figure is a lower bound for them).
 fn device_weight_bytes(src: &Source) -> (u64, u64) {
-    use strata_kernels::ggml::GgmlType;
     let mut need = 0u64;
     let mut file = 0u64;
     for (dtype, bytes) in src.stored_tensors() {
         let b = bytes as u64;
         file += b;
-        let widened = GgmlType::ALL
-            .into_iter()
-            .find(|t| t.name() == dtype && t.block_size() > 1)
-            .filter(|_| WeightType::from_ggml_name(&dtype).is_none());
-        need += match widened {
-            Some(t) => b / t.block_bytes() as u64 * t.block_size() as u64 * 2,
-            None => b,
-        };
+        need += device_f16_bytes(&dtype, b).unwrap_or(b);
     }
     (need, file)
 }
