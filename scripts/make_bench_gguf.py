@@ -199,11 +199,17 @@ def nbytes(shape, ty) -> int:
     return n // BLOCK_VALUES[ty] * BLOCK_BYTES[ty]
 
 
-def data(rng: np.random.Generator, name: str, shape, ty) -> np.ndarray:
+def data(rng: np.random.Generator, name: str, shape, ty, skew: float = 0.0) -> np.ndarray:
     if ty == T.F32:
         if name.endswith("ffn_gate_inp.weight"):
-            # Router logits of standard deviation ~1 on a unit-RMS input.
+            # Router logits of standard deviation ~1 on a unit-RMS input; with `skew`, expert
+            # e's row is scaled by exp(skew * z_e), z_e ~ N(0, 1): experts with wider logits
+            # reach the top-k more often, so a few take a large share of the tokens, as in
+            # trained MoEs (the share is measured by the benchmarks, not assumed).
             w = rng.standard_normal(int(np.prod(shape)), dtype=np.float32) / np.sqrt(shape[0])
+            if skew:
+                rows = w.reshape(shape[1], shape[0])
+                rows *= np.exp(skew * rng.standard_normal(shape[1]))[:, None].astype(np.float32)
             return w.astype(np.float32)
         return np.ones(int(np.prod(shape)), np.float32)  # RMS norm weights
     n = int(np.prod(shape)) // BLOCK_VALUES[ty]
@@ -229,6 +235,9 @@ def main() -> None:
     p.add_argument("--tokenizer-from", type=Path, default=TOKENIZER_GGUF,
                    help="GGUF whose tokenizer.* metadata is copied (Qwen2.5/Qwen3 vocabulary)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--router-skew", type=float, default=0.0,
+                   help="spread of the experts' router row scales (0: every expert alike); the "
+                        "popularity it gives is measured by the benchmarks")
     args = p.parse_args()
     if not args.tokenizer_from.exists():
         sys.exit(f"{args.tokenizer_from}: not found (scripts/fetch_assets.sh fetches it, "
@@ -296,7 +305,7 @@ def main() -> None:
     rng = np.random.default_rng(args.seed)
     start, done = time.time(), 0
     for name, shape, ty in tensors:
-        arr = data(rng, name, shape, ty)
+        arr = data(rng, name, shape, ty, args.router_skew)
         assert arr.nbytes == nbytes(shape, ty), name
         w.write_tensor_data(arr)
         done += arr.nbytes

@@ -12,10 +12,11 @@ use std::ptr::NonNull;
 /// Alignment of every packed buffer: one cache line, one AVX-512 register, one tile row.
 pub const ALIGN: usize = 64;
 
-/// A zero-initialised, 64-byte aligned, fixed-size byte buffer.
+/// A zero-initialised, 64-byte aligned (or more), fixed-size byte buffer.
 pub struct AlignedBuf {
     ptr: NonNull<u8>,
     len: usize,
+    align: usize,
 }
 
 // SAFETY: the buffer owns its allocation exclusively, like a `Vec<u8>`.
@@ -26,17 +27,26 @@ unsafe impl Sync for AlignedBuf {}
 impl AlignedBuf {
     /// Allocates `len` zero bytes aligned to [`ALIGN`].
     pub fn zeroed(len: usize) -> Self {
+        Self::zeroed_aligned(len, ALIGN)
+    }
+
+    /// Allocates `len` zero bytes aligned to `align` (a power of two, at least [`ALIGN`]):
+    /// 4096 for direct I/O, whose reads land in whole pages. Large buffers come from the
+    /// allocator's zero pages, so they take memory as they are written.
+    pub fn zeroed_aligned(len: usize, align: usize) -> Self {
+        let align = align.max(ALIGN);
         if len == 0 {
             return Self {
                 ptr: NonNull::<[u8; ALIGN]>::dangling().cast(),
                 len: 0,
+                align,
             };
         }
-        let layout = Layout::from_size_align(len, ALIGN).expect("buffer size overflows isize");
+        let layout = Layout::from_size_align(len, align).expect("buffer size overflows isize");
         // SAFETY: `layout` has a non-zero size.
         let raw = unsafe { alloc_zeroed(layout) };
         let ptr = NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
-        Self { ptr, len }
+        Self { ptr, len, align }
     }
 
     /// Length in bytes.
@@ -70,7 +80,7 @@ impl AlignedBuf {
 
 impl Clone for AlignedBuf {
     fn clone(&self) -> Self {
-        let mut c = Self::zeroed(self.len);
+        let mut c = Self::zeroed_aligned(self.len, self.align);
         c.as_mut_slice().copy_from_slice(self.as_slice());
         c
     }
@@ -79,10 +89,20 @@ impl Clone for AlignedBuf {
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
         if self.len != 0 {
-            let layout = Layout::from_size_align(self.len, ALIGN).expect("checked at allocation");
+            let layout =
+                Layout::from_size_align(self.len, self.align).expect("checked at allocation");
             // SAFETY: allocated in `zeroed` with this very layout.
             unsafe { dealloc(self.ptr.as_ptr(), layout) };
         }
+    }
+}
+
+// SAFETY: the address and length are fixed at allocation; the bytes change only through
+// `as_mut_slice`, which needs `&mut self`, so never while a matrix shares the buffer through
+// an `Arc` (a cache slot is refilled only once its `Arc` is unique again).
+unsafe impl crate::packed::StableBytes for AlignedBuf {
+    fn stable_bytes(&self) -> &[u8] {
+        self.as_slice()
     }
 }
 

@@ -60,6 +60,6 @@ pub use memory::MemoryPlan;
 pub use model::{
     ForwardObserver, LogitsWanted, Model, NoObserver, ParamCounts, RoutingTap, SeqInput,
 };
-pub use moe::{ExpertCall, ExpertExecutor};
+pub use moe::{ExpertCall, ExpertExecutor, Router};
 pub use routing::Routing;
 pub use shape::MoeShape;

@@ -141,13 +141,63 @@ fn weight_bytes(src: &Source, opts: LoadOptions) -> (u64, u64) {
     (private, mapped)
 }
 
-/// `MemAvailable` from `/proc/meminfo`: what can be allocated without swapping, page cache
-/// that can be dropped included. `None` where it cannot be read.
+/// What can be allocated without swapping or the OOM killer: `MemAvailable` from
+/// `/proc/meminfo` (page cache that can be dropped included), and inside a memory cgroup (a
+/// container, `systemd-run -p MemoryMax=`) no more than its smallest limit on the way to the
+/// root less the anonymous memory it holds. `None` where neither can be read.
 pub fn available_bytes() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
+    let info = std::fs::read_to_string("/proc/meminfo").ok();
+    let line = info
+        .as_deref()
+        .and_then(|i| i.lines().find(|l| l.starts_with("MemAvailable:")));
+    let host = line
+        .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map(|kib| kib * 1024);
+    match (host, cgroup_room()) {
+        (Some(h), Some(c)) => Some(h.min(c)),
+        (h, c) => h.or(c),
+    }
+}
+
+/// The room left in this process's memory cgroup (v2 or v1): its smallest limit up to the
+/// root, less its anonymous memory (page cache is reclaimed under the limit). `None` outside
+/// a limited cgroup.
+fn cgroup_room() -> Option<u64> {
+    let groups = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let read = |p: &std::path::Path| std::fs::read_to_string(p).ok();
+    let stat_value = |stat: &str, key: &str| {
+        let line = stat
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(key))?;
+        line.split_whitespace().nth(1)?.parse::<u64>().ok()
+    };
+    // v1 "N:memory:/path" first, else v2 "0::/path".
+    let (root, limit_file, anon_key, rel) = match groups
+        .lines()
+        .find_map(|l| l.split_once(":memory:").map(|(_, p)| p.to_owned()))
+    {
+        Some(p) => (
+            "/sys/fs/cgroup/memory",
+            "memory.limit_in_bytes",
+            "total_rss",
+            p,
+        ),
+        None => {
+            let p = groups.lines().find_map(|l| l.strip_prefix("0::"))?;
+            ("/sys/fs/cgroup", "memory.max", "anon", p.to_owned())
+        }
+    };
+    let leaf = std::path::Path::new(root).join(rel.trim_start_matches('/'));
+    let mut limit: Option<u64> = None;
+    for dir in leaf.ancestors().take_while(|d| d.starts_with(root)) {
+        let l = read(&dir.join(limit_file)).and_then(|v| v.trim().parse::<u64>().ok());
+        // v1 writes "no limit" as a page-rounded i64::MAX, v2 as "max" (not a number).
+        if let Some(l) = l.filter(|&l| l < 1 << 60) {
+            limit = Some(limit.map_or(l, |m: u64| m.min(l)));
+        }
+    }
+    let anon = read(&leaf.join("memory.stat")).and_then(|s| stat_value(&s, anon_key));
+    Some(limit?.saturating_sub(anon.unwrap_or(0)))
 }
 
 #[cfg(test)]

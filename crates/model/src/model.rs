@@ -15,7 +15,7 @@ use crate::config::{FfnConfig, ModelConfig};
 use crate::graph::{self, Head, LayerGraph};
 use crate::linear::{Linear, LoadOptions, Loader, Precision, Recording};
 use crate::memory::MemoryPlan;
-use crate::moe::{ExpertExecutor, Ffn, MoeBlock};
+use crate::moe::{ExpertExecutor, Ffn, MoeBlock, Router};
 use crate::names::{self, LayerNames};
 use crate::rope::Rope;
 use crate::routing::Routing;
@@ -279,6 +279,15 @@ impl Model {
         for (i, block) in self.moe_blocks_mut().enumerate() {
             block.set_executor(i, executor.clone());
         }
+    }
+
+    /// Each MoE block's router, in MoE layer order (as [`Model::set_executor`] numbers them).
+    pub fn moe_routers(&self) -> Vec<Router> {
+        let blocks = self.layers.iter().filter_map(|l| match &l.ffn {
+            Ffn::Moe(b) => Some(b.router().clone()),
+            Ffn::Dense(_) => None,
+        });
+        blocks.collect()
     }
 
     /// Keeps each token's best `2 * top_k` router candidates in every MoE block's routing

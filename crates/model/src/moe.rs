@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use crate::Result;
 use crate::attention::SeqSpan;
-use crate::config::MoeConfig;
+use crate::config::{MoeConfig, RouterConfig};
 use crate::experts::{ExpertSet, Mlp};
 use crate::linear::{Linear, Loader};
 use crate::names::{ExpertLayout, MoeNames};
@@ -63,13 +63,48 @@ pub trait ExpertExecutor: Send + Sync + fmt::Debug {
     fn run(&self, call: ExpertCall<'_>, out: &mut [f32]) -> Result<()>;
 }
 
+/// A MoE block's router: its gate matrix, selection rule and correction bias, shared (a
+/// clone is cheap). An executor that fetches experts ahead applies the next layer's router
+/// to this layer's hidden states to guess what it will route ([`Model::moe_routers`]).
+///
+/// [`Model::moe_routers`]: crate::Model::moe_routers
+#[derive(Debug, Clone)]
+pub struct Router {
+    cfg: RouterConfig,
+    gate: Arc<Linear>,
+    correction_bias: Option<Arc<[f32]>>,
+}
+
+impl Router {
+    /// Router decisions for `x: [T, hidden]` (computed in f32), keeping each token's
+    /// `n_candidates` best-scored experts ([`Routing::candidates`]; 0: none).
+    pub fn route(&self, x: &[f32], t: usize, n_candidates: usize) -> Routing {
+        let logits = self.gate.forward(x, t);
+        route_with_candidates(
+            &self.cfg,
+            &logits,
+            self.correction_bias.as_deref(),
+            n_candidates,
+        )
+    }
+
+    /// Routed experts to choose from.
+    pub fn n_experts(&self) -> usize {
+        self.cfg.n_experts
+    }
+
+    /// Experts per token.
+    pub fn top_k(&self) -> usize {
+        self.cfg.top_k
+    }
+}
+
 /// A mixture-of-experts feed-forward block.
 #[derive(Debug)]
 pub struct MoeBlock {
     /// Configuration.
     pub cfg: MoeConfig,
-    router: Linear,
-    correction_bias: Option<Vec<f32>>,
+    router: Router,
     /// Routed experts.
     pub experts: ExpertSet,
     shared: Option<ExpertSet>,
@@ -90,10 +125,15 @@ impl MoeBlock {
         let n = cfg.router.n_experts;
         let inter = cfg.intermediate;
         let t = MoeTensors::new(names, cfg, hidden);
-        let router = ld.linear_f32(&t.router.name, t.router.rows, t.router.cols)?;
+        let gate = ld.linear_f32(&t.router.name, t.router.rows, t.router.cols)?;
         let correction_bias = match &t.correction_bias {
-            Some(b) => Some(ld.f32(&b.name, &b.shape)?),
+            Some(b) => Some(ld.f32(&b.name, &b.shape)?.into()),
             None => None,
+        };
+        let router = Router {
+            cfg: cfg.router.clone(),
+            gate: Arc::new(gate),
+            correction_bias,
         };
         let load = || -> Result<Vec<Mlp>> {
             match &names.experts {
@@ -151,7 +191,6 @@ impl MoeBlock {
         Ok(MoeBlock {
             cfg: cfg.clone(),
             router,
-            correction_bias,
             experts,
             shared,
             shared_gate,
@@ -175,13 +214,12 @@ impl MoeBlock {
 
     /// Router decisions for `x: [T, hidden]` (router computed in f32).
     pub fn route(&self, x: &[f32], t: usize) -> Routing {
-        let logits = self.router.forward(x, t);
-        route_with_candidates(
-            &self.cfg.router,
-            &logits,
-            self.correction_bias.as_deref(),
-            self.n_candidates,
-        )
+        self.router.route(x, t, self.n_candidates)
+    }
+
+    /// The block's router.
+    pub fn router(&self) -> &Router {
+        &self.router
     }
 
     /// Weighted sum of the routed experts' outputs, `[T, hidden]`, for a batch laid out as
@@ -220,7 +258,7 @@ impl MoeBlock {
         let mut out = self.run_experts(x, routing, spans)?;
         if let Some(shared) = &self.shared {
             let y = shared.dense(x, t)?;
-            let hidden = self.router.k_in;
+            let hidden = self.router.gate.k_in;
             let gates = self.shared_gate.as_ref().map(|g| g.forward(x, t));
             for (r, (o, yr)) in out
                 .chunks_exact_mut(hidden)
@@ -239,12 +277,12 @@ impl MoeBlock {
     /// (total, active per token) parameters.
     pub fn params(&self) -> (usize, usize) {
         let per_expert = self.expert_params;
-        let router = self.router.n_out * self.router.k_in;
+        let router = self.router.gate.n_out * self.router.gate.k_in;
         let shared = self
             .cfg
             .shared
             .as_ref()
-            .map_or(0, |s| 3 * s.intermediate * self.router.k_in)
+            .map_or(0, |s| 3 * s.intermediate * self.router.gate.k_in)
             + self.shared_gate.as_ref().map_or(0, |g| g.k_in);
         (
             router + shared + per_expert * self.experts.len(),
@@ -256,7 +294,7 @@ impl MoeBlock {
     pub fn weight_bytes(&self) -> usize {
         self.experts.weight_bytes()
             + self.shared.as_ref().map_or(0, ExpertSet::weight_bytes)
-            + self.router.weight_bytes()
+            + self.router.gate.weight_bytes()
     }
 }
 

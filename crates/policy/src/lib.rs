@@ -59,6 +59,7 @@ mod decision;
 pub mod layout;
 pub mod policies;
 pub mod predictor;
+pub mod replacement;
 pub mod rng;
 pub mod stratify;
 pub mod throughput;

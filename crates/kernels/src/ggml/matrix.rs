@@ -162,6 +162,29 @@ impl GgmlMatrix {
         })
     }
 
+    /// The same matrix stored in `owner`'s bytes from `start` (an expert read from its file
+    /// into a cache slot): fails as [`GgmlMatrix::from_stored`] does when they do not hold it.
+    pub fn in_owner(&self, owner: Arc<dyn StableBytes>, start: usize) -> Result<Self, KernelError> {
+        Self::from_stored(
+            owner,
+            self.ty,
+            self.n,
+            self.k,
+            start..start + self.range.len(),
+        )
+    }
+
+    /// Where the bytes lie in their owner: for a matrix of a mapped file, its bytes' offsets
+    /// in the file.
+    pub fn stored_range(&self) -> Range<usize> {
+        self.range.clone()
+    }
+
+    /// Bytes of the owner (a mapped file's length).
+    pub fn owner_len(&self) -> usize {
+        self.owner.stable_bytes().len()
+    }
+
     /// Block type.
     pub fn ty(&self) -> GgmlType {
         self.ty

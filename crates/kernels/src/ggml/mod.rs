@@ -29,7 +29,9 @@ mod vecdot;
 
 pub use dequant::{QuantError, dequantize_row, dequantize_row_bf16};
 pub use matrix::GgmlMatrix;
-pub use moe::{GgmlExperts, fused_moe_ggml, fused_moe_ggml_ref};
+pub use moe::{
+    GgmlExperts, combine_wave, fused_moe_ggml, fused_moe_ggml_ref, ggml_piece_rows, moe_waves,
+};
 pub use types::{GgmlType, QK_K};
 
 /// The instruction set and packed format of the tile path for one matrix call of `ty` with

@@ -315,23 +315,141 @@ fn run_wave(
     }
 
     // 5. Weighted combine, each token's experts in batch order.
-    let mut entries: Vec<(u32, u32, f32)> = Vec::with_capacity(rows_total);
-    for (s, seg) in segs.iter().enumerate() {
-        for r in 0..seg.rows.len() {
-            let w = seg.batch.weights[seg.rows.start + r];
-            entries.push((tok(s, r) as u32, (row0[s] + r) as u32, w));
+    let pieces = segs.iter().enumerate().map(|(s, seg)| {
+        let rows = seg.rows.clone();
+        let y = &y[row0[s] * h..row0[s + 1] * h];
+        (&seg.batch.tokens[rows.clone()], &seg.batch.weights[rows], y)
+    });
+    combine(pieces, h, out);
+}
+
+/// `out[t] += w · y` for every row of `pieces` (tokens, weights, unweighted output rows
+/// `[tokens, h]`), each token's rows in piece order: the one combine order of the ggml MoE
+/// layer, so a layer computed in pieces adds exactly as the fused call does.
+fn combine<'a>(
+    pieces: impl Iterator<Item = (&'a [u32], &'a [f32], &'a [f32])>,
+    h: usize,
+    out: &mut [f32],
+) {
+    let mut entries: Vec<(u32, &[f32], f32)> = Vec::new();
+    for (tokens, weights, y) in pieces {
+        for ((&t, &w), row) in tokens.iter().zip(weights).zip(y.chunks_exact(h)) {
+            entries.push((t, row, w));
         }
     }
     entries.sort_by_key(|e| e.0);
     for &(t, row, w) in &entries {
-        let (t, row) = (t as usize, row as usize);
-        for (o, v) in out[t * h..(t + 1) * h]
-            .iter_mut()
-            .zip(&y[row * h..(row + 1) * h])
-        {
+        let t = t as usize;
+        for (o, v) in out[t * h..(t + 1) * h].iter_mut().zip(row) {
             *o += w * v;
         }
     }
+}
+
+/// How [`fused_moe_ggml`] cuts a call over `batches`: waves of (token, expert) rows, each a
+/// list of pieces (a batch, or the part of one that falls in the wave), in batch order. A
+/// caller whose experts arrive at different times (a cache of experts read from disk)
+/// computes each piece when its expert is there ([`ggml_piece_rows`]) and adds them with
+/// [`combine_wave`], wave after wave: the result equals the fused call's bit for bit.
+pub fn moe_waves(batches: &[ExpertBatch]) -> Vec<Vec<ExpertBatch>> {
+    let active: Vec<&ExpertBatch> = batches.iter().filter(|b| !b.tokens.is_empty()).collect();
+    waves(&active, WAVE_ROWS)
+        .into_iter()
+        .map(|wave| {
+            wave.iter()
+                .map(|seg| ExpertBatch {
+                    expert: seg.batch.expert,
+                    tokens: seg.batch.tokens[seg.rows.clone()].to_vec(),
+                    weights: seg.batch.weights[seg.rows.clone()].to_vec(),
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// The unweighted outputs of pieces of one wave ([`moe_waves`]) whose experts `experts`
+/// holds: for each piece, its tokens' rows `expert(hidden[t])`, back to back in piece order,
+/// into `y: [Σ tokens, hidden]`, computed as [`fused_moe_ggml`] computes them.
+pub fn ggml_piece_rows(
+    experts: &GgmlExperts,
+    hidden: &[f32],
+    pieces: &[&ExpertBatch],
+    y: &mut [f32],
+) -> Result<(), KernelError> {
+    const OP: &str = "ggml moe pieces";
+    let h = experts.hidden;
+    let t = hidden.len() / h.max(1);
+    check_len(OP, "hidden", t * h, hidden.len())?;
+    let rows: usize = pieces.iter().map(|p| p.tokens.len()).sum();
+    check_len(OP, "y", rows * h, y.len())?;
+    // Each piece's tokens as rows of their own, weight 1: `0 + 1 · y` is `y` exactly.
+    let mut x = Vec::with_capacity(rows * h);
+    let mut local = Vec::with_capacity(pieces.len());
+    for p in pieces {
+        let first = x.len() / h.max(1);
+        for &tok in &p.tokens {
+            let tok = tok as usize;
+            if tok >= t {
+                return Err(KernelError::Mismatch {
+                    op: OP,
+                    what: format!("token {tok} routed, expected below {t}"),
+                });
+            }
+            x.extend_from_slice(&hidden[tok * h..(tok + 1) * h]);
+        }
+        local.push(ExpertBatch {
+            expert: p.expert,
+            tokens: (first as u32..(first + p.tokens.len()) as u32).collect(),
+            weights: vec![1.0; p.tokens.len()],
+        });
+    }
+    let active = active_batches(OP, experts.len(), rows, &local, &MoeOptions::default())?;
+    let segs: Vec<Segment> = active
+        .iter()
+        .map(|&batch| Segment {
+            batch,
+            rows: 0..batch.tokens.len(),
+        })
+        .collect();
+    y.fill(0.0);
+    let isa = Isa::selected();
+    run_wave(experts, &x, &segs, y, isa, &|w, m| w.form(isa, m));
+    Ok(())
+}
+
+/// Adds one wave's pieces into `out: [T, hidden]` as [`fused_moe_ggml`] does: `ys[p]` holds
+/// piece `p`'s rows from [`ggml_piece_rows`].
+pub fn combine_wave(
+    wave: &[ExpertBatch],
+    ys: &[&[f32]],
+    hidden: usize,
+    out: &mut [f32],
+) -> Result<(), KernelError> {
+    const OP: &str = "ggml moe combine";
+    check_len(OP, "piece outputs", wave.len(), ys.len())?;
+    for (p, y) in wave.iter().zip(ys) {
+        check_len(OP, "piece rows", p.tokens.len() * hidden, y.len())?;
+        check_len(OP, "piece weights", p.tokens.len(), p.weights.len())?;
+        if let Some(&t) = p
+            .tokens
+            .iter()
+            .find(|&&t| (t as usize + 1) * hidden > out.len())
+        {
+            return Err(KernelError::Mismatch {
+                op: OP,
+                what: format!(
+                    "token {t} past the output's {} rows",
+                    out.len() / hidden.max(1)
+                ),
+            });
+        }
+    }
+    let pieces = wave
+        .iter()
+        .zip(ys)
+        .map(|(p, y)| (&p.tokens[..], &p.weights[..], *y));
+    combine(pieces, hidden, out);
+    Ok(())
 }
 
 /// Plain reference for [`fused_moe_ggml`]: token by token, expert by expert, with

@@ -382,6 +382,79 @@ fn fused_moe_matches_its_twin() {
 }
 
 #[test]
+fn a_layer_computed_in_pieces_equals_the_fused_call_bit_for_bit() {
+    // 300 tokens x top-8 = 2400 rows: two waves, one expert split across them; experts 0
+    // and 1 take enough tokens for the tile path where the CPU has it.
+    let (h, inter, n_exp, k, t) = (256, 256, 12, 8, 300);
+    let mut seed = 31;
+    let gate = matrix(GgmlType::Q4_K, n_exp * inter, h, &mut seed);
+    let up = matrix(GgmlType::Q4_K, n_exp * inter, h, &mut seed);
+    let down = matrix(GgmlType::Q6_K, n_exp * h, inter, &mut seed);
+    let experts = GgmlExperts::from_stacked(&gate, &up, &down, n_exp, h, inter).expect("valid");
+    let x = rand_x(t * h, &mut seed);
+    let ids: Vec<u32> = (0..t)
+        .flat_map(|i| (0..k).map(move |j| ((i * 7 + j * (1 + i % 3)) % n_exp) as u32))
+        .collect();
+    // Distinct experts per token (what a router gives).
+    let ids: Vec<u32> = ids
+        .chunks(k)
+        .flat_map(|c| {
+            let mut v: Vec<u32> = Vec::new();
+            for &e in c {
+                let mut e = e;
+                while v.contains(&e) {
+                    e = (e + 1) % n_exp as u32;
+                }
+                v.push(e);
+            }
+            v
+        })
+        .collect();
+    let weights: Vec<f32> = (0..t * k).map(|i| 0.05 + 0.01 * (i % 7) as f32).collect();
+    let batches = group_by_expert(n_exp, &ids, &weights, k).expect("valid routing");
+    let mut want = vec![0.0; t * h];
+    fused_moe_ggml(&experts, &x, &batches, &mut want, &MoeOptions::default()).expect("runs");
+
+    let waves = moe_waves(&batches);
+    assert_eq!(waves.len(), 2, "the routing spans two waves");
+    let mut got = vec![0.0; t * h];
+    for wave in &waves {
+        // Pieces computed out of order, some alone, some together, as experts arrive.
+        let order: Vec<usize> = (0..wave.len()).rev().collect();
+        let mut ys: Vec<Vec<f32>> = vec![Vec::new(); wave.len()];
+        for group in order.chunks(3) {
+            let pieces: Vec<&ExpertBatch> = group.iter().map(|&p| &wave[p]).collect();
+            let rows: usize = pieces.iter().map(|p| p.tokens.len()).sum();
+            let mut y = vec![f32::NAN; rows * h];
+            ggml_piece_rows(&experts, &x, &pieces, &mut y).expect("runs");
+            let mut at = 0;
+            for &p in group {
+                let n = wave[p].tokens.len() * h;
+                ys[p] = y[at..at + n].to_vec();
+                at += n;
+            }
+        }
+        let ys: Vec<&[f32]> = ys.iter().map(Vec::as_slice).collect();
+        combine_wave(wave, &ys, h, &mut got).expect("shapes agree");
+    }
+    assert!(
+        got.iter()
+            .zip(&want)
+            .all(|(g, w)| g.to_bits() == w.to_bits()),
+        "pieces differ from the fused call"
+    );
+    // A piece routed past the hidden states, and outputs of the wrong size, are errors.
+    let bad = ExpertBatch {
+        expert: 0,
+        tokens: vec![t as u32],
+        weights: vec![1.0],
+    };
+    let mut y = vec![0.0; h];
+    assert!(ggml_piece_rows(&experts, &x, &[&bad], &mut y).is_err());
+    assert!(combine_wave(&waves[0], &[], h, &mut got).is_err());
+}
+
+#[test]
 fn bad_matrices_are_errors_naming_the_problem() {
     let err = |r: Result<GgmlMatrix, KernelError>| r.expect_err("refused").to_string();
     let bytes = vec![0u8; 2 * 144];
