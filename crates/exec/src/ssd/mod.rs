@@ -1,0 +1,462 @@
+//! The SSD tier: DRAM as the expert cache of a model whose routed experts do not fit in memory.
+//!
+//! [`SsdTier`] is an [`ExpertExecutor`]: each MoE layer hands it its routing, and it computes
+//! the routed experts from cache slots instead of the mapped file. What the router chose and
+//! the cache lacks is read at once, every missing expert of the layer in flight together on
+//! the read pool ([`reader`]), into fixed slots ([`store`]) that a replacement rule from
+//! `strata_policy::replacement` frees; the experts already there are computed while the rest
+//! arrive, and each missing one as soon as it lands. Meanwhile the next MoE layer's router,
+//! applied early to this layer's hidden states, names the experts to fetch ahead: a wrong
+//! guess costs disk time, never correctness. Non-expert weights stay mapped.
+//!
+//! A key design decision: the layer is computed in the pieces `fused_moe_ggml` cuts it into
+//! ([`moe_waves`]) and combined in its order ([`combine_wave`]), so whatever arrives when,
+//! the output is the same bits as the model run from memory.
+
+mod layout;
+mod reader;
+mod store;
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use strata_kernels::ggml::{GgmlExperts, combine_wave, ggml_piece_rows, moe_waves};
+use strata_kernels::moe::{ExpertBatch, group_by_expert};
+use strata_kernels::packed::StableBytes;
+use strata_model::experts::ExpertSet;
+use strata_model::{ExpertCall, ExpertExecutor, Model, Router};
+use strata_policy::replacement::Replacement;
+
+use crate::{Error, Result};
+use layout::{extents, slot_bytes};
+use reader::{ReadDone, ReadJob, Reader};
+use store::{Key, Lookup, Store};
+
+/// How the SSD tier runs.
+#[derive(Debug, Clone)]
+pub struct SsdOptions {
+    /// Bytes of cache slots (allocated up front).
+    pub budget: u64,
+    /// Which cached expert gives up its slot.
+    pub replacement: Replacement,
+    /// Fetch the next layer's predicted experts while this one computes.
+    pub prefetch: bool,
+    /// Reads in flight at most (threads of the read pool).
+    pub readers: usize,
+    /// Experts never evicted once read: `(moe layer, expert)`, a profile's hottest.
+    pub pinned: Vec<(usize, u32)>,
+}
+
+impl Default for SsdOptions {
+    fn default() -> Self {
+        SsdOptions {
+            budget: 0,
+            replacement: Replacement::Lfu,
+            prefetch: true,
+            readers: 16,
+            pinned: Vec::new(),
+        }
+    }
+}
+
+/// What the tier did so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SsdStats {
+    /// Routed experts looked up (one per expert per layer call).
+    pub lookups: u64,
+    /// Found ready in a slot.
+    pub hits: u64,
+    /// Found being read (fetched ahead, not yet there).
+    pub in_flight: u64,
+    /// Read because a layer needed them.
+    pub misses: u64,
+    /// Read ahead on a guess.
+    pub prefetched: u64,
+    /// Bytes read from the file.
+    pub bytes_read: u64,
+    /// Seconds the reads took, summed over the pool (each read's own time).
+    pub read_seconds: f64,
+    /// Seconds the forward pass waited for reads.
+    pub wait_seconds: f64,
+    /// Whether reads bypass the page cache.
+    pub direct_io: bool,
+    /// Slots.
+    pub slots: usize,
+    /// Slots holding or reading an expert.
+    pub slots_used: usize,
+    /// Bytes per slot.
+    pub slot_bytes: usize,
+}
+
+impl SsdStats {
+    /// Share of lookups found ready.
+    pub fn hit_rate(&self) -> f64 {
+        self.hits as f64 / self.lookups.max(1) as f64
+    }
+}
+
+/// The SSD tier of one model (see the module documentation).
+pub struct SsdTier {
+    path: PathBuf,
+    /// Each MoE layer's experts as mapped (their shapes and file offsets).
+    layers: Vec<GgmlExperts>,
+    routers: Vec<Router>,
+    prefetch: bool,
+    state: Mutex<State>,
+}
+
+struct State {
+    store: Store,
+    reader: Reader,
+    step: u64,
+    stats: SsdStats,
+}
+
+impl std::fmt::Debug for SsdTier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SsdTier")
+            .field("path", &self.path)
+            .field("moe_layers", &self.layers.len())
+            .finish()
+    }
+}
+
+/// The bytes one slot needs for `model`'s largest routed expert as the file stores it, and the
+/// most experts a token routes to in one layer. Errors unless every MoE layer's experts are
+/// ggml blocks mapped from one file of `file_len` bytes (a GGUF, or a converted model that
+/// keeps them so).
+fn expert_sets(model: &Model, file_len: u64) -> Result<(Vec<GgmlExperts>, usize, usize)> {
+    let mut sets = Vec::new();
+    let mut slot = 0;
+    for (i, layer) in model.layers().iter().enumerate() {
+        let strata_model::moe::Ffn::Moe(block) = &layer.ffn else {
+            continue;
+        };
+        let ExpertSet::Ggml(g) = &block.experts else {
+            return Err(Error::Config(format!(
+                "layer {i}: the SSD tier reads experts stored as ggml blocks (a GGUF); this \
+                 model's experts are in memory already"
+            )));
+        };
+        for e in 0..g.len() {
+            let (gate, ..) = g.expert(e);
+            if gate.owner_len() as u64 != file_len {
+                return Err(Error::Config(format!(
+                    "layer {i}: experts are not mapped from the model file ({} bytes, the file {file_len})",
+                    gate.owner_len()
+                )));
+            }
+            slot = slot.max(slot_bytes(g, e));
+        }
+        sets.push(g.clone());
+    }
+    if sets.is_empty() {
+        return Err(Error::Config(
+            "the model has no MoE layer: no experts to cache".into(),
+        ));
+    }
+    let top_k = model
+        .moe_routers()
+        .iter()
+        .map(Router::top_k)
+        .max()
+        .unwrap_or(1);
+    Ok((sets, slot, top_k))
+}
+
+/// Bytes the SSD tier needs at least for `model`: one slot per expert a token routes to in a
+/// layer.
+pub fn ssd_min_budget(model: &Model, path: &Path) -> Result<u64> {
+    let len = std::fs::metadata(path)
+        .map_err(|e| io_error(path, e))?
+        .len();
+    let (_, slot, top_k) = expert_sets(model, len)?;
+    Ok((slot * top_k) as u64)
+}
+
+fn io_error(path: &Path, e: std::io::Error) -> Error {
+    Error::Config(format!("{}: {e}", path.display()))
+}
+
+impl SsdTier {
+    /// The tier over `model`'s routed experts, read from `path` (the file the model maps) into
+    /// `opts.budget` bytes of slots. Refused, naming the minimum, when the budget holds fewer
+    /// experts than a token routes to in one layer.
+    pub fn new(model: &Model, path: &Path, opts: &SsdOptions) -> Result<SsdTier> {
+        let len = std::fs::metadata(path)
+            .map_err(|e| io_error(path, e))?
+            .len();
+        let (layers, slot, top_k) = expert_sets(model, len)?;
+        let n = (opts.budget / slot as u64) as usize;
+        if n < top_k {
+            return Err(Error::Config(format!(
+                "an expert cache of {:.1} MiB holds {n} experts of {:.2} MiB; a token routes to \
+                 {top_k} per layer, so it needs at least {:.1} MiB (--expert-cache)",
+                opts.budget as f64 / (1 << 20) as f64,
+                slot as f64 / (1 << 20) as f64,
+                (slot * top_k) as f64 / (1 << 20) as f64
+            )));
+        }
+        let reader = Reader::open(path, opts.readers).map_err(|e| io_error(path, e))?;
+        let mut store = Store::new(n, slot, opts.replacement);
+        store.pin(opts.pinned.iter().map(|&(l, e)| (l as u32, e)));
+        let stats = SsdStats {
+            direct_io: reader.direct(),
+            slots: n,
+            slot_bytes: slot,
+            ..SsdStats::default()
+        };
+        Ok(SsdTier {
+            path: path.to_owned(),
+            layers,
+            routers: model.moe_routers(),
+            prefetch: opts.prefetch,
+            state: Mutex::new(State {
+                store,
+                reader,
+                step: 0,
+                stats,
+            }),
+        })
+    }
+
+    /// What the tier did so far.
+    pub fn stats(&self) -> SsdStats {
+        let st = self.lock();
+        SsdStats {
+            direct_io: st.reader.direct(),
+            slots_used: st.store.used(),
+            ..st.stats
+        }
+    }
+
+    /// Why reads go through the page cache, once.
+    pub fn take_note(&self) -> Option<String> {
+        self.lock().reader.take_note()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Queues a read of expert `e` of MoE layer `l` when a slot can be had without evicting
+    /// `keep`; false when none can.
+    fn read(&self, st: &mut State, key: Key, keep: &HashSet<Key>) -> bool {
+        let Some((slot, buf)) = st.store.start_load(key, st.step, keep) else {
+            return false;
+        };
+        let extents = extents(&self.layers[key.0 as usize], key.1 as usize);
+        st.reader.submit(ReadJob {
+            key,
+            slot,
+            buf,
+            extents,
+        });
+        true
+    }
+
+    /// Takes a finished read into the store; a failed one is the error it names.
+    fn land(st: &mut State, done: ReadDone) -> Result<()> {
+        st.stats.read_seconds += done.seconds;
+        let ok = done.result.is_ok();
+        st.store.finish_load(done.slot, done.buf, ok);
+        let bytes = done.result.map_err(Error::Config)?;
+        st.stats.bytes_read += bytes;
+        Ok(())
+    }
+
+    /// Reads ahead the experts the next MoE layer's router picks for `x`, into slots that
+    /// neither this layer's experts nor the guess itself need.
+    fn prefetch(&self, st: &mut State, next: usize, x: &[f32], t: usize, keep: &mut HashSet<Key>) {
+        let Some(router) = self.routers.get(next) else {
+            return;
+        };
+        let guess = router.route(x, t, 0);
+        let mut count = vec![0u32; router.n_experts()];
+        for &e in &guess.ids {
+            count[e as usize] += 1;
+        }
+        let mut order: Vec<u32> = (0..count.len() as u32)
+            .filter(|&e| count[e as usize] > 0)
+            .collect();
+        order.sort_by_key(|&e| std::cmp::Reverse(count[e as usize]));
+        // Never more than a quarter of the slots on a guess.
+        let mut room = st.store.len() / 4;
+        for e in order {
+            let key = (next as u32, e);
+            keep.insert(key);
+            if room == 0 {
+                break;
+            }
+            if st.store.lookup(key) == Lookup::Absent && self.read(st, key, keep) {
+                st.stats.prefetched += 1;
+                room -= 1;
+            }
+        }
+    }
+
+    fn run(&self, call: ExpertCall<'_>, out: &mut [f32]) -> Result<()> {
+        let l = call.moe_layer;
+        let mapped = self.layers.get(l).ok_or_else(|| {
+            Error::Config(format!("moe layer {l} of {} cached", self.layers.len()))
+        })?;
+        let h = mapped.hidden();
+        let r = call.routing;
+        let t = r.tokens();
+        let batches = group_by_expert(mapped.len(), &r.ids, &r.weights, r.top_k)
+            .map_err(|e| Error::Config(e.to_string()))?;
+        let waves = moe_waves(&batches);
+        let mut st = self.lock();
+        let st = &mut *st;
+        st.step += 1;
+        while let Some(done) = st.reader.try_next() {
+            Self::land(st, done)?;
+        }
+        // This layer's experts: kept in their slots until their pieces are computed.
+        let mut keep: HashSet<Key> = batches
+            .iter()
+            .map(|b| (l as u32, b.expert as u32))
+            .collect();
+        let mut missing = Vec::new();
+        for b in &batches {
+            let key = (l as u32, b.expert as u32);
+            st.store.touch(key, st.step);
+            st.stats.lookups += 1;
+            match st.store.lookup(key) {
+                Lookup::Ready => st.stats.hits += 1,
+                Lookup::Loading => st.stats.in_flight += 1,
+                Lookup::Absent => {
+                    st.stats.misses += 1;
+                    missing.push(key);
+                }
+            }
+        }
+        missing.retain(|&key| !self.read(st, key, &keep));
+        if self.prefetch {
+            let mut guard = keep.clone();
+            self.prefetch(st, l + 1, call.x, t, &mut guard);
+        }
+
+        // Compute what is there, wait for the rest, combine waves in order.
+        let mut ys: Vec<Vec<Option<Vec<f32>>>> =
+            waves.iter().map(|w| vec![None; w.len()]).collect();
+        let mut combined = 0;
+        while combined < waves.len() {
+            let ready: Vec<(usize, usize)> = (combined..waves.len())
+                .flat_map(|w| (0..waves[w].len()).map(move |p| (w, p)))
+                .filter(|&(w, p)| ys[w][p].is_none())
+                .filter(|&(w, p)| {
+                    st.store
+                        .buffer((l as u32, waves[w][p].expert as u32))
+                        .is_some()
+                })
+                .collect();
+            if !ready.is_empty() {
+                let pieces: Vec<&ExpertBatch> = ready.iter().map(|&(w, p)| &waves[w][p]).collect();
+                let rows = self.compute(st, mapped, l, call.x, &pieces)?;
+                for ((w, p), y) in ready.into_iter().zip(rows) {
+                    ys[w][p] = Some(y);
+                }
+            }
+            while combined < waves.len() && ys[combined].iter().all(Option::is_some) {
+                let rows: Vec<&[f32]> = ys[combined].iter().flatten().map(Vec::as_slice).collect();
+                combine_wave(&waves[combined], &rows, h, out)
+                    .map_err(|e| Error::Config(e.to_string()))?;
+                ys[combined].clear();
+                combined += 1;
+            }
+            // Experts whose pieces are all computed may give up their slots.
+            keep.retain(|&(_, e)| {
+                (combined..waves.len()).any(|w| {
+                    waves[w]
+                        .iter()
+                        .zip(&ys[w])
+                        .any(|(p, y)| p.expert as u32 == e && y.is_none())
+                })
+            });
+            missing.retain(|&key| !self.read(st, key, &keep));
+            if combined < waves.len() {
+                let start = Instant::now();
+                let done = st.reader.wait().ok_or_else(|| {
+                    Error::Config(format!("{}: the read pool stopped", self.path.display()))
+                })?;
+                st.stats.wait_seconds += start.elapsed().as_secs_f64();
+                Self::land(st, done)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The unweighted rows of `pieces` (all of layer `l`, their experts ready in slots).
+    fn compute(
+        &self,
+        st: &State,
+        mapped: &GgmlExperts,
+        l: usize,
+        x: &[f32],
+        pieces: &[&ExpertBatch],
+    ) -> Result<Vec<Vec<f32>>> {
+        let h = mapped.hidden();
+        let mut local: Vec<usize> = pieces.iter().map(|p| p.expert).collect();
+        local.sort_unstable();
+        local.dedup();
+        let (mut gate, mut up, mut down) = (Vec::new(), Vec::new(), Vec::new());
+        for &e in &local {
+            let buf = st.store.buffer((l as u32, e as u32)).ok_or_else(|| {
+                Error::Config(format!("moe layer {l} expert {e} is not in its slot"))
+            })?;
+            let owner: Arc<dyn StableBytes> = buf.clone();
+            let ex = extents(mapped, e);
+            let (g, u, d) = mapped.expert(e);
+            let kernel = |e: strata_kernels::KernelError| Error::Config(e.to_string());
+            gate.push(
+                g.in_owner(owner.clone(), ex[0].slot_data_start())
+                    .map_err(kernel)?,
+            );
+            up.push(
+                u.in_owner(owner.clone(), ex[1].slot_data_start())
+                    .map_err(kernel)?,
+            );
+            down.push(d.in_owner(owner, ex[2].slot_data_start()).map_err(kernel)?);
+        }
+        let experts = GgmlExperts::new(gate, up, down, h, mapped.inter())
+            .map_err(|e| Error::Config(e.to_string()))?;
+        let renamed: Vec<ExpertBatch> = pieces
+            .iter()
+            .map(|p| ExpertBatch {
+                expert: local.binary_search(&p.expert).unwrap_or(0),
+                tokens: p.tokens.clone(),
+                weights: p.weights.clone(),
+            })
+            .collect();
+        let refs: Vec<&ExpertBatch> = renamed.iter().collect();
+        let rows: usize = pieces.iter().map(|p| p.tokens.len()).sum();
+        let mut y = vec![0.0f32; rows * h];
+        ggml_piece_rows(&experts, x, &refs, &mut y).map_err(|e| Error::Config(e.to_string()))?;
+        let mut at = 0;
+        Ok(pieces
+            .iter()
+            .map(|p| {
+                let n = p.tokens.len() * h;
+                at += n;
+                y[at - n..at].to_vec()
+            })
+            .collect())
+    }
+}
+
+impl ExpertExecutor for SsdTier {
+    fn run(&self, call: ExpertCall<'_>, out: &mut [f32]) -> strata_model::Result<()> {
+        SsdTier::run(self, call, out).map_err(|e| strata_model::Error::Executor(Box::new(e)))
+    }
+}
+
+/// Puts `model`'s routed experts behind an SSD tier reading `path` (the file the model was
+/// loaded from).
+pub fn attach_ssd_tier(model: &mut Model, path: &Path, opts: &SsdOptions) -> Result<Arc<SsdTier>> {
+    let tier = Arc::new(SsdTier::new(model, path, opts)?);
+    model.set_executor(Some(tier.clone() as Arc<dyn ExpertExecutor>));
+    Ok(tier)
+}
