@@ -86,6 +86,7 @@ pub fn run(mut args: GenerateArgs) -> anyhow::Result<()> {
     let dir = args.model.dir()?;
     let loaded = args.device.load_engine(&args.model, &dir)?;
     let (engine, hybrid, accel, load) = (loaded.engine, loaded.hybrid, loaded.accel, loaded.took);
+    let ssd = loaded.ssd;
     let prompt = match &args.prompt {
         Some(p) => engine.text_prompt(p)?,
         None => engine.chat_prompt(&messages(&args))?,
@@ -110,9 +111,13 @@ pub fn run(mut args: GenerateArgs) -> anyhow::Result<()> {
     // what decoding asks of it per token.
     let traffic = || accel.as_ref().map(|d| d.traffic());
     let mut after_prefill = None;
+    let mut ssd_after_prefill = None;
     let (outputs, stats) = generate_batch(&engine, std::slice::from_ref(&request), |_, text| {
         if after_prefill.is_none() {
             after_prefill = traffic();
+        }
+        if ssd_after_prefill.is_none() {
+            ssd_after_prefill = ssd.as_ref().map(|t| t.stats());
         }
         if write_err.is_none()
             && let Err(e) = stdout
@@ -140,6 +145,18 @@ pub fn run(mut args: GenerateArgs) -> anyhow::Result<()> {
     );
     if let Some(g) = &outputs[0].grammar {
         print_grammar_stats(g);
+    }
+    if let (Some(tier), Some(start)) = (&ssd, ssd_after_prefill) {
+        let end = tier.stats();
+        let decoded = outputs[0].tokens.len().saturating_sub(1).max(1);
+        let decode = end.since(&start);
+        eprintln!(
+            "[expert cache: {end}; prefill {:.1}% hits, {:.1} MiB read; decode {:.1}% hits, {:.1} MiB read per token]",
+            100.0 * start.hit_rate(),
+            start.bytes_read as f64 / (1u64 << 20) as f64,
+            100.0 * decode.hit_rate(),
+            decode.bytes_read as f64 / (1u64 << 20) as f64 / decoded as f64,
+        );
     }
     if let Some(exec) = hybrid {
         eprintln!("[hybrid, policy {}: {}]", exec.policy_name(), exec.stats());

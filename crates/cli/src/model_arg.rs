@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
-use strata_exec::{HybridExecutor, HybridOptions, PolicyKind};
+use strata_exec::{HybridExecutor, HybridOptions, PolicyKind, SsdOptions, SsdTier};
+use strata_policy::replacement::Replacement;
 use strata_formats::strata_file::StrataFile;
 use strata_kernels::PackedFormat;
 use strata_model::model::STRATA_FILE;
@@ -62,6 +63,18 @@ pub struct DeviceArgs {
     /// With `--device hybrid`: the expert cache and staging slots (default 64MiB).
     #[arg(long, value_name = "BYTES")]
     pub vram_budget: Option<String>,
+    /// DRAM for the routed experts of a GGUF read from disk (the SSD tier): a size (`6G`)
+    /// keeps them in a cache of that many bytes, each read from the file when the router
+    /// picks it and the next layer's fetched ahead; `auto` (the default) does so only when
+    /// they do not fit in the memory available (a cgroup's limit included) beside the other
+    /// weights, the KV cache and 1 GiB; `off` leaves them to the mapped file's page cache.
+    /// With `--device cpu`.
+    #[arg(long, value_name = "SIZE|auto|off")]
+    pub expert_cache: Option<String>,
+    /// Which cached expert gives up its slot: `lfu` (the default), `lru`, `ema` (TriMoE's,
+    /// alpha 0.3) or `ema:ALPHA`.
+    #[arg(long, value_name = "RULE")]
+    pub expert_cache_rule: Option<String>,
     #[command(flatten)]
     pub hybrid: HybridArgs,
 }
@@ -318,6 +331,8 @@ pub struct LoadedEngine {
     pub hybrid: Option<Arc<HybridExecutor>>,
     /// With `--device gpu` or `hybrid`: the accelerator, for its traffic counters.
     pub accel: Option<Arc<dyn strata_accel::Device>>,
+    /// With the SSD tier (`--expert-cache`): the tier, for its statistics.
+    pub ssd: Option<Arc<SsdTier>>,
     /// How long the model took to load.
     pub took: Duration,
 }
@@ -348,6 +363,15 @@ impl DeviceArgs {
         if self.device == Device::Cpu && self.vram_budget.is_some() {
             bail!("--vram-budget applies only with --device gpu or hybrid");
         }
+        let cache_given = self.expert_cache.as_deref().is_some_and(|c| c != "off");
+        if self.device != Device::Cpu && (cache_given || self.expert_cache_rule.is_some()) {
+            bail!(
+                "--expert-cache applies only with --device cpu for now (the device's expert \
+                 cache above the DRAM cache is not built yet)"
+            );
+        }
+        self.expert_cache_budget()?;
+        self.expert_cache_rule()?;
         Ok(self.device)
     }
 
@@ -366,10 +390,19 @@ impl DeviceArgs {
                 engine: Engine::new(Box::new(gpu), tokenizer)?,
                 hybrid: None,
                 accel,
+                ssd: None,
                 took: started.elapsed(),
             });
         }
         let (mut engine, took) = model.load_engine(dir)?;
+        let ssd = match device {
+            Device::Cpu => {
+                let cpu = engine.model.cpu_model_mut();
+                let cpu = cpu.context("the SSD tier needs the model on the CPU")?;
+                self.ssd_tier(dir, cpu)?
+            }
+            _ => None,
+        };
         let hybrid = match device {
             Device::Hybrid => {
                 let cpu = engine.model.cpu_model_mut();
@@ -382,8 +415,91 @@ impl DeviceArgs {
             engine,
             accel: hybrid.as_ref().map(|h| h.device().clone()),
             hybrid,
+            ssd,
             took,
         })
+    }
+
+    /// `--expert-cache`: `Some(bytes)` for a size, `None` for `auto` (or not given);
+    /// `Some(0)` for `off`.
+    fn expert_cache_budget(&self) -> anyhow::Result<Option<u64>> {
+        match self.expert_cache.as_deref() {
+            None | Some("auto") => Ok(None),
+            Some("off") => Ok(Some(0)),
+            Some(size) => {
+                let b = strata_accel::parse_bytes(size)
+                    .with_context(|| format!("--expert-cache {size}: a size, auto or off"))?;
+                if b == 0 {
+                    bail!("--expert-cache 0: give a size, or `off`");
+                }
+                Ok(Some(b))
+            }
+        }
+    }
+
+    fn expert_cache_rule(&self) -> anyhow::Result<Replacement> {
+        let Some(rule) = &self.expert_cache_rule else {
+            return Ok(SsdOptions::default().replacement);
+        };
+        Replacement::parse(rule).with_context(|| {
+            format!("--expert-cache-rule {rule}: expected lfu, lru, ema or ema:ALPHA (0 < ALPHA <= 1)")
+        })
+    }
+
+    /// Puts the routed experts of `model` (loaded from `dir`) behind the SSD tier when
+    /// `--expert-cache` gives a size, or when it is `auto` and they do not fit in memory.
+    fn ssd_tier(&self, dir: &Path, model: &mut Model) -> anyhow::Result<Option<Arc<SsdTier>>> {
+        let file = if dir.is_dir() {
+            dir.join(STRATA_FILE)
+        } else {
+            dir.to_owned()
+        };
+        let budget = match self.expert_cache_budget()? {
+            Some(0) => return Ok(None),
+            Some(b) => b,
+            None => {
+                if !file.is_file() {
+                    return Ok(None);
+                }
+                let Some(available) = strata_model::memory::available_bytes() else {
+                    return Ok(None);
+                };
+                // KV for 4096 positions and 1 GiB of scratch kept back.
+                let reserve = model.memory().kv_per_token * 4096 + (1 << 30);
+                // Experts not stored as ggml blocks are in memory already: nothing to cache.
+                let Ok(plan) = strata_exec::plan_expert_cache(model, &file, available, reserve)
+                else {
+                    return Ok(None);
+                };
+                let Some(b) = plan.budget else {
+                    return Ok(None);
+                };
+                let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+                eprintln!(
+                    "[expert cache: the routed experts ({:.1} GiB) do not fit in the {:.1} GiB \
+                     available beside the other mapped weights ({:.1} GiB) and {:.1} GiB kept \
+                     back: they are read from the file into a {:.1} GiB cache (--expert-cache \
+                     sets it, `off` maps them)]",
+                    gib(plan.routed),
+                    gib(plan.available),
+                    gib(plan.other_mapped),
+                    gib(plan.reserve),
+                    gib(b)
+                );
+                b
+            }
+        };
+        let opts = SsdOptions {
+            budget,
+            replacement: self.expert_cache_rule()?,
+            ..SsdOptions::default()
+        };
+        let tier = strata_exec::attach_ssd_tier(model, &file, &opts)
+            .with_context(|| format!("--expert-cache on {}", file.display()))?;
+        if let Some(note) = tier.take_note() {
+            eprintln!("[expert cache: {note}]");
+        }
+        Ok(Some(tier))
     }
 
     /// Loads the model onto the accelerator (`--device gpu`).

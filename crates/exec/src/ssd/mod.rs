@@ -95,6 +95,75 @@ impl SsdStats {
     pub fn hit_rate(&self) -> f64 {
         self.hits as f64 / self.lookups.max(1) as f64
     }
+
+    /// What happened between `earlier` and `self` (counters only; the settings stay).
+    pub fn since(&self, earlier: &SsdStats) -> SsdStats {
+        SsdStats {
+            lookups: self.lookups - earlier.lookups,
+            hits: self.hits - earlier.hits,
+            in_flight: self.in_flight - earlier.in_flight,
+            misses: self.misses - earlier.misses,
+            prefetched: self.prefetched - earlier.prefetched,
+            bytes_read: self.bytes_read - earlier.bytes_read,
+            read_seconds: self.read_seconds - earlier.read_seconds,
+            wait_seconds: self.wait_seconds - earlier.wait_seconds,
+            ..*self
+        }
+    }
+}
+
+impl std::fmt::Display for SsdStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mib = |b: f64| b / (1u64 << 20) as f64;
+        write!(
+            f,
+            "{} slots of {:.2} MiB ({:.0} MiB), {:.1}% hits, {:.1}% in flight, {} misses, {} \
+             fetched ahead, {:.1} MiB read ({}), waited {:.2} s",
+            self.slots,
+            mib(self.slot_bytes as f64),
+            mib((self.slots * self.slot_bytes) as f64),
+            100.0 * self.hit_rate(),
+            100.0 * self.in_flight as f64 / self.lookups.max(1) as f64,
+            self.misses,
+            self.prefetched,
+            mib(self.bytes_read as f64),
+            if self.direct_io { "direct" } else { "buffered" },
+            self.wait_seconds,
+        )
+    }
+}
+
+/// Whether a model's routed experts fit in memory, and the expert cache it gets when not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExpertCachePlan {
+    /// Bytes of every routed expert as the file stores them.
+    pub routed: u64,
+    /// Other weights read in place from the mapped file (they stay mapped and resident).
+    pub other_mapped: u64,
+    /// Memory available now (the cgroup's room included), after the load.
+    pub available: u64,
+    /// Kept back for KV caches and scratch.
+    pub reserve: u64,
+    /// The cache's budget: `None` when the routed experts fit beside the rest.
+    pub budget: Option<u64>,
+}
+
+/// Plans the SSD tier for `model` loaded from `path`: when its routed experts do not fit in the
+/// memory available less the other mapped weights and `reserve` (KV caches, scratch), the
+/// cache gets what is left. `available` is measured by the caller (`memory::available_bytes`).
+pub fn plan_expert_cache(model: &Model, path: &Path, available: u64, reserve: u64) -> Result<ExpertCachePlan> {
+    let len = std::fs::metadata(path).map_err(|e| io_error(path, e))?.len();
+    let (sets, ..) = expert_sets(model, len)?;
+    let routed: u64 = sets.iter().map(|s| s.bytes() as u64).sum();
+    let other_mapped = model.memory().mapped_weights.saturating_sub(routed);
+    let room = available.saturating_sub(other_mapped + reserve);
+    Ok(ExpertCachePlan {
+        routed,
+        other_mapped,
+        available,
+        reserve,
+        budget: (routed > room).then_some(room),
+    })
 }
 
 /// The SSD tier of one model (see the module documentation).
