@@ -38,6 +38,12 @@ AMX repacking dies with SIGILL on some machines here) and the default mmap, or w
 `--llama-repack` with llama.cpp's default extra buffer types (weights repacked at load for
 its AMX / AVX-512 kernels, in anonymous memory). The child's
 RssAnon includes the Python interpreter and numpy (~40 MB).
+
+`--memory-limit 8G` runs each engine inside a memory cgroup of that size (v1 or v2, made
+under /sys/fs/cgroup; needs root) with the page cache dropped before each run: a machine
+with less RAM than the model (the SSD tier, issue #29). Then also reported: the cgroup's
+peak usage (`cgroup_peak_mb`, page cache included), the bytes the process read from disk
+(`read_mb`, /proc/PID/io), and a run the OOM killer ends is recorded as such, not retried.
 Strata runs as `strata generate --model FILE --prompt TEXT --max-tokens N --temperature 0`
 (plus `--strata-arg`s) and its statistics line on stderr is parsed:
 `[load T, P prompt tokens at X tok/s, G generated at Y tok/s, finish: ...]`; the first byte on its
@@ -87,12 +93,24 @@ def proc_status(pid: int) -> dict:
     return out
 
 
+def read_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/io") as f:
+            for line in f:
+                if line.startswith("read_bytes:"):
+                    return int(line.split()[1])
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        pass
+    return 0
+
+
 class MemSampler(threading.Thread):
-    """Samples a process's /proc/PID/status every 20 ms until it exits."""
+    """Samples a process's /proc/PID/status (and /proc/PID/io) every 20 ms until it exits."""
 
     def __init__(self, pid: int):
         super().__init__(daemon=True)
         self.pid, self.anon, self.file, self.hwm, self.done = pid, 0.0, 0.0, 0.0, False
+        self.read = 0
 
     def run(self) -> None:
         while not self.done:
@@ -101,11 +119,74 @@ class MemSampler(threading.Thread):
                 self.anon = max(self.anon, s.get("RssAnon", 0.0))
                 self.file = max(self.file, s.get("RssFile", 0.0))
                 self.hwm = max(self.hwm, s.get("VmHWM", 0.0))
+            self.read = max(self.read, read_bytes(self.pid))
             time.sleep(0.02)
 
     def result(self) -> dict:
-        return {"peak_rss_anon_mb": round(self.anon, 1), "peak_rss_file_mb": round(self.file, 1),
-                "vm_hwm_mb": round(self.hwm, 1)}
+        r = {"peak_rss_anon_mb": round(self.anon, 1), "peak_rss_file_mb": round(self.file, 1),
+             "vm_hwm_mb": round(self.hwm, 1), "read_mb": round(self.read / 2**20, 1)}
+        if CGROUP:
+            r["cgroup_peak_mb"] = round(CGROUP.peak() / 2**20, 1)
+        return r
+
+
+class Cgroup:
+    """A memory cgroup of `limit` bytes for the benchmarked processes (v2, else v1)."""
+
+    def __init__(self, limit: int):
+        v2 = Path("/sys/fs/cgroup/cgroup.controllers").exists()
+        base = Path("/sys/fs/cgroup") if v2 else Path("/sys/fs/cgroup/memory")
+        self.dir = base / f"strata-bench-{os.getpid()}"
+        self.dir.mkdir(exist_ok=True)
+        self.v2 = v2
+        (self.dir / ("memory.max" if v2 else "memory.limit_in_bytes")).write_text(str(limit))
+        if not v2:
+            # No swap beyond the limit either, where the kernel accounts it.
+            memsw = self.dir / "memory.memsw.limit_in_bytes"
+            if memsw.exists():
+                memsw.write_text(str(limit))
+
+    def enter(self) -> None:
+        """In the child, before exec: join the cgroup."""
+        (self.dir / "cgroup.procs").write_text(str(os.getpid()))
+
+    def reset(self) -> None:
+        """Drops the page cache and resets the peak before a run."""
+        os.sync()
+        Path("/proc/sys/vm/drop_caches").write_text("3")
+        if not self.v2:
+            (self.dir / "memory.max_usage_in_bytes").write_text("0")
+
+    def peak(self) -> int:
+        f = self.dir / ("memory.peak" if self.v2 else "memory.max_usage_in_bytes")
+        try:
+            return int(f.read_text())
+        except (FileNotFoundError, ValueError):
+            return 0
+
+    def remove(self) -> None:
+        try:
+            self.dir.rmdir()
+        except OSError:
+            pass
+
+
+CGROUP = None
+
+
+def launch(cmd, **kw):
+    """Popen inside the benchmark's cgroup (page cache dropped first), if there is one."""
+    if CGROUP:
+        CGROUP.reset()
+        kw["preexec_fn"] = CGROUP.enter
+    return subprocess.Popen(cmd, **kw)
+
+
+def killed(p, err: str, engine: str) -> dict:
+    """The record of a run that did not finish: the OOM killer's, or an error."""
+    if p.returncode == -9:
+        return {"finish": "killed (SIGKILL: the OOM killer)", "error": err[-300:]}
+    raise RuntimeError(f"{engine} failed ({p.returncode}): {err[-2000:]}")
 
 
 def run_llama(args, prompt: str) -> dict:
@@ -114,15 +195,15 @@ def run_llama(args, prompt: str) -> dict:
            "--prompt-file", str(args.prompt_file)]
     if args.llama_repack:
         cmd.append("--llama-repack")
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env=llama_env(args))
+    p = launch(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+               env=llama_env(args))
     mem = MemSampler(p.pid)
     mem.start()
     out, err = p.communicate()
     mem.done = True
     mem.join()
     if p.returncode != 0:
-        raise RuntimeError(f"llama.cpp worker failed ({p.returncode}): {err[-2000:]}")
+        return {**killed(p, err, "llama.cpp worker"), **mem.result()}
     r = json.loads(out.strip().splitlines()[-1])
     r.update(mem.result())
     return r
@@ -130,6 +211,9 @@ def run_llama(args, prompt: str) -> dict:
 
 STATS = re.compile(r"[\[ ](\d+) prompt tokens at ([\d.]+) tok/s, (\d+) generated at ([\d.]+) tok/s, "
                    r"finish: ([^,\]]+)")
+# The SSD tier's line (`--expert-cache`): prefill and decode hit rates and bytes read.
+CACHE = re.compile(r"experts took ([\d.]+)% of lookups; prefill ([\d.]+)% hits, ([\d.]+) MiB read; "
+                   r"decode ([\d.]+)% hits, ([\d.]+) MiB read per token")
 
 
 def run_strata(args, prompt: str) -> dict:
@@ -137,7 +221,7 @@ def run_strata(args, prompt: str) -> dict:
            "--max-tokens", str(args.gen_tokens), "--temperature", "0", *args.strata_arg]
     env = dict(os.environ, STRATA_THREADS=str(args.threads))
     start = time.perf_counter()
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    p = launch(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     mem = MemSampler(p.pid)
     mem.start()
     first = p.stdout.read(1)
@@ -148,7 +232,7 @@ def run_strata(args, prompt: str) -> dict:
     mem.done = True
     mem.join()
     if p.returncode != 0:
-        raise RuntimeError(f"strata failed ({p.returncode}): {err[-2000:]}")
+        return {**killed(p, err, "strata"), **mem.result()}
     m = STATS.search(err)
     if not m:
         raise RuntimeError(f"no statistics line in strata's stderr: {err[-2000:]}")
@@ -160,6 +244,11 @@ def run_strata(args, prompt: str) -> dict:
          "prompt_tokens": prompt_tokens, "prefill_tps": prefill_tps, "generated": generated,
          "decode_tps": decode_tps, "finish": finish,
          "text": (first + rest).decode(errors="replace")[:80]}
+    c = CACHE.search(err)
+    if c:
+        r.update({"top30_share_pct": float(c[1]), "prefill_hit_pct": float(c[2]),
+                  "prefill_read_mb": float(c[3]), "decode_hit_pct": float(c[4]),
+                  "decode_read_mb_per_token": float(c[5])})
     r.update(mem.result())
     return r
 
@@ -230,10 +319,13 @@ def make_prompt(args) -> str:
 
 def summarize(runs: list) -> dict:
     keys = ["load_s", "ttft_s", "prefill_tps", "decode_tps", "peak_rss_anon_mb",
-            "peak_rss_file_mb", "vm_hwm_mb"]
+            "peak_rss_file_mb", "vm_hwm_mb", "read_mb", "cgroup_peak_mb"]
     out = {}
     for k in keys:
-        vals = [r[k] for r in runs]
+        vals = [r[k] for r in runs if k in r]
+        if not vals:
+            out[k] = {"median": float("nan"), "best": float("nan")}
+            continue
         best = min(vals) if k.endswith("_s") or k.endswith("_mb") else max(vals)
         out[k] = {"median": round(statistics.median(vals), 3), "best": round(best, 3)}
     return out
@@ -255,6 +347,8 @@ def main() -> None:
                    help="llama.cpp with its default weight repacking (extra buffer types)")
     p.add_argument("--only", choices=["llama.cpp", "strata"], help="run one engine")
     p.add_argument("--json", type=Path, help="also write the results here")
+    p.add_argument("--memory-limit", help="run each engine in a memory cgroup of this size "
+                   "(e.g. 8G), page cache dropped before each run (root)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--prompt-file", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -263,6 +357,11 @@ def main() -> None:
         worker(args)
         return
 
+    global CGROUP
+    if args.memory_limit:
+        units = {"K": 2**10, "M": 2**20, "G": 2**30}
+        v = args.memory_limit.upper().rstrip("B").removesuffix("I")
+        CGROUP = Cgroup(int(float(v[:-1]) * units[v[-1]]) if v[-1] in units else int(v))
     prompt = make_prompt(args)
     args.prompt_file = Path(f"/tmp/bench_gguf_prompt_{os.getpid()}.txt")
     args.prompt_file.write_text(prompt)
@@ -277,6 +376,8 @@ def main() -> None:
             runs[e].append(res)
             print(f"round {r + 1} {e}: " + json.dumps(res), file=sys.stderr, flush=True)
     args.prompt_file.unlink()
+    if CGROUP:
+        CGROUP.remove()
 
     summary = {e: summarize(v) for e, v in runs.items()}
     ratios = {}
@@ -288,7 +389,8 @@ def main() -> None:
             (f"prefill tok/s ({args.prompt_tokens} tokens)", "prefill_tps"),
             (f"decode tok/s ({args.gen_tokens} tokens)", "decode_tps"),
             ("peak RssAnon (MB)", "peak_rss_anon_mb"), ("peak RssFile (MB)", "peak_rss_file_mb"),
-            ("VmHWM (MB)", "vm_hwm_mb")]
+            ("VmHWM (MB)", "vm_hwm_mb"), ("read from disk (MB)", "read_mb"),
+            ("cgroup peak (MB)", "cgroup_peak_mb")]
     names = list(summary)
     print(f"\n{args.model.name}: {args.threads} threads, {args.rounds} rounds, medians (best)")
     head = f"| {'metric':<28} | " + " | ".join(f"{n:>18}" for n in names)

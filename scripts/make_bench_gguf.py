@@ -199,7 +199,8 @@ def nbytes(shape, ty) -> int:
     return n // BLOCK_VALUES[ty] * BLOCK_BYTES[ty]
 
 
-def data(rng: np.random.Generator, name: str, shape, ty, skew: float = 0.0) -> np.ndarray:
+def data(rng: np.random.Generator, name: str, shape, ty, skew: float = 0.0,
+         residual_scale: float = 1.0) -> np.ndarray:
     if ty == T.F32:
         if name.endswith("ffn_gate_inp.weight"):
             # Router logits of standard deviation ~1 on a unit-RMS input; with `skew`, expert
@@ -213,7 +214,12 @@ def data(rng: np.random.Generator, name: str, shape, ty, skew: float = 0.0) -> n
             return w.astype(np.float32)
         return np.ones(int(np.prod(shape)), np.float32)  # RMS norm weights
     n = int(np.prod(shape)) // BLOCK_VALUES[ty]
-    return BLOCKS[ty](rng, n, shape[0]).reshape(-1)
+    fan_in = shape[0]
+    if residual_scale != 1.0 and name.endswith(("attn_output.weight", "ffn_down_exps.weight",
+                                                "ffn_down_shexp.weight", "ffn_down.weight")):
+        # What a layer adds to the residual stream, scaled: weights d / sqrt(fan_in) * scale.
+        fan_in = fan_in / residual_scale**2
+    return BLOCKS[ty](rng, n, fan_in).reshape(-1)
 
 
 def copy_tokenizer(w: gguf.GGUFWriter, src: Path) -> None:
@@ -235,6 +241,12 @@ def main() -> None:
     p.add_argument("--tokenizer-from", type=Path, default=TOKENIZER_GGUF,
                    help="GGUF whose tokenizer.* metadata is copied (Qwen2.5/Qwen3 vocabulary)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--residual-scale", type=float, default=1.0,
+                   help="scale of what each layer adds to the residual stream (attention output, "
+                        "expert down projections): below 1 the token's embedding keeps "
+                        "dominating the hidden state through the depth, so routing varies with "
+                        "the token as in a trained model (at 1, a deep random model's hidden "
+                        "states converge and a few experts take nearly every token)")
     p.add_argument("--router-skew", type=float, default=0.0,
                    help="spread of the experts' router row scales (0: every expert alike); the "
                         "popularity it gives is measured by the benchmarks")
@@ -305,7 +317,7 @@ def main() -> None:
     rng = np.random.default_rng(args.seed)
     start, done = time.time(), 0
     for name, shape, ty in tensors:
-        arr = data(rng, name, shape, ty, args.router_skew)
+        arr = data(rng, name, shape, ty, args.router_skew, args.residual_scale)
         assert arr.nbytes == nbytes(shape, ty), name
         w.write_tensor_data(arr)
         done += arr.nbytes

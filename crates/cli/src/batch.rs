@@ -90,7 +90,8 @@ pub fn run(args: BatchArgs) -> anyhow::Result<()> {
     }
 
     let path = args.model.dir()?;
-    let (engine, exec) = load_engine(&args.model, &args.device, &path)?;
+    let loaded = load_engine(&args.model, &args.device, &path)?;
+    let (engine, exec, ssd) = (loaded.engine, loaded.hybrid, loaded.ssd);
     let engine = Arc::new(engine);
     let config = args.sched.config(&engine)?;
     let state = Arc::new(AppState::new(engine, config, model_id(&path)));
@@ -135,6 +136,9 @@ pub fn run(args: BatchArgs) -> anyhow::Result<()> {
         prompt_tokens as f64 / secs,
         gen_tokens as f64 / secs,
     );
+    if let Some(tier) = ssd {
+        eprintln!("expert cache: {}", tier.stats());
+    }
     if let Some(exec) = exec {
         eprintln!("hybrid, policy {}: {}", exec.policy_name(), exec.stats());
     }

@@ -86,6 +86,9 @@ pub fn run(args: InfoArgs) -> anyhow::Result<()> {
         FfnConfig::Moe(m) => Some(m),
         FfnConfig::Dense(_) => None,
     });
+    // With the memory available now, would the routed experts run from the SSD tier?
+    let expert_cache = strata_model::memory::available_bytes()
+        .and_then(|a| plan.expert_cache_budget(a, crate::model_arg::expert_cache_reserve(&plan)));
     let attention = attention_line(cfg);
     let experts = moe.map(experts_line);
     if args.json {
@@ -113,6 +116,7 @@ pub fn run(args: InfoArgs) -> anyhow::Result<()> {
                 "mapped_weight_bytes": plan.mapped_weights,
                 "needs_bytes_at_context": plan.needs(cfg.max_position_embeddings as u64),
                 "available_bytes": strata_model::memory::available_bytes(),
+                "expert_cache_bytes": expert_cache,
             },
             "slow_types": slow_types(&dtypes),
             "device_f16_types": device_f16(&dtypes).iter().map(|d| serde_json::json!({
@@ -171,6 +175,14 @@ pub fn run(args: InfoArgs) -> anyhow::Result<()> {
         bytes(plan.needs(cfg.max_position_embeddings as u64) as usize),
         cfg.max_position_embeddings
     )?;
+    if let Some(b) = expert_cache {
+        outln!(
+            "SSD tier       the routed experts ({}) do not fit in the memory available: they \
+             will be read from the file into an expert cache of {} (--expert-cache)",
+            bytes(plan.mapped_experts as usize),
+            bytes(b as usize)
+        )?;
+    }
     let slow = slow_types(&dtypes);
     if !slow.is_empty() {
         outln!(

@@ -11,11 +11,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
 use strata_exec::{HybridExecutor, HybridOptions, PolicyKind, SsdOptions, SsdTier};
-use strata_policy::replacement::Replacement;
 use strata_formats::strata_file::StrataFile;
 use strata_kernels::PackedFormat;
 use strata_model::model::STRATA_FILE;
-use strata_model::{LoadOptions, Model, Precision};
+use strata_model::{LoadOptions, MemoryPlan, Model, Precision};
+use strata_policy::replacement::Replacement;
 use strata_runtime::engine::{Engine, load_tokenizer};
 use strata_runtime::sampling::SamplingParams;
 
@@ -442,7 +442,9 @@ impl DeviceArgs {
             return Ok(SsdOptions::default().replacement);
         };
         Replacement::parse(rule).with_context(|| {
-            format!("--expert-cache-rule {rule}: expected lfu, lru, ema or ema:ALPHA (0 < ALPHA <= 1)")
+            format!(
+                "--expert-cache-rule {rule}: expected lfu, lru, ema or ema:ALPHA (0 < ALPHA <= 1)"
+            )
         })
     }
 
@@ -464,14 +466,9 @@ impl DeviceArgs {
                 let Some(available) = strata_model::memory::available_bytes() else {
                     return Ok(None);
                 };
-                // KV for 4096 positions and 1 GiB of scratch kept back.
-                let reserve = model.memory().kv_per_token * 4096 + (1 << 30);
-                // Experts not stored as ggml blocks are in memory already: nothing to cache.
-                let Ok(plan) = strata_exec::plan_expert_cache(model, &file, available, reserve)
-                else {
-                    return Ok(None);
-                };
-                let Some(b) = plan.budget else {
+                let plan = model.memory();
+                let reserve = expert_cache_reserve(&plan);
+                let Some(b) = plan.expert_cache_budget(available, reserve) else {
                     return Ok(None);
                 };
                 let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
@@ -480,10 +477,10 @@ impl DeviceArgs {
                      available beside the other mapped weights ({:.1} GiB) and {:.1} GiB kept \
                      back: they are read from the file into a {:.1} GiB cache (--expert-cache \
                      sets it, `off` maps them)]",
-                    gib(plan.routed),
-                    gib(plan.available),
-                    gib(plan.other_mapped),
-                    gib(plan.reserve),
+                    gib(plan.mapped_experts),
+                    gib(available),
+                    gib(plan.mapped_weights - plan.mapped_experts),
+                    gib(reserve),
                     gib(b)
                 );
                 b
@@ -572,6 +569,12 @@ impl Weights {
             Weights::Int4 => "int4",
         }
     }
+}
+
+/// What `--expert-cache auto` keeps back beside the weights: the KV cache of 4096 positions and
+/// 1 GiB of scratch.
+pub fn expert_cache_reserve(plan: &MemoryPlan) -> u64 {
+    plan.kv_per_token * 4096 + (1 << 30)
 }
 
 /// Whether `path`, which does not exist, still names a local path rather than a hub id:

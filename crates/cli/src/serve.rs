@@ -5,13 +5,13 @@ use std::path::Path;
 use std::sync::Arc;
 
 use clap::Args;
-use strata_exec::HybridExecutor;
+use strata_exec::{HybridExecutor, SsdTier};
 use strata_runtime::engine::Engine;
 use strata_runtime::scheduler::{SchedulerConfig, SchedulerLimits, Spelling};
 use strata_server::AppState;
 use strata_server::metrics::MetricsSource;
 
-use crate::model_arg::{DeviceArgs, ModelArgs};
+use crate::model_arg::{DeviceArgs, LoadedEngine, ModelArgs};
 
 /// Arguments of `strata serve`.
 #[derive(Debug, Args)]
@@ -88,7 +88,7 @@ pub fn load_engine(
     model: &ModelArgs,
     device: &DeviceArgs,
     path: &Path,
-) -> anyhow::Result<(Engine, Option<Arc<HybridExecutor>>)> {
+) -> anyhow::Result<LoadedEngine> {
     let loaded = device.load_engine(model, path)?;
     tracing::info!(
         seconds = loaded.took.as_secs_f64(),
@@ -98,7 +98,77 @@ pub fn load_engine(
     if let Some(exec) = &loaded.hybrid {
         tracing::info!(policy = %exec.policy_name(), "routed experts on the hybrid executor");
     }
-    Ok((loaded.engine, loaded.hybrid))
+    if let Some(tier) = &loaded.ssd {
+        let s = tier.stats();
+        tracing::info!(
+            slots = s.slots,
+            mib = (s.slots * s.slot_bytes) as f64 / (1u64 << 20) as f64,
+            "routed experts read from the file into the expert cache"
+        );
+    }
+    Ok(loaded)
+}
+
+/// The SSD tier's counters on `/metrics`.
+#[derive(Debug)]
+struct SsdMetrics(Arc<SsdTier>);
+
+impl MetricsSource for SsdMetrics {
+    fn render(&self, out: &mut String) {
+        use std::fmt::Write;
+        let s = self.0.stats();
+        let mut metric = |name: &str, kind: &str, help: &str, values: &[(&str, f64)]| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+            for (labels, v) in values {
+                let _ = writeln!(out, "{name}{labels} {v}");
+            }
+        };
+        metric(
+            "strata_expert_cache_lookups_total",
+            "counter",
+            "Routed experts looked up in the DRAM expert cache: ready (hit), being read \
+             ahead (in_flight), or read on demand (miss).",
+            &[
+                ("{result=\"hit\"}", s.hits as f64),
+                ("{result=\"in_flight\"}", s.in_flight as f64),
+                ("{result=\"miss\"}", s.misses as f64),
+            ],
+        );
+        metric(
+            "strata_expert_cache_prefetched_total",
+            "counter",
+            "Experts read ahead on the next layer's router applied early.",
+            &[("", s.prefetched as f64)],
+        );
+        metric(
+            "strata_expert_cache_read_bytes_total",
+            "counter",
+            "Bytes of experts read from the model file.",
+            &[("", s.bytes_read as f64)],
+        );
+        metric(
+            "strata_expert_cache_wait_seconds_total",
+            "counter",
+            "Time forward passes waited for expert reads.",
+            &[("", s.wait_seconds)],
+        );
+        metric(
+            "strata_expert_cache_bytes",
+            "gauge",
+            "Bytes of the expert cache's slots (allocated at start).",
+            &[("", (s.slots * s.slot_bytes) as f64)],
+        );
+    }
+}
+
+/// What `/metrics` adds for the engine's executor: the hybrid executor's or the SSD tier's
+/// counters.
+fn executor_metrics(loaded: &LoadedEngine) -> Option<Arc<dyn MetricsSource>> {
+    if let Some(exec) = &loaded.hybrid {
+        return Some(Arc::new(ExecMetrics(exec.clone())));
+    }
+    let tier = loaded.ssd.as_ref()?;
+    Some(Arc::new(SsdMetrics(tier.clone())))
 }
 
 /// The hybrid executor's counters on `/metrics`, per device where they are.
@@ -197,12 +267,13 @@ pub fn init_logging() {
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     init_logging();
     let path = args.model.dir()?;
-    let (engine, exec) = load_engine(&args.model, &args.device, &path)?;
-    let engine = Arc::new(engine);
+    let loaded = load_engine(&args.model, &args.device, &path)?;
+    let extra_metrics = executor_metrics(&loaded);
+    let engine = Arc::new(loaded.engine);
     let config = args.sched.config(&engine)?;
     let id = args.served_model_name.unwrap_or_else(|| model_id(&path));
     let mut state = AppState::new(engine, config, id);
-    state.extra_metrics = exec.map(|e| Arc::new(ExecMetrics(e)) as Arc<dyn MetricsSource>);
+    state.extra_metrics = extra_metrics;
     let state = Arc::new(state);
     let addr = SocketAddr::new(args.host, args.port);
     strata_server::run(addr, state, strata_server::shutdown_signal())?;

@@ -42,10 +42,7 @@ pub use setup::{
     HybridOptions, PolicyKind, PolicyOptions, attach_hybrid, build_policy, cost_model, install,
     model_shape, resolve_model_shape,
 };
-pub use ssd::{
-    ExpertCachePlan, SsdOptions, SsdStats, SsdTier, attach_ssd_tier, plan_expert_cache,
-    ssd_min_budget,
-};
+pub use ssd::{SsdOptions, SsdStats, SsdTier, attach_ssd_tier, ssd_min_budget};
 pub use weights::{HostExperts, device_f16_bytes};
 
 /// Errors of the executor.

@@ -23,6 +23,9 @@ pub struct MemoryPlan {
     pub private_weights: u64,
     /// Weight bytes used in place from the mapped file (page cache: shared, evictable).
     pub mapped_weights: u64,
+    /// Of those, the routed experts' (a GGUF's `*_exps` tensors): what an expert cache can
+    /// read from the file instead of mapping (the SSD tier).
+    pub mapped_experts: u64,
     /// KV cache bytes per position of one sequence (f32 keys and values, or MLA latents).
     pub kv_per_token: u64,
 }
@@ -30,10 +33,11 @@ pub struct MemoryPlan {
 impl MemoryPlan {
     /// The plan of `config` loaded from `src` with `opts`.
     pub fn of(config: &ModelConfig, src: &Source, opts: LoadOptions) -> MemoryPlan {
-        let (private, mapped) = weight_bytes(src, opts);
+        let (private, mapped, mapped_experts) = weight_bytes(src, opts);
         MemoryPlan {
             private_weights: private,
             mapped_weights: mapped,
+            mapped_experts,
             kv_per_token: kv_bytes_per_token(config),
         }
     }
@@ -75,6 +79,15 @@ impl MemoryPlan {
         let free = available.saturating_sub(self.private_weights + SCRATCH_BYTES);
         free / self.kv_per_token.max(1)
     }
+
+    /// The expert cache a run gets when the mapped routed experts do not fit in `available`
+    /// bytes (measured after the load: copied weights already taken) beside the other mapped
+    /// weights and `reserve` (KV caches, scratch): the bytes left for it; `None` when they fit.
+    pub fn expert_cache_budget(&self, available: u64, reserve: u64) -> Option<u64> {
+        let other = self.mapped_weights.saturating_sub(self.mapped_experts);
+        let room = available.saturating_sub(other + reserve);
+        (self.mapped_experts > room).then_some(room)
+    }
 }
 
 fn gib(b: u64) -> String {
@@ -86,8 +99,9 @@ pub fn kv_bytes_per_token(cfg: &ModelConfig) -> u64 {
     (cfg.attention.kv_elems() * cfg.n_layers() * 4) as u64
 }
 
-/// `(private, mapped)` weight bytes: which stored tensors the loader copies under `opts`.
-fn weight_bytes(src: &Source, opts: LoadOptions) -> (u64, u64) {
+/// `(private, mapped, mapped routed experts)` weight bytes: which stored tensors the loader
+/// copies under `opts`.
+fn weight_bytes(src: &Source, opts: LoadOptions) -> (u64, u64, u64) {
     let fast = opts.precision == Precision::Fast;
     // Bytes per value of a repacked routed expert.
     let expert_bytes = |elems: u64| match opts.experts {
@@ -95,7 +109,7 @@ fn weight_bytes(src: &Source, opts: LoadOptions) -> (u64, u64) {
         strata_kernels::PackedFormat::Int8 { .. } => elems + elems / 16,
         strata_kernels::PackedFormat::Int4 { .. } => elems / 2 + elems / 8,
     };
-    let (mut private, mut mapped) = (0u64, 0u64);
+    let (mut private, mut mapped, mut experts) = (0u64, 0u64, 0u64);
     match src {
         Source::Gguf(g) => {
             for t in g.tensors() {
@@ -105,6 +119,9 @@ fn weight_bytes(src: &Source, opts: LoadOptions) -> (u64, u64) {
                     private += 4 * elems;
                 } else if opts.keep_blocks && !f32_stored {
                     mapped += t.n_bytes;
+                    if t.name.contains("_exps.") {
+                        experts += t.n_bytes;
+                    }
                 } else if f32_stored {
                     private += t.n_bytes;
                 } else if t.name.contains("_exps.") {
@@ -138,7 +155,7 @@ fn weight_bytes(src: &Source, opts: LoadOptions) -> (u64, u64) {
             }
         }
     }
-    (private, mapped)
+    (private, mapped, experts)
 }
 
 /// What can be allocated without swapping or the OOM killer: `MemAvailable` from
@@ -209,6 +226,7 @@ mod tests {
         let plan = MemoryPlan {
             private_weights: 1 << 30,
             mapped_weights: 1 << 40,
+            mapped_experts: 0,
             kv_per_token: 1 << 20,
         };
         assert_eq!(plan.needs(10), (1 << 30) + (10 << 20) + SCRATCH_BYTES);
@@ -228,6 +246,20 @@ mod tests {
         // positions of 1 MiB.
         assert_eq!(plan.positions_that_fit(3 << 30), 1536);
         assert_eq!(plan.positions_that_fit(1 << 30), 0);
+    }
+
+    #[test]
+    fn routed_experts_that_do_not_fit_get_the_memory_left_as_their_cache() {
+        let plan = MemoryPlan {
+            private_weights: 1 << 30,
+            mapped_weights: 20 << 30,
+            mapped_experts: 18 << 30,
+            kv_per_token: 1 << 20,
+        };
+        // 8 GiB free: 2 GiB of other mapped weights and 1 GiB kept back leave 5 GiB.
+        assert_eq!(plan.expert_cache_budget(8 << 30, 1 << 30), Some(5 << 30));
+        assert_eq!(plan.expert_cache_budget(24 << 30, 1 << 30), None);
+        assert_eq!(plan.expert_cache_budget(1 << 30, 1 << 30), Some(0));
     }
 
     #[test]
