@@ -176,12 +176,7 @@ pub fn run(args: InfoArgs) -> anyhow::Result<()> {
         cfg.max_position_embeddings
     )?;
     if let Some(b) = expert_cache {
-        outln!(
-            "SSD tier       the routed experts ({}) do not fit in the memory available: they \
-             will be read from the file into an expert cache of {} (--expert-cache)",
-            bytes(plan.mapped_experts as usize),
-            bytes(b as usize)
-        )?;
+        outln!("{}", ssd_line(&plan, b))?;
     }
     let slow = slow_types(&dtypes);
     if !slow.is_empty() {
@@ -233,6 +228,16 @@ fn device_f16(dtypes: &BTreeMap<String, (usize, usize)>) -> Vec<DeviceF16> {
 }
 
 /// The attention kind and its heads, as `info` shows them.
+/// The line that says a model's routed experts will run from the SSD tier, with its cache.
+fn ssd_line(plan: &MemoryPlan, cache: u64) -> String {
+    format!(
+        "SSD tier       the routed experts ({}) do not fit in the memory available: they will \
+         be read from the file into an expert cache of {} (--expert-cache)",
+        bytes(plan.mapped_experts as usize),
+        bytes(cache as usize)
+    )
+}
+
 fn attention_line(cfg: &ModelConfig) -> String {
     match &cfg.attention {
         AttentionConfig::Gqa(GqaConfig {

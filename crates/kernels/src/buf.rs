@@ -131,15 +131,6 @@ impl Drop for AlignedBuf {
     }
 }
 
-// SAFETY: the address and length are fixed at allocation; the bytes change only through
-// `as_mut_slice`, which needs `&mut self`, so never while a matrix shares the buffer through
-// an `Arc` (a cache slot is refilled only once its `Arc` is unique again).
-unsafe impl crate::packed::StableBytes for AlignedBuf {
-    fn stable_bytes(&self) -> &[u8] {
-        self.as_slice()
-    }
-}
-
 /// A mutable slice shared between parallel tasks that each write a disjoint part of it.
 pub(crate) struct SharedMut<'a, T> {
     ptr: *mut T,

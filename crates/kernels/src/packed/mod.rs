@@ -175,6 +175,15 @@ pub unsafe trait StableBytes: Send + Sync {
     fn stable_bytes(&self) -> &[u8];
 }
 
+// SAFETY: the address and length are fixed at allocation; the bytes change only through
+// `as_mut_slice`, which needs `&mut self`, so never while a matrix shares the buffer through
+// an `Arc` (a cache slot is refilled only once its `Arc` is unique again).
+unsafe impl StableBytes for crate::AlignedBuf {
+    fn stable_bytes(&self) -> &[u8] {
+        self.as_slice()
+    }
+}
+
 /// What keeps a matrix's bytes alive: an owned buffer, or the mapped file.
 type Keep = Arc<dyn Send + Sync>;
 
