@@ -177,6 +177,24 @@ struct ExecMetrics(Arc<HybridExecutor>);
 
 impl MetricsSource for ExecMetrics {
     fn render(&self, out: &mut String) {
+        self.render_with(out, &self.0.resident_experts());
+    }
+
+    fn resident_experts(&self) -> Option<Vec<Vec<u32>>> {
+        Some(self.0.resident_experts())
+    }
+
+    fn snapshot(&self) -> (String, Option<Vec<Vec<u32>>>) {
+        let resident = self.0.resident_experts();
+        let mut text = String::new();
+        self.render_with(&mut text, &resident);
+        (text, Some(resident))
+    }
+}
+
+impl ExecMetrics {
+    /// The counters, with `resident` as the device cache's experts.
+    fn render_with(&self, out: &mut String, resident: &[Vec<u32>]) {
         use std::fmt::Write;
         let s = self.0.stats();
         let mut metric = |name: &str, kind: &str, help: &str, values: &[(&str, f64)]| {
@@ -240,17 +258,13 @@ impl MetricsSource for ExecMetrics {
             "Routed expert tasks whose output was added at the next MoE layer (expert deferral).",
             &[("", s.deferred_experts as f64)],
         );
-        let resident: usize = self.0.resident_experts().iter().map(Vec::len).sum();
+        let resident: usize = resident.iter().map(Vec::len).sum();
         metric(
             "strata_hybrid_resident_experts",
             "gauge",
             "Experts held in the device's expert cache, all MoE layers.",
             &[("", resident as f64)],
         );
-    }
-
-    fn resident_experts(&self) -> Option<Vec<Vec<u32>>> {
-        Some(self.0.resident_experts())
     }
 }
 

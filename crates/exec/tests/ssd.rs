@@ -126,3 +126,37 @@ fn a_budget_below_one_tokens_experts_is_refused_naming_the_minimum() {
         .to_string();
     assert!(e.contains("ggml blocks"), "{e}");
 }
+
+#[test]
+fn pinned_experts_keep_their_slots_and_too_many_pins_are_refused() {
+    let path = fixture("qwen3_moe_q32.q8_0.gguf");
+    let prompt: Vec<u32> = (0..16).map(|i| (i * 29 + 3) % 200).collect();
+    let next: Vec<u32> = (0..8).map(|i| (i * 41 + 7) % 200).collect();
+    let model = Model::load(&path, Precision::Fast).unwrap();
+    let want = bits(&run(&model, &prompt, &next).unwrap());
+    let min = ssd_min_budget(&model, &path).unwrap();
+    let slot = min / model.moe_routers()[0].top_k() as u64;
+    let pinned = vec![(0, 0), (0, 1), (1, 0)];
+    let mut model = Model::load(&path, Precision::Fast).unwrap();
+    let opts = SsdOptions {
+        budget: min + 3 * slot,
+        pinned: pinned.clone(),
+        ..SsdOptions::default()
+    };
+    let tier = attach_ssd_tier(&mut model, &path, &opts).unwrap();
+    assert!(
+        bits(&run(&model, &prompt, &next).unwrap()) == want,
+        "pins change nothing"
+    );
+    assert!(tier.stats().misses > 0);
+    let mut model = Model::load(&path, Precision::Fast).unwrap();
+    let opts = SsdOptions {
+        budget: min + 2 * slot,
+        pinned,
+        ..SsdOptions::default()
+    };
+    let e = attach_ssd_tier(&mut model, &path, &opts)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("pinned"), "{e}");
+}

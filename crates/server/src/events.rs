@@ -289,6 +289,7 @@ impl Sampler {
         };
         (self.generated, self.prompt) = (generated, prompt);
         let m = &st.metrics;
+        let extra = st.extra_metrics.as_ref().map(|x| x.snapshot());
         Frame {
             sample,
             requests: m.chat_requests.load(Ordering::Relaxed)
@@ -297,12 +298,8 @@ impl Sampler {
             generated,
             heat,
             heat_tokens,
-            hybrid: st.extra_metrics.as_ref().map(|x| {
-                let mut text = String::new();
-                x.render(&mut text);
-                parse_exposition(&text)
-            }),
-            resident: st.extra_metrics.as_ref().and_then(|x| x.resident_experts()),
+            hybrid: extra.as_ref().map(|(text, _)| parse_exposition(text)),
+            resident: extra.and_then(|(_, resident)| resident),
         }
     }
 }

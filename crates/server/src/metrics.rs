@@ -58,6 +58,16 @@ pub trait MetricsSource: Send + Sync + fmt::Debug {
     fn resident_experts(&self) -> Option<Vec<Vec<u32>>> {
         None
     }
+
+    /// The exposition text and the resident experts of one moment, for the live view, which
+    /// shows the count and the experts side by side: a source whose text counts the resident
+    /// experts overrides it so both come from one look at the cache (read apart, an expert
+    /// copied in between made them disagree).
+    fn snapshot(&self) -> (String, Option<Vec<Vec<u32>>>) {
+        let mut text = String::new();
+        self.render(&mut text);
+        (text, self.resident_experts())
+    }
 }
 
 /// The server's metrics.

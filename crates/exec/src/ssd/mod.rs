@@ -242,6 +242,13 @@ impl SsdTier {
                 (slot * top_k) as f64 / (1 << 20) as f64
             )));
         }
+        if opts.pinned.len() + top_k > n {
+            return Err(Error::Config(format!(
+                "{} pinned experts leave fewer than the {top_k} slots a token needs in an expert \
+                 cache of {n}",
+                opts.pinned.len()
+            )));
+        }
         let reader = Reader::open(path, opts.readers).map_err(|e| io_error(path, e))?;
         let mut store = Store::new(n, slot, opts.replacement);
         store.pin(opts.pinned.iter().map(|&(l, e)| (l as u32, e)));
@@ -425,6 +432,15 @@ impl SsdTier {
             });
             missing.retain(|&key| !self.read(st, key, &keep));
             if combined < waves.len() {
+                if st.store.loading() == 0 {
+                    // Nothing in flight and nothing computable: every slot holds a pinned
+                    // expert or one this layer still needs. Waiting would never end.
+                    return Err(Error::Config(format!(
+                        "moe layer {l}: the expert cache's {} slots are all pinned or in use; \
+                         give it more memory (--expert-cache) or pin fewer experts",
+                        st.store.len()
+                    )));
+                }
                 let start = Instant::now();
                 let done = st.reader.wait().ok_or_else(|| {
                     Error::Config(format!("{}: the read pool stopped", self.path.display()))

@@ -138,6 +138,14 @@ impl Store {
         }
     }
 
+    /// Slots being read into.
+    pub fn loading(&self) -> usize {
+        self.slots
+            .iter()
+            .filter(|s| matches!(s, Slot::Loading(_)))
+            .count()
+    }
+
     /// Slots holding or reading an expert.
     pub fn used(&self) -> usize {
         self.slots.iter().filter(|s| **s != Slot::Free).count()
@@ -176,7 +184,7 @@ mod tests {
         // A failed read frees its slot.
         st.finish_load(slot, buf, false);
         assert_eq!(st.lookup((2, 0)), Lookup::Absent);
-        assert_eq!(st.used(), 2);
+        assert_eq!((st.used(), st.loading()), (2, 0));
         assert!(st.buffer((1, 0)).is_some());
     }
 }
