@@ -109,19 +109,25 @@ pub fn load_engine(
     Ok(loaded)
 }
 
+/// Appends one metric in Prometheus text exposition: its help and type lines, then a sample
+/// per `(labels, value)`.
+fn write_metric(out: &mut String, name: &str, kind: &str, help: &str, values: &[(&str, f64)]) {
+    use std::fmt::Write;
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    for (labels, v) in values {
+        let _ = writeln!(out, "{name}{labels} {v}");
+    }
+}
+
 /// The SSD tier's counters on `/metrics`.
 #[derive(Debug)]
 struct SsdMetrics(Arc<SsdTier>);
 
 impl MetricsSource for SsdMetrics {
     fn render(&self, out: &mut String) {
-        use std::fmt::Write;
         let s = self.0.stats();
         let mut metric = |name: &str, kind: &str, help: &str, values: &[(&str, f64)]| {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-            for (labels, v) in values {
-                let _ = writeln!(out, "{name}{labels} {v}");
-            }
+            write_metric(out, name, kind, help, values)
         };
         metric(
             "strata_expert_cache_lookups_total",
@@ -195,13 +201,9 @@ impl MetricsSource for ExecMetrics {
 impl ExecMetrics {
     /// The counters, with `resident` as the device cache's experts.
     fn render_with(&self, out: &mut String, resident: &[Vec<u32>]) {
-        use std::fmt::Write;
         let s = self.0.stats();
         let mut metric = |name: &str, kind: &str, help: &str, values: &[(&str, f64)]| {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-            for (labels, v) in values {
-                let _ = writeln!(out, "{name}{labels} {v}");
-            }
+            write_metric(out, name, kind, help, values)
         };
         let (gpu, cpu) = ("{device=\"gpu\"}", "{device=\"cpu\"}");
         metric(
