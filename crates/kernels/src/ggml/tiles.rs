@@ -198,27 +198,34 @@ pub(crate) fn block(
     let strips = layout.n_pad / STRIP;
     let ldo = strips * STRIP;
     let mut out = vec![0.0f32; tokens.len() * ldo];
-    with_tile(data + scales, |tile| {
+    // INT8 tiles of types with mins keep them after the scales, one per row and group as
+    // well; the micro-kernels do not see them.
+    let biased = fmt == TileFormat::Int8 && int8::biased(w.ty);
+    let bias = if biased { scales } else { 0 };
+    with_tile(data + scales + bias, |tile| {
         {
             let bytes = Arc::get_mut(tile)
                 .expect("no view of the tile outlives its task")
                 .0
                 .as_mut_slice();
-            let (values, scale_bytes) = bytes[..data + scales].split_at_mut(data);
+            let (values, rest) = bytes[..data + scales + bias].split_at_mut(data);
             match fmt {
                 TileFormat::Bf16 => {
                     fill(w, values, &layout);
                     // BF16 kernels read no scales; zero them rather than leave another
                     // tile's bytes.
-                    scale_bytes.fill(0);
+                    rest.fill(0);
                 }
                 TileFormat::Int8 => {
                     // SAFETY: every bit pattern is a valid f32; the scales start 64-byte
                     // aligned (an aligned buffer, `data` a multiple of 64), so nothing is left
                     // in the unaligned head.
-                    let (head, sc, _) = unsafe { scale_bytes.align_to_mut::<f32>() };
-                    assert!(head.is_empty() && sc.len() == layout.scales);
-                    int8::fill(w, values, sc, &layout);
+                    let (head, floats, _) = unsafe { rest.align_to_mut::<f32>() };
+                    assert!(
+                        head.is_empty() && floats.len() == layout.scales * (1 + biased as usize)
+                    );
+                    let (sc, bias) = floats.split_at_mut(layout.scales);
+                    int8::fill(w, values, sc, bias, &layout);
                 }
             }
         }
@@ -232,6 +239,13 @@ pub(crate) fn block(
         )
         .expect("the tile holds exactly its layout");
         micro::run_block(kernel, &view, a, tokens.clone(), 0..strips, &mut out, ldo);
+        if biased {
+            // SAFETY: every bit pattern is a valid f32; the biases follow the scales, 64-byte
+            // aligned, so the whole slice is the aligned middle part.
+            let (_, floats, _) =
+                unsafe { tile.0.as_slice()[data + scales..][..bias].align_to::<f32>() };
+            int8::add_bias(&mut out, ldo, floats, layout.n_pad, a, tokens.clone());
+        }
     });
     for (j, t) in tokens.enumerate() {
         emit(t, &out[j * ldo..j * ldo + nr]);
@@ -334,7 +348,9 @@ fn fill_body<const AVX512: bool>(
             for l0 in (0..pairs).step_by(STRIP) {
                 // SAFETY: `AVX512` is only set by `fill_avx512`, whose caller checked the
                 // features; `k_pad` is a multiple of 32, so 16 whole lines remain.
-                unsafe { int8::x86::transpose16(&hb[4 * l0..], 2 * k_pad, &mut dst[l0 * LINE..]) };
+                unsafe {
+                    int8::x86::transpose16(&hb[4 * l0..], 2 * k_pad, 0, &mut dst[l0 * LINE..])
+                };
             }
             continue;
         }

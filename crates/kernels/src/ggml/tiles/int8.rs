@@ -1,30 +1,73 @@
 //! INT8 tiles: a tile of ggml rows written as packed `Int8 { group: Some(32) }` (values
 //! `q + 128`, lines of 16 rows x 4 `k`, a scale per row and 32 `k`).
 //!
-//! Types whose values are already `d · q` per 32 with one `d` and `q` in int8 (Q4_0, Q5_0,
-//! Q8_0, IQ4_NL, IQ4_XS: [`exact`]) are stored as they are, with `d` as the group scale: the
-//! tile holds the weights exactly. The others (mins, scales per 16, F16...) are decoded to f32
-//! and requantized per 32 symmetrically (`amax / 127`, round to nearest even), an error of at
-//! most `amax / 254` per weight, well under the 2- to 6-bit formats' own steps.
+//! Types whose values are `d · q + m` per 32 with one `d`, one `m` and `q` in int8 (Q4_0,
+//! Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, IQ4_NL, IQ4_XS: [`exact`]) are stored as they are, with
+//! `d` as the group scale and `m` as the group's bias (`bias`), which multiplies the group's
+//! activation sum outside the micro-kernels ([`add_bias`]): the tile holds the weights
+//! exactly, and decoding it is a copy and a transpose. The others (scales per 16, F16...)
+//! are decoded to f32 and requantized per 32 symmetrically (`amax / 127`, round to nearest
+//! even), an error of at most `amax / 254` per weight, well under the 2- to 6-bit formats' own
+//! steps. Q4_K requantized per 32 took 64 us per 64x2048 tile on a Xeon core, 70% of the
+//! tile's time at 32 tokens (2026-11-27, docs/benchmarks.md); stored with its mins, see there.
 //!
 //! The activations get a scale per 32 too (`Activations::int8_grouped`): with one per token,
 //! four outlier channels at 64x the rest gave 6.6e-2 relative RMS error on Q4_K against 2.0e-3
 //! for BF16 tiles; with one per 32, 1.05e-2 (the row-dot kernels' scale per 256: 3.0e-2).
 //! The kernels flush per weight group of 32 anyway, so the extra scales cost a load per flush.
 
-use super::super::unpack::UNIT;
-use super::{GgmlType, Isa, LINE, PackedLayout, Rows, STRIP, Scratch, with_scratch};
-use super::{dequantize_row, has_fast_kernel, unpack_rows};
+use std::ops::Range;
+
+use super::super::unpack::{UNIT, decoder};
+use super::{Activations, GgmlType, Isa, LINE, PackedLayout, Rows, STRIP, Scratch, with_scratch};
+use super::{dequantize_row, has_fast_kernel, micro, unpack_rows};
+use crate::packed::XSUM_UNIT;
 
 /// `k` per scale of an INT8 tile: the block size of the 32-value formats, and the sub-block of
 /// Q4_K / Q5_K / IQ4_XS.
 pub(crate) const GROUP: usize = 32;
 
-/// Whether `ty`'s decoded values are `d · q` with one `d` per [`GROUP`] and no min, so that
-/// the tile stores them exactly.
+/// Whether `ty`'s decoded values are `d · q + m` with one `d` and one `m` per [`GROUP`], so
+/// that the tile stores them exactly (`m` as the group's bias).
 pub(crate) fn exact(ty: GgmlType) -> bool {
     use GgmlType::*;
-    matches!(ty, Q4_0 | Q5_0 | Q8_0 | IQ4_NL | IQ4_XS)
+    matches!(
+        ty,
+        Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q4_K | Q5_K | IQ4_NL | IQ4_XS
+    )
+}
+
+/// Whether a tile of `ty` has group biases (an [`exact`] type with mins).
+pub(crate) fn biased(ty: GgmlType) -> bool {
+    exact(ty) && decoder(ty) == Some(true)
+}
+
+/// `out[t][r] += Σ_g bias[g][r] · s[t][g]` for each token `t` of `tokens` (row `j` of `out`,
+/// `ldo` apart), where `s[t][g]` is the dequantized sum of the token's activations over
+/// group `g` (scale times int8 sum, the values the micro-kernels multiplied): the mins of an
+/// [`exact`] tile. `bias` is `[groups][n_pad]`.
+pub(super) fn add_bias(
+    out: &mut [f32],
+    ldo: usize,
+    bias: &[f32],
+    n_pad: usize,
+    a: &Activations,
+    tokens: Range<usize>,
+) {
+    let groups = a.k_pad / GROUP;
+    debug_assert!(a.scale_group == GROUP && GROUP == XSUM_UNIT && bias.len() >= groups * n_pad);
+    for (j, t) in tokens.enumerate() {
+        let o = &mut out[j * ldo..j * ldo + n_pad];
+        let (scale, xsum) = (
+            &a.scale[t * groups..(t + 1) * groups],
+            &a.xsum[t * groups..(t + 1) * groups],
+        );
+        for ((b, &sc), &xs) in bias.chunks_exact(n_pad).zip(scale).zip(xsum) {
+            if xs != 0 {
+                micro::axpy(o, sc * xs as f32, b);
+            }
+        }
+    }
 }
 
 /// The scale (`amax / 127`) and its inverse for a group's absolute maximum, as two
@@ -64,22 +107,29 @@ pub(crate) fn requantize(v: &[f32; GROUP], out: &mut [u8; GROUP]) -> f32 {
 }
 
 /// Writes `w` as a packed INT8 tile: values into `bytes`, scales (`[strip][group][16]`) into
-/// `scales`. Padding rows and columns are zero (stored 128) with scale zero.
-pub(super) fn fill(w: Rows<'_>, bytes: &mut [u8], scales: &mut [f32], layout: &PackedLayout) {
+/// `scales` and, for a [`biased`] type, the group biases (`[group][n_pad]`) into `bias`.
+/// Padding rows and columns are zero (stored 128) with scale and bias zero.
+pub(super) fn fill(
+    w: Rows<'_>,
+    bytes: &mut [u8],
+    scales: &mut [f32],
+    bias: &mut [f32],
+    layout: &PackedLayout,
+) {
     with_scratch(|s| {
         #[cfg(target_arch = "x86_64")]
         {
             if Isa::selected() >= Isa::Avx512 {
                 // SAFETY: `Isa::Avx512` or better is only selected when the CPU has AVX-512
                 // F/BW.
-                return unsafe { fill_avx512(s, w, bytes, scales, layout) };
+                return unsafe { fill_avx512(s, w, bytes, scales, bias, layout) };
             }
             if Isa::selected() >= Isa::Avx2 {
                 // SAFETY: `Isa::Avx2` or better is only selected when the CPU has AVX2 and FMA.
-                return unsafe { fill_avx2(s, w, bytes, scales, layout) };
+                return unsafe { fill_avx2(s, w, bytes, scales, bias, layout) };
             }
         }
-        fill_body::<false>(s, w, bytes, scales, layout);
+        fill_body::<false>(s, w, bytes, scales, bias, layout);
     });
 }
 
@@ -94,9 +144,10 @@ unsafe fn fill_avx512(
     w: Rows<'_>,
     bytes: &mut [u8],
     scales: &mut [f32],
+    bias: &mut [f32],
     layout: &PackedLayout,
 ) {
-    fill_body::<true>(s, w, bytes, scales, layout);
+    fill_body::<true>(s, w, bytes, scales, bias, layout);
 }
 
 /// [`fill_body`] compiled with AVX2 enabled.
@@ -110,44 +161,95 @@ unsafe fn fill_avx2(
     w: Rows<'_>,
     bytes: &mut [u8],
     scales: &mut [f32],
+    bias: &mut [f32],
     layout: &PackedLayout,
 ) {
-    fill_body::<false>(s, w, bytes, scales, layout);
+    fill_body::<false>(s, w, bytes, scales, bias, layout);
 }
 
 /// The fill; `AVX512` only where the CPU has AVX-512 F, BW and VL (from [`fill_avx512`]).
 #[inline(always)]
-fn fill_body<const AVX512: bool>(
+pub(super) fn fill_body<const AVX512: bool>(
     s: &mut Scratch,
     w: Rows<'_>,
     bytes: &mut [u8],
     scales: &mut [f32],
+    bias: &mut [f32],
     layout: &PackedLayout,
 ) {
-    let (k, k_pad, nr) = (w.k, layout.k_pad, w.n);
+    let (k, k_pad, nr, n_pad) = (w.k, layout.k_pad, w.n, layout.n_pad);
     let groups = k_pad / GROUP;
     let decoded = has_fast_kernel(w.ty);
+    let (exact, biased) = (exact(w.ty), biased(w.ty));
+    #[cfg(target_arch = "x86_64")]
+    if AVX512 && w.ty == GgmlType::Q4_K && k == k_pad {
+        // The commonest expert type of MoE releases, decoded straight from its blocks.
+        let (blocks, block) = (k / super::super::types::QK_K, GgmlType::Q4_K.block_bytes());
+        let strip_scales = scales.chunks_exact_mut(groups * STRIP);
+        for (strip, (dst, sc)) in bytes
+            .chunks_exact_mut(layout.strip_bytes)
+            .zip(strip_scales)
+            .enumerate()
+        {
+            let r0 = strip * STRIP;
+            let rows = nr.saturating_sub(r0).min(STRIP);
+            let src = w.bytes.get(r0 * blocks * block..).unwrap_or(&[]);
+            // SAFETY: `AVX512` is only set by `fill_avx512`, whose caller checked the
+            // features (F16C comes with AVX-512 on every CPU that has it).
+            unsafe {
+                x86::q4_k_strip(src, rows, blocks, block, dst);
+                x86::q4_k_strip_scales(src, rows, blocks, block, sc, bias, r0, n_pad);
+            }
+        }
+        return;
+    }
+    // An exact type whose rows fill whole lines is transposed straight from its decoded
+    // values (`q ^ 0x80` is the stored byte): no copy of the tile in between.
+    let direct = decoded && exact && k == k_pad;
     if decoded {
-        s.q.resize(nr * k, 0);
+        let rows = if direct { n_pad } else { nr };
+        s.q.resize(rows * k, 0);
+        s.q[nr * k..].fill(0);
         s.d.resize(nr * k / UNIT, 0.0);
         s.m.resize(nr * k / UNIT, 0.0);
-        unpack_rows(Isa::selected(), w.ty, w.bytes, &mut s.q, &mut s.d, &mut s.m);
+        let q = &mut s.q[..nr * k];
+        unpack_rows(Isa::selected(), w.ty, w.bytes, q, &mut s.d, &mut s.m);
     } else {
         s.f.resize(nr * k, 0.0);
         dequantize_row(w.ty, w.bytes, &mut s.f).expect("validated at construction");
     }
-    let exact = exact(w.ty);
-    // 1. Every row as stored bytes, `k_pad` apart (padding 128, the stored zero), and its
-    // scales (padding zero).
-    s.b.clear();
-    s.b.resize(layout.n_pad * k_pad, 128);
+    // 1. The scales and biases (padding zero) and, unless `direct`, every row as stored
+    // bytes, `k_pad` apart (padding 128, the stored zero).
     scales.fill(0.0);
-    for r in 0..nr {
+    if biased {
+        bias[..groups * n_pad].fill(0.0);
+    }
+    if direct {
+        // Both units of a group share `d` and `m`: the first unit's.
+        let units = k / UNIT;
+        let rows = s.d.chunks_exact(units).zip(s.m.chunks_exact(units));
+        for (r, (d, m)) in rows.enumerate().take(nr) {
+            let (strip, c) = (r / STRIP, r % STRIP);
+            let sc = &mut scales[strip * groups * STRIP..][..groups * STRIP];
+            for (sc, d) in sc.chunks_exact_mut(STRIP).zip(d.chunks_exact(2)) {
+                sc[c] = d[0];
+            }
+            if biased {
+                for (b, m) in bias.chunks_exact_mut(n_pad).zip(m.chunks_exact(2)) {
+                    b[r] = m[0];
+                }
+            }
+        }
+    } else {
+        s.b.clear();
+        s.b.resize(n_pad * k_pad, 128);
+    }
+    for r in (0..nr).filter(|_| !direct) {
         let row = &mut s.b[r * k_pad..(r + 1) * k_pad];
         let (strip, c) = (r / STRIP, r % STRIP);
         let sc = &mut scales[strip * groups * STRIP..][..groups * STRIP];
         #[cfg(target_arch = "x86_64")]
-        if AVX512 && decoded {
+        if AVX512 && decoded && !exact {
             // `k` is a whole number of blocks of 32 or 256 here.
             let (q, d, m) = (
                 &s.q[r * k..(r + 1) * k],
@@ -164,16 +266,7 @@ fn fill_body<const AVX512: bool>(
                 let n = q.len() / GROUP;
                 // SAFETY: `AVX512` is only set by `fill_avx512`, whose caller checked the
                 // features; the slices hold `n` groups (and 2 `n` units) each.
-                unsafe {
-                    if exact {
-                        x86::row_exact(q, out);
-                        for (g, sc) in row_scales[..n].iter_mut().enumerate() {
-                            *sc = d[2 * g];
-                        }
-                    } else {
-                        x86::batch_requantize(q, d, m, out, &mut row_scales[..n]);
-                    }
-                }
+                unsafe { x86::batch_requantize(q, d, m, out, &mut row_scales[..n]) };
                 for (g, v) in row_scales[..n].iter().enumerate() {
                     sc[(b * x86::BATCH + g) * STRIP + c] = *v;
                 }
@@ -192,6 +285,9 @@ fn fill_body<const AVX512: bool>(
                 let q = &s.q[at..at + GROUP];
                 for (b, &q) in qb.iter_mut().zip(q) {
                     *b = (q as u8) ^ 0x80;
+                }
+                if biased {
+                    bias[g * n_pad + r] = s.m[at / UNIT];
                 }
                 s.d[at / UNIT]
             } else {
@@ -215,16 +311,24 @@ fn fill_body<const AVX512: bool>(
     }
     // 2. Each strip is the transpose of its 16 rows' quads: line `l` holds `k = 4l .. 4l + 4`
     // of every row. Transposed 16 quads at a time, so each row is read 64 bytes at a time.
+    let (src, flip): (&[u8], u8) = if direct {
+        // SAFETY: i8 and u8 have the same size and alignment, and every bit pattern is valid.
+        (
+            unsafe { std::slice::from_raw_parts(s.q.as_ptr().cast(), s.q.len()) },
+            0x80,
+        )
+    } else {
+        (&s.b, 0)
+    };
     let lines = k_pad / 4;
     for (strip, dst) in bytes.chunks_exact_mut(layout.strip_bytes).enumerate() {
-        let b = &s.b[strip * STRIP * k_pad..(strip + 1) * STRIP * k_pad];
+        let b = &src[strip * STRIP * k_pad..(strip + 1) * STRIP * k_pad];
         #[cfg(target_arch = "x86_64")]
         if AVX512 {
             for l0 in (0..lines).step_by(STRIP) {
+                let dst = &mut dst[l0 * LINE..][..STRIP * LINE];
                 // SAFETY: as above; `k_pad` is a multiple of 64, so 16 whole lines remain.
-                unsafe {
-                    x86::transpose16(&b[4 * l0..], k_pad, &mut dst[l0 * LINE..][..STRIP * LINE])
-                };
+                unsafe { x86::transpose16(&b[4 * l0..], k_pad, flip, dst) };
             }
             continue;
         }
@@ -234,7 +338,9 @@ fn fill_body<const AVX512: bool>(
                 let row = &b[c * k_pad + 4 * l0..c * k_pad + 4 * (l0 + n)];
                 for (i, quad) in row.chunks_exact(4).enumerate() {
                     let at = (l0 + i) * LINE + c * 4;
-                    dst[at..at + 4].copy_from_slice(quad);
+                    for (d, &v) in dst[at..at + 4].iter_mut().zip(quad) {
+                        *d = v ^ flip;
+                    }
                 }
             }
         }
@@ -251,20 +357,118 @@ pub(super) mod x86 {
     /// Groups per batch of [`batch_requantize`]: one zmm of scales.
     pub(super) const BATCH: usize = 16;
 
-    /// `out = q + 128`, whole groups of 32.
+    /// Writes the tile lines of one strip of Q4_K rows: `rows` rows (at most 16; the rest
+    /// of the strip is the stored zero) of `blocks` blocks of `block` bytes in `src`, into
+    /// `dst` (64 lines per block). Each 64-`k` chunk of a row is 32 bytes of nibbles (low: the first sub-block,
+    /// high: the second), unpacked in registers to `q ^ 0x80` and transposed with the other
+    /// rows' chunks straight into lines: no decoded copy of the tile in between.
     ///
     /// # Safety
     /// AVX-512 F/BW/VL must be available.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    #[inline]
-    pub(super) unsafe fn row_exact(q: &[i8], out: &mut [u8]) {
-        assert!(q.len() == out.len() && q.len().is_multiple_of(GROUP));
-        for (q, o) in q.chunks_exact(GROUP).zip(out.chunks_exact_mut(GROUP)) {
-            // SAFETY: 32 bytes are read from `q` and written to `out` (whole chunks).
-            unsafe {
-                let v = _mm256_loadu_si256(q.as_ptr().cast());
-                let v = _mm256_xor_si256(v, _mm256_set1_epi8(i8::MIN));
-                _mm256_storeu_si256(o.as_mut_ptr().cast(), v);
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
+    pub(super) unsafe fn q4_k_strip(
+        src: &[u8],
+        rows: usize,
+        blocks: usize,
+        block: usize,
+        dst: &mut [u8],
+    ) {
+        let row_bytes = blocks * block;
+        assert!(rows <= 16 && src.len() >= rows * row_bytes && dst.len() >= blocks * 64 * 64);
+        let (nib, flip) = (_mm256_set1_epi8(0x0f), _mm512_set1_epi8(i8::MIN));
+        for b in 0..blocks {
+            for p in 0..4 {
+                let r: [__m512i; 16] = std::array::from_fn(|c| {
+                    if c >= rows {
+                        return flip;
+                    }
+                    let at = c * row_bytes + b * block + 16 + 32 * p;
+                    // SAFETY: 32 bytes at `at` lie within row `c`'s block `b` (checked above).
+                    let qs = unsafe { _mm256_loadu_si256(src.as_ptr().add(at).cast()) };
+                    let lo = _mm256_and_si256(qs, nib);
+                    let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(qs), nib);
+                    let v = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
+                    _mm512_xor_si512(v, flip)
+                });
+                // SAFETY: the caller checked the features; the 16 lines from `64 b + 16 p`
+                // lie within `dst` (checked above).
+                unsafe { transpose16_regs(r, &mut dst[(64 * b + 16 * p) * 64..]) };
+            }
+        }
+    }
+
+    /// The group scales (`d · sc`) and biases (`-(dmin · m)`) of one strip of Q4_K rows (as
+    /// [`q4_k_strip`] takes them), 16 rows at a time in the lanes: `scales` is the strip's
+    /// `[group][16]`, `bias` the whole `[group][n_pad]`, the strip's rows from column `r0`.
+    /// Bit for bit `unpack`'s `k4_scales`; lanes past `rows` get zero.
+    ///
+    /// # Safety
+    /// AVX-512 F/BW/VL must be available.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    pub(super) unsafe fn q4_k_strip_scales(
+        src: &[u8],
+        rows: usize,
+        blocks: usize,
+        block: usize,
+        scales: &mut [f32],
+        bias: &mut [f32],
+        r0: usize,
+        n_pad: usize,
+    ) {
+        let row_bytes = blocks * block;
+        assert!(rows <= 16 && src.len() >= rows * row_bytes && block >= 16);
+        assert!(
+            scales.len() >= blocks * 8 * 16 && bias.len() >= (blocks * 8 - 1) * n_pad + r0 + 16
+        );
+        let mask: __mmask16 = if rows == 16 { !0 } else { (1 << rows) - 1 };
+        let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        let at = _mm512_mullo_epi32(lanes, _mm512_set1_epi32(row_bytes as i32));
+        let (k1, k2, k3) = (
+            _mm512_set1_epi32(0x3f3f3f3f),
+            _mm512_set1_epi32(0x0f0f0f0f),
+            _mm512_set1_epi32(0x03030303),
+        );
+        let (byte, sign) = (_mm512_set1_epi32(0xff), _mm512_set1_epi32(i32::MIN));
+        for b in 0..blocks {
+            // SAFETY: the lanes below `rows` read 4 bytes at 0, 4, 8 and 12 of row `c`'s block
+            // `b` (checked above); masked lanes read nothing.
+            let [dm, u0, u1, u2] = [0, 4, 8, 12].map(|off| unsafe {
+                let base = src.as_ptr().add(b * block + off);
+                _mm512_mask_i32gather_epi32::<1>(_mm512_setzero_si512(), mask, at, base.cast())
+            });
+            let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm));
+            let dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(dm)));
+            // The 6-bit scales and mins of sub-blocks 0-3 are the low bits of bytes 0-3 and
+            // 4-7; those of 4-7 are the nibbles of bytes 8-11 with the top two bits of bytes
+            // 0-3 (scales) and 4-7 (mins) above them.
+            let hi2 = |u: __m512i| {
+                _mm512_slli_epi32::<4>(_mm512_and_si512(_mm512_srli_epi32::<6>(u), k3))
+            };
+            let sc = [
+                _mm512_and_si512(u0, k1),
+                _mm512_or_si512(_mm512_and_si512(u2, k2), hi2(u0)),
+            ];
+            let mn = [
+                _mm512_and_si512(u1, k1),
+                _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32::<4>(u2), k2), hi2(u1)),
+            ];
+            for j in 0..8 {
+                let shift = _mm512_set1_epi32(8 * (j as i32 % 4));
+                let field = |v: __m512i| {
+                    _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srlv_epi32(v, shift), byte))
+                };
+                let s = _mm512_maskz_mul_ps(mask, d, field(sc[j / 4]));
+                // Negated by its sign bit, as `-(dmin · m)` negates (zero becomes -0).
+                let m = _mm512_castps_si512(_mm512_mul_ps(dmin, field(mn[j / 4])));
+                let m = _mm512_maskz_mov_ps(mask, _mm512_castsi512_ps(_mm512_xor_si512(m, sign)));
+                let g = 8 * b + j;
+                // SAFETY: group `g` of the strip's scales and 16 biases from `g n_pad + r0`
+                // lie within the slices (checked above).
+                unsafe {
+                    _mm512_storeu_ps(scales.as_mut_ptr().add(16 * g), s);
+                    _mm512_storeu_ps(bias.as_mut_ptr().add(g * n_pad + r0), m);
+                }
             }
         }
     }
@@ -342,7 +546,30 @@ pub(super) mod x86 {
 
     /// Transposes 16 rows (`stride` bytes apart, 64 bytes each from the start of `src`) of 16
     /// quads (4 bytes: an INT8 quad or a BF16 pair) into 16 lines of `dst`: line `n` holds
-    /// quad `n` of every row.
+    /// quad `n` of every row, each byte XORed with `flip`.
+    ///
+    /// # Safety
+    /// AVX-512 F must be available.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    #[inline]
+    pub(crate) unsafe fn transpose16(src: &[u8], stride: usize, flip: u8, dst: &mut [u8]) {
+        assert!(src.len() >= 15 * stride + 64);
+        // SAFETY: row `i` is read at `i * stride .. + 64`, within `src` (checked above).
+        let r = unsafe {
+            let flip = _mm512_set1_epi8(flip as i8);
+            std::array::from_fn(|i| {
+                _mm512_xor_si512(
+                    _mm512_loadu_si512(src.as_ptr().add(i * stride).cast()),
+                    flip,
+                )
+            })
+        };
+        // SAFETY: the caller checked the features.
+        unsafe { transpose16_regs(r, dst) }
+    }
+
+    /// [`transpose16`] of rows already in registers: line `n` of `dst` gets quad `n` of
+    /// every `r[i]`.
     ///
     /// # Safety
     /// AVX-512 F must be available.
@@ -350,13 +577,10 @@ pub(super) mod x86 {
     #[allow(clippy::needless_range_loop)]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     #[inline]
-    pub(crate) unsafe fn transpose16(src: &[u8], stride: usize, dst: &mut [u8]) {
-        assert!(src.len() >= 15 * stride + 64 && dst.len() >= 16 * 64);
-        // SAFETY: row `i` is read at `i * stride .. + 64` and line `n` written at `64 n .. +
-        // 64`, within the slices (checked above).
+    pub(crate) unsafe fn transpose16_regs(r: [__m512i; 16], dst: &mut [u8]) {
+        assert!(dst.len() >= 16 * 64);
+        // SAFETY: line `n` is written at `64 n .. + 64`, within `dst` (checked above).
         unsafe {
-            let r: [__m512i; 16] =
-                std::array::from_fn(|i| _mm512_loadu_si512(src.as_ptr().add(i * stride).cast()));
             // Pairs of rows interleaved by dword, then groups of four rows by qword: `v[g][c]`
             // holds, in 128-bit lane `j`, quad `4 j + c` of rows `4 g .. 4 g + 4`.
             let mut v = [[_mm512_setzero_si512(); 4]; 4];

@@ -178,6 +178,44 @@ fn int8_tiles_match_their_twin_on_random_shapes() {
     }
 }
 
+/// The direct Q4_K fill (AVX-512: nibbles unpacked and transposed in registers) writes the
+/// same tile, scales and biases as the generic fill, on ragged row counts.
+#[test]
+fn q4_k_direct_fill_equals_the_generic_fill() {
+    if Isa::selected() < Isa::Avx512 {
+        eprintln!("SKIPPED: no AVX-512 selected here, the direct Q4_K tile fill does not run");
+        return;
+    }
+    let k = 512;
+    for n in [1, 16, 33, 64] {
+        let wm = matrix(GgmlType::Q4_K, n, k, &mut (n as u64));
+        let w = Rows {
+            ty: GgmlType::Q4_K,
+            n,
+            k,
+            bytes: wm.bytes(),
+        };
+        let layout = TileFormat::Int8.layout(n, k);
+        let fill = |direct: bool| {
+            let mut bytes = vec![7u8; layout.data_bytes];
+            let (mut sc, mut bias) = (vec![7.0f32; layout.scales], vec![7.0f32; layout.scales]);
+            if direct {
+                int8::fill(w, &mut bytes, &mut sc, &mut bias, &layout);
+            } else {
+                with_scratch(|s| {
+                    int8::fill_body::<false>(s, w, &mut bytes, &mut sc, &mut bias, &layout)
+                });
+            }
+            (bytes, sc, bias)
+        };
+        let (want, got) = (fill(false), fill(true));
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert!(want.0 == got.0, "{n} rows: tile bytes differ");
+        assert_eq!(bits(&want.1), bits(&got.1), "{n} rows: scales differ");
+        assert_eq!(bits(&want.2), bits(&got.2), "{n} rows: biases differ");
+    }
+}
+
 /// Relative RMS error of `got` against `want` (f64).
 fn rel_rms(got: &[f32], want: &[f64]) -> f64 {
     let (mut e, mut s) = (0.0, 0.0);
@@ -270,12 +308,12 @@ fn tile_fill_and_kernel_timing() {
         for fmt in FORMATS {
             let layout = fmt.layout(n, k);
             let mut buf = AlignedBuf::zeroed(layout.data_bytes + layout.scales * 4);
-            let mut sc = vec![0.0f32; layout.scales];
+            let (mut sc, mut bias) = (vec![0.0f32; layout.scales], vec![0.0f32; layout.scales]);
             let fill_s = time(&mut || {
                 let bytes = &mut buf.as_mut_slice()[..layout.data_bytes];
                 match fmt {
                     TileFormat::Bf16 => fill(w, bytes, &layout),
-                    TileFormat::Int8 => int8::fill(w, bytes, &mut sc, &layout),
+                    TileFormat::Int8 => int8::fill(w, bytes, &mut sc, &mut bias, &layout),
                 }
             });
             let (mut q, mut d, mut mm) = (
