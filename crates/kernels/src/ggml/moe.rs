@@ -14,6 +14,7 @@ use std::ops::Range;
 use crate::buf::SharedMut;
 use crate::error::check_len;
 use crate::moe::{ExpertBatch, MoeOptions, Segment, active_batches, convert_all, waves};
+use crate::packed::micro;
 use crate::{Isa, KernelError, parallel_for};
 
 use super::GgmlMatrix;
@@ -274,9 +275,7 @@ fn run_wave(
                     let row = row0[task.s] + t;
                     // SAFETY: this task alone writes these columns of this row.
                     let dst = unsafe { mid_w.part(row * inter + task.rows.start, nr) };
-                    for ((d, &gv), &uv) in dst.iter_mut().zip(&gate[j * nr..]).zip(v) {
-                        *d = gv / (1.0 + (-gv).exp()) * uv;
-                    }
+                    micro::silu_mul(&gate[j * nr..(j + 1) * nr], v, dst);
                 },
             );
         });

@@ -31,6 +31,8 @@ use super::unpack::{UNIT, unpack_rows};
 use super::{GgmlType, dequantize_row, has_fast_kernel};
 
 pub(super) mod int8;
+#[cfg(target_arch = "x86_64")]
+mod q4_k;
 
 /// Weight rows per tile: the strips one micro-kernel block takes (64 output columns).
 pub(crate) const TILE_ROWS: usize = micro::N_BLOCK_STRIPS * STRIP;
@@ -295,13 +297,32 @@ unsafe fn fill_avx2(s: &mut Scratch, w: Rows<'_>, bytes: &mut [u8], layout: &Pac
 
 /// The fill; `AVX512` only where the CPU has AVX-512 F, BW and VL (from [`fill_avx512`]).
 #[inline(always)]
-fn fill_body<const AVX512: bool>(
+pub(super) fn fill_body<const AVX512: bool>(
     s: &mut Scratch,
     w: Rows<'_>,
     bytes: &mut [u8],
     layout: &PackedLayout,
 ) {
     let (k, k_pad, nr, src) = (w.k, layout.k_pad, w.n, w.bytes);
+    #[cfg(target_arch = "x86_64")]
+    if AVX512 && w.ty == GgmlType::Q4_K && k == k_pad {
+        let (blocks, block) = (k / super::types::QK_K, w.ty.block_bytes());
+        let groups = blocks * 8;
+        s.d.resize(groups * STRIP, 0.0);
+        s.m.resize(groups * STRIP, 0.0);
+        for (strip, dst) in bytes.chunks_exact_mut(layout.strip_bytes).enumerate() {
+            let r0 = strip * STRIP;
+            let rows = nr.saturating_sub(r0).min(STRIP);
+            let src = src.get(r0 * blocks * block..).unwrap_or(&[]);
+            // SAFETY: `AVX512` is only set by `fill_avx512`, whose caller checked AVX-512
+            // F/BW/VL (and BF16: `Isa::Avx512` requires it).
+            unsafe {
+                q4_k::q4_k_strip_scales(src, rows, blocks, block, &mut s.d, &mut s.m, 0, STRIP);
+                q4_k::q4_k_strip_bf16(src, rows, blocks, block, &s.d, &s.m, dst);
+            }
+        }
+        return;
+    }
     // 1. All rows as BF16, `k_pad` apart; padding rows and columns zero.
     s.h.clear();
     s.h.resize(layout.n_pad * k_pad, 0);

@@ -19,8 +19,11 @@
 use std::ops::Range;
 
 use super::super::unpack::{UNIT, decoder};
-use super::{Activations, GgmlType, Isa, LINE, PackedLayout, Rows, STRIP, Scratch, with_scratch};
-use super::{dequantize_row, has_fast_kernel, micro, unpack_rows};
+#[cfg(target_arch = "x86_64")]
+use super::q4_k;
+use super::with_scratch;
+use super::{Activations, GgmlType, Isa, LINE, PackedLayout, Rows, STRIP, Scratch, TILE_ROWS};
+use super::{dequantize_row, has_fast_kernel, unpack_rows};
 use crate::packed::XSUM_UNIT;
 
 /// `k` per scale of an INT8 tile: the block size of the 32-value formats, and the sub-block of
@@ -45,7 +48,7 @@ pub(crate) fn biased(ty: GgmlType) -> bool {
 /// `out[t][r] += Σ_g bias[g][r] · s[t][g]` for each token `t` of `tokens` (row `j` of `out`,
 /// `ldo` apart), where `s[t][g]` is the dequantized sum of the token's activations over
 /// group `g` (scale times int8 sum, the values the micro-kernels multiplied): the mins of an
-/// [`exact`] tile. `bias` is `[groups][n_pad]`.
+/// [`exact`] tile. `bias` is `[groups][n_pad]`, `n_pad` at most [`TILE_ROWS`].
 pub(super) fn add_bias(
     out: &mut [f32],
     ldo: usize,
@@ -54,18 +57,41 @@ pub(super) fn add_bias(
     a: &Activations,
     tokens: Range<usize>,
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if Isa::selected() >= Isa::Avx512 && n_pad.is_multiple_of(2 * STRIP) {
+        // SAFETY: `Isa::Avx512` or better is only selected when the CPU has AVX-512 F.
+        return unsafe { x86::add_bias(out, ldo, bias, n_pad, a, tokens) };
+    }
+    add_bias_body(out, ldo, bias, n_pad, a, tokens);
+}
+
+#[inline(always)]
+fn add_bias_body(
+    out: &mut [f32],
+    ldo: usize,
+    bias: &[f32],
+    n_pad: usize,
+    a: &Activations,
+    tokens: Range<usize>,
+) {
     let groups = a.k_pad / GROUP;
-    debug_assert!(a.scale_group == GROUP && GROUP == XSUM_UNIT && bias.len() >= groups * n_pad);
+    assert!(a.scale_group == GROUP && GROUP == XSUM_UNIT && n_pad <= TILE_ROWS);
+    let bias = &bias[..groups * n_pad];
     for (j, t) in tokens.enumerate() {
-        let o = &mut out[j * ldo..j * ldo + n_pad];
         let (scale, xsum) = (
             &a.scale[t * groups..(t + 1) * groups],
             &a.xsum[t * groups..(t + 1) * groups],
         );
+        // A whole tile's width at a fixed size, so the loop below unrolls into registers.
+        let mut acc = [0.0f32; TILE_ROWS];
         for ((b, &sc), &xs) in bias.chunks_exact(n_pad).zip(scale).zip(xsum) {
-            if xs != 0 {
-                micro::axpy(o, sc * xs as f32, b);
+            let s = sc * xs as f32;
+            for (acc, &b) in acc.iter_mut().zip(b) {
+                *acc += s * b;
             }
+        }
+        for (o, acc) in out[j * ldo..j * ldo + n_pad].iter_mut().zip(acc) {
+            *o += acc;
         }
     }
 }
@@ -197,8 +223,8 @@ pub(super) fn fill_body<const AVX512: bool>(
             // SAFETY: `AVX512` is only set by `fill_avx512`, whose caller checked the
             // features (F16C comes with AVX-512 on every CPU that has it).
             unsafe {
-                x86::q4_k_strip(src, rows, blocks, block, dst);
-                x86::q4_k_strip_scales(src, rows, blocks, block, sc, bias, r0, n_pad);
+                q4_k::q4_k_strip(src, rows, blocks, block, dst);
+                q4_k::q4_k_strip_scales(src, rows, blocks, block, sc, bias, r0, n_pad);
             }
         }
         return;
@@ -351,123 +377,90 @@ pub(super) fn fill_body<const AVX512: bool>(
 #[cfg(target_arch = "x86_64")]
 pub(super) mod x86 {
     use std::arch::x86_64::*;
+    use std::ops::Range;
 
-    use super::GROUP;
+    use super::{Activations, GROUP, XSUM_UNIT};
 
     /// Groups per batch of [`batch_requantize`]: one zmm of scales.
     pub(super) const BATCH: usize = 16;
 
-    /// Writes the tile lines of one strip of Q4_K rows: `rows` rows (at most 16; the rest
-    /// of the strip is the stored zero) of `blocks` blocks of `block` bytes in `src`, into
-    /// `dst` (64 lines per block). Each 64-`k` chunk of a row is 32 bytes of nibbles (low: the first sub-block,
-    /// high: the second), unpacked in registers to `q ^ 0x80` and transposed with the other
-    /// rows' chunks straight into lines: no decoded copy of the tile in between.
+    /// [`super::add_bias`] as a register-tiled product: 4 tokens x `n_pad` rows of sums in
+    /// registers, each group's biases loaded once for the 4 tokens.
     ///
     /// # Safety
-    /// AVX-512 F/BW/VL must be available.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
-    pub(super) unsafe fn q4_k_strip(
-        src: &[u8],
-        rows: usize,
-        blocks: usize,
-        block: usize,
-        dst: &mut [u8],
+    /// AVX-512 F must be available; `n_pad` must be 32 or 64.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn add_bias(
+        out: &mut [f32],
+        ldo: usize,
+        bias: &[f32],
+        n_pad: usize,
+        a: &Activations,
+        tokens: Range<usize>,
     ) {
-        let row_bytes = blocks * block;
-        assert!(rows <= 16 && src.len() >= rows * row_bytes && dst.len() >= blocks * 64 * 64);
-        let (nib, flip) = (_mm256_set1_epi8(0x0f), _mm512_set1_epi8(i8::MIN));
-        for b in 0..blocks {
-            for p in 0..4 {
-                let r: [__m512i; 16] = std::array::from_fn(|c| {
-                    if c >= rows {
-                        return flip;
-                    }
-                    let at = c * row_bytes + b * block + 16 + 32 * p;
-                    // SAFETY: 32 bytes at `at` lie within row `c`'s block `b` (checked above).
-                    let qs = unsafe { _mm256_loadu_si256(src.as_ptr().add(at).cast()) };
-                    let lo = _mm256_and_si256(qs, nib);
-                    let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(qs), nib);
-                    let v = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
-                    _mm512_xor_si512(v, flip)
-                });
-                // SAFETY: the caller checked the features; the 16 lines from `64 b + 16 p`
-                // lie within `dst` (checked above).
-                unsafe { transpose16_regs(r, &mut dst[(64 * b + 16 * p) * 64..]) };
+        let groups = a.k_pad / GROUP;
+        let n = tokens.len();
+        assert!(a.scale_group == GROUP && GROUP == XSUM_UNIT && bias.len() >= groups * n_pad);
+        assert!(matches!(n_pad, 32 | 64) && (n == 0 || out.len() >= (n - 1) * ldo + n_pad));
+        assert!(a.scale.len() >= tokens.end * groups && a.xsum.len() >= tokens.end * groups);
+        let mut j = 0;
+        while j < n {
+            let mr = (n - j).min(4);
+            let t0 = tokens.start + j;
+            // SAFETY: the caller checked the features; rows `j .. j + mr` of `out` and
+            // tokens `t0 .. t0 + mr` lie within the slices (checked above).
+            unsafe {
+                match (mr, n_pad) {
+                    (1, 32) => bias_tile::<1, 2>(out, ldo, bias, a, t0, j),
+                    (2, 32) => bias_tile::<2, 2>(out, ldo, bias, a, t0, j),
+                    (3, 32) => bias_tile::<3, 2>(out, ldo, bias, a, t0, j),
+                    (_, 32) => bias_tile::<4, 2>(out, ldo, bias, a, t0, j),
+                    (1, _) => bias_tile::<1, 4>(out, ldo, bias, a, t0, j),
+                    (2, _) => bias_tile::<2, 4>(out, ldo, bias, a, t0, j),
+                    (3, _) => bias_tile::<3, 4>(out, ldo, bias, a, t0, j),
+                    _ => bias_tile::<4, 4>(out, ldo, bias, a, t0, j),
+                }
             }
+            j += mr;
         }
     }
 
-    /// The group scales (`d · sc`) and biases (`-(dmin · m)`) of one strip of Q4_K rows (as
-    /// [`q4_k_strip`] takes them), 16 rows at a time in the lanes: `scales` is the strip's
-    /// `[group][16]`, `bias` the whole `[group][n_pad]`, the strip's rows from column `r0`.
-    /// Bit for bit `unpack`'s `k4_scales`; lanes past `rows` get zero.
+    /// `MR` tokens from `t0` (output rows from `j`) by `NS` strips of [`add_bias`].
     ///
     /// # Safety
-    /// AVX-512 F/BW/VL must be available.
-    #[allow(clippy::too_many_arguments)]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
-    pub(super) unsafe fn q4_k_strip_scales(
-        src: &[u8],
-        rows: usize,
-        blocks: usize,
-        block: usize,
-        scales: &mut [f32],
-        bias: &mut [f32],
-        r0: usize,
-        n_pad: usize,
+    /// As [`add_bias`], whose checks cover the tile.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn bias_tile<const MR: usize, const NS: usize>(
+        out: &mut [f32],
+        ldo: usize,
+        bias: &[f32],
+        a: &Activations,
+        t0: usize,
+        j: usize,
     ) {
-        let row_bytes = blocks * block;
-        assert!(rows <= 16 && src.len() >= rows * row_bytes && block >= 16);
-        assert!(
-            scales.len() >= blocks * 8 * 16 && bias.len() >= (blocks * 8 - 1) * n_pad + r0 + 16
-        );
-        let mask: __mmask16 = if rows == 16 { !0 } else { (1 << rows) - 1 };
-        let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-        let at = _mm512_mullo_epi32(lanes, _mm512_set1_epi32(row_bytes as i32));
-        let (k1, k2, k3) = (
-            _mm512_set1_epi32(0x3f3f3f3f),
-            _mm512_set1_epi32(0x0f0f0f0f),
-            _mm512_set1_epi32(0x03030303),
-        );
-        let (byte, sign) = (_mm512_set1_epi32(0xff), _mm512_set1_epi32(i32::MIN));
-        for b in 0..blocks {
-            // SAFETY: the lanes below `rows` read 4 bytes at 0, 4, 8 and 12 of row `c`'s block
-            // `b` (checked above); masked lanes read nothing.
-            let [dm, u0, u1, u2] = [0, 4, 8, 12].map(|off| unsafe {
-                let base = src.as_ptr().add(b * block + off);
-                _mm512_mask_i32gather_epi32::<1>(_mm512_setzero_si512(), mask, at, base.cast())
+        let groups = a.k_pad / GROUP;
+        let n_pad = NS * 16;
+        let mut acc = [[_mm512_setzero_ps(); NS]; MR];
+        for g in 0..groups {
+            // SAFETY: group `g`'s `n_pad` biases lie within `bias` (checked by the caller).
+            let b: [__m512; NS] = std::array::from_fn(|s| unsafe {
+                _mm512_loadu_ps(bias.as_ptr().add(g * n_pad + 16 * s))
             });
-            let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm));
-            let dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(dm)));
-            // The 6-bit scales and mins of sub-blocks 0-3 are the low bits of bytes 0-3 and
-            // 4-7; those of 4-7 are the nibbles of bytes 8-11 with the top two bits of bytes
-            // 0-3 (scales) and 4-7 (mins) above them.
-            let hi2 = |u: __m512i| {
-                _mm512_slli_epi32::<4>(_mm512_and_si512(_mm512_srli_epi32::<6>(u), k3))
-            };
-            let sc = [
-                _mm512_and_si512(u0, k1),
-                _mm512_or_si512(_mm512_and_si512(u2, k2), hi2(u0)),
-            ];
-            let mn = [
-                _mm512_and_si512(u1, k1),
-                _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32::<4>(u2), k2), hi2(u1)),
-            ];
-            for j in 0..8 {
-                let shift = _mm512_set1_epi32(8 * (j as i32 % 4));
-                let field = |v: __m512i| {
-                    _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srlv_epi32(v, shift), byte))
-                };
-                let s = _mm512_maskz_mul_ps(mask, d, field(sc[j / 4]));
-                // Negated by its sign bit, as `-(dmin · m)` negates (zero becomes -0).
-                let m = _mm512_castps_si512(_mm512_mul_ps(dmin, field(mn[j / 4])));
-                let m = _mm512_maskz_mov_ps(mask, _mm512_castsi512_ps(_mm512_xor_si512(m, sign)));
-                let g = 8 * b + j;
-                // SAFETY: group `g` of the strip's scales and 16 biases from `g n_pad + r0`
-                // lie within the slices (checked above).
+            for (i, acc) in acc.iter_mut().enumerate() {
+                let at = (t0 + i) * groups + g;
+                let sum = _mm512_set1_ps(a.scale[at] * a.xsum[at] as f32);
+                for s in 0..NS {
+                    acc[s] = _mm512_fmadd_ps(b[s], sum, acc[s]);
+                }
+            }
+        }
+        for (i, acc) in acc.iter().enumerate() {
+            for (s, acc) in acc.iter().enumerate() {
+                // SAFETY: row `j + i`, columns `16 s .. + 16` lie within `out` (caller).
                 unsafe {
-                    _mm512_storeu_ps(scales.as_mut_ptr().add(16 * g), s);
-                    _mm512_storeu_ps(bias.as_mut_ptr().add(g * n_pad + r0), m);
+                    let o = out.as_mut_ptr().add((j + i) * ldo + 16 * s);
+                    _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), *acc));
                 }
             }
         }

@@ -178,12 +178,13 @@ fn int8_tiles_match_their_twin_on_random_shapes() {
     }
 }
 
-/// The direct Q4_K fill (AVX-512: nibbles unpacked and transposed in registers) writes the
-/// same tile, scales and biases as the generic fill, on ragged row counts.
+/// The direct Q4_K fills (AVX-512: nibbles unpacked and transposed in registers) write the
+/// same tiles (BF16, and INT8 with its scales and biases) as the generic fills, on ragged row
+/// counts.
 #[test]
-fn q4_k_direct_fill_equals_the_generic_fill() {
+fn q4_k_direct_fills_equal_the_generic_fills() {
     if Isa::selected() < Isa::Avx512 {
-        eprintln!("SKIPPED: no AVX-512 selected here, the direct Q4_K tile fill does not run");
+        eprintln!("SKIPPED: no AVX-512 selected here, the direct Q4_K tile fills do not run");
         return;
     }
     let k = 512;
@@ -195,6 +196,20 @@ fn q4_k_direct_fill_equals_the_generic_fill() {
             k,
             bytes: wm.bytes(),
         };
+        let bf16 = TileFormat::Bf16.layout(n, k);
+        let fill_bf16 = |direct: bool| {
+            let mut bytes = vec![7u8; bf16.data_bytes];
+            if direct {
+                super::fill(w, &mut bytes, &bf16);
+            } else {
+                with_scratch(|s| fill_body::<false>(s, w, &mut bytes, &bf16));
+            }
+            bytes
+        };
+        assert!(
+            fill_bf16(false) == fill_bf16(true),
+            "{n} rows: BF16 tiles differ"
+        );
         let layout = TileFormat::Int8.layout(n, k);
         let fill = |direct: bool| {
             let mut bytes = vec![7u8; layout.data_bytes];

@@ -1,0 +1,178 @@
+//! Q4_K, the commonest expert type of MoE releases, decoded into tiles straight from its
+//! blocks on AVX-512: a strip's 16 rows of one chunk of `k` are unpacked in registers and
+//! transposed into the tile's lines, with no decoded copy of the tile in between (the generic
+//! fills go through `unpack`'s rows). Each is tested bit for bit against the generic fill.
+
+use std::arch::x86_64::*;
+
+use super::int8::x86::transpose16_regs;
+
+/// Writes the INT8 tile lines of one strip of Q4_K rows: `rows` rows (at most 16; the rest
+/// of the strip is the stored zero) of `blocks` blocks of `block` bytes in `src`, into `dst`
+/// (64 lines per block). Each 64-`k` chunk of a row is 32 bytes of nibbles (low: the first
+/// sub-block, high: the second), unpacked to `q ^ 0x80` and transposed with the other rows'.
+///
+/// # Safety
+/// AVX-512 F/BW/VL must be available.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
+pub(super) unsafe fn q4_k_strip(
+    src: &[u8],
+    rows: usize,
+    blocks: usize,
+    block: usize,
+    dst: &mut [u8],
+) {
+    let row_bytes = blocks * block;
+    assert!(rows <= 16 && src.len() >= rows * row_bytes && dst.len() >= blocks * 64 * 64);
+    let (nib, flip) = (_mm256_set1_epi8(0x0f), _mm512_set1_epi8(i8::MIN));
+    for b in 0..blocks {
+        for p in 0..4 {
+            let r: [__m512i; 16] = std::array::from_fn(|c| {
+                if c >= rows {
+                    return flip;
+                }
+                let at = c * row_bytes + b * block + 16 + 32 * p;
+                // SAFETY: 32 bytes at `at` lie within row `c`'s block `b` (checked above).
+                let qs = unsafe { _mm256_loadu_si256(src.as_ptr().add(at).cast()) };
+                let lo = _mm256_and_si256(qs, nib);
+                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(qs), nib);
+                let v = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
+                _mm512_xor_si512(v, flip)
+            });
+            // SAFETY: the caller checked the features; the 16 lines from `64 b + 16 p`
+            // lie within `dst` (checked above).
+            unsafe { transpose16_regs(r, &mut dst[(64 * b + 16 * p) * 64..]) };
+        }
+    }
+}
+
+/// The group scales (`d · sc`) and biases (`-(dmin · m)`) of one strip of Q4_K rows (as
+/// [`q4_k_strip`] takes them), 16 rows at a time in the lanes: `scales` is the strip's
+/// `[group][16]`, `bias` the whole `[group][n_pad]`, the strip's rows from column `r0`.
+/// Bit for bit `unpack`'s `k4_scales`; lanes past `rows` get zero.
+///
+/// # Safety
+/// AVX-512 F/BW/VL must be available.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+pub(super) unsafe fn q4_k_strip_scales(
+    src: &[u8],
+    rows: usize,
+    blocks: usize,
+    block: usize,
+    scales: &mut [f32],
+    bias: &mut [f32],
+    r0: usize,
+    n_pad: usize,
+) {
+    let row_bytes = blocks * block;
+    assert!(rows <= 16 && src.len() >= rows * row_bytes && block >= 16);
+    assert!(scales.len() >= blocks * 8 * 16 && bias.len() >= (blocks * 8 - 1) * n_pad + r0 + 16);
+    let mask: __mmask16 = if rows == 16 { !0 } else { (1 << rows) - 1 };
+    let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    let at = _mm512_mullo_epi32(lanes, _mm512_set1_epi32(row_bytes as i32));
+    let (k1, k2, k3) = (
+        _mm512_set1_epi32(0x3f3f3f3f),
+        _mm512_set1_epi32(0x0f0f0f0f),
+        _mm512_set1_epi32(0x03030303),
+    );
+    let (byte, sign) = (_mm512_set1_epi32(0xff), _mm512_set1_epi32(i32::MIN));
+    for b in 0..blocks {
+        // SAFETY: the lanes below `rows` read 4 bytes at 0, 4, 8 and 12 of row `c`'s block
+        // `b` (checked above); masked lanes read nothing.
+        let [dm, u0, u1, u2] = [0, 4, 8, 12].map(|off| unsafe {
+            let base = src.as_ptr().add(b * block + off);
+            _mm512_mask_i32gather_epi32::<1>(_mm512_setzero_si512(), mask, at, base.cast())
+        });
+        let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm));
+        let dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(dm)));
+        // The 6-bit scales and mins of sub-blocks 0-3 are the low bits of bytes 0-3 and
+        // 4-7; those of 4-7 are the nibbles of bytes 8-11 with the top two bits of bytes
+        // 0-3 (scales) and 4-7 (mins) above them.
+        let hi2 =
+            |u: __m512i| _mm512_slli_epi32::<4>(_mm512_and_si512(_mm512_srli_epi32::<6>(u), k3));
+        let sc = [
+            _mm512_and_si512(u0, k1),
+            _mm512_or_si512(_mm512_and_si512(u2, k2), hi2(u0)),
+        ];
+        let mn = [
+            _mm512_and_si512(u1, k1),
+            _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32::<4>(u2), k2), hi2(u1)),
+        ];
+        for j in 0..8 {
+            let shift = _mm512_set1_epi32(8 * (j as i32 % 4));
+            let field = |v: __m512i| {
+                _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srlv_epi32(v, shift), byte))
+            };
+            let s = _mm512_maskz_mul_ps(mask, d, field(sc[j / 4]));
+            // Negated by its sign bit, as `-(dmin · m)` negates (zero becomes -0).
+            let m = _mm512_castps_si512(_mm512_mul_ps(dmin, field(mn[j / 4])));
+            let m = _mm512_maskz_mov_ps(mask, _mm512_castsi512_ps(_mm512_xor_si512(m, sign)));
+            let g = 8 * b + j;
+            // SAFETY: group `g` of the strip's scales and 16 biases from `g n_pad + r0`
+            // lie within the slices (checked above).
+            unsafe {
+                _mm512_storeu_ps(scales.as_mut_ptr().add(16 * g), s);
+                _mm512_storeu_ps(bias.as_mut_ptr().add(g * n_pad + r0), m);
+            }
+        }
+    }
+}
+
+/// Writes the BF16 tile lines of one strip of Q4_K rows (as [`q4_k_strip`] takes them; 16
+/// lines per group of 32): `d · q + m` per value, a multiply then an add as the generic fill
+/// rounds them, converted to BF16 rounding to nearest even. `scales` and `bias` are the strip's
+/// `[group][16]` (from [`q4_k_strip_scales`]).
+///
+/// # Safety
+/// AVX-512 F/BW/VL/BF16 must be available.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx2")]
+pub(super) unsafe fn q4_k_strip_bf16(
+    src: &[u8],
+    rows: usize,
+    blocks: usize,
+    block: usize,
+    scales: &[f32],
+    bias: &[f32],
+    dst: &mut [u8],
+) {
+    let row_bytes = blocks * block;
+    let groups = blocks * 8;
+    assert!(rows <= 16 && src.len() >= rows * row_bytes && dst.len() >= groups * 16 * 64);
+    assert!(scales.len() >= groups * 16 && bias.len() >= groups * 16);
+    let nib = _mm256_set1_epi8(0x0f);
+    for g in 0..groups {
+        let (b, j) = (g / 8, g % 8);
+        let r: [__m512i; 16] = std::array::from_fn(|c| {
+            if c >= rows {
+                return _mm512_setzero_si512();
+            }
+            let at = c * row_bytes + b * block + 16 + 32 * (j / 2);
+            // SAFETY: 32 bytes at `at` lie within row `c`'s block `b` (checked above).
+            let qs = unsafe { _mm256_loadu_si256(src.as_ptr().add(at).cast()) };
+            let q = if j % 2 == 0 {
+                qs
+            } else {
+                _mm256_srli_epi16::<4>(qs)
+            };
+            let q = _mm256_and_si256(q, nib);
+            let (d, m) = (
+                _mm512_set1_ps(scales[16 * g + c]),
+                _mm512_set1_ps(bias[16 * g + c]),
+            );
+            let value = |q: __m128i| {
+                let q = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q));
+                _mm512_add_ps(_mm512_mul_ps(d, q), m)
+            };
+            let (lo, hi) = (
+                value(_mm256_castsi256_si128(q)),
+                value(_mm256_extracti128_si256::<1>(q)),
+            );
+            // SAFETY: both are 64-byte plain vector types.
+            unsafe { std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(hi, lo)) }
+        });
+        // SAFETY: the caller checked the features; the 16 lines from `16 g` lie within `dst`
+        // (checked above).
+        unsafe { transpose16_regs(r, &mut dst[16 * g * 64..]) };
+    }
+}
