@@ -42,7 +42,11 @@ pub fn tile_path(
     ty: GgmlType,
     tokens: usize,
 ) -> Option<(crate::Isa, crate::PackedFormat)> {
-    tiles::tile_for(isa, tokens, ty).map(|(_, fmt)| (isa, fmt.packed()))
+    tiles::tile_for(isa, tokens, ty).map(|(kernel, fmt)| match kernel {
+        crate::packed::micro::Kernel::Isa(on) => (on, fmt.packed()),
+        #[cfg(test)]
+        _ => (isa, fmt.packed()),
+    })
 }
 
 /// The instruction set the row-dot kernels of the integer types run on when `isa` is

@@ -65,6 +65,14 @@ pub(crate) const INT8_MIN_TOKENS_AMX: usize = 32;
 /// 2026-11-27 21:43 UTC): 1.21-1.72x at 32 tokens per expert and 1.54-1.90x at 64 (Q4_K,
 /// Q6_K, Q8_0), so the threshold stands.
 pub(crate) const INT8_MIN_TOKENS_AVX512: usize = 32;
+/// The same for Q4_K, whose INT8 tiles are decoded in registers from its blocks
+/// (`q4_k`), on AVX-512 and on AMX, below [`TILE_MIN_TOKENS_AMX`]. Measured with `strata
+/// bench moe --formats q4_k --tokens 64,128,256,512,1024` on the 2-core Xeon with AMX
+/// (2026-11-28, docs/benchmarks.md), seconds per call at 4 / 8 / 16 / 32 tokens per expert:
+/// AVX-512 INT8 tiles 0.043-0.052 / 0.060-0.063 / 0.093-0.113 / 0.156-0.170, the VNNI
+/// row-dot kernels 0.043-0.053 / 0.076-0.102 / 0.168-0.198 / 0.328-0.393, AMX BF16 tiles
+/// 0.10-0.13 / 0.11-0.14 / 0.13-0.145 / 0.135-0.142.
+pub(crate) const INT8_MIN_TOKENS_Q4_K: usize = 8;
 
 /// What a tile is decoded to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -115,6 +123,13 @@ fn forced() -> (Option<TileFormat>, Option<usize>) {
 /// decode.
 pub(crate) fn tile_for(isa: Isa, m: usize, ty: GgmlType) -> Option<(Kernel, TileFormat)> {
     let (fmt, min) = forced();
+    // Q4_K's tiles decode fast enough to repay them from a few tokens on; on AMX they run on
+    // AVX-512 until the AMX BF16 tiles take over.
+    let below_amx = isa == Isa::Avx512 || m < TILE_MIN_TOKENS_AMX;
+    let q4_k = (fmt, min) == (None, None) && ty == GgmlType::Q4_K && isa >= Isa::Avx512;
+    if q4_k && m >= INT8_MIN_TOKENS_Q4_K && below_amx {
+        return Some((Kernel::Isa(Isa::Avx512), TileFormat::Int8));
+    }
     // AMX keeps BF16: `tdpbsud` with a scale per 32 flushes its four accumulator tiles per 32
     // `k`, and the flush, not the multiply, sets the speed (see `INT8_MIN_TOKENS_AMX`).
     let fmt = fmt.unwrap_or(if has_fast_kernel(ty) && isa == Isa::Avx512 {

@@ -74,7 +74,7 @@ fn tiles_are_taken_for_many_tokens_on_avx512_and_amx_only() {
     if forced() != (None, None) {
         return; // STRATA_GGML_TILES set: the choice is the environment's.
     }
-    let w = matrix(GgmlType::Q4_K, 64, 256, &mut 1);
+    let w = matrix(GgmlType::Q6_K, 64, 256, &mut 1);
     for (isa, min, fmt) in [
         (Isa::Avx512, INT8_MIN_TOKENS_AVX512, TileFormat::Int8),
         (Isa::Amx, TILE_MIN_TOKENS_AMX, TileFormat::Bf16),
@@ -85,6 +85,17 @@ fn tiles_are_taken_for_many_tokens_on_avx512_and_amx_only() {
     for isa in [Isa::Portable, Isa::Avx2] {
         assert_eq!(w.form(isa, 4096), Form::Q8(256));
     }
+    // Q4_K takes AVX-512 INT8 tiles from fewer tokens, on AMX until its BF16 tiles take over.
+    let q4_k = matrix(GgmlType::Q4_K, 64, 256, &mut 1);
+    let int8 = Form::Tiles(Kernel::Isa(Isa::Avx512), TileFormat::Int8);
+    for isa in [Isa::Avx512, Isa::Amx] {
+        assert_eq!(q4_k.form(isa, INT8_MIN_TOKENS_Q4_K - 1), Form::Q8(256));
+        assert_eq!(q4_k.form(isa, INT8_MIN_TOKENS_Q4_K), int8);
+        assert_eq!(q4_k.form(isa, TILE_MIN_TOKENS_AMX - 1), int8);
+    }
+    assert_eq!(q4_k.form(Isa::Avx512, 4096), int8);
+    let amx_bf16 = Form::Tiles(Kernel::Isa(Isa::Amx), TileFormat::Bf16);
+    assert_eq!(q4_k.form(Isa::Amx, TILE_MIN_TOKENS_AMX), amx_bf16);
     // Types without an integer form take BF16 tiles.
     let f16 = matrix(GgmlType::F16, 64, 256, &mut 1);
     let bf16 = TileFormat::Bf16;
