@@ -123,7 +123,25 @@ const AXPY_CHUNK: usize = 64;
 
 #[inline(always)]
 fn axpy_rows_lanes(alpha: &[f32], rows: &[f32], stride: usize, y: &mut [f32]) {
+    // Whole chunks at a fixed size, so that the sums stay in registers: with the width known
+    // only at run time they lived on the stack, each row's add waiting on the last one's
+    // store (the prefill's costliest loop, 2026-11-28).
     let mut c = 0;
+    while c + AXPY_CHUNK <= y.len() {
+        let mut acc = [0.0f32; AXPY_CHUNK];
+        for (j, &a) in alpha.iter().enumerate() {
+            let r: &[f32; AXPY_CHUNK] = rows[j * stride + c..][..AXPY_CHUNK]
+                .try_into()
+                .expect("a whole chunk");
+            for (s, &v) in acc.iter_mut().zip(r) {
+                *s = a.mul_add(v, *s);
+            }
+        }
+        for (yi, s) in y[c..c + AXPY_CHUNK].iter_mut().zip(&acc) {
+            *yi += s;
+        }
+        c += AXPY_CHUNK;
+    }
     while c < y.len() {
         let w = (y.len() - c).min(AXPY_CHUNK);
         let mut acc = [0.0f32; AXPY_CHUNK];
