@@ -9,7 +9,8 @@
 //! are decoded to f32 and requantized per 32 symmetrically (`amax / 127`, round to nearest
 //! even), an error of at most `amax / 254` per weight, well under the 2- to 6-bit formats' own
 //! steps. Q4_K requantized per 32 took 64 us per 64x2048 tile on a Xeon core, 70% of the
-//! tile's time at 32 tokens (2026-11-27, docs/benchmarks.md); stored with its mins, see there.
+//! tile's time at 32 tokens (2026-11-27); stored exactly and decoded in registers (`q4_k`),
+//! 6-7 us (2026-11-28, docs/benchmarks.md).
 //!
 //! The activations get a scale per 32 too (`Activations::int8_grouped`): with one per token,
 //! four outlier channels at 64x the rest gave 6.6e-2 relative RMS error on Q4_K against 2.0e-3
