@@ -30,9 +30,9 @@ use super::scratch::{Scratch, with_scratch};
 use super::unpack::{UNIT, unpack_rows};
 use super::{GgmlType, dequantize_row, has_fast_kernel};
 
-pub(super) mod int8;
 #[cfg(target_arch = "x86_64")]
-mod q4_k;
+mod direct;
+pub(super) mod int8;
 
 /// Weight rows per tile: the strips one micro-kernel block takes (64 output columns).
 pub(crate) const TILE_ROWS: usize = micro::N_BLOCK_STRIPS * STRIP;
@@ -332,9 +332,21 @@ pub(super) fn fill_body<const AVX512: bool>(
             // SAFETY: `AVX512` is only set by `fill_avx512`, whose caller checked AVX-512
             // F/BW/VL (and BF16: `Isa::Avx512` requires it).
             unsafe {
-                q4_k::q4_k_strip_scales(src, rows, blocks, block, &mut s.d, &mut s.m, 0, STRIP);
-                q4_k::q4_k_strip_bf16(src, rows, blocks, block, &s.d, &s.m, dst);
+                direct::q4_k_strip_scales(src, rows, blocks, block, &mut s.d, &mut s.m, 0, STRIP);
+                direct::q4_k_strip_bf16(src, rows, blocks, block, &s.d, &s.m, dst);
             }
+        }
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if AVX512 && w.ty == GgmlType::Q6_K && k == k_pad {
+        let (blocks, block) = (k / super::types::QK_K, w.ty.block_bytes());
+        for (strip, dst) in bytes.chunks_exact_mut(layout.strip_bytes).enumerate() {
+            let r0 = strip * STRIP;
+            let rows = nr.saturating_sub(r0).min(STRIP);
+            let src = src.get(r0 * blocks * block..).unwrap_or(&[]);
+            // SAFETY: as for Q4_K above.
+            unsafe { direct::q6_k_strip_bf16(src, rows, blocks, block, dst) };
         }
         return;
     }

@@ -21,7 +21,7 @@ use std::ops::Range;
 
 use super::super::unpack::{UNIT, decoder};
 #[cfg(target_arch = "x86_64")]
-use super::q4_k;
+use super::direct;
 use super::with_scratch;
 use super::{Activations, GgmlType, Isa, LINE, PackedLayout, Rows, STRIP, Scratch, TILE_ROWS};
 use super::{dequantize_row, has_fast_kernel, unpack_rows};
@@ -224,8 +224,8 @@ pub(super) fn fill_body<const AVX512: bool>(
             // SAFETY: `AVX512` is only set by `fill_avx512`, whose caller checked the
             // features (F16C comes with AVX-512 on every CPU that has it).
             unsafe {
-                q4_k::q4_k_strip(src, rows, blocks, block, dst);
-                q4_k::q4_k_strip_scales(src, rows, blocks, block, sc, bias, r0, n_pad);
+                direct::q4_k_strip(src, rows, blocks, block, dst);
+                direct::q4_k_strip_scales(src, rows, blocks, block, sc, bias, r0, n_pad);
             }
         }
         return;

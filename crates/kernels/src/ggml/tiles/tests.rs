@@ -189,56 +189,60 @@ fn int8_tiles_match_their_twin_on_random_shapes() {
     }
 }
 
-/// The direct Q4_K fills (AVX-512: nibbles unpacked and transposed in registers) write the
-/// same tiles (BF16, and INT8 with its scales and biases) as the generic fills, on ragged row
-/// counts.
+/// The direct fills (AVX-512: Q4_K's INT8 and BF16 tiles, Q6_K's BF16 tiles, unpacked and
+/// transposed in registers) write the same tiles, scales and biases as the generic fills, on
+/// ragged row counts.
 #[test]
-fn q4_k_direct_fills_equal_the_generic_fills() {
+fn direct_fills_equal_the_generic_fills() {
     if Isa::selected() < Isa::Avx512 {
-        eprintln!("SKIPPED: no AVX-512 selected here, the direct Q4_K tile fills do not run");
+        eprintln!("SKIPPED: no AVX-512 selected here, the direct tile fills do not run");
         return;
     }
     let k = 512;
-    for n in [1, 16, 33, 64] {
-        let wm = matrix(GgmlType::Q4_K, n, k, &mut (n as u64));
-        let w = Rows {
-            ty: GgmlType::Q4_K,
-            n,
-            k,
-            bytes: wm.bytes(),
-        };
-        let bf16 = TileFormat::Bf16.layout(n, k);
-        let fill_bf16 = |direct: bool| {
-            let mut bytes = vec![7u8; bf16.data_bytes];
-            if direct {
-                super::fill(w, &mut bytes, &bf16);
-            } else {
-                with_scratch(|s| fill_body::<false>(s, w, &mut bytes, &bf16));
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
+        for n in [1, 16, 33, 64] {
+            let wm = matrix(ty, n, k, &mut (n as u64));
+            let w = Rows {
+                ty,
+                n,
+                k,
+                bytes: wm.bytes(),
+            };
+            let bf16 = TileFormat::Bf16.layout(n, k);
+            let fill_bf16 = |direct: bool| {
+                let mut bytes = vec![7u8; bf16.data_bytes];
+                if direct {
+                    super::fill(w, &mut bytes, &bf16);
+                } else {
+                    with_scratch(|s| fill_body::<false>(s, w, &mut bytes, &bf16));
+                }
+                bytes
+            };
+            assert!(
+                fill_bf16(false) == fill_bf16(true),
+                "{ty} {n} rows: BF16 tiles differ"
+            );
+            let layout = TileFormat::Int8.layout(n, k);
+            let fill = |direct: bool| {
+                let mut bytes = vec![7u8; layout.data_bytes];
+                let (mut sc, mut bias) = (vec![7.0f32; layout.scales], vec![7.0f32; layout.scales]);
+                if direct {
+                    int8::fill(w, &mut bytes, &mut sc, &mut bias, &layout);
+                } else {
+                    with_scratch(|s| {
+                        int8::fill_body::<false>(s, w, &mut bytes, &mut sc, &mut bias, &layout)
+                    });
+                }
+                (bytes, sc, bias)
+            };
+            let (want, got) = (fill(false), fill(true));
+            assert!(want.0 == got.0, "{ty} {n} rows: INT8 tile bytes differ");
+            assert_eq!(bits(&want.1), bits(&got.1), "{ty} {n} rows: scales differ");
+            if int8::biased(ty) {
+                assert_eq!(bits(&want.2), bits(&got.2), "{ty} {n} rows: biases differ");
             }
-            bytes
-        };
-        assert!(
-            fill_bf16(false) == fill_bf16(true),
-            "{n} rows: BF16 tiles differ"
-        );
-        let layout = TileFormat::Int8.layout(n, k);
-        let fill = |direct: bool| {
-            let mut bytes = vec![7u8; layout.data_bytes];
-            let (mut sc, mut bias) = (vec![7.0f32; layout.scales], vec![7.0f32; layout.scales]);
-            if direct {
-                int8::fill(w, &mut bytes, &mut sc, &mut bias, &layout);
-            } else {
-                with_scratch(|s| {
-                    int8::fill_body::<false>(s, w, &mut bytes, &mut sc, &mut bias, &layout)
-                });
-            }
-            (bytes, sc, bias)
-        };
-        let (want, got) = (fill(false), fill(true));
-        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert!(want.0 == got.0, "{n} rows: tile bytes differ");
-        assert_eq!(bits(&want.1), bits(&got.1), "{n} rows: scales differ");
-        assert_eq!(bits(&want.2), bits(&got.2), "{n} rows: biases differ");
+        }
     }
 }
 

@@ -1,7 +1,8 @@
-//! Q4_K, the commonest expert type of MoE releases, decoded into tiles straight from its
-//! blocks on AVX-512: a strip's 16 rows of one chunk of `k` are unpacked in registers and
-//! transposed into the tile's lines, with no decoded copy of the tile in between (the generic
-//! fills go through `unpack`'s rows). Each is tested bit for bit against the generic fill.
+//! The commonest expert types of MoE releases (Q4_K, and Q6_K for BF16 tiles) decoded into
+//! tiles straight from their blocks on AVX-512: a strip's 16 rows of one chunk of `k` are
+//! unpacked in registers and transposed into the tile's lines, with no decoded copy of the
+//! tile in between (the generic fills go through `unpack`'s rows). Each is tested bit for bit
+//! against the generic fill.
 
 use std::arch::x86_64::*;
 
@@ -167,6 +168,75 @@ pub(super) unsafe fn q4_k_strip_bf16(
             let (lo, hi) = (
                 value(_mm256_castsi256_si128(q)),
                 value(_mm256_extracti128_si256::<1>(q)),
+            );
+            // SAFETY: both are 64-byte plain vector types.
+            unsafe { std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(hi, lo)) }
+        });
+        // SAFETY: the caller checked the features; the 16 lines from `16 g` lie within `dst`
+        // (checked above).
+        unsafe { transpose16_regs(r, &mut dst[16 * g * 64..]) };
+    }
+}
+
+/// Writes the BF16 tile lines of one strip of Q6_K rows (`rows` rows, at most 16, of `blocks`
+/// blocks of `block` bytes in `src`; 16 lines per group of 32 in `dst`): each value
+/// `d · sc · (q - 32)` per 16, rounded as the generic fill rounds it (`unpack`'s scale
+/// `d · sc`, times `q`, plus its zero min), then to BF16 to nearest even.
+///
+/// # Safety
+/// AVX-512 F/BW/VL/BF16 must be available.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx2,f16c")]
+pub(super) unsafe fn q6_k_strip_bf16(
+    src: &[u8],
+    rows: usize,
+    blocks: usize,
+    block: usize,
+    dst: &mut [u8],
+) {
+    let row_bytes = blocks * block;
+    let groups = blocks * 8;
+    assert!(rows <= 16 && src.len() >= rows * row_bytes && block >= 210);
+    assert!(dst.len() >= groups * 16 * 64);
+    let (nib, two, off) = (
+        _mm256_set1_epi8(0x0f),
+        _mm256_set1_epi8(0x03),
+        _mm256_set1_epi8(32),
+    );
+    for g in 0..groups {
+        // Group `g` is quarter `c` of half `h` of block `b`: `ql` bytes `64 h + 32 (c % 2)`,
+        // low nibbles for `c < 2`, with bits `2 c, 2 c + 1` of the half's 32 `qh` bytes.
+        let (b, h, c) = (g / 8, (g / 4) % 2, g % 4);
+        let r: [__m512i; 16] = std::array::from_fn(|row| {
+            if row >= rows {
+                return _mm512_setzero_si512();
+            }
+            let x = &src[row * row_bytes + b * block..][..block];
+            // SAFETY: both 32-byte loads lie within the block (`block >= 210`).
+            let (ql, qh) = unsafe {
+                (
+                    _mm256_loadu_si256(x.as_ptr().add(64 * h + 32 * (c % 2)).cast()),
+                    _mm256_loadu_si256(x.as_ptr().add(128 + 32 * h).cast()),
+                )
+            };
+            let low = if c < 2 {
+                ql
+            } else {
+                _mm256_srli_epi16::<4>(ql)
+            };
+            let high =
+                _mm256_and_si256(_mm256_srlv_epi16(qh, _mm256_set1_epi16(2 * c as i16)), two);
+            let q = _mm256_or_si256(_mm256_and_si256(low, nib), _mm256_slli_epi16::<4>(high));
+            let q = _mm256_sub_epi8(q, off);
+            let d = half::f16::from_le_bytes([x[208], x[209]]).to_f32();
+            let unit = |u: usize, q: __m128i| {
+                let scale = _mm512_set1_ps(d * f32::from(x[192 + u] as i8));
+                let q = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q));
+                _mm512_add_ps(_mm512_mul_ps(scale, q), _mm512_setzero_ps())
+            };
+            let u0 = 8 * h + 2 * c;
+            let (lo, hi) = (
+                unit(u0, _mm256_castsi256_si128(q)),
+                unit(u0 + 1, _mm256_extracti128_si256::<1>(q)),
             );
             // SAFETY: both are 64-byte plain vector types.
             unsafe { std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(hi, lo)) }
