@@ -321,32 +321,26 @@ pub(super) fn fill_body<const AVX512: bool>(
     let (k, k_pad, nr, src) = (w.k, layout.k_pad, w.n, w.bytes);
     #[cfg(target_arch = "x86_64")]
     if AVX512 && w.ty == GgmlType::Q4_K && k == k_pad {
-        let (blocks, block) = (k / super::types::QK_K, w.ty.block_bytes());
-        let groups = blocks * 8;
-        s.d.resize(groups * STRIP, 0.0);
-        s.m.resize(groups * STRIP, 0.0);
-        for (strip, dst) in bytes.chunks_exact_mut(layout.strip_bytes).enumerate() {
-            let r0 = strip * STRIP;
-            let rows = nr.saturating_sub(r0).min(STRIP);
-            let src = src.get(r0 * blocks * block..).unwrap_or(&[]);
+        let (blocks, block, strips) = direct::strips(w, bytes, layout.strip_bytes);
+        s.d.resize(blocks * 8 * STRIP, 0.0);
+        s.m.resize(blocks * 8 * STRIP, 0.0);
+        for st in strips {
             // SAFETY: `AVX512` is only set by `fill_avx512`, whose caller checked AVX-512
             // F/BW/VL (and BF16: `Isa::Avx512` requires it).
             unsafe {
+                let (src, rows) = (st.src, st.rows);
                 direct::q4_k_strip_scales(src, rows, blocks, block, &mut s.d, &mut s.m, 0, STRIP);
-                direct::q4_k_strip_bf16(src, rows, blocks, block, &s.d, &s.m, dst);
+                direct::q4_k_strip_bf16(src, rows, blocks, block, &s.d, &s.m, st.dst);
             }
         }
         return;
     }
     #[cfg(target_arch = "x86_64")]
     if AVX512 && w.ty == GgmlType::Q6_K && k == k_pad {
-        let (blocks, block) = (k / super::types::QK_K, w.ty.block_bytes());
-        for (strip, dst) in bytes.chunks_exact_mut(layout.strip_bytes).enumerate() {
-            let r0 = strip * STRIP;
-            let rows = nr.saturating_sub(r0).min(STRIP);
-            let src = src.get(r0 * blocks * block..).unwrap_or(&[]);
+        let (blocks, block, strips) = direct::strips(w, bytes, layout.strip_bytes);
+        for st in strips {
             // SAFETY: as for Q4_K above.
-            unsafe { direct::q6_k_strip_bf16(src, rows, blocks, block, dst) };
+            unsafe { direct::q6_k_strip_bf16(st.src, st.rows, blocks, block, st.dst) };
         }
         return;
     }

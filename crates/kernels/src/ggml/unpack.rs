@@ -310,17 +310,10 @@ pub(crate) fn unpack_rows(
     m: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
-    {
-        if isa >= Isa::Avx512 {
-            // SAFETY: `Isa::Avx512` or better is only selected when the CPU has AVX-512 F/BW/VL.
-            unsafe { unpack_rows_avx512(ty, src, q, d, m) };
-            return;
-        }
-        if isa >= Isa::Avx2 {
-            // SAFETY: `Isa::Avx2` or better is only selected when the CPU has AVX2.
-            unsafe { unpack_rows_avx2(ty, src, q, d, m) };
-            return;
-        }
+    if isa >= Isa::Avx2 {
+        // SAFETY: `Isa::Avx2` or better is only selected when the CPU has AVX2.
+        unsafe { unpack_rows_avx2(ty, src, q, d, m) };
+        return;
     }
     let _ = isa;
     unpack_row(ty, src, q, d, m);
@@ -333,16 +326,6 @@ pub(crate) fn unpack_rows(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 unsafe fn unpack_rows_avx2(ty: GgmlType, src: &[u8], q: &mut [i8], d: &mut [f32], m: &mut [f32]) {
-    unpack_row(ty, src, q, d, m);
-}
-
-/// [`unpack_row`] compiled with AVX-512 enabled.
-///
-/// # Safety
-/// The CPU must support AVX-512 F, BW and VL.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
-unsafe fn unpack_rows_avx512(ty: GgmlType, src: &[u8], q: &mut [i8], d: &mut [f32], m: &mut [f32]) {
     unpack_row(ty, src, q, d, m);
 }
 

@@ -7,6 +7,39 @@
 use std::arch::x86_64::*;
 
 use super::int8::x86::transpose16_regs;
+use super::{Rows, STRIP};
+
+/// One strip of `w`'s k-quant rows beside its tile bytes: the strip's first row, its rows
+/// (at most 16; the rest of the strip is padding) and the tile bytes it fills.
+pub(super) struct Strip<'a> {
+    pub r0: usize,
+    pub src: &'a [u8],
+    pub rows: usize,
+    pub dst: &'a mut [u8],
+}
+
+/// `w`'s blocks per row and bytes per block (a k-quant: blocks of 256), and its strips over
+/// `bytes`, `strip_bytes` each.
+pub(super) fn strips<'a>(
+    w: Rows<'a>,
+    bytes: &'a mut [u8],
+    strip_bytes: usize,
+) -> (usize, usize, impl Iterator<Item = Strip<'a>>) {
+    let (blocks, block) = (w.k / crate::ggml::QK_K, w.ty.block_bytes());
+    let it = bytes
+        .chunks_exact_mut(strip_bytes)
+        .enumerate()
+        .map(move |(strip, dst)| {
+            let r0 = strip * STRIP;
+            Strip {
+                r0,
+                src: w.bytes.get(r0 * blocks * block..).unwrap_or(&[]),
+                rows: w.n.saturating_sub(r0).min(STRIP),
+                dst,
+            }
+        });
+    (blocks, block, it)
+}
 
 /// Writes the INT8 tile lines of one strip of Q4_K rows: `rows` rows (at most 16; the rest
 /// of the strip is the stored zero) of `blocks` blocks of `block` bytes in `src`, into `dst`

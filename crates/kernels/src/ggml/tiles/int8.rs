@@ -211,21 +211,14 @@ pub(super) fn fill_body<const AVX512: bool>(
     #[cfg(target_arch = "x86_64")]
     if AVX512 && w.ty == GgmlType::Q4_K && k == k_pad {
         // The commonest expert type of MoE releases, decoded straight from its blocks.
-        let (blocks, block) = (k / super::super::types::QK_K, GgmlType::Q4_K.block_bytes());
-        let strip_scales = scales.chunks_exact_mut(groups * STRIP);
-        for (strip, (dst, sc)) in bytes
-            .chunks_exact_mut(layout.strip_bytes)
-            .zip(strip_scales)
-            .enumerate()
-        {
-            let r0 = strip * STRIP;
-            let rows = nr.saturating_sub(r0).min(STRIP);
-            let src = w.bytes.get(r0 * blocks * block..).unwrap_or(&[]);
+        let (blocks, block, strips) = direct::strips(w, bytes, layout.strip_bytes);
+        for (st, sc) in strips.zip(scales.chunks_exact_mut(groups * STRIP)) {
+            let (src, rows) = (st.src, st.rows);
             // SAFETY: `AVX512` is only set by `fill_avx512`, whose caller checked the
             // features (F16C comes with AVX-512 on every CPU that has it).
             unsafe {
-                direct::q4_k_strip(src, rows, blocks, block, dst);
-                direct::q4_k_strip_scales(src, rows, blocks, block, sc, bias, r0, n_pad);
+                direct::q4_k_strip(src, rows, blocks, block, st.dst);
+                direct::q4_k_strip_scales(src, rows, blocks, block, sc, bias, st.r0, n_pad);
             }
         }
         return;
