@@ -385,6 +385,31 @@ impl Model {
     }
 }
 
+/// The MoE blocks of a checkpoint alone (router, routed and shared experts), in MoE layer
+/// order, loaded as [`Model`] loads them (a GGUF's blocks used in place): for a backend
+/// that runs everything else elsewhere and the routed experts here (the accelerator's
+/// hybrid layout, `--device hybrid`).
+pub fn load_moe_blocks(
+    config: &ModelConfig,
+    src: &Source,
+    opts: LoadOptions,
+) -> Result<Vec<MoeBlock>> {
+    let opts = match src {
+        Source::Strata(f) => LoadOptions::stored(f)?,
+        _ => opts,
+    };
+    let ld = Loader::new(src, opts).with_fp8_block(config.fp8_block);
+    let graph = LayerGraph::new(config, src);
+    let mut blocks = Vec::new();
+    for (i, node) in graph.layers().iter().enumerate() {
+        if let FfnConfig::Moe(moe) = &node.ffn {
+            let names = LayerNames::new(i).moe(src, moe.shared.as_ref());
+            blocks.push(MoeBlock::load(&ld, &names, moe, config.hidden_size)?);
+        }
+    }
+    Ok(blocks)
+}
+
 /// Opens a model's config and tensors: a `.gguf` file, a converted `.strata` file (or a
 /// directory holding `model.strata`), or a Hugging Face directory.
 pub fn open(path: &Path) -> Result<(ModelConfig, Source)> {

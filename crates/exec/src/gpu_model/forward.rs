@@ -3,11 +3,11 @@
 
 use std::ops::Range;
 
-use strata_accel::{Buffer, Op, RopeKind};
+use strata_accel::{Buffer, ExpertFormat, ExpertSlots, Op, RopeKind};
 use strata_model::config::{GqaConfig, MlaConfig, MoeConfig, RopeStyle};
-use strata_model::{Decoder, LogitsWanted, Norm, Routing, forward_pass};
+use strata_model::{Decoder, LogitsWanted, Norm, Routing, SeqSpan, forward_pass};
 
-use super::{Attn, Ffn, GpuCache, GpuModel, GpuSeq, Matrix, Mlp, Moe, f32s};
+use super::{Attn, Ffn, GpuCache, GpuModel, GpuSeq, Matrix, Mlp, Moe, Routed, f32s};
 use crate::{Error, Result};
 
 /// Activations on the device: `n` rows.
@@ -17,7 +17,7 @@ pub(super) struct Rows {
 }
 
 impl GpuModel {
-    fn scratch(&self, n: usize, label: &str) -> Result<Buffer> {
+    pub(super) fn scratch(&self, n: usize, label: &str) -> Result<Buffer> {
         Ok(self.dev.alloc(n as u64 * 4, 0, label)?)
     }
 
@@ -69,7 +69,7 @@ impl GpuModel {
     }
 
     /// `x += y`, both `[rows, hidden]`.
-    fn add(&self, x: &Buffer, y: &Buffer, rows: usize) -> Result<()> {
+    pub(super) fn add(&self, x: &Buffer, y: &Buffer, rows: usize) -> Result<()> {
         let h = self.config.hidden_size;
         Ok(self.dev.enqueue(&Op::Add {
             x,
@@ -209,9 +209,14 @@ impl GpuModel {
     }
 
     /// `x += routed experts (+ shared experts)` of `hs`, decoder layer `li`'s.
-    fn moe(&self, li: usize, x: &Buffer, hs: &Buffer, moe: &Moe, t: usize) -> Result<()> {
-        let dev = &*self.dev;
-        let k = moe.params.k as usize;
+    /// `x += ` the shared experts of `moe` on `hs` (gated where the block gates them).
+    pub(super) fn shared_experts(
+        &self,
+        x: &Buffer,
+        hs: &Buffer,
+        moe: &Moe,
+        t: usize,
+    ) -> Result<()> {
         let h = self.config.hidden_size;
         if let Some(shared) = &moe.shared {
             let y = self.mlp(hs, shared, t)?;
@@ -219,7 +224,7 @@ impl GpuModel {
                 Some(g) => Some(self.matmul(hs, g, t)?),
                 None => None,
             };
-            dev.enqueue(&Op::Add {
+            self.dev.enqueue(&Op::Add {
                 x,
                 y: &y,
                 gate: gate.as_ref(),
@@ -227,10 +232,16 @@ impl GpuModel {
                 dim: h as u32,
             })?;
         }
+        Ok(())
+    }
+
+    /// The router of `moe` on `hs`: each row's `k` expert ids and weights, on the device.
+    pub(super) fn route(&self, hs: &Buffer, moe: &Moe, t: usize) -> Result<(Buffer, Buffer)> {
+        let k = moe.params.k as usize;
         let logits = self.matmul(hs, &moe.router, t)?;
         let ids = self.scratch(t * k, "expert ids")?;
         let weights = self.scratch(t * k, "expert weights")?;
-        dev.enqueue(&Op::TopK {
+        self.dev.enqueue(&Op::TopK {
             logits: &logits,
             bias: moe.correction_bias.as_ref(),
             ids: &ids,
@@ -238,6 +249,26 @@ impl GpuModel {
             tokens: t as u32,
             params: moe.params,
         })?;
+        Ok((ids, weights))
+    }
+
+    /// The MoE block of layer `li` with its routed experts on the device: `x += ` its
+    /// output on `hs`, with no host round trip.
+    #[allow(clippy::too_many_arguments)]
+    fn moe_on_device(
+        &self,
+        li: usize,
+        x: &Buffer,
+        hs: &Buffer,
+        moe: &Moe,
+        (slots, format): (&ExpertSlots, ExpertFormat),
+        t: usize,
+    ) -> Result<()> {
+        let dev = &*self.dev;
+        let k = moe.params.k as usize;
+        let h = self.config.hidden_size;
+        self.shared_experts(x, hs, moe, t)?;
+        let (ids, weights) = self.route(hs, moe, t)?;
         // Grouped by expert on the device: no round trip to the host inside a step.
         let n = t * k;
         let pairs = self.scratch(2 * n, "expert pairs")?;
@@ -251,14 +282,14 @@ impl GpuModel {
             n_experts: moe.params.n_experts,
         })?;
         self.report_routing(li, &ids, &weights, n, k)?;
-        let inter = moe.slots.inter as usize;
+        let inter = slots.inter as usize;
         let act = self.scratch(t * k * inter, "expert activations")?;
         let y = self.scratch(t * k * h, "expert outputs")?;
         for (stage, input, out) in [(0, hs, &act), (1, &act, &y)] {
             dev.enqueue(&Op::ExpertFfn {
                 x: input,
-                slots: &moe.slots,
-                format: moe.format,
+                slots,
+                format,
                 pairs: &pairs,
                 out,
                 n_pairs: (t * k) as u32,
@@ -343,6 +374,16 @@ impl GpuPass<'_> {
                 "layer {layer}: the layer graph's {block} differs from the loaded weights'"
             ),
         }
+    }
+
+    /// The batch layout, as the CPU's executors see it.
+    fn spans(&self) -> Vec<SeqSpan> {
+        let span = |p: &Part| SeqSpan {
+            row: p.row,
+            len: p.n,
+            start_pos: p.cache.len,
+        };
+        self.parts.iter().map(span).collect()
     }
 
     /// The rotary table of the cache with the most positions: it covers every position in
@@ -566,7 +607,17 @@ impl Decoder for GpuPass<'_> {
         let Ffn::Moe(moe) = &self.m.layers[li].ffn else {
             return Err(Self::mismatch(li, "feed-forward block"));
         };
-        self.m.moe(li, &x.buf, &hs.buf, moe, self.t)
+        match &moe.routed {
+            Routed::Device { slots, format } => {
+                let on = (slots, *format);
+                self.m.moe_on_device(li, &x.buf, &hs.buf, moe, on, self.t)
+            }
+            Routed::Host(block) => {
+                let spans = self.spans();
+                self.m
+                    .moe_on_host(li, &x.buf, &hs.buf, moe, block, self.t, &spans)
+            }
+        }
     }
 
     fn commit(&mut self) -> Result<()> {

@@ -21,6 +21,7 @@
 
 mod backend;
 mod forward;
+mod hybrid;
 
 use std::path::Path;
 use std::sync::{Arc, RwLock};
@@ -28,6 +29,7 @@ use std::sync::{Arc, RwLock};
 use strata_accel::{Buffer, Device, ExpertFormat, ExpertSlots, TopKParams, WeightType};
 use strata_model::config::{AttentionConfig, FfnConfig, GroupScore, ModelConfig, Scoring};
 use strata_model::model::open;
+use strata_model::moe::MoeBlock;
 use strata_model::names::{self, AttentionNames, ExpertLayout, LayerNames};
 use strata_model::rope::Rope;
 use strata_model::source::Source;
@@ -61,12 +63,24 @@ struct Mlp {
 struct Moe {
     router: Matrix,
     correction_bias: Option<Buffer>,
-    slots: ExpertSlots,
-    /// How the routed experts are stored in their slots.
-    format: ExpertFormat,
+    routed: Routed,
     params: TopKParams,
     shared: Option<Mlp>,
     shared_gate: Option<Matrix>,
+}
+
+/// Where a MoE layer's routed experts are computed.
+#[derive(Debug)]
+enum Routed {
+    /// On the device, every expert in its own slot.
+    Device {
+        slots: ExpertSlots,
+        /// How the routed experts are stored in their slots.
+        format: ExpertFormat,
+    },
+    /// On the host (`--device hybrid`, `hybrid.rs`): the CPU's kernels, or the executor
+    /// installed on the block, compute them from the router input read back once per layer.
+    Host(Box<MoeBlock>),
 }
 
 /// A layer's feed-forward weights, one variant per feed-forward block of the layer graph.
@@ -402,6 +416,18 @@ impl GpuModel {
         config: ModelConfig,
         src: &Source,
     ) -> Result<GpuModel> {
+        GpuModel::build(dev, config, src, None)
+    }
+
+    /// Builds the model on `dev` with every weight there but the routed experts, which
+    /// `host` holds (one block per MoE layer, in order: [`strata_model::model::load_moe_blocks`]).
+    fn build(
+        dev: Arc<dyn Device>,
+        config: ModelConfig,
+        src: &Source,
+        host: Option<Vec<MoeBlock>>,
+    ) -> Result<GpuModel> {
+        let mut host = host.map(Vec::into_iter);
         let graph = LayerGraph::new(&config, src);
         let scale = config.attention_scale();
         let ld = Loader {
@@ -428,15 +454,23 @@ impl GpuModel {
                     let shared = t.shared.as_ref().map(|s| ld.mlp(s)).transpose()?;
                     let shared_gate = t.shared_gate.as_ref();
                     let shared_gate = shared_gate.map(|g| ld.matrix(g, true)).transpose()?;
-                    let (slots, format) = ld.experts(&mn.experts, n, h, moe.intermediate)?;
+                    let routed = match host.as_mut() {
+                        Some(blocks) => Routed::Host(Box::new(blocks.next().ok_or_else(|| {
+                            Error::Config(format!("no host experts for layer {i}"))
+                        })?)),
+                        None => {
+                            let (slots, format) =
+                                ld.experts(&mn.experts, n, h, moe.intermediate)?;
+                            Routed::Device { slots, format }
+                        }
+                    };
                     Ffn::Moe(Box::new(Moe {
                         router: ld.matrix(&t.router, true)?,
                         correction_bias: match &t.correction_bias {
                             Some(b) => Some(ld.f32_tensor(&b.name, &b.shape)?),
                             None => None,
                         },
-                        slots,
-                        format,
+                        routed,
                         params: TopKParams {
                             n_experts: n as u32,
                             k: r.top_k as u32,

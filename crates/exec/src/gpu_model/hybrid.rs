@@ -1,0 +1,103 @@
+//! The accelerator's hybrid layout (`--device hybrid`, llama.cpp's `-ngl 99 --n-cpu-moe`,
+//! KTransformers' placement): attention, dense layers, shared experts, routers, norms and
+//! the LM head on the device, the routed experts on the host, computed by the CPU's GGUF
+//! kernels or by the [`ExpertExecutor`] installed on them (the hybrid executor, whose
+//! policy may run some of them on the device again).
+//!
+//! A key design decision: one host round trip per MoE layer. The router runs on the device;
+//! its input rows, the ids and the weights are gathered into one buffer and read back
+//! together, while the shared experts, already submitted, run on the device as the host
+//! computes the routed ones; their sum goes back up and joins the residual stream.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use strata_accel::{Buffer, Device};
+use strata_model::model::{load_moe_blocks, open};
+use strata_model::moe::MoeBlock;
+use strata_model::{ExpertExecutor, LoadOptions, Routing, SeqSpan};
+
+use super::{Ffn, GpuModel, Moe, Routed, f32s, to_bytes};
+use crate::Result;
+
+impl GpuModel {
+    /// Loads the checkpoint at `path` onto `dev` in the hybrid layout: every weight on the
+    /// device but the routed experts, which stay in host memory as the CPU loads them (a
+    /// GGUF's blocks mapped in place, packed as `opts` says otherwise).
+    pub fn load_hybrid(dev: Arc<dyn Device>, path: &Path, opts: LoadOptions) -> Result<GpuModel> {
+        let (config, src) = open(path)?;
+        let blocks = load_moe_blocks(&config, &src, opts)?;
+        GpuModel::build(dev, config, &src, Some(blocks))
+    }
+
+    /// Hands the host experts of every MoE layer to `executor`, the `i`-th MoE layer as
+    /// MoE layer `i` (`None`: back to the CPU's fused kernels). Does nothing to layers whose
+    /// experts are on the device.
+    pub fn set_executor(&mut self, executor: Option<Arc<dyn ExpertExecutor>>) {
+        let blocks = self.layers.iter_mut().filter_map(|l| match &mut l.ffn {
+            Ffn::Moe(m) => match &mut m.routed {
+                Routed::Host(block) => Some(block),
+                Routed::Device { .. } => None,
+            },
+            Ffn::Dense(_) => None,
+        });
+        for (i, block) in blocks.enumerate() {
+            block.set_executor(i, executor.clone());
+        }
+    }
+
+    /// Whether the routed experts are computed on the host (the hybrid layout).
+    pub fn experts_on_host(&self) -> bool {
+        self.layers.iter().any(|l| match &l.ffn {
+            Ffn::Moe(m) => matches!(m.routed, Routed::Host(_)),
+            Ffn::Dense(_) => false,
+        })
+    }
+
+    /// The MoE block of layer `li` with its routed experts on the host: `x += ` its output
+    /// on `hs` (`[t, hidden]`), one read back and one upload.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn moe_on_host(
+        &self,
+        li: usize,
+        x: &Buffer,
+        hs: &Buffer,
+        moe: &Moe,
+        block: &MoeBlock,
+        t: usize,
+        spans: &[SeqSpan],
+    ) -> Result<()> {
+        let dev = &*self.dev;
+        let (h, k) = (self.config.hidden_size, moe.params.k as usize);
+        let (ids, weights) = self.route(hs, moe, t)?;
+        let (rows, n) = ((t * h * 4) as u64, (t * k * 4) as u64);
+        let gathered = self.scratch(t * h + 2 * t * k, "routing for the host")?;
+        dev.copy(hs, 0, &gathered, 0, rows)?;
+        dev.copy(&ids, 0, &gathered, rows, n)?;
+        dev.copy(&weights, 0, &gathered, rows + n, n)?;
+        let readback = dev.download_async(&gathered, 0, rows + 2 * n)?;
+        // The device works on the shared experts while the host computes the routed ones.
+        self.shared_experts(x, hs, moe, t)?;
+        dev.submit()?;
+        let bytes = readback.wait()?;
+        let (xs, rest) = bytes.split_at(rows as usize);
+        let (id_bytes, weight_bytes) = rest.split_at(n as usize);
+        let routing = Routing {
+            top_k: k,
+            ids: id_bytes
+                .chunks_exact(4)
+                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+            weights: f32s(weight_bytes).collect(),
+            candidates: None,
+        };
+        if let Some(tap) = self.tap.read().ok().and_then(|t| t.clone()) {
+            tap.on_routing(li, &routing);
+        }
+        let xs: Vec<f32> = f32s(xs).collect();
+        let y = block.run_experts(&xs, &routing, spans)?;
+        let up = self.scratch(t * h, "routed experts' output")?;
+        dev.upload(&up, 0, &to_bytes(&y))?;
+        self.add(x, &up, t)
+    }
+}

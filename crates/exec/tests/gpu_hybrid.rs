@@ -1,0 +1,226 @@
+//! The accelerator's hybrid layout (`GpuModel::load_hybrid`, `--device hybrid`): attention,
+//! dense layers, shared experts, routers and the LM head on the device, the routed experts
+//! on the host. Against the CPU path on every MoE fixture (GQA and MLA, shared experts,
+//! grouped routing), prefill then token by token through the device cache, within 1e-3 x
+//! max|ref| as the whole model on the device is; a GGUF's routed experts on the CPU's GGUF
+//! kernels against the exact reader of the file; with the hybrid executor installed (its
+//! deferral, its device cache); and the host round trips: one per MoE layer and step, plus
+//! the logits.
+//!
+//! These tests need an accelerator (Mesa's lavapipe in CI): without one they are skipped,
+//! unless `STRATA_GPU_TESTS=1` makes that a failure.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use common::default_gpu;
+use strata_accel::{Device, WeightType};
+use strata_exec::{
+    ExecOptions, GpuModel, HostExperts, HybridExecutor, PolicyKind, PolicyOptions, build_policy,
+    cost_model, install, model_shape,
+};
+use strata_formats::npy;
+use strata_model::config::FfnConfig;
+use strata_model::{LoadOptions, LogitsWanted, Model, Precision, SeqInput};
+use strata_policy::Hardware;
+
+fn repo(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(rel)
+}
+
+/// The CPU's logits: `prompt` at once (every row), then `next` one token at a time.
+fn run_cpu(model: &Model, prompt: &[u32], next: &[u32]) -> Vec<f32> {
+    let mut cache = model.new_cache();
+    let mut out = Vec::new();
+    let mut seqs = [SeqInput {
+        tokens: prompt,
+        cache: &mut cache,
+        logits: LogitsWanted::All,
+    }];
+    out.extend(model.forward(&mut seqs).unwrap().remove(0));
+    for tok in next {
+        let mut seqs = [SeqInput {
+            tokens: std::slice::from_ref(tok),
+            cache: &mut cache,
+            logits: LogitsWanted::Last,
+        }];
+        out.extend(model.forward(&mut seqs).unwrap().remove(0));
+    }
+    out
+}
+
+/// What the device computes for the same steps (f32 cache: the kernels' own error), and
+/// the host round trips of the decode steps.
+fn run_gpu(model: &GpuModel, prompt: &[u32], next: &[u32]) -> (Vec<f32>, u64) {
+    let len = prompt.len() + next.len();
+    let mut cache = model.new_cache_as(len, WeightType::F32).unwrap();
+    let mut out = model.forward(prompt, &mut cache).unwrap();
+    let before = model.device().traffic();
+    for tok in next {
+        out.extend(
+            model
+                .forward_last(std::slice::from_ref(tok), &mut cache)
+                .unwrap(),
+        );
+    }
+    (out, model.device().traffic().since(before).downloads)
+}
+
+fn rel_err(got: &[f32], want: &[f32]) -> f32 {
+    assert_eq!(got.len(), want.len());
+    let max_ref = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let diff = got
+        .iter()
+        .zip(want)
+        .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+    diff / max_ref
+}
+
+fn moe_layers(model: &GpuModel) -> u64 {
+    let moe = model.config.layers.iter();
+    moe.filter(|l| matches!(l, FfnConfig::Moe(_))).count() as u64
+}
+
+const PROMPT: [u32; 6] = [3, 1, 4, 1, 5, 9];
+const NEXT: [u32; 4] = [2, 6, 5, 3];
+
+/// Every MoE fixture in the hybrid layout equals the CPU, and a decoded token reads back
+/// once per MoE layer plus its logits.
+#[test]
+fn hybrid_layout_matches_cpu_on_every_fixture() {
+    let Some(dev) = default_gpu() else { return };
+    for name in [
+        "qwen3_moe",
+        "qwen2_moe",
+        "mixtral",
+        "glm4_moe",
+        "deepseek_v3",
+    ] {
+        let dir = repo(&format!("tests/fixtures/{name}"));
+        let cpu = Model::load(&dir, Precision::F32).unwrap();
+        let want = run_cpu(&cpu, &PROMPT, &NEXT);
+        let opts = LoadOptions::from(Precision::F32);
+        let gpu = GpuModel::load_hybrid(dev.clone(), &dir, opts).unwrap();
+        assert!(gpu.experts_on_host(), "{name}");
+        let (got, round_trips) = run_gpu(&gpu, &PROMPT, &NEXT);
+        let e = rel_err(&got, &want);
+        println!("{name}: hybrid layout, max rel err {e:.2e}");
+        assert!(e <= 1e-3, "{name}: error {e:.2e} > 1e-3");
+        let budget = NEXT.len() as u64 * (moe_layers(&gpu) + 1);
+        assert_eq!(round_trips, budget, "{name}: host round trips in decode");
+    }
+}
+
+/// A GGUF's routed experts run on the CPU's GGUF kernels (activations quantized per block,
+/// as llama.cpp's), everything else on the device's: the exact reader of the file within
+/// the CPU kernels' own error, and the same greedy token at every position.
+#[test]
+fn hybrid_layout_runs_a_quantized_gguf() {
+    let Some(dev) = default_gpu() else { return };
+    let dir = repo("tests/fixtures-gguf");
+    let path = dir.join("qwen3_moe_k.q4_k.gguf");
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("qwen3_moe_k.json")).unwrap())
+            .unwrap();
+    let seq: Vec<u32> = manifest["sequences"][0]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap() as u32)
+        .collect();
+    let want = npy::read_f32(&dir.join("qwen3_moe_k.q4_k.dequant_0.npy")).unwrap();
+    let before = dev.memory().live;
+    let gpu = GpuModel::load_hybrid(dev.clone(), &path, LoadOptions::new(Precision::Fast)).unwrap();
+    let on_device = dev.memory().live - before;
+    let _whole = GpuModel::load(dev.clone(), &path).unwrap();
+    let all = dev.memory().live - before - on_device;
+    println!("q4_k: hybrid layout {on_device} bytes on the device, whole model {all}");
+    assert!(on_device < all, "the routed experts stayed off the device");
+    let (prompt, next) = seq.split_at(seq.len() - 3);
+    let (got, _) = run_gpu(&gpu, prompt, next);
+    let e = rel_err(&got, &want.data);
+    let cpu = Model::load(&path, LoadOptions::new(Precision::Fast)).unwrap();
+    let cpu_e = rel_err(&run_cpu(&cpu, prompt, next), &want.data);
+    println!("q4_k against the exact reader: hybrid layout {e:.2e}, CPU {cpu_e:.2e}");
+    // Only the routed experts quantize activations now; on the CPU every matrix does.
+    assert!(
+        e <= cpu_e + 1e-3,
+        "q4_k hybrid: error {e:.2e}, CPU {cpu_e:.2e}"
+    );
+    let vocab = gpu.config.vocab_size;
+    let argmax = |row: &[f32]| {
+        let best = row.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1));
+        best.map(|(i, _)| i).unwrap()
+    };
+    let rows = got.chunks_exact(vocab).zip(want.data.chunks_exact(vocab));
+    for (i, (g, w)) in rows.enumerate() {
+        assert_eq!(argmax(g), argmax(w), "q4_k hybrid: greedy token at row {i}");
+    }
+}
+
+/// The hybrid executor installed on the host experts: KTransformers' deferral (decode only,
+/// one expert per token joins the next layer) and a small device cache for gpu-lru, each
+/// equal to the CPU model with the same executor; the executor's own waits add at most one
+/// round trip per MoE layer.
+#[test]
+fn hybrid_layout_runs_the_executors_policies() {
+    let Some(dev) = default_gpu() else { return };
+    let dir = repo("tests/fixtures/qwen3_moe");
+    for (policy, defer) in [(PolicyKind::KTransformers, 1), (PolicyKind::GpuLru, 0)] {
+        let mut gpu = GpuModel::load_hybrid(dev.clone(), &dir, Precision::F32.into()).unwrap();
+        let mut cpu = Model::load(&dir, Precision::F32).unwrap();
+        install(&mut cpu, Some(&executor(&dev, &dir, &gpu, policy, defer)));
+        let want = run_cpu(&cpu, &PROMPT, &NEXT);
+        let exec = executor(&dev, &dir, &gpu, policy, defer);
+        gpu.set_executor(Some(exec.clone()));
+        let (got, round_trips) = run_gpu(&gpu, &PROMPT, &NEXT);
+        let stats = exec.stats();
+        let e = rel_err(&got, &want);
+        println!("{policy}: error {e:.2e}, {stats}");
+        assert!(e <= 1e-3, "{policy}: error {e:.2e} > 1e-3");
+        assert_eq!(stats.steps, 1 + NEXT.len(), "{policy}");
+        let layers = moe_layers(&gpu);
+        let steps = NEXT.len() as u64;
+        if policy == PolicyKind::KTransformers {
+            assert!(stats.deferred_experts > 0, "{policy}: {stats}");
+            assert_eq!(stats.gpu_pairs, 0, "{policy}: {stats}");
+            assert_eq!(round_trips, steps * (layers + 1), "{policy}");
+        } else {
+            assert!(stats.gpu_pairs > 0, "{policy}: {stats}");
+            assert!(round_trips <= steps * (2 * layers + 1), "{policy}");
+        }
+    }
+}
+
+/// A hybrid executor for `gpu`'s host experts on `dev`, with room for eight experts.
+fn executor(
+    dev: &Arc<dyn Device>,
+    dir: &Path,
+    gpu: &GpuModel,
+    policy: PolicyKind,
+    defer: usize,
+) -> Arc<HybridExecutor> {
+    let host = HostExperts::open(dir).unwrap();
+    let budget = 8 * host.slot_bytes();
+    let cost = cost_model(
+        Hardware::load("ktrans-4080").unwrap(),
+        model_shape(&gpu.config).unwrap(),
+        host.bits_per_weight(),
+        HybridExecutor::cache_bytes(&host, budget),
+    )
+    .unwrap();
+    let opts = PolicyOptions {
+        deferred: defer,
+        ..PolicyOptions::default()
+    };
+    let policy = build_policy(policy, &cost, &opts);
+    let opts = ExecOptions {
+        vram_budget: budget,
+        ..ExecOptions::default()
+    };
+    Arc::new(HybridExecutor::new(dev.clone(), host, policy, cost, &opts).unwrap())
+}
