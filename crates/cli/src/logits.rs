@@ -56,8 +56,14 @@ pub fn run(args: LogitsArgs) -> anyhow::Result<()> {
         None => tokens.len(),
     };
     let dir = args.model.dir()?;
-    if device == Device::Gpu {
-        let model = args.device.gpu_model(&dir)?;
+    if device != Device::Cpu {
+        let (model, hybrid) = match device {
+            Device::Hybrid => {
+                let (gpu, exec) = args.device.hybrid_model(&dir, args.model.load_options())?;
+                (gpu, Some(exec))
+            }
+            _ => (args.device.gpu_model(&dir)?, None),
+        };
         let vocab = model.config.vocab_size;
         let mut cache = model.new_cache(tokens.len())?;
         let mut logits = Vec::with_capacity(tokens.len() * vocab);
@@ -65,13 +71,12 @@ pub fn run(args: LogitsArgs) -> anyhow::Result<()> {
             logits.extend(model.forward(part, &mut cache)?);
         }
         strata_formats::npy::write_f32(&args.out, &[tokens.len(), vocab], &logits)?;
+        if let Some(exec) = hybrid {
+            eprintln!("[hybrid, policy {}: {}]", exec.policy_name(), exec.stats());
+        }
         return Ok(());
     }
-    let (mut model, _) = args.model.load_model(&dir)?;
-    let hybrid = match device {
-        Device::Hybrid => Some(args.device.hybrid(&dir, &mut model)?),
-        _ => None,
-    };
+    let (model, _) = args.model.load_model(&dir)?;
     let vocab = model.config.vocab_size;
     let mut cache = model.new_cache();
     let mut logits = Vec::with_capacity(tokens.len() * vocab);
@@ -84,9 +89,6 @@ pub fn run(args: LogitsArgs) -> anyhow::Result<()> {
         logits.extend(model.forward(&mut seqs)?.remove(0));
     }
     strata_formats::npy::write_f32(&args.out, &[tokens.len(), vocab], &logits)?;
-    if let Some(exec) = hybrid {
-        eprintln!("[hybrid, policy {}: {}]", exec.policy_name(), exec.stats());
-    }
     Ok(())
 }
 

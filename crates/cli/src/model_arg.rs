@@ -381,40 +381,33 @@ impl DeviceArgs {
     /// which: the engine's backend runs the forward passes.
     pub fn load_engine(&self, model: &ModelArgs, dir: &Path) -> anyhow::Result<LoadedEngine> {
         let device = self.checked()?;
-        if device == Device::Gpu {
+        if device != Device::Cpu {
             let started = Instant::now();
             let tokenizer = load_tokenizer(dir)?;
-            let gpu = self.gpu_model(dir)?;
+            let (gpu, hybrid) = match device {
+                Device::Hybrid => {
+                    let (gpu, exec) = self.hybrid_model(dir, model.load_options())?;
+                    (gpu, Some(exec))
+                }
+                _ => (self.gpu_model(dir)?, None),
+            };
             let accel = Some(gpu.device().clone());
             return Ok(LoadedEngine {
                 engine: Engine::new(Box::new(gpu), tokenizer)?,
-                hybrid: None,
+                hybrid,
                 accel,
                 ssd: None,
                 took: started.elapsed(),
             });
         }
         let (mut engine, took) = model.load_engine(dir)?;
-        let ssd = match device {
-            Device::Cpu => {
-                let cpu = engine.model.cpu_model_mut();
-                let cpu = cpu.context("the SSD tier needs the model on the CPU")?;
-                self.ssd_tier(dir, cpu)?
-            }
-            _ => None,
-        };
-        let hybrid = match device {
-            Device::Hybrid => {
-                let cpu = engine.model.cpu_model_mut();
-                let cpu = cpu.context("the hybrid executor needs the model on the CPU")?;
-                Some(self.hybrid(dir, cpu)?)
-            }
-            _ => None,
-        };
+        let cpu = engine.model.cpu_model_mut();
+        let cpu = cpu.context("the SSD tier needs the model on the CPU")?;
+        let ssd = self.ssd_tier(dir, cpu)?;
         Ok(LoadedEngine {
             engine,
-            accel: hybrid.as_ref().map(|h| h.device().clone()),
-            hybrid,
+            accel: None,
+            hybrid: None,
             ssd,
             took,
         })
@@ -509,18 +502,23 @@ impl DeviceArgs {
         Ok(strata_exec::GpuModel::load_on_first_device(dir, budget)?)
     }
 
-    /// Hands `model`'s routed experts to a hybrid executor on the first accelerator
-    /// (`--device hybrid`, [`strata_exec::attach_hybrid`]), returning it for its statistics.
-    pub fn hybrid(&self, dir: &Path, model: &mut Model) -> anyhow::Result<Arc<HybridExecutor>> {
-        Ok(strata_exec::attach_hybrid(
-            model,
+    /// Loads the model in `dir` in the accelerator's hybrid layout, its routed experts on
+    /// the host as `load` says behind a hybrid executor (`--device hybrid`,
+    /// [`strata_exec::load_hybrid`]); returns the executor too, for its statistics.
+    pub fn hybrid_model(
+        &self,
+        dir: &Path,
+        load: LoadOptions,
+    ) -> anyhow::Result<(strata_exec::GpuModel, Arc<HybridExecutor>)> {
+        Ok(strata_exec::load_hybrid(
             dir,
+            load,
             &self.hybrid_options()?,
         )?)
     }
 
     /// The hybrid executor's settings from `--policy` (`gpu-lru` when none), `--vram-budget`,
-    /// `--hardware`, `--defer` and `--profile` (read by [`strata_exec::attach_hybrid`]).
+    /// `--hardware`, `--defer` and `--profile` (read by [`strata_exec::load_hybrid`]).
     fn hybrid_options(&self) -> anyhow::Result<HybridOptions> {
         let h = &self.hybrid;
         let mut opts = HybridOptions::new(h.policy.unwrap_or(PolicyKind::GpuLru))?;

@@ -302,9 +302,10 @@ fn gpu_device_matches_cpu() {
     }
 }
 
-/// `--device hybrid` equals the CPU f32 path under every policy, with a budget small enough
-/// to evict and stage, prefill and token by token; `generate` prints the executor's
-/// statistics. Runs when `STRATA_GPU_TESTS=1`.
+/// `--device hybrid` (attention on the device with its F16 KV cache, routed experts placed
+/// by the policy) equals the CPU f32 path within 1e-3 x max|ref|, as `--device gpu` does,
+/// under every policy, with a budget small enough to evict and stage, prefill and token by
+/// token; `generate` prints the executor's statistics. Runs when `STRATA_GPU_TESTS=1`.
 #[test]
 fn hybrid_device_matches_cpu_under_every_policy() {
     if std::env::var("STRATA_GPU_TESTS").as_deref() != Ok("1") {
@@ -361,7 +362,7 @@ fn hybrid_device_matches_cpu_under_every_policy() {
                 .zip(&want.data)
                 .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
             assert!(
-                diff <= 2e-5 * max_ref,
+                diff <= 1e-3 * max_ref,
                 "{policy} chunk {chunk}: error {diff} vs max {max_ref}"
             );
             std::fs::remove_file(&out).unwrap();

@@ -39,7 +39,7 @@ pub use calibrate::DeviceFigures;
 pub use executor::{ExecOptions, ExecStats, HybridExecutor, LayerRecord};
 pub use gpu_model::{GpuCache, GpuModel, GpuSeq};
 pub use setup::{
-    HybridOptions, PolicyKind, PolicyOptions, attach_hybrid, build_policy, cost_model, install,
+    HybridOptions, PolicyKind, PolicyOptions, build_policy, cost_model, install, load_hybrid,
     model_shape, resolve_model_shape,
 };
 pub use ssd::{SsdOptions, SsdStats, SsdTier, attach_ssd_tier, ssd_min_budget};

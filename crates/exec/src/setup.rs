@@ -1,10 +1,10 @@
 //! Building what the executor runs: the policy by name, its cost model for this model and
-//! budget, and the installation into a [`Model`]; [`attach_hybrid`] does all of it, for
-//! every front end (`--device hybrid`, `strata.LLM(device='hybrid')`).
+//! budget, and the installation behind a model's routed experts; [`load_hybrid`] does all
+//! of it, for every front end (`--device hybrid`, `strata.LLM(device='hybrid')`).
 //!
 //! A key design decision: the cost model the policies see describes the expert cache, not
-//! the whole accelerator. The executor keeps only routed experts on the device (attention
-//! and dense work stay on the CPU), so the GPU memory of the hardware description is set to
+//! the whole accelerator. The device holds the model's other weights (the hybrid layout)
+//! and the executor's expert slots, so the GPU memory of the hardware description is set to
 //! exactly the cache's bytes plus what the cost model counts as resident dense weights, and
 //! `CostModel::gpu_expert_budget` equals the cache the executor really has.
 
@@ -13,13 +13,14 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::Arc;
 
+use strata_model::LoadOptions;
 use strata_model::config::ModelConfig;
 use strata_model::model::Model;
 use strata_policy::policies::{Fiddler, GpuLru, HybriMoE, KTransformers, Smoe, SmoeEviction};
 use strata_policy::predictor::LinearPredictor;
 use strata_policy::{CostModel, Hardware, ModelShape, Policy};
 
-use crate::{DeviceFigures, Error, ExecOptions, HostExperts, HybridExecutor, Result};
+use crate::{DeviceFigures, Error, ExecOptions, GpuModel, HostExperts, HybridExecutor, Result};
 
 /// The policies the executor can run (`--policy`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -248,9 +249,9 @@ pub fn cost_model(
     Ok(cost)
 }
 
-/// How [`attach_hybrid`] runs a model's routed experts: what `--device hybrid` and
+/// How [`load_hybrid`] runs a model's routed experts: what `--device hybrid` and
 /// `strata.LLM(device='hybrid')` take, as values (their front ends parse the names; the
-/// profile is read here, by [`attach_hybrid`], for both).
+/// profile is read here, by [`load_hybrid`], for both).
 #[derive(Debug, Clone)]
 pub struct HybridOptions {
     /// The placement policy.
@@ -260,7 +261,7 @@ pub struct HybridOptions {
     /// The machine whose CPU and GPU speeds price the policy's choices; its GPU memory is
     /// replaced by the cache that `vram_budget` gives.
     pub hardware: Hardware,
-    /// Whether [`attach_hybrid`] replaces `hardware`'s GPU and link rates with what the
+    /// Whether [`load_hybrid`] replaces `hardware`'s GPU and link rates with what the
     /// accelerator measures for one of the model's experts ([`DeviceFigures`]): set when
     /// no machine was named. Applied on a real GPU only: a CPU adapter's (lavapipe's)
     /// figures say nothing of a GPU and would make placement depend on the host's load.
@@ -294,16 +295,20 @@ impl HybridOptions {
     }
 }
 
-/// Hands the routed experts of `model`, loaded from the checkpoint `dir`, to a hybrid
-/// executor on the first accelerator that runs `opts`'s policy, priced for the model's
-/// shape and the experts' storage; returns it for its statistics. The experts' weights are
-/// read from `dir` ([`HostExperts`]), so `dir` must be the checkpoint `model` came from.
-pub fn attach_hybrid(
-    model: &mut Model,
+/// Loads the checkpoint `dir` in the accelerator's hybrid layout on the first accelerator
+/// ([`GpuModel::load_hybrid`]: attention, dense and shared weights, routers and LM head on
+/// the device, the routed experts on the host as `load` says) with a hybrid executor behind
+/// the routed experts that runs `opts`'s policy, priced for the model's shape and the
+/// experts' storage, on the same device; returns both, the executor for its statistics.
+/// The executor copies experts from `dir` ([`HostExperts`]).
+pub fn load_hybrid(
     dir: &Path,
+    load: LoadOptions,
     opts: &HybridOptions,
-) -> Result<Arc<HybridExecutor>> {
-    let shape = model_shape(&model.config)?;
+) -> Result<(GpuModel, Arc<HybridExecutor>)> {
+    let dev = strata_accel::open(&strata_accel::DeviceOptions::default())?;
+    let mut gpu = GpuModel::load_hybrid(dev.clone(), dir, load)?;
+    let shape = model_shape(&gpu.config)?;
     let mut policy_options = opts.policy_options.clone();
     policy_options.check(opts.policy, &shape)?;
     if let Some(path) = &opts.profile {
@@ -312,7 +317,6 @@ pub fn attach_hybrid(
     let host = HostExperts::open(dir)?;
     let bits = host.bits_per_weight();
     let cache = HybridExecutor::cache_bytes(&host, opts.vram_budget);
-    let dev = strata_accel::open(&strata_accel::DeviceOptions::default())?;
     let mut hardware = opts.hardware.clone();
     if opts.measure && dev.info().device_type != "Cpu" {
         let figures = DeviceFigures::measure(&*dev, &host)?;
@@ -330,8 +334,8 @@ pub fn attach_hybrid(
             ..ExecOptions::default()
         },
     )?);
-    install(model, Some(&exec));
-    Ok(exec)
+    gpu.set_executor(Some(exec.clone()));
+    Ok((gpu, exec))
 }
 
 /// Hands every MoE block of `model` to `exec` (`None`: back to the CPU path), with the

@@ -14,7 +14,7 @@ use crate::errors::{chain, runtime_err};
 /// The hybrid executor's settings from `strata.LLM`'s keywords: the policy by its name
 /// (`gpu-lru` when none), `vram_budget` as bytes or a size string (`'64MiB'`), `hardware`
 /// a preset or file, `defer` the experts deferred per token, `profile` a routing trace
-/// (read by `attach_hybrid`). Deferral with another policy than ktransformers is refused
+/// (read by `load_hybrid`). Deferral with another policy than ktransformers is refused
 /// here, before the model loads ([`strata_exec::PolicyOptions::check_policy`]).
 pub fn options(
     policy: Option<&str>,
@@ -62,9 +62,9 @@ pub fn budget_bytes(b: &Bound<'_, PyAny>) -> PyResult<u64> {
     }
 }
 
-/// A failure of `strata_exec::attach_hybrid` as a Python error: a `ValueError` where the
+/// A failure of `strata_exec::load_hybrid` as a Python error: a `ValueError` where the
 /// settings are wrong (policy, deferral, profile), a `RuntimeError` otherwise.
-pub fn attach_err(e: strata_exec::Error) -> PyErr {
+pub fn load_err(e: strata_exec::Error) -> PyErr {
     match e {
         strata_exec::Error::Config(_)
         | strata_exec::Error::Policy(_)

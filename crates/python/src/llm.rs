@@ -209,6 +209,25 @@ fn load_gpu_engine(py: Python<'_>, model: &Path, budget: Option<u64>) -> PyResul
     })
 }
 
+/// `model` in the accelerator's hybrid layout with a hybrid executor behind its routed
+/// experts (`device='hybrid'`, [`strata_exec::load_hybrid`]), and the executor.
+fn load_hybrid_engine(
+    py: Python<'_>,
+    model: &Path,
+    load: LoadOptions,
+    opts: &strata_exec::HybridOptions,
+) -> PyResult<(Engine, Arc<HybridExecutor>)> {
+    check_exists(model)?;
+    let (gpu, exec) = py
+        .detach(|| strata_exec::load_hybrid(model, load, opts))
+        .map_err(crate::hybrid::load_err)?;
+    let tokenizer = py.detach(|| load_tokenizer(model)).map_err(|e| {
+        PyRuntimeError::new_err(format!("loading {}: {}", model.display(), chain(&e)))
+    })?;
+    let engine = Engine::new(Box::new(gpu), tokenizer).map_err(|e| runtime_err(&e))?;
+    Ok((engine, exec))
+}
+
 /// A model loaded for generation on Strata's engine.
 #[pyclass(module = "strata._strata", name = "LLM", frozen)]
 pub struct Llm {
@@ -287,21 +306,17 @@ impl Llm {
                 )));
             }
         };
-        let mut engine = match gpu_budget {
-            Some(budget) => load_gpu_engine(py, &model, budget)?,
-            None => load_engine(py, model.clone(), load_options(dtype, weights)?)?,
-        };
-        let hybrid = match hybrid {
-            Some(opts) => {
-                let cpu = engine.model.cpu_model_mut().ok_or_else(|| {
-                    PyRuntimeError::new_err("the hybrid executor needs the model on the CPU")
-                })?;
-                Some(
-                    py.detach(|| strata_exec::attach_hybrid(cpu, &model, &opts))
-                        .map_err(crate::hybrid::attach_err)?,
-                )
+        let (engine, hybrid) = match (hybrid, gpu_budget) {
+            (Some(opts), _) => {
+                let load = load_options(dtype, weights)?;
+                let (engine, exec) = load_hybrid_engine(py, &model, load, &opts)?;
+                (engine, Some(exec))
             }
-            None => None,
+            (None, Some(budget)) => (load_gpu_engine(py, &model, budget)?, None),
+            (None, None) => (
+                load_engine(py, model.clone(), load_options(dtype, weights)?)?,
+                None,
+            ),
         };
         let engine = Arc::new(engine);
         let limits = SchedulerLimits {
