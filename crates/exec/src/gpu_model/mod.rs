@@ -15,9 +15,10 @@
 //! Q5_K, Q6_K, IQ4_XS; the kernels decode them, so a Q4_K model takes its file's bytes of
 //! device memory), its other quantized types are dequantized to F16, BF16 and F16 stay two
 //! per word and everything else is f32; activations are f32, so the device computes what
-//! an exact reader of the file computes. Routing is read back to the host once per MoE
-//! layer to group the routed rows by expert: the same point at which the hybrid runtime's
-//! policy decides where each expert runs.
+//! an exact reader of the file computes. Routing stays on the device (the routed rows are
+//! grouped by expert there); in the hybrid layout (`hybrid.rs`) the routed experts stay on
+//! the host and each MoE layer reads its routing back once, the point at which the hybrid
+//! executor's policy decides where each expert runs.
 
 mod backend;
 mod forward;
