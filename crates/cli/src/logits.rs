@@ -59,8 +59,8 @@ pub fn run(args: LogitsArgs) -> anyhow::Result<()> {
     if device != Device::Cpu {
         let (model, hybrid) = match device {
             Device::Hybrid => {
-                let (gpu, exec) = args.device.hybrid_model(&dir, args.model.load_options())?;
-                (gpu, Some(exec))
+                let h = args.device.hybrid_model(&dir, args.model.load_options())?;
+                (h.gpu, h.exec)
             }
             _ => (args.device.gpu_model(&dir)?, None),
         };

@@ -322,6 +322,18 @@ impl ModelArgs {
     }
 }
 
+/// A model in the accelerator's hybrid layout and what runs its routed experts
+/// ([`DeviceArgs::hybrid_model`]).
+#[derive(Debug)]
+pub struct HybridModel {
+    /// The model, every weight on the device but the routed experts.
+    pub gpu: strata_exec::GpuModel,
+    /// The hybrid executor behind the routed experts, unless the SSD tier is.
+    pub exec: Option<Arc<HybridExecutor>>,
+    /// The SSD tier behind the routed experts (`--policy ktransformers --expert-cache`).
+    pub ssd: Option<Arc<SsdTier>>,
+}
+
 /// An engine loaded for a `--device` ([`DeviceArgs::load_engine`]).
 #[derive(Debug)]
 pub struct LoadedEngine {
@@ -364,11 +376,22 @@ impl DeviceArgs {
             bail!("--vram-budget applies only with --device gpu or hybrid");
         }
         let cache_given = self.expert_cache.as_deref().is_some_and(|c| c != "off");
-        if self.device != Device::Cpu && (cache_given || self.expert_cache_rule.is_some()) {
+        let cache_asked = cache_given || self.expert_cache_rule.is_some();
+        if self.device == Device::Gpu && cache_asked {
             bail!(
-                "--expert-cache applies only with --device cpu for now (the device's expert \
-                 cache above the DRAM cache is not built yet)"
+                "--expert-cache applies with --device cpu, or --device hybrid --policy \
+                 ktransformers (--device gpu holds every expert on the device)"
             );
+        }
+        if self.device == Device::Hybrid && cache_asked {
+            let opts = self.hybrid_options()?;
+            if opts.policy != PolicyKind::KTransformers || opts.policy_options.deferred > 0 {
+                bail!(
+                    "with --device hybrid, --expert-cache runs under --policy ktransformers \
+                     without --defer only: the SSD tier computes every routed expert on the \
+                     CPU (the device's expert cache above the DRAM cache is not built yet)"
+                );
+            }
         }
         self.expert_cache_budget()?;
         self.expert_cache_rule()?;
@@ -384,19 +407,20 @@ impl DeviceArgs {
         if device != Device::Cpu {
             let started = Instant::now();
             let tokenizer = load_tokenizer(dir)?;
-            let (gpu, hybrid) = match device {
-                Device::Hybrid => {
-                    let (gpu, exec) = self.hybrid_model(dir, model.load_options())?;
-                    (gpu, Some(exec))
-                }
-                _ => (self.gpu_model(dir)?, None),
+            let h = match device {
+                Device::Hybrid => self.hybrid_model(dir, model.load_options())?,
+                _ => HybridModel {
+                    gpu: self.gpu_model(dir)?,
+                    exec: None,
+                    ssd: None,
+                },
             };
-            let accel = Some(gpu.device().clone());
+            let accel = Some(h.gpu.device().clone());
             return Ok(LoadedEngine {
-                engine: Engine::new(Box::new(gpu), tokenizer)?,
-                hybrid,
+                engine: Engine::new(Box::new(h.gpu), tokenizer)?,
+                hybrid: h.exec,
                 accel,
-                ssd: None,
+                ssd: h.ssd,
                 took: started.elapsed(),
             });
         }
@@ -444,11 +468,25 @@ impl DeviceArgs {
     /// Puts the routed experts of `model` (loaded from `dir`) behind the SSD tier when
     /// `--expert-cache` gives a size, or when it is `auto` and they do not fit in memory.
     fn ssd_tier(&self, dir: &Path, model: &mut Model) -> anyhow::Result<Option<Arc<SsdTier>>> {
-        let file = if dir.is_dir() {
-            dir.join(STRATA_FILE)
-        } else {
-            dir.to_owned()
+        let file = model_file(dir);
+        let Some(opts) = self.ssd_options(&file, || Ok(model.memory()))? else {
+            return Ok(None);
         };
+        let tier = strata_exec::attach_ssd_tier(model, &file, &opts)
+            .with_context(|| format!("--expert-cache on {}", file.display()))?;
+        if let Some(note) = tier.take_note() {
+            eprintln!("[expert cache: {note}]");
+        }
+        Ok(Some(tier))
+    }
+
+    /// The SSD tier's settings for the model file `file` whose memory `plan` gives: `None`
+    /// (no tier) for `--expert-cache off`, or `auto` where the routed experts fit.
+    fn ssd_options(
+        &self,
+        file: &Path,
+        plan: impl FnOnce() -> anyhow::Result<MemoryPlan>,
+    ) -> anyhow::Result<Option<SsdOptions>> {
         let budget = match self.expert_cache_budget()? {
             Some(0) => return Ok(None),
             Some(b) => b,
@@ -459,7 +497,7 @@ impl DeviceArgs {
                 let Some(available) = strata_model::memory::available_bytes() else {
                     return Ok(None);
                 };
-                let plan = model.memory();
+                let plan = plan()?;
                 let reserve = expert_cache_reserve(&plan);
                 let Some(b) = plan.expert_cache_budget(available, reserve) else {
                     return Ok(None);
@@ -479,17 +517,11 @@ impl DeviceArgs {
                 b
             }
         };
-        let opts = SsdOptions {
+        Ok(Some(SsdOptions {
             budget,
             replacement: self.expert_cache_rule()?,
             ..SsdOptions::default()
-        };
-        let tier = strata_exec::attach_ssd_tier(model, &file, &opts)
-            .with_context(|| format!("--expert-cache on {}", file.display()))?;
-        if let Some(note) = tier.take_note() {
-            eprintln!("[expert cache: {note}]");
-        }
-        Ok(Some(tier))
+        }))
     }
 
     /// Loads the model onto the accelerator (`--device gpu`).
@@ -503,18 +535,42 @@ impl DeviceArgs {
     }
 
     /// Loads the model in `dir` in the accelerator's hybrid layout, its routed experts on
-    /// the host as `load` says behind a hybrid executor (`--device hybrid`,
-    /// [`strata_exec::load_hybrid`]); returns the executor too, for its statistics.
-    pub fn hybrid_model(
-        &self,
-        dir: &Path,
-        load: LoadOptions,
-    ) -> anyhow::Result<(strata_exec::GpuModel, Arc<HybridExecutor>)> {
-        Ok(strata_exec::load_hybrid(
-            dir,
-            load,
-            &self.hybrid_options()?,
-        )?)
+    /// the host as `load` says (`--device hybrid`): behind a hybrid executor
+    /// ([`strata_exec::load_hybrid`]), or, under `--policy ktransformers` (every routed
+    /// expert on the CPU) when `--expert-cache` asks for it or `auto` finds that they do not
+    /// fit in memory, behind the SSD tier. Returns whichever it is, for its statistics.
+    pub fn hybrid_model(&self, dir: &Path, load: LoadOptions) -> anyhow::Result<HybridModel> {
+        let opts = self.hybrid_options()?;
+        let file = model_file(dir);
+        let ssd = match opts.policy == PolicyKind::KTransformers {
+            true => self.ssd_options(&file, || {
+                let (config, src) = strata_model::model::open(dir)?;
+                Ok(MemoryPlan::of(&config, &src, load))
+            })?,
+            false => None,
+        };
+        let Some(ssd) = ssd else {
+            let (gpu, exec) = strata_exec::load_hybrid(dir, load, &opts)?;
+            return Ok(HybridModel {
+                gpu,
+                exec: Some(exec),
+                ssd: None,
+            });
+        };
+        let dev = strata_accel::open(&strata_accel::DeviceOptions::default())?;
+        let mut gpu = strata_exec::GpuModel::load_hybrid(dev, dir, load)?;
+        let tier = SsdTier::new(&gpu.host_moe_blocks(), &file, &ssd)
+            .with_context(|| format!("--expert-cache on {}", file.display()))?;
+        let tier = Arc::new(tier);
+        if let Some(note) = tier.take_note() {
+            eprintln!("[expert cache: {note}]");
+        }
+        gpu.set_executor(Some(tier.clone()));
+        Ok(HybridModel {
+            gpu,
+            exec: None,
+            ssd: Some(tier),
+        })
     }
 
     /// The hybrid executor's settings from `--policy` (`gpu-lru` when none), `--vram-budget`,
@@ -566,6 +622,16 @@ impl Weights {
             Weights::Int8 => "int8",
             Weights::Int4 => "int4",
         }
+    }
+}
+
+/// The file a model loaded from `dir` maps: a converted directory's `model.strata`, else
+/// `dir` itself.
+fn model_file(dir: &Path) -> PathBuf {
+    if dir.is_dir() {
+        dir.join(STRATA_FILE)
+    } else {
+        dir.to_owned()
     }
 }
 

@@ -159,6 +159,32 @@ fn options_apply_only_where_they_do() {
     );
     let err = fails(&run(&["generate", "--prompt", "Hi", "--vram-budget", "1G"]));
     assert!(err.contains("--vram-budget"), "{err}");
+    // The SSD tier under the hybrid layout computes every routed expert on the CPU.
+    let err = fails(&run(&[
+        "generate",
+        "--prompt",
+        "Hi",
+        "--device",
+        "hybrid",
+        "--policy",
+        "smoe",
+        "--expert-cache",
+        "1G",
+    ]));
+    assert!(
+        err.contains("--expert-cache runs under --policy ktransformers without --defer only"),
+        "{err}"
+    );
+    let err = fails(&run(&[
+        "generate",
+        "--prompt",
+        "Hi",
+        "--device",
+        "gpu",
+        "--expert-cache",
+        "1G",
+    ]));
+    assert!(err.contains("--device gpu holds every expert"), "{err}");
 }
 
 /// Mesa's device-select layer made libwayland print `error: XDG_RUNTIME_DIR is invalid`

@@ -4,8 +4,8 @@
 //! grouped routing), prefill then token by token through the device cache, within 1e-3 x
 //! max|ref| as the whole model on the device is; a GGUF's routed experts on the CPU's GGUF
 //! kernels against the exact reader of the file; with the hybrid executor installed (its
-//! deferral, its device cache); and the host round trips: one per MoE layer and step, plus
-//! the logits.
+//! deferral, its device cache) or the SSD tier (bit for bit the mapped file's logits); and
+//! the host round trips: one per MoE layer and step, plus the logits.
 //!
 //! These tests need an accelerator (Mesa's lavapipe in CI): without one they are skipped,
 //! unless `STRATA_GPU_TESTS=1` makes that a failure.
@@ -18,8 +18,8 @@ use std::sync::Arc;
 use common::default_gpu;
 use strata_accel::{Device, WeightType};
 use strata_exec::{
-    ExecOptions, GpuModel, HostExperts, HybridExecutor, PolicyKind, PolicyOptions, build_policy,
-    cost_model, install, model_shape,
+    ExecOptions, GpuModel, HostExperts, HybridExecutor, PolicyKind, PolicyOptions, SsdOptions,
+    SsdTier, build_policy, cost_model, install, model_shape, ssd_min_budget,
 };
 use strata_formats::npy;
 use strata_model::config::FfnConfig;
@@ -223,4 +223,37 @@ fn executor(
         ..ExecOptions::default()
     };
     Arc::new(HybridExecutor::new(dev.clone(), host, policy, cost, &opts).unwrap())
+}
+
+/// The SSD tier behind the hybrid layout's host experts (`--device hybrid --policy
+/// ktransformers --expert-cache`): the device runs attention, DRAM slots cache the experts,
+/// the file holds them. With the smallest cache (evictions every step, prefetches) the
+/// logits equal the hybrid layout's from the mapped file bit for bit.
+#[test]
+fn hybrid_layout_runs_the_ssd_tier() {
+    let Some(dev) = default_gpu() else { return };
+    let path = repo("tests/fixtures-gguf/qwen3_moe_q32.q8_0.gguf");
+    let load = LoadOptions::new(Precision::Fast);
+    let prompt: Vec<u32> = (0..24).map(|i| (i * 37 + 5) % 200).collect();
+    let next: Vec<u32> = (0..8).map(|i| (i * 53 + 11) % 200).collect();
+    let mapped = GpuModel::load_hybrid(dev.clone(), &path, load).unwrap();
+    let (want, _) = run_gpu(&mapped, &prompt, &next);
+    let mut gpu = GpuModel::load_hybrid(dev.clone(), &path, load).unwrap();
+    let min = ssd_min_budget(&Model::load(&path, load).unwrap(), &path).unwrap();
+    let opts = SsdOptions {
+        budget: min,
+        ..SsdOptions::default()
+    };
+    let tier = Arc::new(SsdTier::new(&gpu.host_moe_blocks(), &path, &opts).unwrap());
+    gpu.set_executor(Some(tier.clone()));
+    let (got, round_trips) = run_gpu(&gpu, &prompt, &next);
+    let stats = tier.stats();
+    println!("ssd tier under the hybrid layout: {stats}");
+    assert!(stats.misses > 0, "{stats}");
+    let same = got
+        .iter()
+        .zip(&want)
+        .all(|(a, b)| a.to_bits() == b.to_bits());
+    assert!(same, "the SSD tier changed the hybrid layout's logits");
+    assert_eq!(round_trips, next.len() as u64 * (moe_layers(&gpu) + 1));
 }

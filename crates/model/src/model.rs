@@ -266,6 +266,15 @@ impl Model {
         &self.layers
     }
 
+    /// The MoE blocks, in MoE layer order.
+    pub fn moe_blocks(&self) -> Vec<&MoeBlock> {
+        let blocks = self.layers.iter().filter_map(|l| match &l.ffn {
+            Ffn::Moe(b) => Some(b),
+            Ffn::Dense(_) => None,
+        });
+        blocks.collect()
+    }
+
     fn moe_blocks_mut(&mut self) -> impl Iterator<Item = &mut MoeBlock> {
         self.layers.iter_mut().filter_map(|l| match &mut l.ffn {
             Ffn::Moe(b) => Some(b),
@@ -283,11 +292,8 @@ impl Model {
 
     /// Each MoE block's router, in MoE layer order (as [`Model::set_executor`] numbers them).
     pub fn moe_routers(&self) -> Vec<Router> {
-        let blocks = self.layers.iter().filter_map(|l| match &l.ffn {
-            Ffn::Moe(b) => Some(b.router().clone()),
-            Ffn::Dense(_) => None,
-        });
-        blocks.collect()
+        let blocks = self.moe_blocks().into_iter();
+        blocks.map(|b| b.router().clone()).collect()
     }
 
     /// Keeps each token's best `2 * top_k` router candidates in every MoE block's routing

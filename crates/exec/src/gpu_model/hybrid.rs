@@ -46,12 +46,22 @@ impl GpuModel {
         }
     }
 
+    /// The MoE blocks whose routed experts are computed on the host, in MoE layer order
+    /// (as [`GpuModel::set_executor`] numbers them; empty unless in the hybrid layout).
+    pub fn host_moe_blocks(&self) -> Vec<&MoeBlock> {
+        let blocks = self.layers.iter().filter_map(|l| match &l.ffn {
+            Ffn::Moe(m) => match &m.routed {
+                Routed::Host(block) => Some(&**block),
+                Routed::Device { .. } => None,
+            },
+            Ffn::Dense(_) => None,
+        });
+        blocks.collect()
+    }
+
     /// Whether the routed experts are computed on the host (the hybrid layout).
     pub fn experts_on_host(&self) -> bool {
-        self.layers.iter().any(|l| match &l.ffn {
-            Ffn::Moe(m) => matches!(m.routed, Routed::Host(_)),
-            Ffn::Dense(_) => false,
-        })
+        !self.host_moe_blocks().is_empty()
     }
 
     /// The MoE block of layer `li` with its routed experts on the host: `x += ` its output

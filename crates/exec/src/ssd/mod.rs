@@ -26,6 +26,7 @@ use strata_kernels::ggml::{GgmlExperts, combine_wave, ggml_piece_rows, moe_waves
 use strata_kernels::moe::{ExpertBatch, group_by_expert};
 use strata_kernels::packed::StableBytes;
 use strata_model::experts::ExpertSet;
+use strata_model::moe::MoeBlock;
 use strata_model::{ExpertCall, ExpertExecutor, Model, Router};
 use strata_policy::replacement::Replacement;
 
@@ -170,24 +171,21 @@ impl std::fmt::Debug for SsdTier {
 /// most experts a token routes to in one layer. Errors unless every MoE layer's experts are
 /// ggml blocks mapped from one file of `file_len` bytes (a GGUF, or a converted model that
 /// keeps them so).
-fn expert_sets(model: &Model, file_len: u64) -> Result<(Vec<GgmlExperts>, usize, usize)> {
+fn expert_sets(blocks: &[&MoeBlock], file_len: u64) -> Result<(Vec<GgmlExperts>, usize, usize)> {
     let mut sets = Vec::new();
     let mut slot = 0;
-    for (i, layer) in model.layers().iter().enumerate() {
-        let strata_model::moe::Ffn::Moe(block) = &layer.ffn else {
-            continue;
-        };
+    for (i, block) in blocks.iter().enumerate() {
         let ExpertSet::Ggml(g) = &block.experts else {
             return Err(Error::Config(format!(
-                "layer {i}: the SSD tier reads experts stored as ggml blocks (a GGUF); this \
-                 model's experts are in memory already"
+                "MoE layer {i}: the SSD tier reads experts stored as ggml blocks (a GGUF); \
+                 this model's experts are in memory already"
             )));
         };
         for e in 0..g.len() {
             let (gate, ..) = g.expert(e);
             if gate.owner_len() as u64 != file_len {
                 return Err(Error::Config(format!(
-                    "layer {i}: experts are not mapped from the model file ({} bytes, the file {file_len})",
+                    "MoE layer {i}: experts are not mapped from the model file ({} bytes, the file {file_len})",
                     gate.owner_len()
                 )));
             }
@@ -200,12 +198,7 @@ fn expert_sets(model: &Model, file_len: u64) -> Result<(Vec<GgmlExperts>, usize,
             "the model has no MoE layer: no experts to cache".into(),
         ));
     }
-    let top_k = model
-        .moe_routers()
-        .iter()
-        .map(Router::top_k)
-        .max()
-        .unwrap_or(1);
+    let top_k = blocks.iter().map(|b| b.router().top_k()).max().unwrap_or(1);
     Ok((sets, slot, top_k))
 }
 
@@ -215,7 +208,7 @@ pub fn ssd_min_budget(model: &Model, path: &Path) -> Result<u64> {
     let len = std::fs::metadata(path)
         .map_err(|e| io_error(path, e))?
         .len();
-    let (_, slot, top_k) = expert_sets(model, len)?;
+    let (_, slot, top_k) = expert_sets(&model.moe_blocks(), len)?;
     Ok((slot * top_k) as u64)
 }
 
@@ -224,14 +217,16 @@ fn io_error(path: &Path, e: std::io::Error) -> Error {
 }
 
 impl SsdTier {
-    /// The tier over `model`'s routed experts, read from `path` (the file the model maps) into
-    /// `opts.budget` bytes of slots. Refused, naming the minimum, when the budget holds fewer
-    /// experts than a token routes to in one layer.
-    pub fn new(model: &Model, path: &Path, opts: &SsdOptions) -> Result<SsdTier> {
+    /// The tier over the routed experts of a model's MoE `blocks` (in MoE layer order: the
+    /// CPU's [`Model::moe_blocks`], or the host experts of the accelerator's hybrid layout),
+    /// read from `path` (the file the model maps) into `opts.budget` bytes of slots. Refused,
+    /// naming the minimum, when the budget holds fewer experts than a token routes to in one
+    /// layer.
+    pub fn new(blocks: &[&MoeBlock], path: &Path, opts: &SsdOptions) -> Result<SsdTier> {
         let len = std::fs::metadata(path)
             .map_err(|e| io_error(path, e))?
             .len();
-        let (layers, slot, top_k) = expert_sets(model, len)?;
+        let (layers, slot, top_k) = expert_sets(blocks, len)?;
         let n = (opts.budget / slot as u64) as usize;
         if n < top_k {
             return Err(Error::Config(format!(
@@ -262,7 +257,7 @@ impl SsdTier {
         Ok(SsdTier {
             path: path.to_owned(),
             layers,
-            routers: model.moe_routers(),
+            routers: blocks.iter().map(|b| b.router().clone()).collect(),
             prefetch: opts.prefetch,
             state: Mutex::new(State {
                 store,
@@ -531,7 +526,7 @@ impl ExpertExecutor for SsdTier {
 /// Puts `model`'s routed experts behind an SSD tier reading `path` (the file the model was
 /// loaded from).
 pub fn attach_ssd_tier(model: &mut Model, path: &Path, opts: &SsdOptions) -> Result<Arc<SsdTier>> {
-    let tier = Arc::new(SsdTier::new(model, path, opts)?);
+    let tier = Arc::new(SsdTier::new(&model.moe_blocks(), path, opts)?);
     model.set_executor(Some(tier.clone() as Arc<dyn ExpertExecutor>));
     Ok(tier)
 }
