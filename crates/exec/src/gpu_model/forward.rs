@@ -208,7 +208,6 @@ impl GpuModel {
         })?)
     }
 
-    /// `x += routed experts (+ shared experts)` of `hs`, decoder layer `li`'s.
     /// `x += ` the shared experts of `moe` on `hs` (gated where the block gates them).
     pub(super) fn shared_experts(
         &self,
