@@ -334,6 +334,7 @@ pub fn load_hybrid(
             ..ExecOptions::default()
         },
     )?);
+    gpu.keep_candidates(true);
     gpu.set_executor(Some(exec.clone()));
     Ok((gpu, exec))
 }

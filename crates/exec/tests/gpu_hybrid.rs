@@ -13,7 +13,7 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use common::default_gpu;
 use strata_accel::{Device, WeightType};
@@ -22,8 +22,9 @@ use strata_exec::{
     SsdTier, build_policy, cost_model, install, model_shape, ssd_min_budget,
 };
 use strata_formats::npy;
+use strata_model::backend::Backend;
 use strata_model::config::FfnConfig;
-use strata_model::{LoadOptions, LogitsWanted, Model, Precision, SeqInput};
+use strata_model::{LoadOptions, LogitsWanted, Model, Precision, Routing, RoutingTap, SeqInput};
 use strata_policy::Hardware;
 
 fn repo(rel: &str) -> PathBuf {
@@ -163,26 +164,48 @@ fn hybrid_layout_runs_a_quantized_gguf() {
 }
 
 /// The hybrid executor installed on the host experts: KTransformers' deferral (decode only,
-/// one expert per token joins the next layer) and a small device cache for gpu-lru, each
-/// equal to the CPU model with the same executor; the executor's own waits add at most one
-/// round trip per MoE layer.
+/// one expert per token joins the next layer), a small device cache for gpu-lru, HybriMoE
+/// scoring the router's candidates, each equal to the CPU model with the same executor, in
+/// its logits and its placements; the executor's own waits add at most one round trip per
+/// MoE layer.
 #[test]
 fn hybrid_layout_runs_the_executors_policies() {
     let Some(dev) = default_gpu() else { return };
     let dir = repo("tests/fixtures/qwen3_moe");
-    for (policy, defer) in [(PolicyKind::KTransformers, 1), (PolicyKind::GpuLru, 0)] {
+    let policies = [
+        (PolicyKind::KTransformers, 1),
+        (PolicyKind::GpuLru, 0),
+        (PolicyKind::HybriMoE, 0),
+    ];
+    for (policy, defer) in policies {
         let mut gpu = GpuModel::load_hybrid(dev.clone(), &dir, Precision::F32.into()).unwrap();
         let mut cpu = Model::load(&dir, Precision::F32).unwrap();
-        install(&mut cpu, Some(&executor(&dev, &dir, &gpu, policy, defer)));
-        let want = run_cpu(&cpu, &PROMPT, &NEXT);
+        let reference = executor(&dev, &dir, &gpu, policy, defer);
+        install(&mut cpu, Some(&reference));
         let exec = executor(&dev, &dir, &gpu, policy, defer);
+        gpu.keep_candidates(true);
         gpu.set_executor(Some(exec.clone()));
+        let (seen, cpu_seen) = (Arc::new(Seen::default()), Arc::new(Seen::default()));
+        Backend::set_routing_tap(&gpu, Some(seen.clone()));
+        cpu.set_routing_tap(Some(cpu_seen.clone()));
+        let want = run_cpu(&cpu, &PROMPT, &NEXT);
         let (got, round_trips) = run_gpu(&gpu, &PROMPT, &NEXT);
+        // The policies see the router's best 2k candidates, as on the CPU.
+        let candidates = seen.0.lock().unwrap().clone();
+        assert!(!candidates.is_empty(), "{policy}");
+        assert_eq!(
+            candidates,
+            *cpu_seen.0.lock().unwrap(),
+            "{policy}: candidates"
+        );
         let stats = exec.stats();
         let e = rel_err(&got, &want);
         println!("{policy}: error {e:.2e}, {stats}");
         assert!(e <= 1e-3, "{policy}: error {e:.2e} > 1e-3");
         assert_eq!(stats.steps, 1 + NEXT.len(), "{policy}");
+        // The same routing and candidates (HybriMoE scores them): the same placements.
+        let placed = |s: &strata_exec::ExecStats| (s.gpu_pairs, s.cpu_pairs, s.uploads, s.hits);
+        assert_eq!(placed(&stats), placed(&reference.stats()), "{policy}");
         let layers = moe_layers(&gpu);
         let steps = NEXT.len() as u64;
         if policy == PolicyKind::KTransformers {
@@ -193,6 +216,17 @@ fn hybrid_layout_runs_the_executors_policies() {
             assert!(stats.gpu_pairs > 0, "{policy}: {stats}");
             assert!(round_trips <= steps * (2 * layers + 1), "{policy}");
         }
+    }
+}
+
+/// The router candidates of every MoE layer a model routes, in order.
+#[derive(Debug, Default)]
+struct Seen(Mutex<Vec<Vec<u32>>>);
+
+impl RoutingTap for Seen {
+    fn on_routing(&self, _: usize, routing: &Routing) {
+        let c = routing.candidates.as_ref().map(|c| c.ids.clone());
+        self.0.lock().unwrap().push(c.unwrap_or_default());
     }
 }
 

@@ -212,6 +212,11 @@ impl MoeBlock {
         self.n_candidates = n;
     }
 
+    /// Best-scored experts per token this block keeps in its routing (0: none).
+    pub fn candidates(&self) -> usize {
+        self.n_candidates
+    }
+
     /// Router decisions for `x: [T, hidden]` (router computed in f32).
     pub fn route(&self, x: &[f32], t: usize) -> Routing {
         self.router.route(x, t, self.n_candidates)

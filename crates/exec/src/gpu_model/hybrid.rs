@@ -59,6 +59,19 @@ impl GpuModel {
         blocks.collect()
     }
 
+    /// Keeps each token's best `2 * top_k` router candidates in every host block's
+    /// routing (`false`: none, the default); policies such as HybriMoE score them. They
+    /// are scored on the host, from the router input the layer reads back anyway.
+    pub fn keep_candidates(&mut self, keep: bool) {
+        for l in &mut self.layers {
+            if let Ffn::Moe(m) = &mut l.ffn
+                && let Routed::Host(block) = &mut m.routed
+            {
+                block.set_candidates(if keep { 2 * block.cfg.router.top_k } else { 0 });
+            }
+        }
+    }
+
     /// Whether the routed experts are computed on the host (the hybrid layout).
     pub fn experts_on_host(&self) -> bool {
         !self.host_moe_blocks().is_empty()
@@ -92,6 +105,13 @@ impl GpuModel {
         let bytes = readback.wait()?;
         let (xs, rest) = bytes.split_at(rows as usize);
         let (id_bytes, weight_bytes) = rest.split_at(n as usize);
+        let xs: Vec<f32> = f32s(xs).collect();
+        // The device's top-k is the routing; candidates, where a policy wants them, are
+        // scored by the host's copy of the router.
+        let candidates = match block.candidates() {
+            0 => None,
+            _ => block.route(&xs, t).candidates,
+        };
         let routing = Routing {
             top_k: k,
             ids: id_bytes
@@ -99,12 +119,11 @@ impl GpuModel {
                 .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
                 .collect(),
             weights: f32s(weight_bytes).collect(),
-            candidates: None,
+            candidates,
         };
         if let Some(tap) = self.tap.read().ok().and_then(|t| t.clone()) {
             tap.on_routing(li, &routing);
         }
-        let xs: Vec<f32> = f32s(xs).collect();
         let y = block.run_experts(&xs, &routing, spans)?;
         let up = self.scratch(t * h, "routed experts' output")?;
         dev.upload(&up, 0, &to_bytes(&y))?;
