@@ -7,7 +7,7 @@ use strata_accel::{Buffer, ExpertFormat, ExpertSlots, Op, RopeKind};
 use strata_model::config::{GqaConfig, MlaConfig, MoeConfig, RopeStyle};
 use strata_model::{Decoder, LogitsWanted, Norm, Routing, SeqSpan, forward_pass};
 
-use super::{Attn, Ffn, GpuCache, GpuModel, GpuSeq, Matrix, Mlp, Moe, Routed, f32s};
+use super::{Attn, Ffn, GpuCache, GpuModel, GpuSeq, Matrix, Mlp, Moe, Routed, f32s, u32s};
 use crate::{Error, Result};
 
 /// Activations on the device: `n` rows.
@@ -324,10 +324,7 @@ impl GpuModel {
         let bytes = self.dev.download(weights, 0, (n * 4) as u64)?;
         let routing = Routing {
             top_k: k,
-            ids: ids
-                .chunks_exact(4)
-                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect(),
+            ids: u32s(&ids).collect(),
             weights: f32s(&bytes).collect(),
             candidates: None,
         };

@@ -17,7 +17,7 @@ use strata_model::model::{load_moe_blocks, open};
 use strata_model::moe::MoeBlock;
 use strata_model::{ExpertExecutor, LoadOptions, Routing, SeqSpan};
 
-use super::{Ffn, GpuModel, Moe, Routed, f32s, to_bytes};
+use super::{Ffn, GpuModel, Moe, Routed, f32s, to_bytes, u32s};
 use crate::Result;
 
 impl GpuModel {
@@ -34,16 +34,20 @@ impl GpuModel {
     /// MoE layer `i` (`None`: back to the CPU's fused kernels). Does nothing to layers whose
     /// experts are on the device.
     pub fn set_executor(&mut self, executor: Option<Arc<dyn ExpertExecutor>>) {
-        let blocks = self.layers.iter_mut().filter_map(|l| match &mut l.ffn {
+        for (i, block) in self.host_blocks_mut().enumerate() {
+            block.set_executor(i, executor.clone());
+        }
+    }
+
+    /// The host blocks, in MoE layer order.
+    fn host_blocks_mut(&mut self) -> impl Iterator<Item = &mut MoeBlock> {
+        self.layers.iter_mut().filter_map(|l| match &mut l.ffn {
             Ffn::Moe(m) => match &mut m.routed {
-                Routed::Host(block) => Some(block),
+                Routed::Host(block) => Some(&mut **block),
                 Routed::Device { .. } => None,
             },
             Ffn::Dense(_) => None,
-        });
-        for (i, block) in blocks.enumerate() {
-            block.set_executor(i, executor.clone());
-        }
+        })
     }
 
     /// The MoE blocks whose routed experts are computed on the host, in MoE layer order
@@ -63,12 +67,8 @@ impl GpuModel {
     /// routing (`false`: none, the default); policies such as HybriMoE score them. They
     /// are scored on the host, from the router input the layer reads back anyway.
     pub fn keep_candidates(&mut self, keep: bool) {
-        for l in &mut self.layers {
-            if let Ffn::Moe(m) = &mut l.ffn
-                && let Routed::Host(block) = &mut m.routed
-            {
-                block.set_candidates(if keep { 2 * block.cfg.router.top_k } else { 0 });
-            }
+        for block in self.host_blocks_mut() {
+            block.set_candidates(if keep { 2 * block.cfg.router.top_k } else { 0 });
         }
     }
 
@@ -114,10 +114,7 @@ impl GpuModel {
         };
         let routing = Routing {
             top_k: k,
-            ids: id_bytes
-                .chunks_exact(4)
-                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect(),
+            ids: u32s(id_bytes).collect(),
             weights: f32s(weight_bytes).collect(),
             candidates,
         };

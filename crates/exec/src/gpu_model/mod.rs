@@ -215,6 +215,13 @@ fn f32s(bytes: &[u8]) -> impl Iterator<Item = f32> + '_ {
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
 }
 
+/// The u32 values of little-endian `bytes` (a download).
+fn u32s(bytes: &[u8]) -> impl Iterator<Item = u32> + '_ {
+    bytes
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+}
+
 struct Loader<'a> {
     dev: &'a dyn Device,
     src: &'a Source,
