@@ -26,7 +26,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use strata_accel::{Device, ExpertSlots, OpKind};
+use strata_accel::{Buffer, Device, ExpertSlots, OpKind};
 use strata_kernels::moe::ExpertBatch;
 use strata_model::moe::{ExpertCall, ExpertExecutor};
 use strata_policy::{
@@ -36,7 +36,9 @@ use strata_policy::{
 
 use crate::cache::SlotCache;
 use crate::weights::HostExperts;
-use crate::worker::{DeviceSide, GpuDone, GpuPlan, Job, Pair, Worker, lock, stopped};
+use crate::worker::{
+    DeviceCombine, DeviceSide, GpuDone, GpuPlan, Job, LayerInput, Pair, Worker, lock, stopped,
+};
 use crate::{Error, Result};
 
 /// How the executor runs.
@@ -183,6 +185,9 @@ struct State {
     step: usize,
     /// Deferred output of the previous MoE layer: `(moe_layer, [T, hidden])`.
     pending: Option<(usize, Vec<f32>)>,
+    /// The device's deferred share of the previous MoE layer, left on the device
+    /// ([`HybridExecutor::run_on_device`]).
+    pending_device: Option<(usize, Vec<DeviceCombine>)>,
     stats: ExecStats,
     log: Option<Vec<LayerRecord>>,
 }
@@ -265,6 +270,7 @@ impl HybridExecutor {
             calls: 0,
             step: 0,
             pending: None,
+            pending_device: None,
             stats: ExecStats {
                 slot_bytes_allocated: n_slots as u64 * slot,
                 ..ExecStats::default()
@@ -348,6 +354,22 @@ impl HybridExecutor {
         self.lock().policy.name()
     }
 
+    /// [`ExpertExecutor::run`] for a model whose layer input is already on this executor's
+    /// device, in `x` (`[T, hidden]` from offset 0: the rows `call.x` holds). `out` gets
+    /// the CPU's share as `run` gives it; the device's share stays on the device, returned
+    /// as combines for the caller to add into its residual stream now (this layer's
+    /// immediate share and the previous MoE layer's deferred one). So the layer waits for
+    /// the device only to read its input back, once (the hybrid layout's one round trip per
+    /// MoE layer), and the device computes its experts while the CPU computes its own.
+    pub fn run_on_device(
+        &self,
+        call: ExpertCall<'_>,
+        x: Buffer,
+        out: &mut [f32],
+    ) -> Result<Vec<DeviceCombine>> {
+        self.lock().run(call, Some(x), out)
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         lock(&self.state)
     }
@@ -355,9 +377,16 @@ impl HybridExecutor {
 
 impl ExpertExecutor for HybridExecutor {
     fn run(&self, call: ExpertCall<'_>, out: &mut [f32]) -> strata_model::Result<()> {
-        self.lock()
-            .run(call, out)
-            .map_err(|e| strata_model::Error::Executor(Box::new(e)))
+        // Input on the host: the device's share comes back combined into `out`.
+        let left_on_device = self.lock().run(call, None, out);
+        match left_on_device {
+            Ok(combines) if combines.is_empty() => Ok(()),
+            Ok(_) => Err(Error::Config(
+                "a layer run from the host left expert outputs on the device".into(),
+            )),
+            Err(e) => Err(e),
+        }
+        .map_err(|e| strata_model::Error::Executor(Box::new(e)))
     }
 }
 
@@ -370,7 +399,14 @@ impl State {
         }
     }
 
-    fn run(&mut self, call: ExpertCall<'_>, out: &mut [f32]) -> Result<()> {
+    /// One layer, its input on the host or (`x_dev`) also on the device: see
+    /// [`HybridExecutor::run_on_device`].
+    fn run(
+        &mut self,
+        call: ExpertCall<'_>,
+        x_dev: Option<Buffer>,
+        out: &mut [f32],
+    ) -> Result<Vec<DeviceCombine>> {
         let l = call.moe_layer;
         let t = call.routing.tokens();
         let h = self.host.hidden();
@@ -391,6 +427,7 @@ impl State {
             }
             // A pass that stopped early leaves its deferred output behind: not ours.
             self.pending = None;
+            self.pending_device = None;
         }
         self.calls += 1;
         let decode = call.is_decode().unwrap_or(t == 1);
@@ -409,7 +446,7 @@ impl State {
             true => plan.uploads_in_order(),
             false => Vec::new(),
         };
-        self.execute(&call, plan, &split, out)?;
+        let combines = self.execute(&call, x_dev, plan, &split, out)?;
         self.stats.layers += 1;
         self.stats.steps = self.step + 1;
         self.stats.peak_resident = self.stats.peak_resident.max(self.cache.len());
@@ -427,7 +464,7 @@ impl State {
                 resident: self.cache.len(),
             });
         }
-        Ok(())
+        Ok(combines)
     }
 
     /// Shows the policy the layer and checks its decision; returns it with each task's
@@ -620,22 +657,26 @@ impl State {
     /// Runs both devices at once: the worker the device's share, this thread the CPU's on
     /// the kernels' pool; the prefetches queue behind the layer and run in the background.
     /// Then adds the device's share, the previous layer's deferred output, and keeps this
-    /// layer's deferred output for the next.
+    /// layer's deferred output for the next; with the input on the device (`x_dev`), the
+    /// device's shares are returned as combines instead.
     fn execute(
         &mut self,
         call: &ExpertCall<'_>,
+        x_dev: Option<Buffer>,
         mut plan: GpuPlan,
         split: &Split,
         out: &mut [f32],
-    ) -> Result<()> {
+    ) -> Result<Vec<DeviceCombine>> {
         let l = call.moe_layer;
         let t = call.routing.tokens();
         let later_copies = std::mem::take(&mut plan.later);
         let device = if plan.has_layer_work() {
-            let x = if plan.rounds.iter().any(|r| !r.1.is_empty()) {
-                call.x.to_vec()
-            } else {
-                Vec::new()
+            let x = match x_dev {
+                Some(b) => LayerInput::Device(b),
+                None if plan.rounds.iter().any(|r| !r.1.is_empty()) => {
+                    LayerInput::Host(call.x.to_vec())
+                }
+                None => LayerInput::Host(Vec::new()),
             };
             Some(self.worker.layer(plan, x, t)?)
         } else {
@@ -676,15 +717,33 @@ impl State {
         } else {
             add(&mut deferred, &gpu.deferred);
         }
+        let last = l + 1 >= self.host.n_layers();
         if !deferred.is_empty() {
-            if l + 1 >= self.host.n_layers() {
+            if last {
                 // No later layer to join: the output cannot wait.
                 add(out, &deferred);
             } else {
                 self.pending = Some((l, deferred));
             }
         }
-        Ok(())
+        let (later, now): (Vec<_>, Vec<_>) = gpu.combines.into_iter().partition(|c| c.0);
+        let mut combines: Vec<DeviceCombine> = now.into_iter().map(|c| c.1).collect();
+        if let Some((from, def)) = self.pending_device.take() {
+            if from + 1 != l {
+                return Err(self.bad(
+                    l,
+                    format!("deferred device output of moe layer {from} does not fit this layer"),
+                ));
+            }
+            combines.extend(def);
+        }
+        let later: Vec<DeviceCombine> = later.into_iter().map(|c| c.1).collect();
+        if last {
+            combines.extend(later);
+        } else if !later.is_empty() {
+            self.pending_device = Some((l, later));
+        }
+        Ok(combines)
     }
 }
 

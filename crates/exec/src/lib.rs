@@ -44,6 +44,7 @@ pub use setup::{
 };
 pub use ssd::{SsdOptions, SsdStats, SsdTier, attach_ssd_tier, ssd_min_budget};
 pub use weights::{HostExperts, device_f16_bytes};
+pub use worker::DeviceCombine;
 
 /// Errors of the executor.
 #[derive(Debug, thiserror::Error)]

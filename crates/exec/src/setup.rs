@@ -335,7 +335,7 @@ pub fn load_hybrid(
         },
     )?);
     gpu.keep_candidates(true);
-    gpu.set_executor(Some(exec.clone()));
+    gpu.set_hybrid_executor(Some(exec.clone()));
     Ok((gpu, exec))
 }
 

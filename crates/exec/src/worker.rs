@@ -76,11 +76,40 @@ impl GpuPlan {
     }
 }
 
+/// Where a layer's input rows are, and so where the device's share of its output goes.
+pub(crate) enum LayerInput {
+    /// On the host (`[t, hidden]`, empty when no kernel runs): uploaded, and the per-pair
+    /// outputs read back and combined on the host.
+    Host(Vec<f32>),
+    /// Already on the device (`[t, hidden]` from offset 0): the outputs stay there and the
+    /// caller combines them ([`DeviceCombine`]), with no read back.
+    Device(Buffer),
+}
+
 /// The device's share of one layer's output.
 #[derive(Debug, Default)]
 pub(crate) struct GpuDone {
+    /// Combined on the host (input on the host).
     pub(crate) out: Vec<f32>,
     pub(crate) deferred: Vec<f32>,
+    /// Left on the device (input on the device): `(deferred, combine)`.
+    pub(crate) combines: Vec<(bool, DeviceCombine)>,
+}
+
+/// Per-pair expert outputs left on the device, for the caller to add into its residual
+/// stream: `out[t] += Σ_j weights[t, j] · y[pair_of[t, j]]` ([`Op::MoeCombine`]).
+#[derive(Debug)]
+pub struct DeviceCombine {
+    /// The experts' outputs `[P + 1, hidden]`; the last row is zero where an entry pads.
+    pub y: Arc<Buffer>,
+    /// Weights `[tokens, k]` (0 where an entry pads).
+    pub weights: Buffer,
+    /// Row of `y` of each entry, u32 `[tokens, k]`.
+    pub pair_of: Buffer,
+    /// Tokens.
+    pub tokens: u32,
+    /// Entries per token.
+    pub k: u32,
 }
 
 /// What the device worker did, summed (read by [`HybridExecutor::stats`]).
@@ -97,7 +126,7 @@ pub(crate) enum Job {
     /// One layer's device work; the result goes back on `reply`.
     Layer {
         plan: GpuPlan,
-        x: Vec<f32>,
+        x: LayerInput,
         t: usize,
         reply: mpsc::SyncSender<Result<GpuDone>>,
     },
@@ -141,7 +170,7 @@ impl Worker {
     pub(crate) fn layer(
         &self,
         plan: GpuPlan,
-        x: Vec<f32>,
+        x: LayerInput,
         t: usize,
     ) -> Result<mpsc::Receiver<Result<GpuDone>>> {
         let (reply, rx) = mpsc::sync_channel(1);
@@ -201,7 +230,7 @@ impl DeviceSide {
                 Job::Layer { plan, x, t, reply } => {
                     let done = match self.failed.take() {
                         Some(e) => Err(e),
-                        None => self.layer(&plan, &x, t),
+                        None => self.layer(&plan, x, t),
                     };
                     self.counted(started);
                     // The executor waits on the reply; if it is gone, so is the work.
@@ -245,14 +274,20 @@ impl DeviceSide {
     }
 
     /// The device's share of a layer: copies, then per round the staged copies and the two
-    /// expert kernels, then the per-pair outputs read back and combined on the host.
-    fn layer(&mut self, plan: &GpuPlan, x: &[f32], t: usize) -> Result<GpuDone> {
-        let mut done = GpuDone::default();
+    /// expert kernels; then the per-pair outputs read back once and combined on the host,
+    /// or, when the input is on the device, left there with the combines that add them.
+    fn layer(&mut self, plan: &GpuPlan, x: LayerInput, t: usize) -> Result<GpuDone> {
         for &(slot, layer, expert) in &plan.uploads {
             self.copy(slot, layer, expert)?;
         }
-        let mut rounds: Vec<(Vec<Pair>, [Buffer; 3])> = Vec::new();
-        let mut x_buf = None;
+        let (host_x, mut x_buf) = match x {
+            LayerInput::Host(v) => (Some(v), None),
+            LayerInput::Device(b) => (None, Some(b)),
+        };
+        // Input on the device: each round's outputs get a spare row, zeroed where a
+        // combine pads a token's entries.
+        let spare = usize::from(host_x.is_none());
+        let mut rounds: Vec<(Vec<Pair>, Buffer)> = Vec::new();
         for (copies, pairs) in &plan.rounds {
             for &(slot, layer, expert) in copies {
                 self.copy(slot, layer, expert)?;
@@ -274,12 +309,14 @@ impl DeviceSide {
             let dev = &*self.dev;
             let h = slots.hidden as usize;
             let inter = slots.inter as usize;
-            if x_buf.is_none() {
-                let b = dev.alloc((t * h * 4) as u64, 0, "hybrid expert input")?;
-                dev.upload(&b, 0, &f32_bytes(x))?;
-                x_buf = Some(b);
-            }
-            let Some(xb) = &x_buf else { continue };
+            let xb = match x_buf.take() {
+                Some(b) => b,
+                None => {
+                    let b = dev.alloc((t * h * 4) as u64, 0, "hybrid expert input")?;
+                    dev.upload(&b, 0, &f32_bytes(host_x.as_deref().unwrap_or_default()))?;
+                    b
+                }
+            };
             let mut pairs = pairs.clone();
             pairs.sort_by_key(|p| (p.slot, p.row));
             let p = pairs.len();
@@ -296,8 +333,8 @@ impl DeviceSide {
             let pairs_buf = dev.alloc(idx.len() as u64, 0, "hybrid expert pairs")?;
             dev.upload(&pairs_buf, 0, &idx)?;
             let act = dev.alloc((p * inter * 4) as u64, 0, "hybrid expert activations")?;
-            let y = dev.alloc((p * h * 4) as u64, 0, "hybrid expert outputs")?;
-            for (stage, input, output) in [(0, xb, &act), (1, &act, &y)] {
+            let y = dev.alloc(((p + spare) * h * 4) as u64, 0, "hybrid expert outputs")?;
+            for (stage, input, output) in [(0, &xb, &act), (1, &act, &y)] {
                 dev.enqueue(&Op::ExpertFfn {
                     x: input,
                     slots,
@@ -309,13 +346,25 @@ impl DeviceSide {
                 })?;
             }
             dev.submit()?;
-            rounds.push((pairs, [pairs_buf, act, y]));
+            x_buf = Some(xb);
+            rounds.push((pairs, y));
         }
-        // The rounds' outputs gathered into one buffer and read back once: the layer's one
-        // wait for the device.
         let Some(h) = self.slots.as_ref().map(|s| s.hidden as usize) else {
-            return Ok(done);
+            return Ok(GpuDone::default());
         };
+        match host_x {
+            Some(_) => self.read_back(&rounds, t, h),
+            None => Ok(GpuDone {
+                combines: self.combines(rounds, t, h)?,
+                ..GpuDone::default()
+            }),
+        }
+    }
+
+    /// The rounds' outputs gathered into one buffer and read back once (the layer's one
+    /// wait for the device), weighted and summed per token on the host.
+    fn read_back(&self, rounds: &[(Vec<Pair>, Buffer)], t: usize, h: usize) -> Result<GpuDone> {
+        let mut done = GpuDone::default();
         let total: usize = rounds.iter().map(|(pairs, _)| pairs.len()).sum();
         if total == 0 {
             return Ok(done);
@@ -327,14 +376,14 @@ impl DeviceSide {
             "hybrid expert outputs, all rounds",
         )?;
         let mut at = 0u64;
-        for (pairs, [_, _, y]) in &rounds {
+        for (pairs, y) in rounds {
             let len = (pairs.len() * h * 4) as u64;
             dev.copy(y, 0, &all, at, len)?;
             at += len;
         }
         let bytes = dev.download_async(&all, 0, at)?.wait()?;
         let mut rows = bytes.chunks_exact(4 * h);
-        for (pairs, _) in &rounds {
+        for (pairs, _) in rounds {
             for (q, yr) in pairs.iter().zip(&mut rows) {
                 let target = if q.deferred {
                     &mut done.deferred
@@ -351,6 +400,59 @@ impl DeviceSide {
             }
         }
         Ok(done)
+    }
+
+    /// Each round's outputs left on the device, with the combines that add them: the
+    /// immediate pairs' and the deferred pairs' apart, each token's entries in the order
+    /// of the round's rows, padded to the round's most with the zeroed spare row.
+    fn combines(
+        &self,
+        rounds: Vec<(Vec<Pair>, Buffer)>,
+        t: usize,
+        h: usize,
+    ) -> Result<Vec<(bool, DeviceCombine)>> {
+        let dev = &*self.dev;
+        let mut out = Vec::new();
+        for (pairs, y) in rounds {
+            let spare = pairs.len() as u32;
+            let y = Arc::new(y);
+            let mut zeroed = false;
+            for deferred in [false, true] {
+                let mut entries: Vec<Vec<(u32, f32)>> = vec![Vec::new(); t];
+                for (i, q) in pairs.iter().enumerate() {
+                    if q.deferred == deferred {
+                        entries[q.row as usize].push((i as u32, q.weight));
+                    }
+                }
+                let k = entries.iter().map(Vec::len).max().unwrap_or(0);
+                if k == 0 {
+                    continue;
+                }
+                if !zeroed && entries.iter().any(|e| e.len() < k) {
+                    dev.upload(&y, spare as u64 * h as u64 * 4, &vec![0u8; h * 4])?;
+                    zeroed = true;
+                }
+                let padded: Vec<(u32, f32)> = entries
+                    .iter()
+                    .flat_map(|e| (0..k).map(|j| e.get(j).copied().unwrap_or((spare, 0.0))))
+                    .collect();
+                let rows: Vec<u8> = padded.iter().flat_map(|(i, _)| i.to_le_bytes()).collect();
+                let weights: Vec<u8> = padded.iter().flat_map(|(_, w)| w.to_le_bytes()).collect();
+                let pair_of = dev.alloc(rows.len() as u64, 0, "hybrid combine rows")?;
+                dev.upload(&pair_of, 0, &rows)?;
+                let w = dev.alloc(weights.len() as u64, 0, "hybrid combine weights")?;
+                dev.upload(&w, 0, &weights)?;
+                let combine = DeviceCombine {
+                    y: y.clone(),
+                    weights: w,
+                    pair_of,
+                    tokens: t as u32,
+                    k: k as u32,
+                };
+                out.push((deferred, combine));
+            }
+        }
+        Ok(out)
     }
 }
 

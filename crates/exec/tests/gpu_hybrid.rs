@@ -25,7 +25,10 @@ use strata_formats::npy;
 use strata_model::backend::Backend;
 use strata_model::config::FfnConfig;
 use strata_model::{LoadOptions, LogitsWanted, Model, Precision, Routing, RoutingTap, SeqInput};
-use strata_policy::Hardware;
+use strata_policy::policies::KTransformers;
+use strata_policy::{
+    CostModel, Decision, Device as Place, Hardware, LayerView, Policy, Transfer, TransferKind,
+};
 
 fn repo(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -166,8 +169,8 @@ fn hybrid_layout_runs_a_quantized_gguf() {
 /// The hybrid executor installed on the host experts: KTransformers' deferral (decode only,
 /// one expert per token joins the next layer), a small device cache for gpu-lru, HybriMoE
 /// scoring the router's candidates, each equal to the CPU model with the same executor, in
-/// its logits and its placements; the executor's own waits add at most one round trip per
-/// MoE layer.
+/// its logits and its placements; the device's experts add no round trip: one per MoE
+/// layer and step, plus the logits, under every policy.
 #[test]
 fn hybrid_layout_runs_the_executors_policies() {
     let Some(dev) = default_gpu() else { return };
@@ -184,7 +187,7 @@ fn hybrid_layout_runs_the_executors_policies() {
         install(&mut cpu, Some(&reference));
         let exec = executor(&dev, &dir, &gpu, policy, defer);
         gpu.keep_candidates(true);
-        gpu.set_executor(Some(exec.clone()));
+        gpu.set_hybrid_executor(Some(exec.clone()));
         let (seen, cpu_seen) = (Arc::new(Seen::default()), Arc::new(Seen::default()));
         Backend::set_routing_tap(&gpu, Some(seen.clone()));
         cpu.set_routing_tap(Some(cpu_seen.clone()));
@@ -214,8 +217,76 @@ fn hybrid_layout_runs_the_executors_policies() {
             assert_eq!(round_trips, steps * (layers + 1), "{policy}");
         } else {
             assert!(stats.gpu_pairs > 0, "{policy}: {stats}");
-            assert!(round_trips <= steps * (2 * layers + 1), "{policy}");
+            // The device's experts read their input where it is and stay there.
+            assert_eq!(round_trips, steps * (layers + 1), "{policy}");
         }
+    }
+}
+
+/// Deferred experts computed on the device (no shipped policy does it: KTransformers
+/// defers the CPU's): their outputs stay on the device and join the next MoE layer there.
+/// The layout equals the CPU model with the same policy, which reads them back, and still
+/// waits once per MoE layer.
+#[test]
+fn hybrid_layout_defers_the_devices_experts() {
+    let Some(dev) = default_gpu() else { return };
+    let dir = repo("tests/fixtures/qwen3_moe");
+    let mut gpu = GpuModel::load_hybrid(dev.clone(), &dir, Precision::F32.into()).unwrap();
+    let mut cpu = Model::load(&dir, Precision::F32).unwrap();
+    let build = |_: &CostModel| -> Box<dyn Policy + Send> {
+        Box::new(EvenExpertsOnDevice(KTransformers::new(1)))
+    };
+    let reference = executor_with(&dev, &dir, &gpu, build);
+    install(&mut cpu, Some(&reference));
+    let exec = executor_with(&dev, &dir, &gpu, build);
+    gpu.set_hybrid_executor(Some(exec.clone()));
+    let want = run_cpu(&cpu, &PROMPT, &NEXT);
+    let (got, round_trips) = run_gpu(&gpu, &PROMPT, &NEXT);
+    let stats = exec.stats();
+    let e = rel_err(&got, &want);
+    println!("deferred on the device: error {e:.2e}, {stats}");
+    assert!(e <= 1e-3, "error {e:.2e} > 1e-3");
+    assert!(stats.gpu_pairs > 0 && stats.cpu_pairs > 0, "{stats}");
+    assert!(stats.deferred_experts > 0, "{stats}");
+    let placed = |s: &strata_exec::ExecStats| (s.gpu_pairs, s.cpu_pairs, s.deferred_experts);
+    assert_eq!(placed(&stats), placed(&reference.stats()));
+    let on_device_deferred = exec
+        .take_log()
+        .iter()
+        .any(|r| r.gpu_tasks.iter().any(|t| t.1));
+    assert!(on_device_deferred, "no expert deferred on the device");
+    assert_eq!(round_trips, NEXT.len() as u64 * (moe_layers(&gpu) + 1));
+}
+
+/// KTransformers' decision with the even experts' tasks moved to the device, streamed
+/// through the staging slots when not resident.
+#[derive(Debug)]
+struct EvenExpertsOnDevice(KTransformers);
+
+impl Policy for EvenExpertsOnDevice {
+    fn name(&self) -> String {
+        "even-experts-on-device".into()
+    }
+
+    fn decide(&mut self, view: &LayerView, cost: &CostModel) -> Decision {
+        let mut d = self.0.decide(view, cost);
+        let mut staged = Vec::new();
+        for task in d.tasks.iter_mut().filter(|t| t.expert % 2 == 0) {
+            task.device = Place::Gpu;
+            if !view.gpu.resident[task.expert as usize] && !staged.contains(&task.expert) {
+                staged.push(task.expert);
+            }
+        }
+        d.transfers = staged
+            .into_iter()
+            .map(|expert| Transfer {
+                layer: view.layer,
+                expert,
+                kind: TransferKind::Staged,
+                priority: 0,
+            })
+            .collect();
+        d
     }
 }
 
@@ -238,6 +309,21 @@ fn executor(
     policy: PolicyKind,
     defer: usize,
 ) -> Arc<HybridExecutor> {
+    let opts = PolicyOptions {
+        deferred: defer,
+        ..PolicyOptions::default()
+    };
+    executor_with(dev, dir, gpu, |cost| build_policy(policy, cost, &opts))
+}
+
+/// A hybrid executor for `gpu`'s host experts on `dev` running the policy `policy` builds
+/// for its cost model, with room for eight experts.
+fn executor_with(
+    dev: &Arc<dyn Device>,
+    dir: &Path,
+    gpu: &GpuModel,
+    policy: impl FnOnce(&CostModel) -> Box<dyn Policy + Send>,
+) -> Arc<HybridExecutor> {
     let host = HostExperts::open(dir).unwrap();
     let budget = 8 * host.slot_bytes();
     let cost = cost_model(
@@ -247,13 +333,10 @@ fn executor(
         HybridExecutor::cache_bytes(&host, budget),
     )
     .unwrap();
-    let opts = PolicyOptions {
-        deferred: defer,
-        ..PolicyOptions::default()
-    };
-    let policy = build_policy(policy, &cost, &opts);
+    let policy = policy(&cost);
     let opts = ExecOptions {
         vram_budget: budget,
+        record: true,
         ..ExecOptions::default()
     };
     Arc::new(HybridExecutor::new(dev.clone(), host, policy, cost, &opts).unwrap())

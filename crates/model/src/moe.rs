@@ -230,19 +230,29 @@ impl MoeBlock {
     /// Weighted sum of the routed experts' outputs, `[T, hidden]`, for a batch laid out as
     /// `spans` (which the executor sees; may be empty).
     pub fn run_experts(&self, x: &[f32], routing: &Routing, spans: &[SeqSpan]) -> Result<Vec<f32>> {
-        let Some((moe_layer, exec)) = &self.executor else {
+        let Some((_, exec)) = &self.executor else {
             return self.experts.run(x, routing);
         };
         let mut out = vec![0.0f32; x.len()];
-        let call = ExpertCall {
-            moe_layer: *moe_layer,
+        exec.run(self.expert_call(x, routing, spans), &mut out)?;
+        Ok(out)
+    }
+
+    /// What this block hands its executor for `x` routed by `routing` (as MoE layer 0 when
+    /// none is installed).
+    pub fn expert_call<'a>(
+        &'a self,
+        x: &'a [f32],
+        routing: &'a Routing,
+        spans: &'a [SeqSpan],
+    ) -> ExpertCall<'a> {
+        ExpertCall {
+            moe_layer: self.executor.as_ref().map_or(0, |(l, _)| *l),
             x,
             routing,
             experts: &self.experts,
             spans,
-        };
-        exec.run(call, &mut out)?;
-        Ok(out)
+        }
     }
 
     /// The whole block: routed experts plus shared experts, `[T, hidden]`.

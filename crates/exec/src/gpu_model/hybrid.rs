@@ -7,18 +7,21 @@
 //! A key design decision: one host round trip per MoE layer. The router runs on the device;
 //! its input rows, the ids and the weights are gathered into one buffer and read back
 //! together, while the shared experts, already submitted, run on the device as the host
-//! computes the routed ones; their sum goes back up and joins the residual stream.
+//! computes the routed ones; their sum goes back up and joins the residual stream. When the
+//! hybrid executor's policy runs some experts on the device again, they read the layer's
+//! input where it already is and their outputs are combined into the residual stream there
+//! ([`HybridExecutor::run_on_device`]): no second wait, whatever the policy.
 
 use std::path::Path;
 use std::sync::Arc;
 
-use strata_accel::{Buffer, Device};
+use strata_accel::{Buffer, Device, Op};
 use strata_model::model::{load_moe_blocks, open};
 use strata_model::moe::MoeBlock;
 use strata_model::{ExpertExecutor, LoadOptions, Routing, SeqSpan};
 
 use super::{Ffn, GpuModel, Moe, Routed, f32s, to_bytes, u32s};
-use crate::Result;
+use crate::{HybridExecutor, Result};
 
 impl GpuModel {
     /// Loads the checkpoint at `path` onto `dev` in the hybrid layout: every weight on the
@@ -34,9 +37,20 @@ impl GpuModel {
     /// MoE layer `i` (`None`: back to the CPU's fused kernels). Does nothing to layers whose
     /// experts are on the device.
     pub fn set_executor(&mut self, executor: Option<Arc<dyn ExpertExecutor>>) {
+        self.beside = None;
         for (i, block) in self.host_blocks_mut().enumerate() {
             block.set_executor(i, executor.clone());
         }
+    }
+
+    /// [`GpuModel::set_executor`] for the hybrid executor. On this model's device it reads
+    /// each layer's input where it already is and its outputs stay there, added into the
+    /// residual stream by the device: the layer's one round trip (the routing and the
+    /// CPU's input read back) is all it waits for. On another device it runs as any
+    /// executor does, from the host.
+    pub fn set_hybrid_executor(&mut self, executor: Option<Arc<HybridExecutor>>) {
+        self.set_executor(executor.clone().map(|e| e as Arc<dyn ExpertExecutor>));
+        self.beside = executor.filter(|e| Arc::ptr_eq(e.device(), &self.dev));
     }
 
     /// The host blocks, in MoE layer order.
@@ -121,9 +135,29 @@ impl GpuModel {
         if let Some(tap) = self.tap.read().ok().and_then(|t| t.clone()) {
             tap.on_routing(li, &routing);
         }
-        let y = block.run_experts(&xs, &routing, spans)?;
+        let (y, on_device) = match &self.beside {
+            Some(exec) => {
+                let mut y = vec![0.0f32; xs.len()];
+                let call = block.expert_call(&xs, &routing, spans);
+                let combines = exec.run_on_device(call, gathered, &mut y)?;
+                (y, combines)
+            }
+            None => (block.run_experts(&xs, &routing, spans)?, Vec::new()),
+        };
         let up = self.scratch(t * h, "routed experts' output")?;
         dev.upload(&up, 0, &to_bytes(&y))?;
-        self.add(x, &up, t)
+        self.add(x, &up, t)?;
+        for c in &on_device {
+            dev.enqueue(&Op::MoeCombine {
+                out: x,
+                y: &c.y,
+                weights: &c.weights,
+                pair_of: &c.pair_of,
+                tokens: c.tokens,
+                hidden: h as u32,
+                k: c.k,
+            })?;
+        }
+        Ok(())
     }
 }

@@ -37,6 +37,7 @@ use strata_model::source::Source;
 use strata_model::tensors::{AttentionTensors, MatrixSpec, MlpTensors, MoeTensors, TensorSpec};
 use strata_model::{Head, LayerGraph, LogitsWanted, RoutingTap};
 
+use crate::HybridExecutor;
 use crate::weights::{
     converted_expert, device_f16_bytes, device_type, expert_bytes, expert_format, ggml_blocks,
     stored_values,
@@ -187,6 +188,9 @@ pub struct GpuModel {
     /// Sees every MoE layer's routing (the server's live view); set on a shared model,
     /// hence the lock.
     tap: RwLock<Option<Arc<dyn RoutingTap>>>,
+    /// The hybrid executor behind the host experts when it runs on this model's device: it
+    /// reads each MoE layer's input where it is and leaves its outputs there.
+    beside: Option<Arc<HybridExecutor>>,
 }
 
 fn to_bytes(v: &[f32]) -> Vec<u8> {
@@ -532,6 +536,7 @@ impl GpuModel {
             lm_head,
             dev,
             tap: RwLock::new(None),
+            beside: None,
         })
     }
 
