@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 
 use strata_accel::{Buffer, Device, ExpertSlots, OpKind};
 use strata_kernels::moe::ExpertBatch;
+use strata_model::experts::ExpertSet;
 use strata_model::moe::{ExpertCall, ExpertExecutor};
 use strata_policy::{
     Candidates, CostModel, Decision, Device as Place, GpuView, LayerView, Phase, Policy,
@@ -98,7 +99,8 @@ pub struct ExecStats {
     pub slot_bytes_allocated: u64,
     /// Time the device worker spent (uploads, kernels, read-back).
     pub gpu_time: Duration,
-    /// Time the CPU kernels spent.
+    /// Time the CPU kernels spent (but on the deferred experts the hybrid layout runs
+    /// itself while the device works: [`DeferredExperts`]).
     pub cpu_time: Duration,
 }
 
@@ -136,6 +138,37 @@ impl fmt::Display for ExecStats {
             self.refused_transfers,
             self.fallbacks,
         )
+    }
+}
+
+/// What [`HybridExecutor::run_on_device`] leaves to the caller.
+#[derive(Debug, Default)]
+pub struct DeviceShare {
+    /// The device's outputs to add into the residual stream now.
+    pub combines: Vec<DeviceCombine>,
+    /// The experts this layer deferred to the CPU, not yet run.
+    pub deferred: Option<DeferredExperts>,
+}
+
+/// Routed experts a layer deferred to the CPU, handed back unrun so that the caller runs
+/// them while the device works on the next layer (KTransformers' deferral, seed 003
+/// section 4.1: the CPU computes `R_{k-1}^def` as the GPU runs layer `k`'s attention);
+/// their output joins the next MoE layer's.
+#[derive(Debug)]
+pub struct DeferredExperts {
+    /// The MoE layer that deferred them.
+    pub moe_layer: usize,
+    x: Vec<f32>,
+    batches: Vec<ExpertBatch>,
+}
+
+impl DeferredExperts {
+    /// Their weighted outputs, `[T, hidden]`, on `experts` (the routed experts of the
+    /// block that deferred them).
+    pub fn run(&self, experts: &ExpertSet) -> strata_model::Result<Vec<f32>> {
+        let mut out = vec![0.0f32; self.x.len()];
+        experts.run_batches(&self.x, &self.batches, &mut out)?;
+        Ok(out)
     }
 }
 
@@ -356,17 +389,19 @@ impl HybridExecutor {
 
     /// [`ExpertExecutor::run`] for a model whose layer input is already on this executor's
     /// device, in `x` (`[T, hidden]` from offset 0: the rows `call.x` holds). `out` gets
-    /// the CPU's share as `run` gives it; the device's share stays on the device, returned
-    /// as combines for the caller to add into its residual stream now (this layer's
-    /// immediate share and the previous MoE layer's deferred one). So the layer waits for
-    /// the device only to read its input back, once (the hybrid layout's one round trip per
-    /// MoE layer), and the device computes its experts while the CPU computes its own.
+    /// the CPU's immediate share; the device's share stays on the device, returned as
+    /// combines for the caller to add into its residual stream now (this layer's immediate
+    /// share and the previous MoE layer's deferred one); the experts deferred to the CPU
+    /// come back unrun, for the caller to run while the device works and to add into the
+    /// next MoE layer's output. So the layer waits for the device only to read its input
+    /// back, once (the hybrid layout's one round trip per MoE layer), and the device
+    /// computes its experts while the CPU computes its own.
     pub fn run_on_device(
         &self,
         call: ExpertCall<'_>,
         x: Buffer,
         out: &mut [f32],
-    ) -> Result<Vec<DeviceCombine>> {
+    ) -> Result<DeviceShare> {
         self.lock().run(call, Some(x), out)
     }
 
@@ -378,11 +413,11 @@ impl HybridExecutor {
 impl ExpertExecutor for HybridExecutor {
     fn run(&self, call: ExpertCall<'_>, out: &mut [f32]) -> strata_model::Result<()> {
         // Input on the host: the device's share comes back combined into `out`.
-        let left_on_device = self.lock().run(call, None, out);
-        match left_on_device {
-            Ok(combines) if combines.is_empty() => Ok(()),
+        let left_over = self.lock().run(call, None, out);
+        match left_over {
+            Ok(share) if share.combines.is_empty() && share.deferred.is_none() => Ok(()),
             Ok(_) => Err(Error::Config(
-                "a layer run from the host left expert outputs on the device".into(),
+                "a layer run from the host left expert work to its caller".into(),
             )),
             Err(e) => Err(e),
         }
@@ -406,7 +441,7 @@ impl State {
         call: ExpertCall<'_>,
         x_dev: Option<Buffer>,
         out: &mut [f32],
-    ) -> Result<Vec<DeviceCombine>> {
+    ) -> Result<DeviceShare> {
         let l = call.moe_layer;
         let t = call.routing.tokens();
         let h = self.host.hidden();
@@ -441,12 +476,12 @@ impl State {
         let context = call.spans.iter().map(|s| s.start_pos + s.len).max();
         let (decision, weights_of) = self.decide(&call, phase, &resident, context)?;
         let mut plan = self.plan_copies(&decision, l);
-        let split = self.split_tasks(&decision, weights_of, l, &resident, &mut plan);
+        let mut split = self.split_tasks(&decision, weights_of, l, &resident, &mut plan);
         let log_uploads = match self.log.is_some() {
             true => plan.uploads_in_order(),
             false => Vec::new(),
         };
-        let combines = self.execute(&call, x_dev, plan, &split, out)?;
+        let share = self.execute(&call, x_dev, plan, &mut split, out)?;
         self.stats.layers += 1;
         self.stats.steps = self.step + 1;
         self.stats.peak_resident = self.stats.peak_resident.max(self.cache.len());
@@ -464,7 +499,7 @@ impl State {
                 resident: self.cache.len(),
             });
         }
-        Ok(combines)
+        Ok(share)
     }
 
     /// Shows the policy the layer and checks its decision; returns it with each task's
@@ -657,18 +692,28 @@ impl State {
     /// Runs both devices at once: the worker the device's share, this thread the CPU's on
     /// the kernels' pool; the prefetches queue behind the layer and run in the background.
     /// Then adds the device's share, the previous layer's deferred output, and keeps this
-    /// layer's deferred output for the next; with the input on the device (`x_dev`), the
-    /// device's shares are returned as combines instead.
+    /// layer's deferred output for the next. With the input on the device (`x_dev`), the
+    /// device's shares are returned as combines instead, and the CPU's deferred experts
+    /// unrun (but the last MoE layer's: no later layer to join).
     fn execute(
         &mut self,
         call: &ExpertCall<'_>,
         x_dev: Option<Buffer>,
         mut plan: GpuPlan,
-        split: &Split,
+        split: &mut Split,
         out: &mut [f32],
-    ) -> Result<Vec<DeviceCombine>> {
+    ) -> Result<DeviceShare> {
         let l = call.moe_layer;
         let t = call.routing.tokens();
+        let last = l + 1 >= self.host.n_layers();
+        let handed_back = match &x_dev {
+            Some(_) if !last && !split.cpu_later.is_empty() => Some(DeferredExperts {
+                moe_layer: l,
+                x: call.x.to_vec(),
+                batches: std::mem::take(&mut split.cpu_later),
+            }),
+            _ => None,
+        };
         let later_copies = std::mem::take(&mut plan.later);
         let device = if plan.has_layer_work() {
             let x = match x_dev {
@@ -717,7 +762,6 @@ impl State {
         } else {
             add(&mut deferred, &gpu.deferred);
         }
-        let last = l + 1 >= self.host.n_layers();
         if !deferred.is_empty() {
             if last {
                 // No later layer to join: the output cannot wait.
@@ -743,7 +787,10 @@ impl State {
         } else if !later.is_empty() {
             self.pending_device = Some((l, later));
         }
-        Ok(combines)
+        Ok(DeviceShare {
+            combines,
+            deferred: handed_back,
+        })
     }
 }
 

@@ -36,7 +36,9 @@ mod worker;
 
 pub use cache::SlotCache;
 pub use calibrate::DeviceFigures;
-pub use executor::{ExecOptions, ExecStats, HybridExecutor, LayerRecord};
+pub use executor::{
+    DeferredExperts, DeviceShare, ExecOptions, ExecStats, HybridExecutor, LayerRecord,
+};
 pub use gpu_model::{GpuCache, GpuModel, GpuSeq};
 pub use setup::{
     HybridOptions, PolicyKind, PolicyOptions, build_policy, cost_model, install, load_hybrid,

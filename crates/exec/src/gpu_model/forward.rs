@@ -7,8 +7,11 @@ use strata_accel::{Buffer, ExpertFormat, ExpertSlots, Op, RopeKind};
 use strata_model::config::{GqaConfig, MlaConfig, MoeConfig, RopeStyle};
 use strata_model::{Decoder, LogitsWanted, Norm, Routing, SeqSpan, forward_pass};
 
+use strata_model::moe::MoeBlock;
+
+use super::hybrid::HostLayer;
 use super::{Attn, Ffn, GpuCache, GpuModel, GpuSeq, Matrix, Mlp, Moe, Routed, f32s, u32s};
-use crate::{Error, Result};
+use crate::{DeferredExperts, Error, Result};
 
 /// Activations on the device: `n` rows.
 pub(super) struct Rows {
@@ -166,6 +169,7 @@ impl GpuModel {
             ids,
             pos,
             t,
+            deferred: None,
         };
         let mut out = forward_pass(&self.graph, &mut pass)?.into_iter();
         let all = match out.next() {
@@ -358,6 +362,9 @@ struct GpuPass<'a> {
     /// Positions `[t]`.
     pos: Buffer,
     t: usize,
+    /// Experts the last MoE layer deferred to the CPU, with their block: run while the
+    /// device works on the next MoE layer, which adds their output.
+    deferred: Option<(&'a MoeBlock, DeferredExperts)>,
 }
 
 impl GpuPass<'_> {
@@ -610,8 +617,10 @@ impl Decoder for GpuPass<'_> {
             }
             Routed::Host(block) => {
                 let spans = self.spans();
+                let layer = HostLayer { li, moe, block };
+                let (t, deferred) = (self.t, &mut self.deferred);
                 self.m
-                    .moe_on_host(li, &x.buf, &hs.buf, moe, block, self.t, &spans)
+                    .moe_on_host(&layer, &x.buf, &hs.buf, t, &spans, deferred)
             }
         }
     }

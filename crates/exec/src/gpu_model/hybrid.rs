@@ -21,7 +21,7 @@ use strata_model::moe::MoeBlock;
 use strata_model::{ExpertExecutor, LoadOptions, Routing, SeqSpan};
 
 use super::{Ffn, GpuModel, Moe, Routed, f32s, to_bytes, u32s};
-use crate::{HybridExecutor, Result};
+use crate::{DeferredExperts, HybridExecutor, Result};
 
 impl GpuModel {
     /// Loads the checkpoint at `path` onto `dev` in the hybrid layout: every weight on the
@@ -91,19 +91,20 @@ impl GpuModel {
         !self.host_moe_blocks().is_empty()
     }
 
-    /// The MoE block of layer `li` with its routed experts on the host: `x += ` its output
-    /// on `hs` (`[t, hidden]`), one read back and one upload.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn moe_on_host(
+    /// The MoE block of `layer`, its routed experts on the host: `x += ` its output on `hs`
+    /// (`[t, hidden]`, laid out as `spans`), one read back and one upload. The experts the previous MoE layer
+    /// deferred (`deferred`) run on the CPU while the device works, and join this layer's
+    /// output; this layer's deferred ones take their place.
+    pub(super) fn moe_on_host<'a>(
         &self,
-        li: usize,
+        layer: &HostLayer<'a>,
         x: &Buffer,
         hs: &Buffer,
-        moe: &Moe,
-        block: &MoeBlock,
         t: usize,
         spans: &[SeqSpan],
+        deferred: &mut Option<(&'a MoeBlock, DeferredExperts)>,
     ) -> Result<()> {
+        let &HostLayer { li, moe, block } = layer;
         let dev = &*self.dev;
         let (h, k) = (self.config.hidden_size, moe.params.k as usize);
         let (ids, weights) = self.route(hs, moe, t)?;
@@ -113,9 +114,14 @@ impl GpuModel {
         dev.copy(&ids, 0, &gathered, rows, n)?;
         dev.copy(&weights, 0, &gathered, rows + n, n)?;
         let readback = dev.download_async(&gathered, 0, rows + 2 * n)?;
-        // The device works on the shared experts while the host computes the routed ones.
+        // The device works on this layer's attention, routing and shared experts while the
+        // host runs what the last MoE layer deferred, then the routed experts.
         self.shared_experts(x, hs, moe, t)?;
         dev.submit()?;
+        let earlier = match deferred.take() {
+            Some((b, work)) => Some(work.run(&b.experts)?),
+            None => None,
+        };
         let bytes = readback.wait()?;
         let (xs, rest) = bytes.split_at(rows as usize);
         let (id_bytes, weight_bytes) = rest.split_at(n as usize);
@@ -135,15 +141,19 @@ impl GpuModel {
         if let Some(tap) = self.tap.read().ok().and_then(|t| t.clone()) {
             tap.on_routing(li, &routing);
         }
-        let (y, on_device) = match &self.beside {
+        let (mut y, on_device) = match &self.beside {
             Some(exec) => {
                 let mut y = vec![0.0f32; xs.len()];
                 let call = block.expert_call(&xs, &routing, spans);
-                let combines = exec.run_on_device(call, gathered, &mut y)?;
-                (y, combines)
+                let share = exec.run_on_device(call, gathered, &mut y)?;
+                *deferred = share.deferred.map(|work| (block, work));
+                (y, share.combines)
             }
             None => (block.run_experts(&xs, &routing, spans)?, Vec::new()),
         };
+        for (a, b) in y.iter_mut().zip(earlier.iter().flatten()) {
+            *a += b;
+        }
         let up = self.scratch(t * h, "routed experts' output")?;
         dev.upload(&up, 0, &to_bytes(&y))?;
         self.add(x, &up, t)?;
@@ -160,4 +170,12 @@ impl GpuModel {
         }
         Ok(())
     }
+}
+
+/// One MoE layer whose routed experts are on the host, as a forward pass meets it.
+pub(super) struct HostLayer<'a> {
+    /// The model layer.
+    pub(super) li: usize,
+    pub(super) moe: &'a Moe,
+    pub(super) block: &'a MoeBlock,
 }
