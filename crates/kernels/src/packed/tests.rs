@@ -24,15 +24,71 @@ pub(crate) const FORMATS: [PackedFormat; 7] = [
     PackedFormat::Int4 { group: 128 },
 ];
 
-/// Every kernel the sweeps run: the CPU's instruction-set paths and the AMX tile program on
-/// the software tile unit.
+/// Every kernel the sweeps run: the CPU's instruction-set paths, the AMX tile program on
+/// the software tile unit and the AVX-512 integer tiles on the software VNNI unit.
 pub(crate) fn kernels() -> Vec<Kernel> {
     if !Isa::available().contains(&Isa::Avx2) {
         eprintln!("NOT CHECKED: this CPU has no AVX2, so the packed AVX2 kernels cannot run");
     }
     let mut v: Vec<Kernel> = Isa::available().into_iter().map(Kernel::Isa).collect();
     v.push(Kernel::AmxSoft);
+    #[cfg(target_arch = "x86_64")]
+    v.push(Kernel::VnniSoft);
     v
+}
+
+/// The AVX-512 INT8/INT4 register tiles on the software VNNI unit against the reference
+/// (as every kernel in the sweeps) and bit for bit against the CPU's VNNI unit where it has
+/// one: ragged shapes, every integer format, `k` over several panels, activations and
+/// weights at their extremes. (The portable kernel scales each flush into the output
+/// directly, so it differs in the last bits.)
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn vnni_integer_tiles_on_the_software_unit_equal_the_cpu_bit_for_bit() {
+    let mut seed = 31;
+    let cpu = Isa::available().contains(&Isa::Avx512);
+    if !cpu {
+        eprintln!("NOT CHECKED: no AVX-512 VNNI here; the software unit runs alone");
+    }
+    let shapes = [
+        (1, 16, 64),
+        (3, 17, 129),
+        (5, 48, 64),
+        (37, 70, 200),
+        (4, 64, 2048),
+    ];
+    for fmt in FORMATS.into_iter().filter(|f| *f != PackedFormat::Bf16) {
+        for (i, &(m, n, k)) in shapes.iter().enumerate() {
+            let mut x = rand_vec(m * k, &mut seed);
+            let mut w = rand_vec(n * k, &mut seed);
+            if i % 2 == 1 {
+                // Extremes: every weight at its group's largest magnitude, activations at
+                // +-127 after quantization.
+                w.iter_mut().for_each(|v| *v = v.signum());
+                x.iter_mut()
+                    .for_each(|v| *v = if *v < 0.0 { -1.0 } else { 1.0 });
+            }
+            let p = PackedMatrix::pack(&w, n, k, fmt).expect("valid format");
+            let what = format!("{} {m}x{n}x{k}", fmt.name());
+            let run = |kernel| {
+                let mut out = vec![f32::NAN; m * n];
+                p.matmul_on(kernel, &x, m, &mut out);
+                out
+            };
+            let soft = run(Kernel::VnniSoft);
+            let mut want = vec![0.0; m * n];
+            p.matmul_ref(&x, m, &mut want).expect("shapes agree");
+            assert_close(&want, &soft, &format!("{what} VnniSoft"));
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            if cpu {
+                assert_eq!(
+                    bits(&soft),
+                    bits(&run(Kernel::Isa(Isa::Avx512))),
+                    "{what}: software VNNI unit and the CPU differ"
+                );
+            }
+        }
+    }
 }
 
 /// Asserts `got` matches `want` within f32 rounding of a `k`-term dot product.

@@ -1,8 +1,8 @@
 //! The tile path (weights decoded to BF16 or INT8 tiles, packed micro-kernels) against its
 //! plain twins: BF16-rounded activations times BF16-rounded dequantized weights, or per-token
 //! int8 activations times the INT8 tile's weights, summed in f32. Run on the AMX tile program
-//! (software tile unit), the portable micro-kernel and every AVX-512 and AMX path the CPU has,
-//! for every readable type.
+//! (software tile unit), the AVX-512 integer tiles on the software VNNI unit, the portable
+//! micro-kernel and every AVX-512 and AMX path the CPU has, for every readable type.
 
 use super::super::tests::{
     GENERIC, INTEGER, check, magnitudes, matrix, moe_twin, rand_x, tile_twin,
@@ -16,6 +16,8 @@ use crate::moe::group_by_expert;
 /// The kernels the tile path can run on here.
 fn kernels() -> Vec<Kernel> {
     let mut v = vec![Kernel::AmxSoft, Kernel::Isa(Isa::Portable)];
+    #[cfg(target_arch = "x86_64")]
+    v.push(Kernel::VnniSoft);
     v.extend(
         Isa::available()
             .into_iter()

@@ -8,11 +8,17 @@
 //!
 //! This path is the decode path (few tokens per expert): there the loads of weight lines from
 //! DRAM bound the speed, and the register tile only needs to keep up with memory.
+//!
+//! The INT8 and INT4 tiles are written against the VNNI instruction trait
+//! ([`crate::ggml::vnni_unit::Vnni`]): the CPU's unit here, the software unit in tests
+//! ([`block_soft`]), so that they run on every machine. The BF16 tile is hardware only.
 
 use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::{correction, flush_span};
+use crate::ggml::Avx512Vnni;
+use crate::ggml::vnni_unit::Vnni;
 use crate::packed::{Activations, Kind, LINE, PackedMatrix, STRIP};
 
 /// Safe entry point; see [`super::run_block`] for the contract.
@@ -25,11 +31,32 @@ pub(super) fn block(
     out: &mut [f32],
     ldo: usize,
 ) {
-    assert!(crate::isa::detected() >= crate::isa::Isa::Avx512);
-    // SAFETY: the features this function enables were detected just above; `run_block` checked
-    // that rows, strips and `ks` lie within the activations and the packed matrix and that
-    // `out` holds `rows.len()` rows of `ldo >= strips.len() * 16` floats.
-    unsafe { block_impl(w, a, rows, strips, ks, out, ldo) }
+    let unit = Avx512Vnni::detect().expect("AVX-512 VNNI");
+    // SAFETY: the unit exists, so the features this function enables were detected;
+    // `run_block` checked that rows, strips and `ks` lie within the activations and the
+    // packed matrix and that `out` holds `rows.len()` rows of `ldo >= strips.len() * 16`
+    // floats.
+    unsafe { block_impl(unit, w, a, rows, strips, ks, out, ldo) }
+}
+
+/// [`block`] for INT8 and INT4 weights on the software VNNI unit, which every machine runs.
+#[cfg(test)]
+pub(super) fn block_soft(
+    w: &PackedMatrix,
+    a: &Activations,
+    rows: Range<usize>,
+    strips: Range<usize>,
+    ks: Range<usize>,
+    out: &mut [f32],
+    ldo: usize,
+) {
+    assert!(
+        w.kind != Kind::Bf16,
+        "the software unit has no BF16 dot product"
+    );
+    let unit = crate::ggml::vnni_unit::Soft;
+    // SAFETY: the software unit needs nothing of the CPU; the ranges as in `block`.
+    unsafe { block_soft_impl(unit, w, a, rows, strips, ks, out, ldo) }
 }
 
 /// Pointers and strides of one register tile.
@@ -56,23 +83,16 @@ impl Tile {
     /// next one, `*next` (start it at `pf_phase`; steps must be visited in increasing order).
     /// A running step instead of `p % pf_every`: an integer division per step cost more than
     /// the prefetch saved.
-    ///
-    /// # Safety
-    /// `pf_lines` must count lines that exist after the block in every strip of the tile.
     #[inline(always)]
-    unsafe fn prefetch<const NS: usize>(&self, klines: usize, p: usize, next: &mut usize) {
+    fn prefetch<U: Vnni, const NS: usize>(&self, u: U, klines: usize, p: usize, next: &mut usize) {
         if p != *next {
             return;
         }
         *next += self.pf_every;
         if p < self.pf_lines {
             for s in 0..NS {
-                // SAFETY: line `klines + p` of strip `s` lies within the packed data (caller);
-                // a prefetch does not fault in any case.
-                unsafe {
-                    let q = self.w.add(s * self.sb + (klines + p) * LINE);
-                    _mm_prefetch::<_MM_HINT_T0>(q as *const i8);
-                }
+                // A prefetch does not fault: any address will do.
+                u.prefetch(self.w.wrapping_add(s * self.sb + (klines + p) * LINE));
             }
         }
     }
@@ -88,33 +108,37 @@ struct IntTile<'a> {
     fs: usize,
 }
 
-/// Calls `$f::<MR, NS, PF>` for a runtime tile height, strip count and prefetch flag.
+/// Calls `$f::<G.., MR, NS, PF>` (`G..` the generic arguments in brackets, possibly none)
+/// for a runtime tile height, strip count and prefetch flag.
 macro_rules! dispatch {
-    ($f:ident, $mr:expr, $ns:expr, $pf:expr, $($arg:expr),*) => {
+    ($f:ident [$($g:tt)*], $mr:expr, $ns:expr, $pf:expr, $($arg:expr),*) => {
         if $pf {
-            dispatch!(@ $f, $mr, $ns, true, $($arg),*)
+            dispatch!(@ $f [$($g)*], $mr, $ns, true, $($arg),*)
         } else {
-            dispatch!(@ $f, $mr, $ns, false, $($arg),*)
+            dispatch!(@ $f [$($g)*], $mr, $ns, false, $($arg),*)
         }
     };
-    (@ $f:ident, $mr:expr, $ns:expr, $pf:literal, $($arg:expr),*) => {
+    (@ $f:ident [$($g:tt)*], $mr:expr, $ns:expr, $pf:literal, $($arg:expr),*) => {
         match ($mr, $ns) {
-            (1, 2) => $f::<1, 2, $pf>($($arg),*),
-            (2, 2) => $f::<2, 2, $pf>($($arg),*),
-            (3, 2) => $f::<3, 2, $pf>($($arg),*),
-            (4, 2) => $f::<4, 2, $pf>($($arg),*),
-            (1, _) => $f::<1, 4, $pf>($($arg),*),
-            (2, _) => $f::<2, 4, $pf>($($arg),*),
-            (3, _) => $f::<3, 4, $pf>($($arg),*),
-            _ => $f::<4, 4, $pf>($($arg),*),
+            (1, 2) => $f::<$($g)* 1, 2, $pf>($($arg),*),
+            (2, 2) => $f::<$($g)* 2, 2, $pf>($($arg),*),
+            (3, 2) => $f::<$($g)* 3, 2, $pf>($($arg),*),
+            (4, 2) => $f::<$($g)* 4, 2, $pf>($($arg),*),
+            (1, _) => $f::<$($g)* 1, 4, $pf>($($arg),*),
+            (2, _) => $f::<$($g)* 2, 4, $pf>($($arg),*),
+            (3, _) => $f::<$($g)* 3, 4, $pf>($($arg),*),
+            _ => $f::<$($g)* 4, 4, $pf>($($arg),*),
         }
     };
 }
 
 /// # Safety
-/// AVX-512 F/BW/BF16/VNNI must be available and the ranges valid as `block` states.
+/// `unit` exists (AVX-512 F/BW/BF16/VNNI are available) and the ranges are valid as
+/// `block` states.
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16,avx512vnni")]
+#[allow(clippy::too_many_arguments)]
 unsafe fn block_impl(
+    unit: Avx512Vnni,
     w: &PackedMatrix,
     a: &Activations,
     rows: Range<usize>,
@@ -122,6 +146,61 @@ unsafe fn block_impl(
     ks: Range<usize>,
     out: &mut [f32],
     ldo: usize,
+) {
+    for_each_tile(w, a, rows, strips, ks, out, ldo, |mr, ns, pf, t, it| {
+        // SAFETY: the tile covers `mr` rows and `ns` strips that exist, and `klen` `k` from
+        // `ks.start`, all within the buffers (`for_each_tile`); the unit's features are
+        // enabled here.
+        unsafe {
+            match w.kind {
+                Kind::Bf16 => dispatch!(bf16_tile[], mr, ns, pf, unit, t),
+                Kind::Int8 => dispatch!(int8_tile_hw[], mr, ns, pf, unit, t, it),
+                Kind::Int4 => dispatch!(int4_tile_hw[], mr, ns, pf, unit, t, it),
+            }
+        }
+    });
+}
+
+/// # Safety
+/// The ranges are valid as `block` states; INT8 or INT4 weights.
+#[cfg(test)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn block_soft_impl(
+    unit: crate::ggml::vnni_unit::Soft,
+    w: &PackedMatrix,
+    a: &Activations,
+    rows: Range<usize>,
+    strips: Range<usize>,
+    ks: Range<usize>,
+    out: &mut [f32],
+    ldo: usize,
+) {
+    use crate::ggml::vnni_unit::Soft;
+    for_each_tile(w, a, rows, strips, ks, out, ldo, |mr, ns, pf, t, it| {
+        // SAFETY: as in `block_impl`; the software unit needs nothing of the CPU.
+        unsafe {
+            match w.kind {
+                Kind::Bf16 => unreachable!("checked by block_soft"),
+                Kind::Int8 => dispatch!(int8_tile[Soft,], mr, ns, pf, unit, t, it),
+                Kind::Int4 => dispatch!(int4_tile[Soft,], mr, ns, pf, unit, t, it),
+            }
+        }
+    });
+}
+
+/// Cuts the block into register tiles of up to 4 rows by 4 strips and hands each to
+/// `run(rows, strips, prefetch, tile, integer extras)`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn for_each_tile(
+    w: &PackedMatrix,
+    a: &Activations,
+    rows: Range<usize>,
+    strips: Range<usize>,
+    ks: Range<usize>,
+    out: &mut [f32],
+    ldo: usize,
+    mut run: impl FnMut(usize, usize, bool, &Tile, &IntTile),
 ) {
     let elem = w.kind.activation_bytes();
     let k_per_line = w.kind.k_per_line();
@@ -168,15 +247,7 @@ unsafe fn block_impl(
                 k0: ks.start,
                 fs: flush_span(w, &ks),
             };
-            // SAFETY: the tile covers `mr` rows and `ns` strips that exist (loop bounds), and
-            // `klen` `k` from `ks.start`, all within the buffers.
-            unsafe {
-                match w.kind {
-                    Kind::Bf16 => dispatch!(bf16_tile, mr, ns, pf, &t),
-                    Kind::Int8 => dispatch!(int8_tile, mr, ns, pf, &t, &it),
-                    Kind::Int4 => dispatch!(int4_tile, mr, ns, pf, &t, &it),
-                }
-            }
+            run(mr, ns, pf, &t, &it);
             r += mr;
         }
         sg += ns;
@@ -203,13 +274,12 @@ fn as_bh(v: __m512i) -> __m512bh {
 /// # Safety
 /// As [`block_impl`]; `t` covers `MR` valid rows and `NS` valid strips.
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-unsafe fn bf16_tile<const MR: usize, const NS: usize, const PF: bool>(t: &Tile) {
+unsafe fn bf16_tile<const MR: usize, const NS: usize, const PF: bool>(u: Avx512Vnni, t: &Tile) {
     let mut acc = [[_mm512_setzero_ps(); NS]; MR];
     let mut next_pf = t.pf_phase;
     for p in 0..t.klen / 2 {
         if PF {
-            // SAFETY: `pf_lines` counts lines after the block (`block_impl`).
-            unsafe { t.prefetch::<NS>(t.klen / 2, p, &mut next_pf) };
+            t.prefetch::<_, NS>(u, t.klen / 2, p, &mut next_pf);
         }
         let mut wv = [_mm512_setzero_si512(); NS];
         for (s, wv) in wv.iter_mut().enumerate() {
@@ -237,14 +307,11 @@ unsafe fn bf16_tile<const MR: usize, const NS: usize, const PF: bool>(t: &Tile) 
 }
 
 /// Converts the i32 sums of one flush span to f32 and accumulates them with the scales.
-///
-/// # Safety
-/// As [`block_impl`].
-#[inline]
-#[target_feature(enable = "avx512f")]
-unsafe fn flush<const MR: usize, const NS: usize>(
-    acc: &[[__m512i; NS]; MR],
-    accf: &mut [[__m512; NS]; MR],
+#[inline(always)]
+fn flush<U: Vnni, const MR: usize, const NS: usize>(
+    u: U,
+    acc: &[[U::I; NS]; MR],
+    accf: &mut [[U::F; NS]; MR],
     it: &IntTile,
     f0: usize,
 ) {
@@ -252,109 +319,156 @@ unsafe fn flush<const MR: usize, const NS: usize>(
     let g = f0 / w.group;
     for i in 0..MR {
         let r = it.row0 + i;
-        let corr = _mm512_set1_epi32(correction(w, a, r, f0, it.fs));
-        let xs = _mm512_set1_ps(a.scale_at(r, f0));
+        let corr = u.splat32(correction(w, a, r, f0, it.fs) as u32);
+        let xs = u.splatf(a.scale_at(r, f0));
         for s in 0..NS {
             let sc = &w.scales[((it.strip0 + s) * w.groups + g) * STRIP..][..STRIP];
             // SAFETY: `sc` holds 16 floats.
-            let scv = unsafe { _mm512_loadu_ps(sc.as_ptr()) };
-            let v = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i][s], corr));
-            accf[i][s] = _mm512_fmadd_ps(v, _mm512_mul_ps(scv, xs), accf[i][s]);
+            let scv = unsafe { u.loadf(sc.as_ptr()) };
+            let v = u.cvt(u.sub32(acc[i][s], corr));
+            accf[i][s] = u.fmadd(v, u.mulf(scv, xs), accf[i][s]);
         }
     }
 }
 
+/// Adds the tile's sums into the output.
+///
 /// # Safety
-/// As [`block_impl`].
-#[inline]
-#[target_feature(enable = "avx512f")]
-unsafe fn store<const MR: usize, const NS: usize>(t: &Tile, accf: &[[__m512; NS]; MR]) {
+/// `t` covers `MR` rows and `NS` strips within the output.
+#[inline(always)]
+unsafe fn store<U: Vnni, const MR: usize, const NS: usize>(
+    u: U,
+    t: &Tile,
+    accf: &[[U::F; NS]; MR],
+) {
     for (i, accf) in accf.iter().enumerate() {
         for (s, v) in accf.iter().enumerate() {
-            // SAFETY: row `i`, strip `s` of the tile is within `out`.
+            // SAFETY: row `i`, strip `s` of the tile is within `out` (caller).
             unsafe {
                 let o = t.out.add(i * t.ldo + s * STRIP);
-                _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), *v));
+                u.storef(o, u.addf(u.loadf(o), *v));
             }
         }
     }
 }
 
+/// The INT8 tile on the CPU's unit.
+///
 /// # Safety
-/// As [`block_impl`]; `t` covers `MR` valid rows and `NS` valid strips.
+/// As [`int8_tile`]; the unit's features are enabled here.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn int8_tile<const MR: usize, const NS: usize, const PF: bool>(t: &Tile, it: &IntTile) {
-    let mut accf = [[_mm512_setzero_ps(); NS]; MR];
+unsafe fn int8_tile_hw<const MR: usize, const NS: usize, const PF: bool>(
+    u: Avx512Vnni,
+    t: &Tile,
+    it: &IntTile,
+) {
+    // SAFETY: the caller's guarantee.
+    unsafe { int8_tile::<_, MR, NS, PF>(u, t, it) }
+}
+
+/// The INT4 tile on the CPU's unit.
+///
+/// # Safety
+/// As [`int4_tile`]; the unit's features are enabled here.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn int4_tile_hw<const MR: usize, const NS: usize, const PF: bool>(
+    u: Avx512Vnni,
+    t: &Tile,
+    it: &IntTile,
+) {
+    // SAFETY: the caller's guarantee.
+    unsafe { int4_tile::<_, MR, NS, PF>(u, t, it) }
+}
+
+/// # Safety
+/// `U` runs on this CPU (inlined into a function with its features); `t` covers `MR` valid
+/// rows and `NS` valid strips, as [`block`] states.
+#[inline(always)]
+unsafe fn int8_tile<U: Vnni, const MR: usize, const NS: usize, const PF: bool>(
+    u: U,
+    t: &Tile,
+    it: &IntTile,
+) {
+    let mut accf = [[u.splatf(0.0); NS]; MR];
     let mut next_pf = t.pf_phase;
     let mut f = 0;
     while f < t.klen {
-        let mut acc = [[_mm512_setzero_si512(); NS]; MR];
+        let mut acc = [[u.zero(); NS]; MR];
         for q in f / 4..(f + it.fs) / 4 {
             if PF {
-                // SAFETY: `pf_lines` counts lines after the block (`block_impl`).
-                unsafe { t.prefetch::<NS>(t.klen / 4, q, &mut next_pf) };
+                t.prefetch::<_, NS>(u, t.klen / 4, q, &mut next_pf);
             }
-            let mut wv = [_mm512_setzero_si512(); NS];
+            let mut wv = [u.zero(); NS];
             for (s, wv) in wv.iter_mut().enumerate() {
-                // SAFETY: quad line `q` of strip `s` lies in the packed data, 64-byte aligned.
-                *wv = unsafe { _mm512_load_si512(t.w.add(s * t.sb + q * LINE) as *const __m512i) };
+                // SAFETY: quad line `q` of strip `s` lies in the packed data.
+                *wv = unsafe { u.load(t.w.add(s * t.sb + q * LINE)) };
             }
             for (i, acc) in acc.iter_mut().enumerate() {
                 // SAFETY: quad `q` of row `i` lies within the row's `k_pad` bytes.
-                let x = unsafe { bcast4(t.a.add(i * t.lda + 4 * q)) };
+                let x = u.splat32(unsafe { quad(t.a.add(i * t.lda + 4 * q)) });
                 for s in 0..NS {
-                    acc[s] = _mm512_dpbusd_epi32(acc[s], wv[s], x);
+                    acc[s] = u.dpbusd(acc[s], wv[s], x);
                 }
             }
         }
-        // SAFETY: as this function.
-        unsafe { flush(&acc, &mut accf, it, it.k0 + f) };
+        flush(u, &acc, &mut accf, it, it.k0 + f);
         f += it.fs;
     }
     // SAFETY: as this function.
-    unsafe { store(t, &accf) };
+    unsafe { store(u, t, &accf) };
 }
 
 /// # Safety
-/// As [`block_impl`]; `t` covers `MR` valid rows and `NS` valid strips.
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn int4_tile<const MR: usize, const NS: usize, const PF: bool>(t: &Tile, it: &IntTile) {
-    let nib = _mm512_set1_epi8(0x0f);
-    let mut accf = [[_mm512_setzero_ps(); NS]; MR];
+/// As [`int8_tile`].
+#[inline(always)]
+unsafe fn int4_tile<U: Vnni, const MR: usize, const NS: usize, const PF: bool>(
+    u: U,
+    t: &Tile,
+    it: &IntTile,
+) {
+    let nib = u.splat8(0x0f);
+    let mut accf = [[u.splatf(0.0); NS]; MR];
     let mut next_pf = t.pf_phase;
     let mut f = 0;
     while f < t.klen {
-        let mut acc = [[_mm512_setzero_si512(); NS]; MR];
+        let mut acc = [[u.zero(); NS]; MR];
         for l in f / 8..(f + it.fs) / 8 {
             if PF {
-                // SAFETY: `pf_lines` counts lines after the block (`block_impl`).
-                unsafe { t.prefetch::<NS>(t.klen / 8, l, &mut next_pf) };
+                t.prefetch::<_, NS>(u, t.klen / 8, l, &mut next_pf);
             }
-            let mut lo = [_mm512_setzero_si512(); NS];
-            let mut hi = [_mm512_setzero_si512(); NS];
+            let mut lo = [u.zero(); NS];
+            let mut hi = [u.zero(); NS];
             for s in 0..NS {
-                // SAFETY: line `l` of strip `s` lies in the packed data, 64-byte aligned.
-                let v =
-                    unsafe { _mm512_load_si512(t.w.add(s * t.sb + l * LINE) as *const __m512i) };
-                lo[s] = _mm512_and_si512(v, nib);
-                hi[s] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), nib);
+                // SAFETY: line `l` of strip `s` lies in the packed data.
+                let v = unsafe { u.load(t.w.add(s * t.sb + l * LINE)) };
+                lo[s] = u.and(v, nib);
+                hi[s] = u.and(u.srli16::<4>(v), nib);
             }
             for (i, acc) in acc.iter_mut().enumerate() {
                 // SAFETY: quads `2l` and `2l + 1` of row `i` lie within its `k_pad` bytes.
                 let (x0, x1) = unsafe {
                     let p = t.a.add(i * t.lda + 8 * l);
-                    (bcast4(p), bcast4(p.add(4)))
+                    (u.splat32(quad(p)), u.splat32(quad(p.add(4))))
                 };
                 for s in 0..NS {
-                    acc[s] = _mm512_dpbusd_epi32(acc[s], lo[s], x0);
-                    acc[s] = _mm512_dpbusd_epi32(acc[s], hi[s], x1);
+                    acc[s] = u.dpbusd(acc[s], lo[s], x0);
+                    acc[s] = u.dpbusd(acc[s], hi[s], x1);
                 }
             }
         }
-        // SAFETY: as this function.
-        unsafe { flush(&acc, &mut accf, it, it.k0 + f) };
+        flush(u, &acc, &mut accf, it, it.k0 + f);
         f += it.fs;
     }
     // SAFETY: as this function.
-    unsafe { store(t, &accf) };
+    unsafe { store(u, t, &accf) };
+}
+
+/// The 4 bytes at `p`, little-endian.
+///
+/// # Safety
+/// `p` must be valid for reading 4 bytes.
+#[inline(always)]
+unsafe fn quad(p: *const u8) -> u32 {
+    // SAFETY: the caller guarantees 4 readable bytes; unaligned read.
+    unsafe { (p as *const u32).read_unaligned() }
 }

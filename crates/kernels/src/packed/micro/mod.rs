@@ -17,7 +17,9 @@
 //! AVX-512) without repacking.
 //!
 //! The AMX tile program runs on the hardware, or, in test builds, on a software model of the
-//! tiles (`Kernel::AmxSoft`, `amx_soft`), so that the AMX path is tested on every machine.
+//! tiles (`Kernel::AmxSoft`, `amx_soft`), and the AVX-512 INT8/INT4 register tiles on the
+//! CPU's VNNI unit or the software one (`Kernel::VnniSoft`), so that both are tested on every
+//! x86-64 machine.
 
 use std::ops::Range;
 
@@ -60,6 +62,10 @@ pub(crate) enum Kernel {
     /// The AMX tile program on the software tile unit (`amx_soft`).
     #[cfg(test)]
     AmxSoft,
+    /// The AVX-512 INT8 and INT4 register tiles on the software VNNI unit (BF16 weights
+    /// run the portable kernel: the unit has no BF16 dot product).
+    #[cfg(test)]
+    VnniSoft,
 }
 
 impl Kernel {
@@ -70,6 +76,8 @@ impl Kernel {
             Kernel::Isa(isa) => isa == Isa::Amx,
             #[cfg(test)]
             Kernel::AmxSoft => true,
+            #[cfg(test)]
+            Kernel::VnniSoft => false,
         }
     }
 
@@ -78,7 +86,7 @@ impl Kernel {
         match self {
             Kernel::Isa(isa) => isa.is_available(),
             #[cfg(test)]
-            Kernel::AmxSoft => true,
+            Kernel::AmxSoft | Kernel::VnniSoft => true,
         }
     }
 }
@@ -160,6 +168,10 @@ pub(crate) fn run_block(
             #[cfg(target_arch = "x86_64")]
             Kernel::Isa(Isa::Amx | Isa::Avx512) => {
                 avx512::block(w, a, rows, strips, ks.clone(), out, ldo)
+            }
+            #[cfg(all(test, target_arch = "x86_64"))]
+            Kernel::VnniSoft if w.kind != Kind::Bf16 => {
+                avx512::block_soft(w, a, rows, strips, ks.clone(), out, ldo)
             }
             #[cfg(target_arch = "x86_64")]
             Kernel::Isa(Isa::Avx2) => avx2::block(w, a, rows, strips, ks.clone(), out, ldo),

@@ -71,6 +71,11 @@ impl Vnni for Avx512Vnni {
         unsafe { _mm512_loadu_ps(p) }
     }
     #[inline(always)]
+    unsafe fn storef(self, p: *mut f32, v: __m512) {
+        // SAFETY: see the impl; 16 writable f32 (caller), unaligned store.
+        unsafe { _mm512_storeu_ps(p, v) }
+    }
+    #[inline(always)]
     unsafe fn load_f2x8(self, p: *const f32) -> __m512 {
         // SAFETY: see the impl; two readable f32 (caller).
         unsafe {
@@ -131,6 +136,11 @@ impl Vnni for Avx512Vnni {
     fn slli16<const S: u32>(self, a: __m512i) -> __m512i {
         // SAFETY: see the impl.
         unsafe { _mm512_slli_epi16::<S>(a) }
+    }
+    #[inline(always)]
+    fn srli16<const S: u32>(self, a: __m512i) -> __m512i {
+        // SAFETY: see the impl.
+        unsafe { _mm512_srli_epi16::<S>(a) }
     }
     #[inline(always)]
     fn slli32<const S: u32>(self, a: __m512i) -> __m512i {
@@ -222,6 +232,16 @@ impl Vnni for Avx512Vnni {
     fn cvt(self, a: __m512i) -> __m512 {
         // SAFETY: see the impl.
         unsafe { _mm512_cvtepi32_ps(a) }
+    }
+    #[inline(always)]
+    fn splat32(self, v: u32) -> __m512i {
+        // SAFETY: see the impl.
+        unsafe { _mm512_set1_epi32(v as i32) }
+    }
+    #[inline(always)]
+    fn addf(self, a: __m512, b: __m512) -> __m512 {
+        // SAFETY: see the impl.
+        unsafe { _mm512_add_ps(a, b) }
     }
     #[inline(always)]
     fn splatf(self, v: f32) -> __m512 {

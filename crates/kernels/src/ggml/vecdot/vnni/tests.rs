@@ -62,15 +62,27 @@ unsafe fn all_ops<U: Vnni>(
             ("loadf", fl(u.loadf(f.as_ptr()))),
         ]
     };
+    let mut stored = [0.0f32; 17];
+    // SAFETY: 16 writable f32 from `stored[1]`.
+    unsafe { u.storef(stored.as_mut_ptr().add(1), fv) };
     let mut ops = loads.to_vec();
+    ops.push((
+        "storef",
+        stored
+            .iter()
+            .flat_map(|x| x.to_bits().to_le_bytes())
+            .collect(),
+    ));
     ops.extend([
         ("u64x2", by(u.u64x2(wa, wb))),
         ("splat8", by(u.splat8(a[0]))),
+        ("splat32", by(u.splat32(wa as u32 ^ (wb as u32)))),
         ("bytes_where", by(u.bytes_where(wa))),
         ("and", by(u.and(x, y))),
         ("or", by(u.or(x, y))),
         ("srlv16", by(u.srlv16(x, counts))),
         ("slli16", by(u.slli16::<4>(x))),
+        ("srli16", by(u.srli16::<4>(x))),
         ("slli32", by(u.slli32::<5>(x))),
         ("add32", by(u.add32(x, y))),
         ("sub32", by(u.sub32(x, y))),
@@ -100,6 +112,7 @@ unsafe fn all_ops<U: Vnni>(
         ("cvt", fl(u.cvt(x))),
         ("splatf", fl(u.splatf(f[1]))),
         ("f2x8", fl(u.f2x8(f[2], f[5]))),
+        ("addf", fl(u.addf(fv, u.cvt(x)))),
         ("mulf", fl(u.mulf(fv, u.cvt(x)))),
         ("fmadd", fl(u.fmadd(fv, u.cvt(x), u.cvt(y)))),
         ("hsum", u.hsum(u.cvt(x)).to_bits().to_le_bytes().to_vec()),

@@ -55,6 +55,12 @@ pub(crate) trait Vnni: Copy {
     /// `p[0]` and `p[1]` must be readable.
     unsafe fn load_f2x8(self, p: *const f32) -> Self::F;
 
+    /// Writes the 16 f32 of `v` to `p`.
+    ///
+    /// # Safety
+    /// `p .. p + 16` must be writable.
+    unsafe fn storef(self, p: *mut f32, v: Self::F);
+
     /// Asks for the cache line at `p` ahead of its use (`prefetcht0`; no architectural
     /// effect, so any address is allowed; the software unit does nothing).
     fn prefetch(self, p: *const u8);
@@ -65,6 +71,8 @@ pub(crate) trait Vnni: Copy {
     fn u64x2(self, lo: u64, hi: u64) -> Self::I;
     /// Every byte `v`.
     fn splat8(self, v: u8) -> Self::I;
+    /// Every i32 lane `v` (`vpbroadcastd`).
+    fn splat32(self, v: u32) -> Self::I;
     /// All zero bits.
     fn zero(self) -> Self::I;
     /// 0xff in the byte lanes whose bit of `bits` is set, zero elsewhere (`vpmovm2b`).
@@ -78,6 +86,8 @@ pub(crate) trait Vnni: Copy {
     fn srlv16(self, a: Self::I, counts: Self::I) -> Self::I;
     /// Each u16 lane of `a` shifted left by `S` (`vpsllw`).
     fn slli16<const S: u32>(self, a: Self::I) -> Self::I;
+    /// Each u16 lane of `a` shifted right (logical) by `S` (`vpsrlw`).
+    fn srli16<const S: u32>(self, a: Self::I) -> Self::I;
     /// Each i32 lane of `a` shifted left by `S` (`vpslld`).
     fn slli32<const S: u32>(self, a: Self::I) -> Self::I;
     /// i32 lanes added, wrapping.
@@ -123,6 +133,8 @@ pub(crate) trait Vnni: Copy {
     fn splatf(self, v: f32) -> Self::F;
     /// `a` in lanes 0-7, `b` in lanes 8-15.
     fn f2x8(self, a: f32, b: f32) -> Self::F;
+    /// Lanes added.
+    fn addf(self, a: Self::F, b: Self::F) -> Self::F;
     /// Lanes multiplied.
     fn mulf(self, a: Self::F, b: Self::F) -> Self::F;
     /// `a · b + c` per lane, rounded once.
@@ -264,6 +276,13 @@ impl Vnni for Soft {
         self.f2x8(a, b)
     }
 
+    unsafe fn storef(self, p: *mut f32, v: [f32; 16]) {
+        for (l, v) in v.into_iter().enumerate() {
+            // SAFETY: the caller's guarantee.
+            unsafe { p.add(l).write_unaligned(v) };
+        }
+    }
+
     fn prefetch(self, _: *const u8) {}
     fn bytes(self, b: [u8; 64]) -> Bytes {
         Bytes(b)
@@ -276,6 +295,9 @@ impl Vnni for Soft {
     }
     fn splat8(self, v: u8) -> Bytes {
         Bytes([v; 64])
+    }
+    fn splat32(self, v: u32) -> Bytes {
+        Bytes(std::array::from_fn(|i| v.to_le_bytes()[i % 4]))
     }
     fn zero(self) -> Bytes {
         Bytes([0; 64])
@@ -300,6 +322,9 @@ impl Vnni for Soft {
     }
     fn slli16<const S: u32>(self, a: Bytes) -> Bytes {
         a.map16(|_, x| if S > 15 { 0 } else { ((x as u16) << S) as i16 })
+    }
+    fn srli16<const S: u32>(self, a: Bytes) -> Bytes {
+        a.map16(|_, x| if S > 15 { 0 } else { ((x as u16) >> S) as i16 })
     }
     fn slli32<const S: u32>(self, a: Bytes) -> Bytes {
         a.map32(|_, x| if S > 31 { 0 } else { ((x as u32) << S) as i32 })
@@ -383,6 +408,9 @@ impl Vnni for Soft {
     }
     fn f2x8(self, a: f32, b: f32) -> [f32; 16] {
         std::array::from_fn(|l| if l < 8 { a } else { b })
+    }
+    fn addf(self, a: [f32; 16], b: [f32; 16]) -> [f32; 16] {
+        std::array::from_fn(|l| a[l] + b[l])
     }
     fn mulf(self, a: [f32; 16], b: [f32; 16]) -> [f32; 16] {
         std::array::from_fn(|l| a[l] * b[l])
