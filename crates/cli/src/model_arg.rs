@@ -136,7 +136,7 @@ pub enum Device {
     Cpu,
     /// The first accelerator (`strata devices` lists them).
     Gpu,
-    /// The CPU, with routed experts placed by a policy on the CPU and the accelerator.
+    /// Attention and dense weights on the accelerator, routed experts where the policy puts them.
     Hybrid,
 }
 

@@ -78,6 +78,66 @@ pub fn axpy_rows(alpha: &[f32], rows: &[f32], stride: usize, y: &mut [f32]) {
     axpy_rows_lanes(alpha, rows, stride, y);
 }
 
+/// [`dot_rows`] for two queries against the same rows, in one pass over them: query heads
+/// that share a key head read its keys once (half the cache traffic of two calls). Each
+/// output is bit for bit what [`dot_rows`] gives its query alone.
+///
+/// # Panics
+/// If the queries' widths or the outputs' lengths differ, or the last row ends past `rows`.
+pub fn dot_rows2(x: [&[f32]; 2], rows: &[f32], stride: usize, out: [&mut [f32]; 2]) {
+    assert!(
+        x[0].len() == x[1].len() && out[0].len() == out[1].len(),
+        "two queries of {} and {} values, outputs of {} and {}",
+        x[0].len(),
+        x[1].len(),
+        out[0].len(),
+        out[1].len()
+    );
+    check_rows(x[0].len(), rows.len(), stride, out[0].len());
+    #[cfg(target_arch = "x86_64")]
+    if Isa::selected() >= Isa::Avx2 {
+        // SAFETY: `Isa::Avx2` or better is only selected when the CPU has AVX2 and FMA.
+        unsafe { dot_rows2_avx2(x, rows, stride, out) };
+        return;
+    }
+    let [o0, o1] = out;
+    dot_rows_lanes(x[0], rows, stride, o0);
+    dot_rows_lanes(x[1], rows, stride, o1);
+}
+
+/// `sums[q] += Σ_j alpha[q][j] · rows[j]` for two sets of weights over the same rows, in one
+/// pass over them (the value rows two query heads share), each product fused into the
+/// running sum in order of `j`: [`axpy_rows`]'s sum, continued from `sums`. Called over
+/// consecutive blocks of rows with zeroed sums, then added to `y`, it gives [`axpy_rows`]'s
+/// bits (so a cache's rows can be walked in blocks that stay in cache).
+///
+/// # Panics
+/// If the weights' counts or the sums' widths differ, or the last row ends past `rows`.
+pub fn axpy_rows2(alpha: [&[f32]; 2], rows: &[f32], stride: usize, sums: [&mut [f32]; 2]) {
+    assert!(
+        alpha[0].len() == alpha[1].len() && sums[0].len() == sums[1].len(),
+        "two weight sets of {} and {}, sums of {} and {}",
+        alpha[0].len(),
+        alpha[1].len(),
+        sums[0].len(),
+        sums[1].len()
+    );
+    check_rows(sums[0].len(), rows.len(), stride, alpha[0].len());
+    #[cfg(target_arch = "x86_64")]
+    if Isa::selected() >= Isa::Avx512 {
+        // SAFETY: `Isa::Avx512` or better is only selected when the CPU has AVX-512 F.
+        unsafe { axpy_rows2_avx512(alpha, rows, stride, sums) };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if Isa::selected() >= Isa::Avx2 {
+        // SAFETY: `Isa::Avx2` or better is only selected when the CPU has AVX2 and FMA.
+        unsafe { axpy_rows2_avx2(alpha, rows, stride, sums) };
+        return;
+    }
+    axpy_rows2_lanes(alpha, rows, stride, sums);
+}
+
 fn check_rows(width: usize, len: usize, stride: usize, n_rows: usize) {
     if n_rows > 0 {
         let end = (n_rows - 1) * stride + width;
@@ -154,6 +214,47 @@ fn axpy_rows_lanes(alpha: &[f32], rows: &[f32], stride: usize, y: &mut [f32]) {
         for (yi, s) in y[c..c + w].iter_mut().zip(&acc) {
             *yi += s;
         }
+        c += w;
+    }
+}
+
+/// Values of each `y` summed at once by [`axpy_rows2_lanes`]: two sets of four vectors of
+/// eight, as many registers as [`axpy_rows_lanes`] takes for one.
+const AXPY2_CHUNK: usize = 32;
+
+/// [`axpy_rows_lanes`]' sums for two sets of weights, continued from `sums`: every value gets
+/// the same operations in the same order (the chunk width changes which values are summed
+/// together, not how).
+#[inline(always)]
+fn axpy_rows2_lanes(alpha: [&[f32]; 2], rows: &[f32], stride: usize, sums: [&mut [f32]; 2]) {
+    let [y0, y1] = sums;
+    let mut c = 0;
+    while c < y0.len() {
+        let w = (y0.len() - c).min(AXPY2_CHUNK);
+        let mut acc = [[0.0f32; AXPY2_CHUNK]; 2];
+        acc[0][..w].copy_from_slice(&y0[c..c + w]);
+        acc[1][..w].copy_from_slice(&y1[c..c + w]);
+        if w == AXPY2_CHUNK {
+            for (j, (&a0, &a1)) in alpha[0].iter().zip(alpha[1]).enumerate() {
+                let r: &[f32; AXPY2_CHUNK] = rows[j * stride + c..][..AXPY2_CHUNK]
+                    .try_into()
+                    .expect("a whole chunk");
+                for (l, &v) in r.iter().enumerate() {
+                    acc[0][l] = a0.mul_add(v, acc[0][l]);
+                    acc[1][l] = a1.mul_add(v, acc[1][l]);
+                }
+            }
+        } else {
+            for (j, (&a0, &a1)) in alpha[0].iter().zip(alpha[1]).enumerate() {
+                let r = &rows[j * stride + c..j * stride + c + w];
+                for (l, &v) in r.iter().enumerate() {
+                    acc[0][l] = a0.mul_add(v, acc[0][l]);
+                    acc[1][l] = a1.mul_add(v, acc[1][l]);
+                }
+            }
+        }
+        y0[c..c + w].copy_from_slice(&acc[0][..w]);
+        y1[c..c + w].copy_from_slice(&acc[1][..w]);
         c += w;
     }
 }
@@ -257,6 +358,159 @@ unsafe fn axpy_rows_avx2(alpha: &[f32], rows: &[f32], stride: usize, y: &mut [f3
     axpy_rows_lanes(alpha, rows, stride, y);
 }
 
+/// [`dot_rows_avx2`] for two queries: four rows at a time, each row loaded once for both.
+/// Every (query, row) pair sees the operations of [`dot_rows_avx2`] in its order.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA; the rows lie within `rows` ([`check_rows`]); the
+/// queries have the same width and the outputs the same length.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot_rows2_avx2(x: [&[f32]; 2], rows: &[f32], stride: usize, out: [&mut [f32]; 2]) {
+    use std::arch::x86_64::*;
+    let n = x[0].len();
+    let whole = n - n % 8;
+    let groups = out[0].len() / 4;
+    let [o0, o1] = out;
+    for g in 0..groups {
+        let at: [usize; 4] = std::array::from_fn(|i| (4 * g + i) * stride);
+        let mut acc = [[_mm256_setzero_ps(); 4]; 2];
+        for c in (0..whole).step_by(8) {
+            // SAFETY: `c + 8 <= n` for both queries, and each row `at[i] .. at[i] + n` lies
+            // within `rows` (the caller checked the last one; the others end before it).
+            unsafe {
+                let xv = [
+                    _mm256_loadu_ps(x[0].as_ptr().add(c)),
+                    _mm256_loadu_ps(x[1].as_ptr().add(c)),
+                ];
+                for (i, &r) in at.iter().enumerate() {
+                    let rv = _mm256_loadu_ps(rows.as_ptr().add(r + c));
+                    acc[0][i] = _mm256_fmadd_ps(xv[0], rv, acc[0][i]);
+                    acc[1][i] = _mm256_fmadd_ps(xv[1], rv, acc[1][i]);
+                }
+            }
+        }
+        // The eight sums' lanes, first to last: a transpose, then seven vector adds.
+        let sums = lane_sums([
+            acc[0][0], acc[0][1], acc[0][2], acc[0][3], acc[1][0], acc[1][1], acc[1][2], acc[1][3],
+        ]);
+        let mut v = [0.0f32; 8];
+        // SAFETY: `v` holds 8 f32; unaligned store.
+        unsafe { _mm256_storeu_ps(v.as_mut_ptr(), sums) };
+        for (q, o) in [&mut *o0, &mut *o1].into_iter().enumerate() {
+            for i in 0..4 {
+                let tail = match whole < n {
+                    true => fused_tail(&x[q][whole..], &rows[at[i] + whole..at[i] + n]),
+                    false => 0.0,
+                };
+                o[4 * g + i] = v[4 * q + i] + tail;
+            }
+        }
+    }
+    for j in 4 * groups..o0.len() {
+        let row = &rows[j * stride..j * stride + n];
+        o0[j] = dot_fused_lanes(x[0], row);
+        o1[j] = dot_fused_lanes(x[1], row);
+    }
+}
+
+/// Lane `k` of the result: the lanes of `acc[k]` summed first to last, as
+/// `lanes.iter().sum()` adds them (its start, `-0.0`, leaves the first lane as it is).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn lane_sums(acc: [std::arch::x86_64::__m256; 8]) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    // 8x8 transpose: t[l] holds lane `l` of every accumulator.
+    let [a0, a1, a2, a3, a4, a5, a6, a7] = acc;
+    let (u0, u1) = (_mm256_unpacklo_ps(a0, a1), _mm256_unpackhi_ps(a0, a1));
+    let (u2, u3) = (_mm256_unpacklo_ps(a2, a3), _mm256_unpackhi_ps(a2, a3));
+    let (u4, u5) = (_mm256_unpacklo_ps(a4, a5), _mm256_unpackhi_ps(a4, a5));
+    let (u6, u7) = (_mm256_unpacklo_ps(a6, a7), _mm256_unpackhi_ps(a6, a7));
+    let s0 = _mm256_shuffle_ps::<0x44>(u0, u2);
+    let s1 = _mm256_shuffle_ps::<0xee>(u0, u2);
+    let s2 = _mm256_shuffle_ps::<0x44>(u1, u3);
+    let s3 = _mm256_shuffle_ps::<0xee>(u1, u3);
+    let s4 = _mm256_shuffle_ps::<0x44>(u4, u6);
+    let s5 = _mm256_shuffle_ps::<0xee>(u4, u6);
+    let s6 = _mm256_shuffle_ps::<0x44>(u5, u7);
+    let s7 = _mm256_shuffle_ps::<0xee>(u5, u7);
+    let t = [
+        _mm256_permute2f128_ps::<0x20>(s0, s4),
+        _mm256_permute2f128_ps::<0x20>(s1, s5),
+        _mm256_permute2f128_ps::<0x20>(s2, s6),
+        _mm256_permute2f128_ps::<0x20>(s3, s7),
+        _mm256_permute2f128_ps::<0x31>(s0, s4),
+        _mm256_permute2f128_ps::<0x31>(s1, s5),
+        _mm256_permute2f128_ps::<0x31>(s2, s6),
+        _mm256_permute2f128_ps::<0x31>(s3, s7),
+    ];
+    t[1..].iter().fold(t[0], |s, &l| _mm256_add_ps(s, l))
+}
+
+/// [`axpy_rows2_lanes`] on AVX-512: 64 values of each sum at once in sixteen-lane registers
+/// (every value still gets its own sum, in the same order: lanes never meet).
+///
+/// # Safety
+/// The CPU must support AVX-512 F; the rows lie within `rows` ([`check_rows`]); the weight
+/// sets have the same count and the outputs the same width.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn axpy_rows2_avx512(
+    alpha: [&[f32]; 2],
+    rows: &[f32],
+    stride: usize,
+    sums: [&mut [f32]; 2],
+) {
+    use std::arch::x86_64::*;
+    const CHUNK: usize = 64;
+    let width = sums[0].len();
+    let whole = width - width % CHUNK;
+    let [y0, y1] = sums;
+    for c in (0..whole).step_by(CHUNK) {
+        // SAFETY: `c + 64 <= width` values of each sum.
+        let mut acc: [[__m512; 4]; 2] = unsafe {
+            std::array::from_fn(|q| {
+                let y = if q == 0 { &*y0 } else { &*y1 };
+                std::array::from_fn(|v| _mm512_loadu_ps(y.as_ptr().add(c + 16 * v)))
+            })
+        };
+        for (j, (&a0, &a1)) in alpha[0].iter().zip(alpha[1]).enumerate() {
+            let (a0, a1) = (_mm512_set1_ps(a0), _mm512_set1_ps(a1));
+            let [s0, s1] = &mut acc;
+            for (v, (s0, s1)) in s0.iter_mut().zip(s1).enumerate() {
+                // SAFETY: `c + 64 <= width`, and row `j` holds `width` values from
+                // `j * stride` within `rows` (the caller checked the last row).
+                let r = unsafe { _mm512_loadu_ps(rows.as_ptr().add(j * stride + c + 16 * v)) };
+                *s0 = _mm512_fmadd_ps(a0, r, *s0);
+                *s1 = _mm512_fmadd_ps(a1, r, *s1);
+            }
+        }
+        for (y, acc) in [&mut *y0, &mut *y1].into_iter().zip(&acc) {
+            for (v, s) in acc.iter().enumerate() {
+                // SAFETY: `c + 16 v + 16 <= width` values of the sum.
+                unsafe { _mm512_storeu_ps(y.as_mut_ptr().add(c + 16 * v), *s) };
+            }
+        }
+    }
+    if whole < width {
+        // With no rows at all there is nothing to read.
+        let rest = rows.get(whole..).unwrap_or_default();
+        let tail = [&mut y0[whole..], &mut y1[whole..]];
+        axpy_rows2_lanes(alpha, rest, stride, tail);
+    }
+}
+
+/// [`axpy_rows2_lanes`] compiled with AVX2 and FMA enabled.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn axpy_rows2_avx2(alpha: [&[f32]; 2], rows: &[f32], stride: usize, sums: [&mut [f32]; 2]) {
+    axpy_rows2_lanes(alpha, rows, stride, sums);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -325,6 +579,60 @@ mod tests {
                         (f64::from(*g) - w).abs() <= 1e-5 * (1.0 + w.abs()),
                         "axpy_rows"
                     );
+                }
+            }
+        }
+    }
+
+    /// A two-weight-set kernel with its stride bound: weights, rows, sums.
+    type TwoRows<'a> = dyn Fn([&[f32]; 2], &[f32], [&mut [f32]; 2]) + 'a;
+
+    /// The two-query kernels: each query's results the same bits as the one-query kernels
+    /// give it, on every path, on ragged widths, row counts around the four-row groups and
+    /// the 32-value chunks, and zero rows.
+    #[test]
+    fn two_query_row_kernels_equal_two_calls() {
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for width in [1, 7, 8, 33, 64, 72, 128, 131] {
+            for n_rows in [0, 1, 3, 4, 5, 17] {
+                let stride = width + 3;
+                let rows: Vec<f32> = (0..n_rows * stride)
+                    .map(|i| (i as f32 * 0.029).sin())
+                    .collect();
+                let x: [Vec<f32>; 2] = std::array::from_fn(|q| {
+                    (0..width)
+                        .map(|i| ((i + 7 * q) as f32 * 0.3).cos())
+                        .collect()
+                });
+                let alpha: [Vec<f32>; 2] = std::array::from_fn(|q| {
+                    (0..n_rows).map(|j| 0.2 - (j + q) as f32 * 0.07).collect()
+                });
+                let mut s = [vec![f32::NAN; n_rows], vec![f32::NAN; n_rows]];
+                let [s0, s1] = &mut s;
+                dot_rows2([&x[0], &x[1]], &rows, stride, [s0, s1]);
+                // The sums over two blocks of rows (the second may be empty), then added.
+                let split = n_rows / 2;
+                let (a0, a1) = (alpha[0].split_at(split), alpha[1].split_at(split));
+                let sums_of = |two: &TwoRows<'_>| {
+                    let mut s = [vec![0.0f32; width], vec![0.0f32; width]];
+                    let [s0, s1] = &mut s;
+                    two([a0.0, a1.0], &rows, [s0, s1]);
+                    let [s0, s1] = &mut s;
+                    two([a0.1, a1.1], &rows[split * stride..], [s0, s1]);
+                    let base = [0.5f32, -0.25];
+                    [0, 1].map(|q| s[q].iter().map(|v| base[q] + v).collect::<Vec<f32>>())
+                };
+                let y = sums_of(&|a, r, s| axpy_rows2(a, r, stride, s));
+                let p = sums_of(&|a, r, s| axpy_rows2_lanes(a, r, stride, s));
+                for q in 0..2 {
+                    let mut want = vec![f32::NAN; n_rows];
+                    dot_rows(&x[q], &rows, stride, &mut want);
+                    let what = format!("width {width}, {n_rows} rows, query {q}");
+                    assert_eq!(bits(&s[q]), bits(&want), "dot_rows2 {what}");
+                    let mut want = vec![[0.5f32, -0.25][q]; width];
+                    axpy_rows(&alpha[q], &rows, stride, &mut want);
+                    assert_eq!(bits(&y[q]), bits(&want), "axpy_rows2 {what}");
+                    assert_eq!(bits(&p[q]), bits(&want), "axpy_rows2 portable {what}");
                 }
             }
         }

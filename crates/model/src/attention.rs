@@ -17,7 +17,7 @@ use crate::names::AttentionNames;
 use crate::ops::{parallel_map, rms_norm, softmax};
 use crate::rope::Rope;
 use crate::tensors::{AttentionTensors, MatrixSpec, TensorSpec};
-use strata_kernels::vector::{axpy_rows, dot, dot_rows};
+use strata_kernels::vector::{axpy_rows, axpy_rows2, dot, dot_rows, dot_rows2};
 
 /// Where each sequence of a batch sits in the flattened rows.
 #[derive(Debug, Clone)]
@@ -165,29 +165,42 @@ fn apply_rope_rows(x: &mut [f32], positions: &[usize], stride: usize, offset: us
 /// waiting a ninth of the time).
 const ROWS_PER_TASK: usize = 32;
 
-/// One attention task: query rows `rows` of span `span` for head `head`.
+/// One attention task: query rows `rows` of span `span` for `n` heads from `head` on (two
+/// where they read the same cache rows: one pass over the rows serves both).
 #[derive(Clone)]
 struct HeadTask {
     span: usize,
     head: usize,
+    n: usize,
     rows: Range<usize>,
 }
 
-/// The attention tasks of a batch: every span's rows in chunks, for every head.
-fn head_tasks(spans: &[SeqSpan], n_heads: usize) -> Vec<HeadTask> {
+/// The attention tasks of a batch: every span's rows in chunks, for every head, or every
+/// pair of heads when `paired`.
+fn head_tasks(spans: &[SeqSpan], n_heads: usize, paired: bool) -> Vec<HeadTask> {
+    let n = if paired && n_heads.is_multiple_of(2) {
+        2
+    } else {
+        1
+    };
     let mut tasks = Vec::new();
     for (span, s) in spans.iter().enumerate() {
-        for head in 0..n_heads {
+        for head in (0..n_heads).step_by(n) {
             for start in (0..s.len).step_by(ROWS_PER_TASK) {
                 let rows = start..(start + ROWS_PER_TASK).min(s.len);
-                tasks.push(HeadTask { span, head, rows });
+                tasks.push(HeadTask {
+                    span,
+                    head,
+                    n,
+                    rows,
+                });
             }
         }
     }
     tasks
 }
 
-/// Scatters the tasks' outputs (`[rows, width]` each) into `[T, n_heads * width]`.
+/// Scatters the tasks' outputs (`[rows, n * width]` each) into `[T, n_heads * width]`.
 fn scatter_heads(
     outs: Vec<Vec<f32>>,
     tasks: &[HeadTask],
@@ -198,12 +211,85 @@ fn scatter_heads(
 ) -> Vec<f32> {
     let mut attn = vec![0.0f32; t * n_heads * width];
     for (task, out) in tasks.iter().zip(outs) {
+        let w = task.n * width;
         for (i, r) in task.rows.clone().enumerate() {
             let dst = (spans[task.span].row + r) * n_heads * width + task.head * width;
-            attn[dst..dst + width].copy_from_slice(&out[i * width..(i + 1) * width]);
+            attn[dst..dst + w].copy_from_slice(&out[i * w..(i + 1) * w]);
         }
     }
     attn
+}
+
+/// Cache rows per block of a task whose heads go in pairs: a block of keys (or values) stays
+/// in cache while every query row of the task passes over it (at a 2,048-token prompt a key
+/// head's keys and values no longer fit in L2, and each row read them from memory).
+const KEYS_PER_BLOCK: usize = 64;
+
+/// The cache positions each query row of `rows` attends to: up to its own, within the window.
+fn key_ranges(span: &SeqSpan, rows: &Range<usize>, window: Option<usize>) -> Vec<Range<usize>> {
+    rows.clone()
+        .map(|r| {
+            let pos = span.start_pos + r;
+            window.map_or(0, |w| (pos + 1).saturating_sub(w))..pos + 1
+        })
+        .collect()
+}
+
+/// Calls `f(row, positions)` for every query row of a task (its keys `keys[row]`) and every
+/// block of those positions, block by block: every row's share of one block runs before the
+/// next block. Blocks of [`KEYS_PER_BLOCK`] for pairs of heads; one block per row for one
+/// head (whose weighted sums add into the output once, as [`axpy_rows`] does).
+fn by_key_blocks(keys: &[Range<usize>], heads: usize, mut f: impl FnMut(usize, Range<usize>)) {
+    let lo = keys.iter().map(|k| k.start).min().unwrap_or(0);
+    let hi = keys.iter().map(|k| k.end).max().unwrap_or(0);
+    let block = if heads == 2 { KEYS_PER_BLOCK } else { hi - lo };
+    let mut b = lo;
+    while b < hi {
+        let e = (b + block).min(hi);
+        for (r, k) in keys.iter().enumerate() {
+            let js = b.max(k.start)..e.min(k.end);
+            if !js.is_empty() {
+                f(r, js);
+            }
+        }
+        b = e;
+    }
+}
+
+/// `scores[q][at] = qs[q] · rows[..]`: the scores of one or two query heads against the same
+/// cache rows (two in one pass), into positions `at` of each head's scores.
+fn scores_of(
+    qs: &[&[f32]],
+    rows: &[f32],
+    stride: usize,
+    scores: &mut [Vec<f32>],
+    at: Range<usize>,
+) {
+    match (qs, scores) {
+        ([a, b], [sa, sb]) => dot_rows2([a, b], rows, stride, [&mut sa[at.clone()], &mut sb[at]]),
+        (qs, scores) => {
+            for (q, s) in qs.iter().zip(scores) {
+                dot_rows(q, rows, stride, &mut s[at.clone()]);
+            }
+        }
+    }
+}
+
+/// `sums[q] += Σ_j probs[q][at][j] · rows[j]` for one or two heads (`sums`: theirs side by
+/// side), over the same cache rows (two in one pass, continuing the running sums).
+fn mix_rows(probs: &[Vec<f32>], at: Range<usize>, rows: &[f32], stride: usize, sums: &mut [f32]) {
+    let width = sums.len() / probs.len().max(1);
+    match probs {
+        [a, b] => {
+            let (sa, sb) = sums.split_at_mut(width);
+            axpy_rows2([&a[at.clone()], &b[at]], rows, stride, [sa, sb]);
+        }
+        probs => {
+            for (p, s) in probs.iter().zip(sums.chunks_exact_mut(width)) {
+                axpy_rows(&p[at.clone()], rows, stride, s);
+            }
+        }
+    }
 }
 
 impl Gqa {
@@ -253,28 +339,46 @@ impl Gqa {
         }
         let caches: &[&mut LayerCache] = caches;
         let group = n_heads / n_kv_heads;
-        let tasks = head_tasks(spans, n_heads);
+        // Heads in pairs when both of a pair read the same key head.
+        let tasks = head_tasks(spans, n_heads, group.is_multiple_of(2));
         let outs = parallel_map(tasks.len(), |i| {
-            let HeadTask { span, head, rows } = tasks[i].clone();
+            let HeadTask {
+                span,
+                head,
+                n,
+                rows,
+            } = tasks[i].clone();
             let (cache, span) = (&caches[span], &spans[span]);
             let kv_head = head / group;
-            let mut out = vec![0.0f32; rows.len() * hd];
-            let mut scores = Vec::new();
-            for r in rows.clone() {
-                let pos = span.start_pos + r;
-                let lo = sliding_window.map_or(0, |w| (pos + 1).saturating_sub(w));
-                let qrow = &q[(span.row + r) * n_heads * hd + head * hd..][..hd];
-                let first = lo * kv_w + kv_head * hd;
-                scores.clear();
-                scores.resize(pos + 1 - lo, 0.0);
-                dot_rows(qrow, &cache.a()[first..], kv_w, &mut scores);
-                for s in &mut scores {
-                    *s *= scale;
-                }
-                softmax(&mut scores);
-                let o = &mut out[(r - rows.start) * hd..][..hd];
-                axpy_rows(&scores, &cache.b()[first..], kv_w, o);
+            let keys = key_ranges(span, &rows, sliding_window);
+            let qs: Vec<Vec<&[f32]>> = rows
+                .clone()
+                .map(|r| {
+                    let at = (span.row + r) * n_heads * hd + head * hd;
+                    q[at..at + n * hd].chunks_exact(hd).collect()
+                })
+                .collect();
+            let (k_rows, v_rows) = (&cache.a()[kv_head * hd..], &cache.b()[kv_head * hd..]);
+            let mut probs: Vec<Vec<Vec<f32>>> =
+                keys.iter().map(|k| vec![vec![0.0; k.len()]; n]).collect();
+            by_key_blocks(&keys, n, |r, js| {
+                let at = js.start - keys[r].start..js.end - keys[r].start;
+                scores_of(&qs[r], &k_rows[js.start * kv_w..], kv_w, &mut probs[r], at);
+            });
+            for p in probs.iter_mut().flatten() {
+                p.iter_mut().for_each(|v| *v *= scale);
+                softmax(p);
             }
+            let width = n * hd;
+            let mut sums = vec![0.0f32; rows.len() * width];
+            by_key_blocks(&keys, n, |r, js| {
+                let at = js.start - keys[r].start..js.end - keys[r].start;
+                let s = &mut sums[r * width..(r + 1) * width];
+                mix_rows(&probs[r], at, &v_rows[js.start * kv_w..], kv_w, s);
+            });
+            // Added to the output once, as `axpy_rows` adds its sum.
+            let mut out = vec![0.0f32; rows.len() * width];
+            out.iter_mut().zip(&sums).for_each(|(o, s)| *o += s);
             out
         });
         let attn = scatter_heads(outs, &tasks, spans, n_heads, hd, t);
@@ -338,38 +442,73 @@ impl Mla {
         }
         let caches: &[&mut LayerCache] = caches;
         let (l, rd, vd) = (kv_lora, rope_dim, v_dim);
-        let tasks = head_tasks(spans, n_heads);
+        // Every head reads the same latents: heads in pairs.
+        let tasks = head_tasks(spans, n_heads, true);
         let outs = parallel_map(tasks.len(), |i| {
-            let HeadTask { span, head, rows } = tasks[i].clone();
+            let HeadTask {
+                span,
+                head,
+                n,
+                rows,
+            } = tasks[i].clone();
             let (cache, span) = (&caches[span], &spans[span]);
-            let w_head = &self.kv_b[head * (nope + vd) * l..(head + 1) * (nope + vd) * l];
-            let (w_uk, w_uv) = w_head.split_at(nope * l);
-            let mut out = vec![0.0f32; rows.len() * vd];
-            let (mut q_lat, mut o_lat) = (vec![0.0f32; l], vec![0.0f32; l]);
-            let (mut scores, mut rope_scores) = (Vec::new(), Vec::new());
-            for r in rows.clone() {
-                let pos = span.start_pos + r;
-                let qrow = &q[(span.row + r) * n_heads * qk + head * qk..][..qk];
-                // Absorb W_UK: q_lat = W_UKᵀ q_nope, so q_nope · (W_UK c) = q_lat · c.
-                q_lat.fill(0.0);
-                for (d, &qd) in qrow[..nope].iter().enumerate() {
-                    for (ql, w) in q_lat.iter_mut().zip(&w_uk[d * l..(d + 1) * l]) {
-                        *ql += qd * w;
-                    }
-                }
-                scores.resize(pos + 1, 0.0);
-                rope_scores.resize(pos + 1, 0.0);
-                dot_rows(&q_lat, cache.a(), l, &mut scores);
-                dot_rows(&qrow[nope..], cache.b(), rd, &mut rope_scores);
-                for (s, r) in scores.iter_mut().zip(&rope_scores) {
+            let heads = head..head + n;
+            let keys = key_ranges(span, &rows, None);
+            let qrow = |r: usize, h: usize| &q[(span.row + r) * n_heads * qk + h * qk..][..qk];
+            // Absorb W_UK: q_lat = W_UKᵀ q_nope, so q_nope · (W_UK c) = q_lat · c.
+            let q_lat: Vec<Vec<Vec<f32>>> = rows
+                .clone()
+                .map(|r| {
+                    let absorb = |h: usize| {
+                        let w_uk = &self.kv_b[h * (nope + vd) * l..][..nope * l];
+                        let mut q_lat = vec![0.0f32; l];
+                        for (d, &qd) in qrow(r, h)[..nope].iter().enumerate() {
+                            for (ql, w) in q_lat.iter_mut().zip(&w_uk[d * l..(d + 1) * l]) {
+                                *ql += qd * w;
+                            }
+                        }
+                        q_lat
+                    };
+                    heads.clone().map(absorb).collect()
+                })
+                .collect();
+            let zeros = |k: &Range<usize>| vec![vec![0.0f32; k.len()]; n];
+            let mut probs: Vec<Vec<Vec<f32>>> = keys.iter().map(zeros).collect();
+            let mut rope_scores: Vec<Vec<Vec<f32>>> = keys.iter().map(zeros).collect();
+            by_key_blocks(&keys, n, |i, js| {
+                let k0 = keys[i].start;
+                let (r, at) = (rows.start + i, js.start - k0..js.end - k0);
+                let q_lats: Vec<&[f32]> = q_lat[i].iter().map(Vec::as_slice).collect();
+                let latents = &cache.a()[js.start * l..];
+                scores_of(&q_lats, latents, l, &mut probs[i], at.clone());
+                let q_ropes: Vec<&[f32]> = heads.clone().map(|h| &qrow(r, h)[nope..]).collect();
+                let k_ropes = &cache.b()[js.start * rd..];
+                scores_of(&q_ropes, k_ropes, rd, &mut rope_scores[i], at);
+            });
+            for (p, rs) in probs.iter_mut().flatten().zip(rope_scores.iter().flatten()) {
+                for (s, r) in p.iter_mut().zip(rs) {
                     *s = (*s + r) * scale;
                 }
-                softmax(&mut scores);
-                o_lat.fill(0.0);
-                axpy_rows(&scores, cache.a(), l, &mut o_lat);
-                // Absorb W_UV: out = W_UV · Σ p_j c_j.
-                for (vi, o) in out[(r - rows.start) * vd..][..vd].iter_mut().enumerate() {
-                    *o = dot(&w_uv[vi * l..(vi + 1) * l], &o_lat);
+                softmax(p);
+            }
+            let mut o_lat = vec![0.0f32; rows.len() * n * l];
+            by_key_blocks(&keys, n, |i, js| {
+                let at = js.start - keys[i].start..js.end - keys[i].start;
+                let s = &mut o_lat[i * n * l..(i + 1) * n * l];
+                mix_rows(&probs[i], at, &cache.a()[js.start * l..], l, s);
+            });
+            // The sums join zeroed latents, as `axpy_rows` adds its sum.
+            o_lat.iter_mut().for_each(|v| *v += 0.0);
+            // Absorb W_UV: out = W_UV · Σ p_j c_j.
+            let mut out = vec![0.0f32; rows.len() * n * vd];
+            let per_row = out.chunks_exact_mut(n * vd).zip(o_lat.chunks_exact(n * l));
+            for (out_row, o_lat) in per_row {
+                let per_head = heads.clone().zip(out_row.chunks_exact_mut(vd));
+                for ((h, o), o_lat) in per_head.zip(o_lat.chunks_exact(l)) {
+                    let w_uv = &self.kv_b[h * (nope + vd) * l + nope * l..][..vd * l];
+                    for (vi, o) in o.iter_mut().enumerate() {
+                        *o = dot(&w_uv[vi * l..(vi + 1) * l], o_lat);
+                    }
                 }
             }
             out
