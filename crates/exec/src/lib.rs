@@ -27,6 +27,7 @@
 
 mod cache;
 mod calibrate;
+mod exec_stats;
 mod executor;
 mod gpu_model;
 mod setup;
@@ -36,9 +37,8 @@ mod worker;
 
 pub use cache::SlotCache;
 pub use calibrate::DeviceFigures;
-pub use executor::{
-    DeferredExperts, DeviceShare, ExecOptions, ExecStats, HybridExecutor, LayerRecord,
-};
+pub use exec_stats::ExecStats;
+pub use executor::{DeferredExperts, DeviceShare, ExecOptions, HybridExecutor, LayerRecord};
 pub use gpu_model::{GpuCache, GpuModel, GpuSeq};
 pub use setup::{
     HybridOptions, PolicyKind, PolicyOptions, build_policy, cost_model, install, load_hybrid,

@@ -63,6 +63,8 @@ pub mod packed;
 pub mod peak;
 pub mod pool;
 pub mod vector;
+#[cfg(any(target_arch = "x86_64", test))]
+mod vnni_unit;
 
 pub use buf::AlignedBuf;
 pub use error::KernelError;

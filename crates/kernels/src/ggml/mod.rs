@@ -33,10 +33,6 @@ pub use moe::{
     GgmlExperts, combine_wave, fused_moe_ggml, fused_moe_ggml_ref, ggml_piece_rows, moe_waves,
 };
 pub use types::{GgmlType, QK_K};
-#[cfg(target_arch = "x86_64")]
-pub(crate) use vecdot::Avx512Vnni;
-#[cfg(any(target_arch = "x86_64", test))]
-pub(crate) use vecdot::vnni_unit;
 
 /// The instruction set and packed format of the tile path for one matrix call of `ty` with
 /// `tokens` tokens on `isa`, when that path is taken (AVX-512 or AMX, and enough tokens to

@@ -124,12 +124,6 @@ mod avx2;
 #[cfg(any(target_arch = "x86_64", test))]
 mod vnni;
 
-// The VNNI instruction units, shared with the packed INT8/INT4 micro-kernels.
-#[cfg(target_arch = "x86_64")]
-pub(crate) use vnni::hw::Avx512Vnni;
-#[cfg(any(target_arch = "x86_64", test))]
-pub(crate) use vnni::unit as vnni_unit;
-
 /// Every type with in-register kernels (AVX2 and VNNI alike), for the tests.
 #[cfg(test)]
 const IN_REGISTER_TYPES: [GgmlType; 12] = [

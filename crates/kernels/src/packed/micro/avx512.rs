@@ -10,16 +10,15 @@
 //! DRAM bound the speed, and the register tile only needs to keep up with memory.
 //!
 //! The INT8 and INT4 tiles are written against the VNNI instruction trait
-//! ([`crate::ggml::vnni_unit::Vnni`]): the CPU's unit here, the software unit in tests
+//! ([`crate::vnni_unit::Vnni`]): the CPU's unit here, the software unit in tests
 //! ([`block_soft`]), so that they run on every machine. The BF16 tile is hardware only.
 
 use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::{correction, flush_span};
-use crate::ggml::Avx512Vnni;
-use crate::ggml::vnni_unit::Vnni;
 use crate::packed::{Activations, Kind, LINE, PackedMatrix, STRIP};
+use crate::vnni_unit::{Avx512Vnni, Vnni};
 
 /// Safe entry point; see [`super::run_block`] for the contract.
 pub(super) fn block(
@@ -54,7 +53,7 @@ pub(super) fn block_soft(
         w.kind != Kind::Bf16,
         "the software unit has no BF16 dot product"
     );
-    let unit = crate::ggml::vnni_unit::Soft;
+    let unit = crate::vnni_unit::Soft;
     // SAFETY: the software unit needs nothing of the CPU; the ranges as in `block`.
     unsafe { block_soft_impl(unit, w, a, rows, strips, ks, out, ldo) }
 }
@@ -166,7 +165,7 @@ unsafe fn block_impl(
 #[cfg(test)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn block_soft_impl(
-    unit: crate::ggml::vnni_unit::Soft,
+    unit: crate::vnni_unit::Soft,
     w: &PackedMatrix,
     a: &Activations,
     rows: Range<usize>,
@@ -175,7 +174,7 @@ unsafe fn block_soft_impl(
     out: &mut [f32],
     ldo: usize,
 ) {
-    use crate::ggml::vnni_unit::Soft;
+    use crate::vnni_unit::Soft;
     for_each_tile(w, a, rows, strips, ks, out, ldo, |mr, ns, pf, t, it| {
         // SAFETY: as in `block_impl`; the software unit needs nothing of the CPU.
         unsafe {

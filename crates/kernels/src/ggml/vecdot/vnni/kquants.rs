@@ -6,9 +6,9 @@
 // Per-token accumulators read best indexed by the token, as the activation rows are.
 #![allow(clippy::needless_range_loop)]
 
-use super::unit::{Vnni, halves16, runs16};
 use super::{RowKernel, Tokens, f16_at};
 use crate::ggml::GgmlType;
+use crate::vnni_unit::{Vnni, halves16, runs16};
 
 /// The eight 6-bit scales and eight mins of a Q4_K / Q5_K block from its 12 packed bytes
 /// (ggml's `get_scale_min_k4`), each as eight bytes of a u64.

@@ -8,9 +8,9 @@
 // Per-token accumulators read best indexed by the token, as the activation rows are.
 #![allow(clippy::needless_range_loop)]
 
-use super::unit::{Vnni, halves16, runs16};
 use super::{RowKernel, Tokens, f16_at};
 use crate::ggml::GgmlType;
+use crate::vnni_unit::{Vnni, halves16, runs16};
 
 /// Shifts that take 2-bit plane `p` into the low half and plane `p + 1` into the high half
 /// of a register loaded with the same 32 bytes twice, for `p` = 0 and 2.

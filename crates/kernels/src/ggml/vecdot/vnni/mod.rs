@@ -1,6 +1,6 @@
 //! The AVX-512 VNNI row-dot kernels, written once against the instruction trait
-//! [`unit::Vnni`] and run on the CPU's unit (`hw`) or, in tests, on the software unit
-//! ([`unit::Soft`]), which every machine can run.
+//! [`Vnni`] and run on the CPU's unit ([`Avx512Vnni`]) or, in tests, on the software unit
+//! ([`crate::vnni_crate::vnni_unit::Soft`]), which every machine can run.
 //!
 //! Against the AVX2 kernels: 64 values per instruction instead of 32, and the products meet
 //! their integer sub-scales in one `vpdpwssd` (k-quants) or reach i32 in one `vpdpbusd`
@@ -14,14 +14,13 @@
 use std::ops::Range;
 
 use super::{GgmlType, PREFETCH_ROWS, Q8Rows, Tokens};
-use unit::Vnni;
-
 #[cfg(target_arch = "x86_64")]
-pub(super) mod hw;
+use crate::vnni_unit::Avx512Vnni;
+use crate::vnni_unit::Vnni;
+
 mod kquants;
 mod low_bits;
 mod small;
-pub(crate) mod unit;
 
 pub(super) use kquants::{Q4K, Q5K, Q6K};
 pub(super) use low_bits::{Q2K, Q3K};
@@ -181,14 +180,14 @@ pub(super) fn on_cpu<K: RowKernel>(
     tokens: Range<usize>,
     tile: &mut [f32],
 ) {
-    let u = hw::Avx512Vnni::detect().expect("VNNI kernels run only where AVX-512 VNNI was found");
+    let u = Avx512Vnni::detect().expect("VNNI kernels run only where AVX-512 VNNI was found");
     let rb = check::<K>(src, n_rows, a, &tokens, tile);
 
     /// # Safety
     /// The CPU has AVX-512 F, BW and VNNI; the lengths passed [`check`].
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
     unsafe fn run<K: RowKernel>(
-        u: hw::Avx512Vnni,
+        u: Avx512Vnni,
         src: &[u8],
         rb: usize,
         a: &Q8Rows,
@@ -213,7 +212,7 @@ pub(super) fn on_soft<K: RowKernel>(
 ) {
     let rb = check::<K>(src, n_rows, a, &tokens, tile);
     // SAFETY: the software unit runs anywhere; `check` passed.
-    unsafe { all_rows::<_, K>(unit::Soft, src, rb, a, tokens, tile) }
+    unsafe { all_rows::<_, K>(crate::vnni_unit::Soft, src, rb, a, tokens, tile) }
 }
 
 #[cfg(test)]

@@ -8,10 +8,10 @@
 // Per-token accumulators read best indexed by the token, as the activation rows are.
 #![allow(clippy::needless_range_loop)]
 
-use super::unit::Vnni;
 use super::{RowKernel, Tokens, f16_at};
 use crate::ggml::GgmlType;
 use crate::ggml::unpack::KVALUES_IQ4NL;
+use crate::vnni_unit::Vnni;
 
 /// The registers of one pair of groups: values as bytes in order, scales in f32 lanes 0-7
 /// and 8-15, and mins (zero for signed types).

@@ -3,11 +3,11 @@
 //! software unit.
 
 use super::super::{BlockDot, IN_REGISTER_TYPES as TYPES, activation_block};
-use super::unit::{Soft, Vnni};
 use crate::Isa;
 use crate::ggml::dot::Q8Rows;
 use crate::ggml::test_util::random_blocks;
 use crate::ggml::{GgmlMatrix, GgmlType};
+use crate::vnni_unit::{Soft, Vnni};
 
 fn next(seed: &mut u64) -> u64 {
     *seed = seed
@@ -130,13 +130,13 @@ unsafe fn all_ops<U: Vnni>(
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn the_software_unit_computes_what_the_cpu_does() {
-    let Some(cpu) = super::hw::Avx512Vnni::detect() else {
+    let Some(cpu) = crate::vnni_unit::Avx512Vnni::detect() else {
         eprintln!("NOT CHECKED: this CPU has no AVX-512 VNNI; the software unit is unchecked");
         return;
     };
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
     fn on_cpu(
-        cpu: super::hw::Avx512Vnni,
+        cpu: crate::vnni_unit::Avx512Vnni,
         a: &[u8; 64],
         b: &[u8; 64],
         f: &[f32; 16],
@@ -250,7 +250,7 @@ fn kernels_on_the_software_unit_match_the_unpacked_path() {
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn kernels_on_the_cpu_equal_the_software_unit_bit_for_bit() {
-    if super::hw::Avx512Vnni::detect().is_none() {
+    if crate::vnni_unit::Avx512Vnni::detect().is_none() {
         eprintln!("NOT CHECKED: this CPU has no AVX-512 VNNI, so the VNNI kernels cannot run");
         return;
     }

@@ -7,7 +7,7 @@
 
 use std::arch::x86_64::*;
 
-use super::unit::Vnni;
+use super::Vnni;
 use crate::isa::Isa;
 
 /// AVX-512 F/BW/VNNI of this CPU. A value exists only where they were detected.

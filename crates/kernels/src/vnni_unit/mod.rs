@@ -1,13 +1,20 @@
-//! The instructions of the VNNI row-dot kernels, as a trait ([`Vnni`]) with two units: the
-//! CPU's AVX-512 F/BW/VNNI (`super::hw`) and [`Soft`], a scalar model with the same
-//! semantics lane for lane, so every kernel runs (and is tested) on every machine and only
-//! the instruction encoding is left to the hardware.
+//! The instructions of the VNNI kernels (the GGUF row-dot kernels, the packed INT8/INT4
+//! register tiles), as a trait ([`Vnni`]) with two units: the CPU's AVX-512 F/BW/VNNI
+//! ([`hw::Avx512Vnni`]) and [`Soft`], a scalar model with the same semantics lane for lane,
+//! so every kernel runs (and is tested) on every machine and only the instruction encoding
+//! is left to the hardware.
 //!
 //! Semantics are the instructions' own: `maddubs` saturates its i16 pair sums, `dpbusd` and
 //! `dpwssd` wrap in i32, shifts of 16-bit lanes by 16 or more give zero, `shufb` looks up
 //! within each 128-bit lane and gives zero where the index byte's top bit is set. Float
 //! operations are single IEEE operations (`fmadd` rounds once), and [`Vnni::hsum`] adds in
 //! one fixed tree, so a kernel's result is the same bits on both units.
+
+#[cfg(target_arch = "x86_64")]
+mod hw;
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) use hw::Avx512Vnni;
 
 /// The 512-bit operations the kernels use. Loads take raw pointers (the kernels address
 /// blocks by offset); every other operation is safe on a unit that exists.
