@@ -400,7 +400,12 @@ def main() -> None:
         cells = " | ".join(f"{summary[n][k]['median']:>9.2f} ({summary[n][k]['best']:.2f})".rjust(18)
                            for n in names)
         line = f"| {label:<28} | {cells}"
-        line += f" | {ratios[k]:>18.3f} |" if ratios else " |"
+        if ratios:
+            # No ratio where llama.cpp's figure is zero (nothing read from disk, say).
+            r = ratios[k]
+            line += f" | {r:>18.3f} |" if r is not None else f" | {'n/a':>18} |"
+        else:
+            line += " |"
         print(line)
     result = {"model": str(args.model), "threads": args.threads, "rounds": args.rounds,
               "prompt_tokens": args.prompt_tokens, "gen_tokens": args.gen_tokens,
