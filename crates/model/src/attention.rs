@@ -475,15 +475,21 @@ impl Mla {
             let zeros = |k: &Range<usize>| vec![vec![0.0f32; k.len()]; n];
             let mut probs: Vec<Vec<Vec<f32>>> = keys.iter().map(zeros).collect();
             let mut rope_scores: Vec<Vec<Vec<f32>>> = keys.iter().map(zeros).collect();
+            // Each row's queries, resolved once for all of its blocks.
+            let q_lats: Vec<Vec<&[f32]>> = q_lat
+                .iter()
+                .map(|q| q.iter().map(Vec::as_slice).collect())
+                .collect();
+            let q_ropes: Vec<Vec<&[f32]>> = rows
+                .clone()
+                .map(|r| heads.clone().map(|h| &qrow(r, h)[nope..]).collect())
+                .collect();
             by_key_blocks(&keys, n, |i, js| {
-                let k0 = keys[i].start;
-                let (r, at) = (rows.start + i, js.start - k0..js.end - k0);
-                let q_lats: Vec<&[f32]> = q_lat[i].iter().map(Vec::as_slice).collect();
+                let at = js.start - keys[i].start..js.end - keys[i].start;
                 let latents = &cache.a()[js.start * l..];
-                scores_of(&q_lats, latents, l, &mut probs[i], at.clone());
-                let q_ropes: Vec<&[f32]> = heads.clone().map(|h| &qrow(r, h)[nope..]).collect();
+                scores_of(&q_lats[i], latents, l, &mut probs[i], at.clone());
                 let k_ropes = &cache.b()[js.start * rd..];
-                scores_of(&q_ropes, k_ropes, rd, &mut rope_scores[i], at);
+                scores_of(&q_ropes[i], k_ropes, rd, &mut rope_scores[i], at);
             });
             for (p, rs) in probs.iter_mut().flatten().zip(rope_scores.iter().flatten()) {
                 for (s, r) in p.iter_mut().zip(rs) {
