@@ -6,6 +6,9 @@ and for the device check (scripts/device_bench.sh).
     python scripts/make_bench_gguf.py --layers 12 --out /work/bench-assets/qwen3-30b-a3b-12l.q4_k_m.gguf
     python scripts/make_bench_gguf.py --out /work/bench-assets/qwen3-30b-a3b.q4_k_m.gguf   # 48 layers, ~17 GB
     python scripts/make_bench_gguf.py --shape deepseek-v2-lite --layers 12 --out ds-v2-lite-12l.gguf
+    # The SSD tier's benchmark files (issue #29): routing skewed as in trained MoEs, and spread.
+    python scripts/make_bench_gguf.py --routing trained --out /work/bench-assets/q3-48l-trained.gguf
+    python scripts/make_bench_gguf.py --routing uniform --out /work/bench-assets/q3-48l-uniform.gguf
 
 Needs numpy and gguf (0.19; `pip install gguf numpy`), and a GGUF of the Qwen2.5 family to
 copy the tokenizer from (default .cache/assets/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf,
@@ -199,26 +202,51 @@ def nbytes(shape, ty) -> int:
     return n // BLOCK_VALUES[ty] * BLOCK_BYTES[ty]
 
 
-def data(rng: np.random.Generator, name: str, shape, ty, skew: float = 0.0,
-         residual_scale: float = 1.0) -> np.ndarray:
+class Routing:
+    """How the random model routes (`--routing`).
+
+    converged: every weight at its fan-in scale. The hidden states of a deep random network
+      converge (attention averages the same values for every token, and each layer's output
+      outweighs the embedding 45 to 1), so a few experts take nearly every token: each layer's
+      most used 30% of experts take ~99% of lookups.
+    trained: the embedding at unit scale and attention's share of the residual stream a tenth,
+      so the hidden state stays the token's own through the depth, and router rows scaled by
+      exp(0.5 z), z ~ N(0, 1): the most used 30% take ~73% of lookups on independent hidden
+      states, as in trained MoEs (strata-tiny-moe: 69-81%). The benchmarks measure the share.
+    uniform: as trained, every router row alike: ~32% (30% is exactly uniform).
+    """
+
+    def __init__(self, name: str, skew=None, residual_scale=None):
+        converged = name == "converged"
+        self.embedding_fan_in = HIDDEN if converged else 1
+        self.attention_scale = 1.0 if converged else 0.1
+        self.skew = skew if skew is not None else {"trained": 0.5}.get(name, 0.0)
+        self.residual_scale = residual_scale if residual_scale is not None else 1.0
+
+
+def data(rng: np.random.Generator, name: str, shape, ty, routing: Routing) -> np.ndarray:
     if ty == T.F32:
         if name.endswith("ffn_gate_inp.weight"):
-            # Router logits of standard deviation ~1 on a unit-RMS input; with `skew`, expert
+            # Router logits of standard deviation ~1 on a unit-RMS input; with a skew, expert
             # e's row is scaled by exp(skew * z_e), z_e ~ N(0, 1): experts with wider logits
-            # reach the top-k more often, so a few take a large share of the tokens, as in
-            # trained MoEs (the share is measured by the benchmarks, not assumed).
+            # reach the top-k more often, so a few take a large share of the tokens.
             w = rng.standard_normal(int(np.prod(shape)), dtype=np.float32) / np.sqrt(shape[0])
-            if skew:
+            if routing.skew:
                 rows = w.reshape(shape[1], shape[0])
-                rows *= np.exp(skew * rng.standard_normal(shape[1]))[:, None].astype(np.float32)
+                rows *= np.exp(routing.skew * rng.standard_normal(shape[1]))[:, None].astype(np.float32)
             return w.astype(np.float32)
         return np.ones(int(np.prod(shape)), np.float32)  # RMS norm weights
     n = int(np.prod(shape)) // BLOCK_VALUES[ty]
     fan_in = shape[0]
-    if residual_scale != 1.0 and name.endswith(("attn_output.weight", "ffn_down_exps.weight",
-                                                "ffn_down_shexp.weight", "ffn_down.weight")):
-        # What a layer adds to the residual stream, scaled: weights d / sqrt(fan_in) * scale.
-        fan_in = fan_in / residual_scale**2
+    # Weights d / sqrt(fan_in) * scale: a fan-in scaled by 1 / scale^2.
+    if name == "token_embd.weight":
+        fan_in = routing.embedding_fan_in
+    scale = routing.residual_scale
+    if name.endswith("attn_output.weight"):
+        scale *= routing.attention_scale
+    if scale != 1.0 and name.endswith(("attn_output.weight", "ffn_down_exps.weight",
+                                       "ffn_down_shexp.weight", "ffn_down.weight")):
+        fan_in = fan_in / scale**2
     return BLOCKS[ty](rng, n, fan_in).reshape(-1)
 
 
@@ -241,24 +269,27 @@ def main() -> None:
     p.add_argument("--tokenizer-from", type=Path, default=TOKENIZER_GGUF,
                    help="GGUF whose tokenizer.* metadata is copied (Qwen2.5/Qwen3 vocabulary)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--residual-scale", type=float, default=1.0,
+    p.add_argument("--routing", choices=["converged", "trained", "uniform"], default="converged",
+                   help="how the random model routes (see Routing): converged (a few experts "
+                        "take nearly every token), trained (skewed as trained MoEs are) or "
+                        "uniform")
+    p.add_argument("--residual-scale", type=float,
                    help="scale of what each layer adds to the residual stream (attention output, "
-                        "expert down projections): below 1 the token's embedding keeps "
-                        "dominating the hidden state through the depth, so routing varies with "
-                        "the token as in a trained model (at 1, a deep random model's hidden "
-                        "states converge and a few experts take nearly every token)")
-    p.add_argument("--router-skew", type=float, default=0.0,
-                   help="spread of the experts' router row scales (0: every expert alike); the "
-                        "popularity it gives is measured by the benchmarks")
+                        "expert down projections); default 1")
+    p.add_argument("--router-skew", type=float,
+                   help="spread of the experts' router row scales (0: every expert alike); "
+                        "default from --routing")
     args = p.parse_args()
     if not args.tokenizer_from.exists():
         sys.exit(f"{args.tokenizer_from}: not found (scripts/fetch_assets.sh fetches it, "
                  "or pass --tokenizer-from)")
     shape = SHAPES[args.shape]
+    routing = Routing(args.routing, args.router_skew, args.residual_scale)
     args.layers = args.layers or shape.layers
 
     w = gguf.GGUFWriter(args.out, shape.arch)
-    w.add_name(f"{shape.__doc__.strip('.')}-shaped random ({args.layers} layers)")
+    w.add_name(f"{shape.__doc__.strip('.')}-shaped random ({args.layers} layers, "
+               f"{args.routing} routing)")
     w.add_type("model")
     w.add_context_length(shape.context)
     w.add_embedding_length(HIDDEN)
@@ -317,7 +348,7 @@ def main() -> None:
     rng = np.random.default_rng(args.seed)
     start, done = time.time(), 0
     for name, shape, ty in tensors:
-        arr = data(rng, name, shape, ty, args.router_skew, args.residual_scale)
+        arr = data(rng, name, shape, ty, routing)
         assert arr.nbytes == nbytes(shape, ty), name
         w.write_tensor_data(arr)
         done += arr.nbytes

@@ -88,7 +88,7 @@ pub fn run(args: InfoArgs) -> anyhow::Result<()> {
     });
     // With the memory available now, would the routed experts run from the SSD tier?
     let expert_cache = strata_model::memory::available_bytes()
-        .and_then(|a| plan.expert_cache_budget(a, crate::model_arg::expert_cache_reserve(&plan)));
+        .and_then(|a| plan.expert_cache_budget(a, plan.expert_cache_reserve()));
     let attention = attention_line(cfg);
     let experts = moe.map(experts_line);
     if args.json {

@@ -10,10 +10,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
-use strata_exec::{HybridExecutor, HybridOptions, PolicyKind, SsdOptions, SsdTier};
+use strata_exec::{ExpertCache, HybridExecutor, HybridOptions, PolicyKind, SsdOptions, SsdTier};
 use strata_formats::strata_file::StrataFile;
 use strata_kernels::PackedFormat;
-use strata_model::model::STRATA_FILE;
+use strata_model::model::{STRATA_FILE, mapped_file};
 use strata_model::{LoadOptions, MemoryPlan, Model, Precision};
 use strata_policy::replacement::Replacement;
 use strata_runtime::engine::{Engine, load_tokenizer};
@@ -75,6 +75,11 @@ pub struct DeviceArgs {
     /// alpha 0.3) or `ema:ALPHA`.
     #[arg(long, value_name = "RULE")]
     pub expert_cache_rule: Option<String>,
+    /// The expert cache reads only what the router picked, never ahead. By default it also
+    /// reads the experts the next MoE layer's router picks for this layer's hidden states,
+    /// which hides reads behind the compute and costs the bytes of each wrong guess.
+    #[arg(long)]
+    pub no_expert_prefetch: bool,
     #[command(flatten)]
     pub hybrid: HybridArgs,
 }
@@ -247,11 +252,7 @@ impl ModelArgs {
         if self.dtype.is_none() && self.weights.is_none() {
             return Ok(());
         }
-        let file = if path.is_dir() {
-            path.join(STRATA_FILE)
-        } else {
-            path.to_owned()
-        };
+        let file = mapped_file(path);
         if !file.is_file() || !StrataFile::sniff(&file) {
             return Ok(());
         }
@@ -376,7 +377,8 @@ impl DeviceArgs {
             bail!("--vram-budget applies only with --device gpu or hybrid");
         }
         let cache_given = self.expert_cache.as_deref().is_some_and(|c| c != "off");
-        let cache_asked = cache_given || self.expert_cache_rule.is_some();
+        let cache_asked =
+            cache_given || self.expert_cache_rule.is_some() || self.no_expert_prefetch;
         if self.device == Device::Gpu && cache_asked {
             bail!(
                 "--expert-cache applies with --device cpu, or --device hybrid --policy \
@@ -437,21 +439,12 @@ impl DeviceArgs {
         })
     }
 
-    /// `--expert-cache`: `Some(bytes)` for a size, `None` for `auto` (or not given);
-    /// `Some(0)` for `off`.
-    fn expert_cache_budget(&self) -> anyhow::Result<Option<u64>> {
-        match self.expert_cache.as_deref() {
-            None | Some("auto") => Ok(None),
-            Some("off") => Ok(Some(0)),
-            Some(size) => {
-                let b = strata_accel::parse_bytes(size)
-                    .with_context(|| format!("--expert-cache {size}: a size, auto or off"))?;
-                if b == 0 {
-                    bail!("--expert-cache 0: give a size, or `off`");
-                }
-                Ok(Some(b))
-            }
-        }
+    /// `--expert-cache`, `auto` when not given.
+    fn expert_cache_budget(&self) -> anyhow::Result<ExpertCache> {
+        Ok(match self.expert_cache.as_deref() {
+            None => ExpertCache::Auto,
+            Some(c) => ExpertCache::parse(c).map_err(|e| anyhow::anyhow!("--expert-cache {e}"))?,
+        })
     }
 
     fn expert_cache_rule(&self) -> anyhow::Result<Replacement> {
@@ -468,7 +461,7 @@ impl DeviceArgs {
     /// Puts the routed experts of `model` (loaded from `dir`) behind the SSD tier when
     /// `--expert-cache` gives a size, or when it is `auto` and they do not fit in memory.
     fn ssd_tier(&self, dir: &Path, model: &mut Model) -> anyhow::Result<Option<Arc<SsdTier>>> {
-        let file = model_file(dir);
+        let file = mapped_file(dir);
         let Some(opts) = self.ssd_options(&file, || Ok(model.memory()))? else {
             return Ok(None);
         };
@@ -487,41 +480,16 @@ impl DeviceArgs {
         file: &Path,
         plan: impl FnOnce() -> anyhow::Result<MemoryPlan>,
     ) -> anyhow::Result<Option<SsdOptions>> {
-        let budget = match self.expert_cache_budget()? {
-            Some(0) => return Ok(None),
-            Some(b) => b,
-            None => {
-                if !file.is_file() {
-                    return Ok(None);
-                }
-                let Some(available) = strata_model::memory::available_bytes() else {
-                    return Ok(None);
-                };
-                let plan = plan()?;
-                let reserve = expert_cache_reserve(&plan);
-                let Some(b) = plan.expert_cache_budget(available, reserve) else {
-                    return Ok(None);
-                };
-                let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
-                eprintln!(
-                    "[expert cache: the routed experts ({:.1} GiB) do not fit in the {:.1} GiB \
-                     available beside the other mapped weights ({:.1} GiB) and {:.1} GiB kept \
-                     back: they are read from the file into a {:.1} GiB cache (--expert-cache \
-                     sets it, `off` maps them)]",
-                    gib(plan.mapped_experts),
-                    gib(available),
-                    gib(plan.mapped_weights - plan.mapped_experts),
-                    gib(reserve),
-                    gib(b)
-                );
-                b
-            }
+        let cache = self.expert_cache_budget()?;
+        let Some(choice) = cache.choose(file, self.expert_cache_rule()?, plan)? else {
+            return Ok(None);
         };
-        Ok(Some(SsdOptions {
-            budget,
-            replacement: self.expert_cache_rule()?,
-            ..SsdOptions::default()
-        }))
+        if let Some(note) = choice.note {
+            eprintln!("[expert cache: {note}]");
+        }
+        let mut opts = choice.options;
+        opts.prefetch = !self.no_expert_prefetch;
+        Ok(Some(opts))
     }
 
     /// Loads the model onto the accelerator (`--device gpu`).
@@ -541,7 +509,7 @@ impl DeviceArgs {
     /// fit in memory, behind the SSD tier. Returns whichever it is, for its statistics.
     pub fn hybrid_model(&self, dir: &Path, load: LoadOptions) -> anyhow::Result<HybridModel> {
         let opts = self.hybrid_options()?;
-        let file = model_file(dir);
+        let file = mapped_file(dir);
         let ssd = match opts.policy == PolicyKind::KTransformers {
             true => self.ssd_options(&file, || {
                 let (config, src) = strata_model::model::open(dir)?;
@@ -623,22 +591,6 @@ impl Weights {
             Weights::Int4 => "int4",
         }
     }
-}
-
-/// The file a model loaded from `dir` maps: a converted directory's `model.strata`, else
-/// `dir` itself.
-fn model_file(dir: &Path) -> PathBuf {
-    if dir.is_dir() {
-        dir.join(STRATA_FILE)
-    } else {
-        dir.to_owned()
-    }
-}
-
-/// What `--expert-cache auto` keeps back beside the weights: the KV cache of 4096 positions and
-/// 1 GiB of scratch.
-pub fn expert_cache_reserve(plan: &MemoryPlan) -> u64 {
-    plan.kv_per_token * 4096 + (1 << 30)
 }
 
 /// Whether `path`, which does not exist, still names a local path rather than a hub id:

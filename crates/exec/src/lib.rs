@@ -44,7 +44,9 @@ pub use setup::{
     HybridOptions, PolicyKind, PolicyOptions, build_policy, cost_model, install, load_hybrid,
     model_shape, resolve_model_shape,
 };
-pub use ssd::{SsdOptions, SsdStats, SsdTier, attach_ssd_tier, ssd_min_budget};
+pub use ssd::{
+    CacheChoice, ExpertCache, SsdOptions, SsdStats, SsdTier, attach_ssd_tier, ssd_min_budget,
+};
 pub use weights::{HostExperts, device_f16_bytes};
 pub use worker::DeviceCombine;
 

@@ -98,6 +98,13 @@ fn a_tiny_cache_gives_the_logits_of_the_model_run_from_memory() {
             } else if !prefetch {
                 assert_eq!(s.prefetched, 0, "{what}");
             }
+            // Every MoE layer but the first is guessed for; a guess names some experts right.
+            if prefetch {
+                assert!(s.guess_lookups > 0 && s.guess_lookups < s.lookups, "{what}");
+                assert!(s.guessed > 0 && s.guessed <= s.guess_lookups, "{what}");
+            } else {
+                assert_eq!(s.guess_lookups, 0, "{what}");
+            }
         }
     }
 }

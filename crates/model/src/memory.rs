@@ -88,6 +88,12 @@ impl MemoryPlan {
         let room = available.saturating_sub(other + reserve);
         (self.mapped_experts > room).then_some(room)
     }
+
+    /// What an automatic expert cache keeps back beside the weights: the KV cache of 4096
+    /// positions and 1 GiB of scratch.
+    pub fn expert_cache_reserve(&self) -> u64 {
+        self.kv_per_token * 4096 + (1 << 30)
+    }
 }
 
 fn gib(b: u64) -> String {

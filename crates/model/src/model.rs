@@ -2,7 +2,7 @@
 //! and LM head, with a forward pass over a batch of sequences of different lengths.
 
 use std::fmt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
 use strata_formats::gguf::GgufFile;
@@ -416,14 +416,19 @@ pub fn load_moe_blocks(
     Ok(blocks)
 }
 
-/// Opens a model's config and tensors: a `.gguf` file, a converted `.strata` file (or a
-/// directory holding `model.strata`), or a Hugging Face directory.
-pub fn open(path: &Path) -> Result<(ModelConfig, Source)> {
-    let strata = if path.is_dir() {
+/// The one file a model at `path` maps: a converted directory's `model.strata`, else `path`.
+pub fn mapped_file(path: &Path) -> PathBuf {
+    if path.is_dir() {
         path.join(STRATA_FILE)
     } else {
         path.to_owned()
-    };
+    }
+}
+
+/// Opens a model's config and tensors: a `.gguf` file, a converted `.strata` file (or a
+/// directory holding `model.strata`), or a Hugging Face directory.
+pub fn open(path: &Path) -> Result<(ModelConfig, Source)> {
+    let strata = mapped_file(path);
     let named = strata.extension().is_some_and(|e| e == "strata");
     if strata.is_file() && (named || StrataFile::sniff(&strata)) {
         let f = StrataFile::open(&strata)?;

@@ -29,6 +29,7 @@
 mod buffer;
 mod dlpack;
 mod errors;
+mod expert_cache;
 mod ggml;
 mod hybrid;
 mod llm;

@@ -12,7 +12,7 @@ use std::sync::{Arc, mpsc};
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString};
-use strata_exec::{GpuModel, HybridExecutor};
+use strata_exec::{GpuModel, HybridExecutor, SsdTier};
 use strata_kernels::PackedFormat;
 use strata_model::{LoadOptions, Precision};
 use strata_runtime::engine::{Engine, FinishReason, load_tokenizer};
@@ -237,6 +237,8 @@ pub struct Llm {
     scheduler: Scheduler,
     /// The executor of the routed experts with `device='hybrid'`, for its statistics.
     hybrid: Option<Arc<HybridExecutor>>,
+    /// The SSD tier behind the routed experts, when `expert_cache` put them there.
+    expert_cache: Option<Arc<SsdTier>>,
 }
 
 #[pymethods]
@@ -251,9 +253,14 @@ impl Llm {
     /// `dtype`, `weights`, `max_batch`, `ctx_size` and `prefix_cache_mb` are the command
     /// line's `--dtype`, `--weights`, `--max-batch`, `--ctx-size` and `--prefix-cache-mb`,
     /// admitted against the memory available as `strata serve` admits them.
+    /// `expert_cache` (`device='cpu'`): the command line's `--expert-cache`, DRAM as the
+    /// cache of a GGUF's routed experts read from disk: `None`/`'auto'` (only when they do
+    /// not fit in memory), `'off'`, or a size (`'6GiB'`, bytes); `expert_cache_rule` as
+    /// `--expert-cache-rule`.
     #[new]
     #[pyo3(signature = (model, *, device="cpu", policy=None, vram_budget=None, hardware=None,
-        defer=None, profile=None, dtype="fast", weights=None, max_batch=16, ctx_size=None, prefix_cache_mb=1024))]
+        defer=None, profile=None, dtype="fast", weights=None, max_batch=16, ctx_size=None,
+        prefix_cache_mb=1024, expert_cache=None, expert_cache_rule=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -269,7 +276,18 @@ impl Llm {
         max_batch: usize,
         ctx_size: Option<usize>,
         prefix_cache_mb: usize,
+        expert_cache: Option<&Bound<'_, PyAny>>,
+        expert_cache_rule: Option<&str>,
     ) -> PyResult<Llm> {
+        let cache_asked = expert_cache_rule.is_some()
+            || expert_cache.is_some_and(|c| c.extract::<String>().is_ok_and(|s| s != "off"));
+        if device != "cpu" && cache_asked {
+            return Err(PyValueError::new_err(
+                "expert_cache applies with device='cpu' (from the command line, --device hybrid \
+                 --policy ktransformers takes --expert-cache too)",
+            ));
+        }
+        let (cache, rule) = crate::expert_cache::options(expert_cache, expert_cache_rule)?;
         let hybrid_only = [
             ("policy", policy.is_some()),
             ("hardware", hardware.is_some()),
@@ -306,6 +324,7 @@ impl Llm {
                 )));
             }
         };
+        let mut tier = None;
         let (engine, hybrid) = match (hybrid, gpu_budget) {
             (Some(opts), _) => {
                 let load = load_options(dtype, weights)?;
@@ -313,10 +332,11 @@ impl Llm {
                 (engine, Some(exec))
             }
             (None, Some(budget)) => (load_gpu_engine(py, &model, budget)?, None),
-            (None, None) => (
-                load_engine(py, model.clone(), load_options(dtype, weights)?)?,
-                None,
-            ),
+            (None, None) => {
+                let mut engine = load_engine(py, model.clone(), load_options(dtype, weights)?)?;
+                tier = crate::expert_cache::attach(py, &mut engine, &model, cache, rule)?;
+                (engine, None)
+            }
         };
         let engine = Arc::new(engine);
         let limits = SchedulerLimits {
@@ -333,6 +353,7 @@ impl Llm {
             engine,
             scheduler,
             hybrid,
+            expert_cache: tier,
         })
     }
 
@@ -414,6 +435,19 @@ impl Llm {
         self.hybrid
             .as_deref()
             .map(|exec| crate::hybrid::stats(py, exec))
+            .transpose()
+    }
+
+    /// The expert cache's statistics since the model loaded (what `strata generate` prints
+    /// for `--expert-cache`): a dict with lookups, hits, experts found in flight, misses,
+    /// experts fetched ahead and how many of the experts used were guessed
+    /// (`guess_recall`), bytes read and the seconds reads took and the model waited, the
+    /// slots, and the routing skew (`top30_share`: the share of lookups that went to each
+    /// layer's most used 30% of experts). `None` when the experts are not behind the cache.
+    fn expert_cache_stats<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        self.expert_cache
+            .as_deref()
+            .map(|tier| crate::expert_cache::stats(py, tier))
             .transpose()
     }
 }

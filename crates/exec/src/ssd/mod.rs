@@ -13,6 +13,7 @@
 //! ([`moe_waves`]) and combined in its order ([`combine_wave`]), so whatever arrives when,
 //! the output is the same bits as the model run from memory.
 
+mod choice;
 mod layout;
 mod reader;
 mod store;
@@ -31,6 +32,7 @@ use strata_model::{ExpertCall, ExpertExecutor, Model, Router};
 use strata_policy::replacement::Replacement;
 
 use crate::{Error, Result};
+pub use choice::{CacheChoice, ExpertCache};
 use layout::{extents, slot_bytes};
 use reader::{ReadDone, ReadJob, Reader};
 use store::{Key, Lookup, Store};
@@ -75,6 +77,11 @@ pub struct SsdStats {
     pub misses: u64,
     /// Read ahead on a guess.
     pub prefetched: u64,
+    /// Lookups in layers the layer before guessed for (every MoE layer but the first, with
+    /// prefetch on).
+    pub guess_lookups: u64,
+    /// Of those, the experts the guess named: the prediction's recall.
+    pub guessed: u64,
     /// Bytes read from the file.
     pub bytes_read: u64,
     /// Seconds the reads took, summed over the pool (each read's own time).
@@ -100,6 +107,11 @@ impl SsdStats {
         self.hits as f64 / self.lookups.max(1) as f64
     }
 
+    /// Share of the experts a layer used that the layer before had guessed.
+    pub fn guess_recall(&self) -> f64 {
+        self.guessed as f64 / self.guess_lookups.max(1) as f64
+    }
+
     /// What happened between `earlier` and `self` (counters only; the settings stay).
     pub fn since(&self, earlier: &SsdStats) -> SsdStats {
         SsdStats {
@@ -108,6 +120,8 @@ impl SsdStats {
             in_flight: self.in_flight - earlier.in_flight,
             misses: self.misses - earlier.misses,
             prefetched: self.prefetched - earlier.prefetched,
+            guess_lookups: self.guess_lookups - earlier.guess_lookups,
+            guessed: self.guessed - earlier.guessed,
             bytes_read: self.bytes_read - earlier.bytes_read,
             read_seconds: self.read_seconds - earlier.read_seconds,
             wait_seconds: self.wait_seconds - earlier.wait_seconds,
@@ -122,7 +136,7 @@ impl std::fmt::Display for SsdStats {
         write!(
             f,
             "{} slots of {:.2} MiB ({:.0} MiB), {:.1}% hits, {:.1}% in flight, {} misses, {} \
-             fetched ahead, {:.1} MiB read ({}), waited {:.2} s, each layer's most used 30% of \
+             fetched ahead ({:.1}% of the experts used guessed), {:.1} MiB read ({}), waited {:.2} s, each layer's most used 30% of \
              experts took {:.1}% of lookups",
             self.slots,
             mib(self.slot_bytes as f64),
@@ -131,6 +145,7 @@ impl std::fmt::Display for SsdStats {
             100.0 * self.in_flight as f64 / self.lookups.max(1) as f64,
             self.misses,
             self.prefetched,
+            100.0 * self.guess_recall(),
             mib(self.bytes_read as f64),
             if self.direct_io { "direct" } else { "buffered" },
             self.wait_seconds,
@@ -156,6 +171,9 @@ struct State {
     stats: SsdStats,
     /// Lookups per (layer, expert), `[layer][expert]`.
     uses: Vec<Vec<u64>>,
+    /// What the layer before guessed for each MoE layer's call, `[layer][expert]`; empty
+    /// when it made no guess.
+    guesses: Vec<Vec<bool>>,
 }
 
 impl std::fmt::Debug for SsdTier {
@@ -205,15 +223,33 @@ fn expert_sets(blocks: &[&MoeBlock], file_len: u64) -> Result<(Vec<GgmlExperts>,
 /// Bytes the SSD tier needs at least for `model`: one slot per expert a token routes to in a
 /// layer.
 pub fn ssd_min_budget(model: &Model, path: &Path) -> Result<u64> {
-    let len = std::fs::metadata(path)
-        .map_err(|e| io_error(path, e))?
-        .len();
-    let (_, slot, top_k) = expert_sets(&model.moe_blocks(), len)?;
+    let (_, slot, top_k) = expert_sets(&model.moe_blocks(), file_len(path)?)?;
     Ok((slot * top_k) as u64)
 }
 
 fn io_error(path: &Path, e: std::io::Error) -> Error {
     Error::Config(format!("{}: {e}", path.display()))
+}
+
+/// The length of the file the experts are read from.
+fn file_len(path: &Path) -> Result<u64> {
+    let meta = std::fs::metadata(path).map_err(|e| {
+        Error::Config(format!(
+            "the SSD tier reads the routed experts from the one file a model maps (a GGUF, or a \
+             converted model that keeps them as ggml blocks): {e}"
+        ))
+    })?;
+    Ok(meta.len())
+}
+
+/// A byte count for a message: KiB below a MiB, MiB below a GiB, else GiB.
+fn size(b: u64) -> String {
+    let b = b as f64;
+    match b {
+        b if b < (1u64 << 20) as f64 => format!("{:.1} KiB", b / 1024.0),
+        b if b < (1u64 << 30) as f64 => format!("{:.1} MiB", b / (1u64 << 20) as f64),
+        b => format!("{:.2} GiB", b / (1u64 << 30) as f64),
+    }
 }
 
 impl SsdTier {
@@ -223,18 +259,15 @@ impl SsdTier {
     /// naming the minimum, when the budget holds fewer experts than a token routes to in one
     /// layer.
     pub fn new(blocks: &[&MoeBlock], path: &Path, opts: &SsdOptions) -> Result<SsdTier> {
-        let len = std::fs::metadata(path)
-            .map_err(|e| io_error(path, e))?
-            .len();
-        let (layers, slot, top_k) = expert_sets(blocks, len)?;
+        let (layers, slot, top_k) = expert_sets(blocks, file_len(path)?)?;
         let n = (opts.budget / slot as u64) as usize;
         if n < top_k {
             return Err(Error::Config(format!(
-                "an expert cache of {:.1} MiB holds {n} experts of {:.2} MiB; a token routes to \
-                 {top_k} per layer, so it needs at least {:.1} MiB (--expert-cache)",
-                opts.budget as f64 / (1 << 20) as f64,
-                slot as f64 / (1 << 20) as f64,
-                (slot * top_k) as f64 / (1 << 20) as f64
+                "an expert cache of {} holds {n} experts of {}; a token routes to {top_k} per \
+                 layer, so it needs at least {} (--expert-cache)",
+                size(opts.budget),
+                size(slot as u64),
+                size((slot * top_k) as u64)
             )));
         }
         if opts.pinned.len() + top_k > n {
@@ -265,6 +298,7 @@ impl SsdTier {
                 step: 0,
                 stats,
                 uses,
+                guesses: vec![Vec::new(); blocks.len()],
             }),
         })
     }
@@ -326,6 +360,7 @@ impl SsdTier {
         for &e in &guess.ids {
             count[e as usize] += 1;
         }
+        st.guesses[next] = count.iter().map(|&c| c > 0).collect();
         let mut order: Vec<u32> = (0..count.len() as u32)
             .filter(|&e| count[e as usize] > 0)
             .collect();
@@ -368,11 +403,16 @@ impl SsdTier {
             .map(|b| (l as u32, b.expert as u32))
             .collect();
         let mut missing = Vec::new();
+        let guess = std::mem::take(&mut st.guesses[l]);
         for b in &batches {
             let key = (l as u32, b.expert as u32);
             st.store.touch(key, st.step);
             st.stats.lookups += 1;
             st.uses[l][b.expert] += 1;
+            if !guess.is_empty() {
+                st.stats.guess_lookups += 1;
+                st.stats.guessed += u64::from(guess[b.expert]);
+            }
             match st.store.lookup(key) {
                 Lookup::Ready => st.stats.hits += 1,
                 Lookup::Loading => st.stats.in_flight += 1,

@@ -1,0 +1,137 @@
+//! `LLM(expert_cache=...)`: the SSD tier from Python, as the command line's `--expert-cache`
+//! runs it (the same rule, [`ExpertCache::choose`]).
+
+use std::path::Path;
+use std::sync::Arc;
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use strata_exec::{ExpertCache, SsdStats, SsdTier};
+use strata_policy::replacement::Replacement;
+use strata_runtime::engine::Engine;
+
+use crate::errors::{chain, runtime_err};
+
+/// `expert_cache` (`None` or `'auto'`, `'off'`, a size such as `'6GiB'`, or bytes) and
+/// `expert_cache_rule` (`'lfu'`, the default, `'lru'`, `'ema'` or `'ema:ALPHA'`).
+pub fn options(
+    cache: Option<&Bound<'_, PyAny>>,
+    rule: Option<&str>,
+) -> PyResult<(ExpertCache, Replacement)> {
+    let cache = match cache {
+        None => ExpertCache::Auto,
+        Some(c) => match c.extract::<u64>() {
+            Ok(0) => {
+                return Err(PyValueError::new_err(
+                    "expert_cache 0: give a size, or 'off'",
+                ));
+            }
+            Ok(bytes) => ExpertCache::Size(bytes),
+            Err(_) => {
+                let s: String = c.extract().map_err(|_| {
+                    PyValueError::new_err(
+                        "expert_cache: expected 'auto', 'off', a size such as '6GiB' or bytes",
+                    )
+                })?;
+                ExpertCache::parse(&s)
+                    .map_err(|e| PyValueError::new_err(format!("expert_cache {e}")))?
+            }
+        },
+    };
+    let rule = match rule {
+        None => Replacement::Lfu,
+        Some(r) => Replacement::parse(r).ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "expert_cache_rule {r}: expected 'lfu', 'lru', 'ema' or 'ema:ALPHA' (0 < ALPHA <= 1)"
+            ))
+        })?,
+    };
+    Ok((cache, rule))
+}
+
+/// Puts the routed experts of `engine`'s CPU model (loaded from `model`) behind the SSD tier
+/// when `cache` asks for it, or is `Auto` and they do not fit in memory; says why on stderr,
+/// as the command line does.
+pub fn attach(
+    py: Python<'_>,
+    engine: &mut Engine,
+    model: &Path,
+    cache: ExpertCache,
+    rule: Replacement,
+) -> PyResult<Option<Arc<SsdTier>>> {
+    let Some(cpu) = engine.model.cpu_model_mut() else {
+        return Ok(None);
+    };
+    let file = strata_model::model::mapped_file(model);
+    let attach = || -> strata_exec::Result<Option<Arc<SsdTier>>> {
+        let Some(choice) =
+            cache.choose(&file, rule, || Ok::<_, strata_exec::Error>(cpu.memory()))?
+        else {
+            return Ok(None);
+        };
+        if let Some(note) = choice.note {
+            eprintln!("[expert cache: {note}]");
+        }
+        let tier = strata_exec::attach_ssd_tier(cpu, &file, &choice.options)?;
+        if let Some(note) = tier.take_note() {
+            eprintln!("[expert cache: {note}]");
+        }
+        Ok(Some(tier))
+    };
+    py.detach(attach).map_err(|e| match e {
+        strata_exec::Error::Config(_) => {
+            PyValueError::new_err(format!("expert_cache on {}: {}", file.display(), chain(&e)))
+        }
+        e => runtime_err(&e),
+    })
+}
+
+/// The tier's statistics as `LLM.expert_cache_stats()` returns them: every field of
+/// [`SsdStats`] under its name (destructured whole, so a new field does not compile until it
+/// is added here), with `hit_rate` and `guess_recall`.
+pub fn stats<'py>(py: Python<'py>, tier: &SsdTier) -> PyResult<Bound<'py, PyDict>> {
+    let s = py.detach(|| tier.stats());
+    let (hit_rate, guess_recall) = (s.hit_rate(), s.guess_recall());
+    let SsdStats {
+        lookups,
+        hits,
+        in_flight,
+        misses,
+        prefetched,
+        guess_lookups,
+        guessed,
+        bytes_read,
+        read_seconds,
+        wait_seconds,
+        direct_io,
+        slots,
+        slots_used,
+        slot_bytes,
+        top30_share,
+    } = s;
+    let d = PyDict::new(py);
+    let counts = [
+        ("lookups", lookups),
+        ("hits", hits),
+        ("in_flight", in_flight),
+        ("misses", misses),
+        ("prefetched", prefetched),
+        ("guess_lookups", guess_lookups),
+        ("guessed", guessed),
+        ("bytes_read", bytes_read),
+        ("slots", slots as u64),
+        ("slots_used", slots_used as u64),
+        ("slot_bytes", slot_bytes as u64),
+    ];
+    for (k, v) in counts {
+        d.set_item(k, v)?;
+    }
+    d.set_item("read_seconds", read_seconds)?;
+    d.set_item("wait_seconds", wait_seconds)?;
+    d.set_item("direct_io", direct_io)?;
+    d.set_item("top30_share", top30_share)?;
+    d.set_item("hit_rate", hit_rate)?;
+    d.set_item("guess_recall", guess_recall)?;
+    Ok(d)
+}
