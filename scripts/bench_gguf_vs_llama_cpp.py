@@ -214,6 +214,7 @@ STATS = re.compile(r"[\[ ](\d+) prompt tokens at ([\d.]+) tok/s, (\d+) generated
 # The SSD tier's line (`--expert-cache`): prefill and decode hit rates and bytes read.
 CACHE = re.compile(r"experts took ([\d.]+)% of lookups; prefill ([\d.]+)% hits, ([\d.]+) MiB read; "
                    r"decode ([\d.]+)% hits, ([\d.]+) MiB read per token")
+GUESSED = re.compile(r"fetched ahead \(([\d.]+)% of the experts used guessed\)")
 
 
 def run_strata(args, prompt: str) -> dict:
@@ -249,6 +250,8 @@ def run_strata(args, prompt: str) -> dict:
         r.update({"top30_share_pct": float(c[1]), "prefill_hit_pct": float(c[2]),
                   "prefill_read_mb": float(c[3]), "decode_hit_pct": float(c[4]),
                   "decode_read_mb_per_token": float(c[5])})
+    if g := GUESSED.search(err):
+        r["guess_recall_pct"] = float(g[1])
     r.update(mem.result())
     return r
 

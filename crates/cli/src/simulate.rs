@@ -11,7 +11,9 @@ use clap::Args;
 use strata_policy::policies::{
     Fiddler, GpuLru, HybriCosts, HybriMoE, KTransformers, Smoe, SmoeEviction,
 };
+use strata_policy::replacement::Replacement;
 use strata_policy::{CostModel, Hardware, Policy};
+use strata_sim::ssd_tier::{SsdTierParams, simulate_ssd_tier};
 use strata_sim::workload::{SyntheticParams, Workload, synthetic};
 use strata_sim::{reproduce, simulate, trace};
 
@@ -69,6 +71,14 @@ pub struct SimulateArgs {
     /// Run a seed's comparison instead: `ktransformers`, `smoe`, `cox` or `trimoe`.
     #[arg(long, value_name = "NAME")]
     reproduce: Option<String>,
+    /// Simulate the SSD tier instead of a policy (`strata generate --expert-cache SIZE
+    /// --no-expert-prefetch` on the CPU): the routed experts read from the drive the
+    /// hardware describes (`ssd`) into a DRAM cache of this many bytes (`6G`).
+    #[arg(long, value_name = "SIZE")]
+    expert_cache: Option<String>,
+    /// With `--expert-cache`: `lfu` (the default), `lru`, `ema` or `ema:ALPHA`.
+    #[arg(long, value_name = "RULE", requires = "expert_cache")]
+    expert_cache_rule: Option<String>,
 }
 
 fn parse_policy(
@@ -218,6 +228,9 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
         let (_, w) = trace::read_file(std::path::Path::new(&args.workload))?;
         (w.clone(), w)
     };
+    if let Some(size) = &args.expert_cache {
+        return print_ssd_tier(&args, &cost, &w, size);
+    }
     let train = match &args.train {
         Some(path) => trace::read_file(path)?.1,
         None => train,
@@ -266,6 +279,71 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
         outln!(
             "predictor  {:.1}% of next-token experts predicted",
             100.0 * a
+        )?;
+    }
+    Ok(())
+}
+
+/// `--expert-cache`: the SSD tier on `w`, a table (or `--json`) of each phase's tokens per
+/// second from the drive and from memory, hit rate and bytes read.
+fn print_ssd_tier(
+    args: &SimulateArgs,
+    cost: &CostModel,
+    w: &Workload,
+    size: &str,
+) -> anyhow::Result<()> {
+    let cache_bytes = strata_accel::parse_bytes(size)
+        .with_context(|| format!("--expert-cache {size}: a size such as 6G"))?;
+    let rule = match &args.expert_cache_rule {
+        None => Replacement::Lfu,
+        Some(r) => Replacement::parse(r).with_context(|| {
+            format!("--expert-cache-rule {r}: expected lfu, lru, ema or ema:ALPHA (0 < ALPHA <= 1)")
+        })?,
+    };
+    let params = SsdTierParams {
+        cache_bytes,
+        rule,
+        pinned: Vec::new(),
+    };
+    let r = simulate_ssd_tier(cost, w, &params)
+        .with_context(|| format!("--expert-cache on hardware {}", args.hardware))?;
+    if args.json {
+        let mut doc = serde_json::to_value(&r)?;
+        for (name, p) in [("prefill", &r.prefill), ("decode", &r.decode)] {
+            doc[name]["tokens_per_s"] = serde_json::json!(p.tokens_per_s());
+            doc[name]["in_memory_tokens_per_s"] = serde_json::json!(p.in_memory_tokens_per_s());
+            doc[name]["hit_rate"] = serde_json::json!(p.hit_rate());
+        }
+        outln!("{}", serde_json::to_string_pretty(&doc)?)?;
+        return Ok(());
+    }
+    let m = &cost.model;
+    outln!(
+        "ssd tier   {} slots of {:.2} MiB ({:.0} MiB), {rule:?}, no reads ahead; drive {:.2} GB/s",
+        r.slots,
+        r.expert_bytes as f64 / (1u64 << 20) as f64,
+        (r.slots as u64 * r.expert_bytes) as f64 / (1u64 << 20) as f64,
+        cost.hw.ssd.as_ref().map_or(0.0, |s| s.read_bw / 1e9)
+    )?;
+    outln!(
+        "model      {} ({} MoE layers, {} experts, top-{}); each layer's most used 30% of experts took {:.1}% of lookups",
+        args.model,
+        m.moe_layers(),
+        m.n_experts,
+        m.top_k,
+        100.0 * r.top30_share
+    )?;
+    for (name, p) in [("prefill", &r.prefill), ("decode", &r.decode)] {
+        if p.tokens == 0 {
+            continue;
+        }
+        outln!(
+            "{name:<8}   {:>8.2} tok/s ({:.2} from memory)  {:>6} tokens  hit {:.1}%  {:.1} MiB read per token",
+            p.tokens_per_s(),
+            p.in_memory_tokens_per_s(),
+            p.tokens,
+            100.0 * p.hit_rate(),
+            p.bytes_read as f64 / (1u64 << 20) as f64 / p.tokens as f64
         )?;
     }
     Ok(())

@@ -303,6 +303,50 @@ fn reproductions_show_their_tolerance_and_verdicts() {
     }
 }
 
+/// `simulate --expert-cache` replays the SSD tier: a bigger cache reads less per decoded
+/// token; hardware without a drive is refused by name.
+#[test]
+fn simulate_runs_the_ssd_tier() {
+    let sim = |cache: &str| {
+        let o = run(&[
+            "simulate",
+            "--hardware",
+            "local",
+            "--model",
+            "qwen3-30b-a3b",
+            "--workload",
+            "synthetic",
+            "--prompt-tokens",
+            "16",
+            "--decode-tokens",
+            "8",
+            "--expert-cache",
+            cache,
+            "--json",
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()
+    };
+    let (small, big) = (sim("200M"), sim("8G"));
+    let per_token = |d: &serde_json::Value| d["decode"]["bytes_read"].as_f64().unwrap();
+    assert!(per_token(&small) > per_token(&big), "{small} {big}");
+    assert!(
+        small["decode"]["tokens_per_s"].as_f64().unwrap() > 0.0,
+        "{small}"
+    );
+    let o = run(&[
+        "simulate",
+        "--hardware",
+        "smoe-4090",
+        "--model",
+        "qwen3-30b-a3b",
+        "--expert-cache",
+        "8G",
+    ]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("no `ssd`"), "{}", stderr(&o));
+}
+
 /// `trace` reports its progress on stderr, a plain line when stderr is not a terminal.
 #[test]
 fn trace_reports_progress_on_stderr() {

@@ -118,6 +118,15 @@ pub struct NdpSpec {
     pub dimms: u32,
 }
 
+/// The drive a model larger than memory is read from (issue #29's SSD tier).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+pub struct SsdSpec {
+    /// Achieved read bandwidth with many direct reads of whole experts in flight, bytes/s.
+    pub read_bw: f64,
+    /// Fixed time per read, seconds (paid once per batch of reads in flight together).
+    pub latency_s: f64,
+}
+
 /// One machine.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 pub struct Hardware {
@@ -132,6 +141,9 @@ pub struct Hardware {
     /// Near-data processors, if any.
     #[serde(default)]
     pub ndp: Option<NdpSpec>,
+    /// The drive the model file is read from, where measured.
+    #[serde(default)]
+    pub ssd: Option<SsdSpec>,
     /// CPU-GPU synchronisation and activation copy per MoE layer, seconds.
     pub sync_s: f64,
     /// Where each number comes from, keyed `gpu.flops`, `cpu.mem_bw`, ...
@@ -241,6 +253,9 @@ impl Hardware {
             if self.ndp.as_ref().is_some_and(|n| n.dimms > 0) {
                 keys.push("ndp.dimms");
             }
+        }
+        if self.ssd.is_some() {
+            keys.extend(["ssd.read_bw", "ssd.latency_s"]);
         }
         keys.into_iter()
             .filter(|k| !self.sources.contains_key(*k))

@@ -61,10 +61,13 @@ pub mod policies;
 pub mod predictor;
 pub mod replacement;
 pub mod rng;
+pub mod slots;
 pub mod stratify;
 pub mod throughput;
 
-pub use cost::{CostModel, CpuSpec, ExpertTable, GpuSpec, Hardware, ModelShape, NdpSpec, PcieSpec};
+pub use cost::{
+    CostModel, CpuSpec, ExpertTable, GpuSpec, Hardware, ModelShape, NdpSpec, PcieSpec, SsdSpec,
+};
 pub use decision::{DecisionError, TransferPlan};
 pub use layout::{Layout, Migration};
 

@@ -41,6 +41,7 @@
 mod engine;
 pub mod report;
 pub mod reproduce;
+pub mod ssd_tier;
 mod throughput;
 pub mod trace;
 pub mod workload;

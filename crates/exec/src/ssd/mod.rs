@@ -30,6 +30,7 @@ use strata_model::experts::ExpertSet;
 use strata_model::moe::MoeBlock;
 use strata_model::{ExpertCall, ExpertExecutor, Model, Router};
 use strata_policy::replacement::Replacement;
+use strata_policy::slots::top30_share;
 
 use crate::{Error, Result};
 pub use choice::{CacheChoice, ExpertCache};
@@ -415,7 +416,7 @@ impl SsdTier {
             }
             match st.store.lookup(key) {
                 Lookup::Ready => st.stats.hits += 1,
-                Lookup::Loading => st.stats.in_flight += 1,
+                Lookup::Filling => st.stats.in_flight += 1,
                 Lookup::Absent => {
                     st.stats.misses += 1;
                     missing.push(key);
@@ -543,18 +544,6 @@ impl SsdTier {
             })
             .collect())
     }
-}
-
-/// The share of all uses that each layer's most used 30% of experts took.
-fn top30_share(uses: &[Vec<u64>]) -> f64 {
-    let (mut top, mut total) = (0u64, 0u64);
-    for layer in uses {
-        let mut v = layer.clone();
-        v.sort_unstable_by(|a, b| b.cmp(a));
-        top += v.iter().take((v.len() * 3).div_ceil(10)).sum::<u64>();
-        total += v.iter().sum::<u64>();
-    }
-    top as f64 / total.max(1) as f64
 }
 
 impl ExpertExecutor for SsdTier {
