@@ -20,9 +20,11 @@ MODEL = "strata-tiny-moe"
 class Server:
     """`strata serve` on a fixed port, started again on the same port by `restart`."""
 
-    def __init__(self, binary: str, log_dir: Path, extra=(), name: str = "serve"):
+    def __init__(self, binary: str, log_dir: Path, extra=(), name: str = "serve",
+                 ctx_size: int = 1024):
         self.binary = binary
         self.extra = list(extra)
+        self.ctx_size = ctx_size
         self.log = open(log_dir / f"{name}.log", "ab")
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -33,7 +35,8 @@ class Server:
     def start(self) -> None:
         self.proc = subprocess.Popen(
             [self.binary, "serve", "--host", "127.0.0.1", "--port", str(self.port),
-             "--max-batch", "4", "--max-queue", "16", "--ctx-size", "1024", *self.extra],
+             "--max-batch", "4", "--max-queue", "16", "--ctx-size", str(self.ctx_size),
+             *self.extra],
             stdout=self.log, stderr=self.log)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:

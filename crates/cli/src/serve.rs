@@ -147,6 +147,18 @@ impl MetricsSource for SsdMetrics {
             &[("", s.prefetched as f64)],
         );
         metric(
+            "strata_expert_cache_guess_lookups_total",
+            "counter",
+            "Experts used in MoE layers the layer before guessed for.",
+            &[("", s.guess_lookups as f64)],
+        );
+        metric(
+            "strata_expert_cache_guessed_total",
+            "counter",
+            "Of those, the experts the guess named.",
+            &[("", s.guessed as f64)],
+        );
+        metric(
             "strata_expert_cache_read_bytes_total",
             "counter",
             "Bytes of experts read from the model file.",

@@ -356,18 +356,25 @@ $("heat").addEventListener("mousemove", (e) => {
     `layer ${live.layout.layers[l]}, expert ${ex}: ${n} of ${tokens} recent tokens (${share}%)${held}`;
 });
 
-// The hybrid executor's counters, as rates over the last few seconds.
+// The executor's counters (the hybrid executor's, or the SSD tier's), as rates over the
+// last few seconds.
 function showHybrid(f) {
-  $("hybrid-none").hidden = !!f.hybrid;
-  $("hybrid-live").hidden = !f.hybrid;
+  const now = new Map(f.hybrid || []);
+  const keys = [...now.keys()];
+  const hybrid = keys.some((k) => k.startsWith("strata_hybrid_"));
+  const ssd = keys.some((k) => k.startsWith("strata_expert_cache_"));
+  $("hybrid-none").hidden = hybrid;
+  $("hybrid-live").hidden = !hybrid;
+  $("ssd").hidden = !ssd;
   if (!f.hybrid) return;
-  const now = new Map(f.hybrid);
   live.hybrid.push({ t: f.sample.t, m: now });
   while (live.hybrid.length > 11) live.hybrid.shift();
   const old = live.hybrid[0];
   const dt = Math.max(0.001, (f.sample.t - old.t) / 1000);
   const get = (m, k) => m.get(k) || 0;
   const rate = (k) => (get(now, k) - get(old.m, k)) / dt;
+  if (ssd) showSsd(now, get, rate);
+  if (!hybrid) return;
   const busy = ["gpu", "cpu"].map((d) => [d, rate(`strata_hybrid_busy_seconds_total{device="${d}"}`)]);
   $("busy").replaceChildren(...busy.map(([d, share]) => {
     const row = document.createElement("div");
@@ -392,6 +399,30 @@ function showHybrid(f) {
   const shown = /^strata_hybrid_((busy_seconds|cache_lookups|upload_bytes|experts|evictions|fallbacks|deferred_experts)_total|resident_experts)/;
   for (const [k, v] of now) if (!shown.test(k)) rows.push([k.replace(/^strata_hybrid_/, ""), `${v}`]);
   $("hybrid-table").tBodies[0].replaceChildren(...rows.map(([k, v]) => {
+    const tr = document.createElement("tr");
+    tr.innerHTML = "<td></td><td></td>";
+    tr.cells[0].textContent = k;
+    tr.cells[1].textContent = v;
+    return tr;
+  }));
+}
+
+// The SSD tier's cache: hits, reads and the guesses that read ahead.
+function showSsd(now, get, rate) {
+  const c = (r) => get(now, `strata_expert_cache_lookups_total{result="${r}"}`);
+  const [hits, inFlight, misses] = [c("hit"), c("in_flight"), c("miss")];
+  const lookups = Math.max(1, hits + inFlight + misses);
+  const mib = (b) => (b / 2 ** 20).toFixed(1);
+  const guessed = get(now, "strata_expert_cache_guessed_total");
+  const guessable = Math.max(1, get(now, "strata_expert_cache_guess_lookups_total"));
+  const rows = [
+    ["hits / in flight / misses", `${hits} / ${inFlight} / ${misses} (${((100 * hits) / lookups).toFixed(1)}% hits)`],
+    ["read from the file", `${mib(get(now, "strata_expert_cache_read_bytes_total"))} MiB (${mib(rate("strata_expert_cache_read_bytes_total"))} MiB/s)`],
+    ["fetched ahead", `${get(now, "strata_expert_cache_prefetched_total")} (${((100 * guessed) / guessable).toFixed(1)}% of the experts used were guessed)`],
+    ["waited for reads", `${get(now, "strata_expert_cache_wait_seconds_total").toFixed(2)} s`],
+    ["cache", `${mib(get(now, "strata_expert_cache_bytes"))} MiB`],
+  ];
+  $("ssd-table").tBodies[0].replaceChildren(...rows.map(([k, v]) => {
     const tr = document.createElement("tr");
     tr.innerHTML = "<td></td><td></td>";
     tr.cells[0].textContent = k;
