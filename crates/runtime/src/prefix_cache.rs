@@ -28,6 +28,11 @@
 //! would compute, so a cache hit changes no logits. On an accelerator the pool stays in
 //! host memory, a second tier behind the device caches: a hit uploads the rows, a finished
 //! block is downloaded once.
+//!
+//! The rows live in fixed slots of one block each ([`Slots`]), allocated once when the first
+//! block shows their size: what the pool holds in resident memory is what it reports,
+//! however blocks come and go. (One vector per block and layer fragmented the heap: a
+//! server after hostile churn held twice the bytes the pool reported.)
 
 use std::collections::{BTreeSet, HashMap};
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -60,21 +65,81 @@ pub fn block_hashes(tokens: &[u32]) -> Vec<u64> {
 }
 
 /// One cached block: its tokens (checked on every hit, so a hash collision is a miss; fewer
-/// than [`BLOCK`] for the tail of a sequence) and its rows, `(a, b)` per layer.
+/// than [`BLOCK`] for the tail of a sequence) and the slot holding its rows.
 #[derive(Debug)]
 struct Block {
     parent: u64,
     tokens: Box<[u32]>,
-    rows: Vec<(Vec<f32>, Vec<f32>)>,
+    slot: usize,
     /// Last use, for LRU order.
     used: u64,
+}
+
+/// Equal slots of one block's rows: per token, each layer's `(a, b)` values.
+#[derive(Debug)]
+struct Slots {
+    /// Values per token of each layer's two buffers.
+    widths: Vec<(usize, usize)>,
+    /// Values per token, all layers.
+    per_token: usize,
+    data: Vec<f32>,
+    free: Vec<usize>,
+}
+
+impl Slots {
+    /// As many slots of [`BLOCK`] tokens of `widths` as `budget` bytes hold (zeroed, so the
+    /// allocator maps untouched pages lazily).
+    fn new(widths: Vec<(usize, usize)>, budget: usize) -> Slots {
+        let per_token: usize = widths.iter().map(|(a, b)| a + b).sum();
+        let n = budget / (per_token * BLOCK * 4).max(1);
+        Slots {
+            widths,
+            per_token,
+            data: vec![0.0; n * per_token * BLOCK],
+            // Popped from the end: the lowest slots first, freed ones again first.
+            free: (0..n).rev().collect(),
+        }
+    }
+
+    fn bytes_per_slot(&self) -> usize {
+        self.per_token * BLOCK * 4
+    }
+
+    fn used(&self) -> usize {
+        self.data.len() / (self.per_token * BLOCK).max(1) - self.free.len()
+    }
+
+    /// Slot `slot`'s first `n` tokens, per layer: the `a` rows then the `b` rows.
+    fn rows(&self, slot: usize, n: usize) -> Vec<(&[f32], &[f32])> {
+        let mut at = slot * self.per_token * BLOCK;
+        self.widths
+            .iter()
+            .map(|&(wa, wb)| {
+                let a = &self.data[at..at + n * wa];
+                let b = &self.data[at + BLOCK * wa..at + BLOCK * wa + n * wb];
+                at += BLOCK * (wa + wb);
+                (a, b)
+            })
+            .collect()
+    }
+
+    /// Copies `rows` (`n` tokens per layer, shaped as the slots are) into slot `slot`.
+    fn write(&mut self, slot: usize, n: usize, rows: &[(Vec<f32>, Vec<f32>)]) {
+        let mut at = slot * self.per_token * BLOCK;
+        for (&(wa, wb), (a, b)) in self.widths.iter().zip(rows) {
+            self.data[at..at + n * wa].copy_from_slice(a);
+            self.data[at + BLOCK * wa..at + BLOCK * wa + n * wb].copy_from_slice(b);
+            at += BLOCK * (wa + wb);
+        }
+    }
 }
 
 /// The pool of cached prefix blocks, LRU under a byte budget.
 #[derive(Debug)]
 pub struct PrefixCache {
     budget: usize,
-    bytes: usize,
+    /// `None` until the first block shows the rows' shape.
+    slots: Option<Slots>,
     blocks: HashMap<u64, Block>,
     /// The cached blocks that follow each prefix (by its hash; [`ROOT`] for the first):
     /// where a prompt that leaves the chain of full blocks looks for a partial match. Only
@@ -90,7 +155,7 @@ impl PrefixCache {
     pub fn new(budget: usize) -> PrefixCache {
         PrefixCache {
             budget,
-            bytes: 0,
+            slots: None,
             blocks: HashMap::new(),
             children: HashMap::new(),
             leaves: BTreeSet::new(),
@@ -98,9 +163,11 @@ impl PrefixCache {
         }
     }
 
-    /// Bytes of rows held.
+    /// Bytes of the slots holding blocks (a sequence's partial tail takes a whole one).
     pub fn bytes(&self) -> usize {
-        self.bytes
+        self.slots
+            .as_ref()
+            .map_or(0, |s| s.used() * s.bytes_per_slot())
     }
 
     /// Blocks held.
@@ -166,23 +233,22 @@ impl PrefixCache {
         if let Some(partial) = self.best_child(parent, &prompt[at..prompt.len() - 1]) {
             chain.push(partial);
         }
+        let Some(slots) = &self.slots else {
+            return 0;
+        };
         let mut added = 0;
-        for (hash, n) in chain {
-            let block = &self.blocks[&hash];
-            // The first `n` of the block's rows: its buffers hold one row per token.
-            let t = block.tokens.len();
-            let rows: Vec<(&[f32], &[f32])> = block
-                .rows
-                .iter()
-                .map(|(a, b)| (&a[..a.len() / t * n], &b[..b.len() / t * n]))
-                .collect();
+        for &(hash, n) in &chain {
+            // The first `n` of the block's rows.
+            let rows = slots.rows(self.blocks[&hash].slot, n);
             if cache.extend(n, &rows).is_err() {
                 // Rows of another shape (cannot happen with one model): keep what it had.
                 cache.truncate(have);
                 return 0;
             }
-            self.touch(hash);
             added += n;
+        }
+        for (hash, _) in chain {
+            self.touch(hash);
         }
         added
     }
@@ -250,9 +316,23 @@ impl PrefixCache {
         else {
             return false;
         };
-        let size = rows.iter().map(|(a, b)| (a.len() + b.len()) * 4).sum();
-        if !self.make_room(size, parent) {
+        let n = block.len();
+        let widths: Vec<(usize, usize)> = rows
+            .iter()
+            .map(|(a, b)| (a.len() / n, b.len() / n))
+            .collect();
+        let slots = self
+            .slots
+            .get_or_insert_with(|| Slots::new(widths.clone(), self.budget));
+        if slots.widths != widths {
+            // Rows of another shape (cannot happen with one model): not cached.
             return false;
+        }
+        let Some(slot) = self.make_room(parent) else {
+            return false;
+        };
+        if let Some(slots) = &mut self.slots {
+            slots.write(slot, n, &rows);
         }
         if self.blocks.contains_key(&parent) && self.is_leaf(parent) {
             self.leaves.remove(&(self.blocks[&parent].used, parent));
@@ -264,32 +344,30 @@ impl PrefixCache {
             Block {
                 parent,
                 tokens: block.into(),
-                rows,
+                slot,
                 used: self.clock,
             },
         );
         self.leaves.insert((self.clock, hash));
-        self.bytes += size;
         true
     }
 
-    /// Evicts least recently used leaves (never `keep`) until `size` more bytes fit;
-    /// returns whether they do.
-    fn make_room(&mut self, size: usize, keep: u64) -> bool {
-        while self.bytes + size > self.budget {
-            let Some(&(used, hash)) = self.leaves.iter().find(|&&(_, h)| h != keep) else {
-                return false;
-            };
+    /// A free slot, evicting least recently used leaves (never `keep`) for one; `None` when
+    /// none can be had.
+    fn make_room(&mut self, keep: u64) -> Option<usize> {
+        loop {
+            if let Some(slot) = self.slots.as_mut()?.free.pop() {
+                return Some(slot);
+            }
+            let &(used, hash) = self.leaves.iter().find(|&&(_, h)| h != keep)?;
             self.leaves.remove(&(used, hash));
             let Some(block) = self.blocks.remove(&hash) else {
                 continue;
             };
             self.children.remove(&hash);
-            self.bytes -= block
-                .rows
-                .iter()
-                .map(|(a, b)| (a.len() + b.len()) * 4)
-                .sum::<usize>();
+            if let Some(slots) = &mut self.slots {
+                slots.free.push(block.slot);
+            }
             if let Some(siblings) = self.children.get_mut(&block.parent) {
                 siblings.retain(|&h| h != hash);
                 if siblings.is_empty() {
@@ -300,6 +378,5 @@ impl PrefixCache {
                 }
             }
         }
-        true
     }
 }

@@ -161,7 +161,7 @@ pub fn render_prefix_cache(out: &mut String, s: &strata_runtime::scheduler::Sche
          # HELP strata_prompt_prefilled_tokens_total Prompt tokens run through the model.\n\
          # TYPE strata_prompt_prefilled_tokens_total counter\n\
          strata_prompt_prefilled_tokens_total {}\n\
-         # HELP strata_prefix_cache_bytes Bytes of KV rows the prefix cache holds.\n\
+         # HELP strata_prefix_cache_bytes Bytes of the prefix cache slots holding KV rows (a block each).\n\
          # TYPE strata_prefix_cache_bytes gauge\nstrata_prefix_cache_bytes {bytes}\n\
          # HELP strata_prefix_cache_blocks Blocks the prefix cache holds.\n\
          # TYPE strata_prefix_cache_blocks gauge\nstrata_prefix_cache_blocks {blocks}\n\
