@@ -398,7 +398,12 @@ function showHybrid(f) {
   // Counters this page does not know yet, as /metrics names them.
   const shown = /^strata_hybrid_((busy_seconds|cache_lookups|upload_bytes|experts|evictions|fallbacks|deferred_experts)_total|resident_experts)/;
   for (const [k, v] of now) if (!shown.test(k)) rows.push([k.replace(/^strata_hybrid_/, ""), `${v}`]);
-  $("hybrid-table").tBodies[0].replaceChildren(...rows.map(([k, v]) => {
+  fillTable("hybrid-table", rows);
+}
+
+// Rows of [name, value] into the table `id`.
+function fillTable(id, rows) {
+  $(id).tBodies[0].replaceChildren(...rows.map(([k, v]) => {
     const tr = document.createElement("tr");
     tr.innerHTML = "<td></td><td></td>";
     tr.cells[0].textContent = k;
@@ -422,13 +427,7 @@ function showSsd(now, get, rate) {
     ["waited for reads", `${get(now, "strata_expert_cache_wait_seconds_total").toFixed(2)} s`],
     ["cache", `${mib(get(now, "strata_expert_cache_bytes"))} MiB`],
   ];
-  $("ssd-table").tBodies[0].replaceChildren(...rows.map(([k, v]) => {
-    const tr = document.createElement("tr");
-    tr.innerHTML = "<td></td><td></td>";
-    tr.cells[0].textContent = k;
-    tr.cells[1].textContent = v;
-    return tr;
-  }));
+  fillTable("ssd-table", rows);
 }
 
 window.addEventListener("resize", () => { drawThroughput(); if (live.frame) drawHeat(live.frame); });
