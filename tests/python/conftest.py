@@ -1,6 +1,8 @@
 """Shared fixtures of the Python package's tests (run by scripts/test_python.sh)."""
 
+import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -29,3 +31,16 @@ def llm(model_dir):
     import strata
 
     return strata.LLM(str(model_dir))
+
+
+@pytest.fixture(scope="session")
+def accelerator(strata_bin):
+    """Skips (or, with STRATA_GPU_TESTS=1, fails) where no accelerator can be opened."""
+    r = subprocess.run([strata_bin, "devices", "--json"], capture_output=True, text=True,
+                       check=True, timeout=120)
+    found = json.loads(r.stdout)
+    if not found["devices"]:
+        why = f"no accelerator for device='hybrid': {found['error']}"
+        if os.environ.get("STRATA_GPU_TESTS") == "1":
+            pytest.fail(f"STRATA_GPU_TESTS=1 but {why}")
+        pytest.skip(f"SKIPPED: {why} (STRATA_GPU_TESTS=1 makes this a failure)")

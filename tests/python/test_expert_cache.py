@@ -1,7 +1,7 @@
 """strata.LLM(expert_cache=...): a GGUF's routed experts read from the file into a DRAM cache
 (the SSD tier, as `strata generate --expert-cache` runs it), its greedy output equal to the
-model run from memory, its statistics (`LLM.expert_cache_stats()`), and the errors of its
-keywords."""
+model run from memory, below the accelerator's expert cache too (device='hybrid', three
+tiers), its statistics (`LLM.expert_cache_stats()`), and the errors of its keywords."""
 
 import re
 from pathlib import Path
@@ -56,11 +56,27 @@ def test_a_size_string_and_auto():
     assert strata.LLM(str(GGUF), expert_cache="auto").expert_cache_stats() is None
 
 
+@pytest.mark.parametrize("policy", ["hybrimoe", "ktransformers"])
+def test_three_tiers_give_the_mapped_models_output(accelerator, min_budget, policy):
+    """device='hybrid': the accelerator's expert cache above the DRAM cache above the file."""
+    kw = {"device": "hybrid", "policy": policy, "vram_budget": "64KiB"}
+    mapped = strata.LLM(str(GGUF), expert_cache="off", **kw)
+    assert mapped.expert_cache_stats() is None
+    tiered = strata.LLM(str(GGUF), expert_cache=2 * min_budget, **kw)
+    assert greedy_ids(tiered) == greedy_ids(mapped)
+    s, ex = tiered.expert_cache_stats(), tiered.stats()
+    assert s["lookups"] == ex["cpu_experts"] and s["misses"] > 0, (s, ex)
+    # Every upload to the accelerator read through the DRAM cache.
+    assert s["device_reads"] == ex["uploads"], (s, ex)
+    if policy == "hybrimoe":
+        assert ex["gpu_pairs"] > 0 and s["device_reads"] > 0, (s, ex)
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"expert_cache": "lots"}, "expert_cache lots: a size, auto or off"),
     ({"expert_cache": 0}, "expert_cache 0: give a size, or 'off'"),
     ({"expert_cache": "4MiB", "expert_cache_rule": "mru"}, "expert_cache_rule mru"),
-    ({"expert_cache": "4MiB", "device": "hybrid"}, "expert_cache applies with device='cpu'"),
+    ({"expert_cache": "4MiB", "device": "gpu"}, "expert_cache applies with device='cpu' or 'hybrid'"),
 ])
 def test_bad_settings_are_value_errors(kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):

@@ -331,7 +331,8 @@ pub struct HybridModel {
     pub gpu: strata_exec::GpuModel,
     /// The hybrid executor behind the routed experts, unless the SSD tier is.
     pub exec: Option<Arc<HybridExecutor>>,
-    /// The SSD tier behind the routed experts (`--policy ktransformers --expert-cache`).
+    /// The SSD tier: behind the routed experts (`--policy ktransformers --expert-cache`),
+    /// or below the executor's device cache (three tiers).
     pub ssd: Option<Arc<SsdTier>>,
 }
 
@@ -381,19 +382,9 @@ impl DeviceArgs {
             cache_given || self.expert_cache_rule.is_some() || self.no_expert_prefetch;
         if self.device == Device::Gpu && cache_asked {
             bail!(
-                "--expert-cache applies with --device cpu, or --device hybrid --policy \
-                 ktransformers (--device gpu holds every expert on the device)"
+                "--expert-cache applies with --device cpu or hybrid (--device gpu holds every \
+                 expert on the device)"
             );
-        }
-        if self.device == Device::Hybrid && cache_asked {
-            let opts = self.hybrid_options()?;
-            if opts.policy != PolicyKind::KTransformers || opts.policy_options.deferred > 0 {
-                bail!(
-                    "with --device hybrid, --expert-cache runs under --policy ktransformers \
-                     without --defer only: the SSD tier computes every routed expert on the \
-                     CPU (the device's expert cache above the DRAM cache is not built yet)"
-                );
-            }
         }
         self.expert_cache_budget()?;
         self.expert_cache_rule()?;
@@ -503,31 +494,39 @@ impl DeviceArgs {
     }
 
     /// Loads the model in `dir` in the accelerator's hybrid layout, its routed experts on
-    /// the host as `load` says (`--device hybrid`): behind a hybrid executor
-    /// ([`strata_exec::load_hybrid`]), or, under `--policy ktransformers` (every routed
-    /// expert on the CPU) when `--expert-cache` asks for it or `auto` finds that they do not
-    /// fit in memory, behind the SSD tier. Returns whichever it is, for its statistics.
+    /// the host as `load` says (`--device hybrid`), behind a hybrid executor
+    /// ([`strata_exec::load_hybrid`]). When `--expert-cache` asks for it, or `auto` finds
+    /// that the routed experts do not fit in memory, they are read from the file into the
+    /// DRAM expert cache: below the executor's device cache (three tiers), or, under
+    /// `--policy ktransformers` without `--defer` (every routed expert on the CPU, no
+    /// device cache to keep), as the executor itself. Returns what runs them, for its
+    /// statistics.
     pub fn hybrid_model(&self, dir: &Path, load: LoadOptions) -> anyhow::Result<HybridModel> {
-        let opts = self.hybrid_options()?;
+        let mut opts = self.hybrid_options()?;
         let file = mapped_file(dir);
-        let ssd = match opts.policy == PolicyKind::KTransformers {
-            true => self.ssd_options(&file, || {
-                let (config, src) = strata_model::model::open(dir)?;
-                Ok(MemoryPlan::of(&config, &src, load))
-            })?,
-            false => None,
-        };
-        let Some(ssd) = ssd else {
-            let (gpu, exec) = strata_exec::load_hybrid(dir, load, &opts)?;
+        let ssd = self.ssd_options(&file, || {
+            let (config, src) = strata_model::model::open(dir)?;
+            Ok(MemoryPlan::of(&config, &src, load))
+        })?;
+        let all_on_cpu =
+            opts.policy == PolicyKind::KTransformers && opts.policy_options.deferred == 0;
+        let (Some(ssd), true) = (&ssd, all_on_cpu) else {
+            opts.expert_cache = ssd;
+            let (gpu, exec) = strata_exec::load_hybrid(dir, load, &opts)
+                .with_context(|| format!("--device hybrid on {}", file.display()))?;
+            let ssd = exec.host_tier();
+            if let Some(note) = ssd.as_ref().and_then(|t| t.take_note()) {
+                eprintln!("[expert cache: {note}]");
+            }
             return Ok(HybridModel {
                 gpu,
                 exec: Some(exec),
-                ssd: None,
+                ssd,
             });
         };
         let dev = strata_accel::open(&strata_accel::DeviceOptions::default())?;
         let mut gpu = strata_exec::GpuModel::load_hybrid(dev, dir, load)?;
-        let tier = SsdTier::new(&gpu.host_moe_blocks(), &file, &ssd)
+        let tier = SsdTier::new(&gpu.host_moe_blocks(), &file, ssd)
             .with_context(|| format!("--expert-cache on {}", file.display()))?;
         let tier = Arc::new(tier);
         if let Some(note) = tier.take_note() {

@@ -159,22 +159,6 @@ fn options_apply_only_where_they_do() {
     );
     let err = fails(&run(&["generate", "--prompt", "Hi", "--vram-budget", "1G"]));
     assert!(err.contains("--vram-budget"), "{err}");
-    // The SSD tier under the hybrid layout computes every routed expert on the CPU.
-    let err = fails(&run(&[
-        "generate",
-        "--prompt",
-        "Hi",
-        "--device",
-        "hybrid",
-        "--policy",
-        "smoe",
-        "--expert-cache",
-        "1G",
-    ]));
-    assert!(
-        err.contains("--expert-cache runs under --policy ktransformers without --defer only"),
-        "{err}"
-    );
     let err = fails(&run(&[
         "generate",
         "--prompt",

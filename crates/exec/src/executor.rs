@@ -37,6 +37,7 @@ use strata_policy::{
 
 use crate::cache::SlotCache;
 use crate::exec_stats::ExecStats;
+use crate::ssd::SsdTier;
 use crate::weights::HostExperts;
 use crate::worker::{
     DeviceCombine, DeviceSide, GpuDone, GpuPlan, Job, LayerInput, Pair, Worker, lock, stopped,
@@ -54,6 +55,10 @@ pub struct ExecOptions {
     pub phase: Option<Phase>,
     /// Keep a [`LayerRecord`] of every layer ([`HybridExecutor::take_log`]).
     pub record: bool,
+    /// Three tiers: the DRAM expert cache the CPU's tasks compute from (a model larger
+    /// than memory); the host experts' uploads should read through it too
+    /// ([`HostExperts::read_through`]). `None`: the experts as the model holds them.
+    pub host_tier: Option<Arc<SsdTier>>,
 }
 
 /// What [`HybridExecutor::run_on_device`] leaves to the caller.
@@ -75,15 +80,42 @@ pub struct DeferredExperts {
     pub moe_layer: usize,
     x: Vec<f32>,
     batches: Vec<ExpertBatch>,
+    /// The DRAM expert cache they compute from (three tiers).
+    tier: Option<Arc<SsdTier>>,
 }
 
 impl DeferredExperts {
     /// Their weighted outputs, `[T, hidden]`, on `experts` (the routed experts of the
-    /// block that deferred them).
-    pub fn run(&self, experts: &ExpertSet) -> strata_model::Result<Vec<f32>> {
+    /// block that deferred them), or from the DRAM expert cache that holds them.
+    pub fn run(&self, experts: &ExpertSet) -> Result<Vec<f32>> {
         let mut out = vec![0.0f32; self.x.len()];
-        experts.run_batches(&self.x, &self.batches, &mut out)?;
+        run_cpu(
+            self.tier.as_deref(),
+            (experts, self.moe_layer),
+            &self.x,
+            &self.batches,
+            &mut out,
+            None,
+        )?;
         Ok(out)
+    }
+}
+
+/// Adds `batches` of MoE layer `l` (`experts`) on the rows of `x` into `out` on the CPU:
+/// from `tier`'s slots (three tiers; `guess`: read ahead for the next layer, skipping the
+/// experts marked) or from `experts` as the model holds them. The same bits either way.
+fn run_cpu(
+    tier: Option<&SsdTier>,
+    (experts, l): (&ExpertSet, usize),
+    x: &[f32],
+    batches: &[ExpertBatch],
+    out: &mut [f32],
+    guess: Option<&[bool]>,
+) -> Result<()> {
+    match tier {
+        Some(t) => t.run_batches(l, x, batches, out, guess),
+        None if batches.is_empty() => Ok(()),
+        None => Ok(experts.run_batches(x, batches, out)?),
     }
 }
 
@@ -128,6 +160,7 @@ struct State {
     host: Arc<HostExperts>,
     policy: Box<dyn Policy + Send>,
     cost: CostModel,
+    tier: Option<Arc<SsdTier>>,
     phase: Option<Phase>,
     calls: usize,
     step: usize,
@@ -214,6 +247,7 @@ impl HybridExecutor {
             host,
             policy,
             cost,
+            tier: opts.host_tier.clone(),
             phase: opts.phase,
             calls: 0,
             step: 0,
@@ -295,6 +329,11 @@ impl HybridExecutor {
                     .collect()
             })
             .collect()
+    }
+
+    /// The DRAM expert cache below the device's (three tiers), if any.
+    pub fn host_tier(&self) -> Option<Arc<SsdTier>> {
+        self.lock().tier.clone()
     }
 
     /// The policy's name.
@@ -626,6 +665,7 @@ impl State {
                 moe_layer: l,
                 x: call.x.to_vec(),
                 batches: std::mem::take(&mut split.cpu_later),
+                tier: self.tier.clone(),
             }),
             _ => None,
         };
@@ -648,13 +688,16 @@ impl State {
         let (cpu_now, cpu_later) = (&split.cpu_now, &split.cpu_later);
         let mut later = vec![0.0f32; if cpu_later.is_empty() { 0 } else { out.len() }];
         let started = Instant::now();
-        let cpu = call
-            .experts
-            .run_batches(call.x, cpu_now, out)
-            .and_then(|()| match cpu_later.is_empty() {
-                true => Ok(()),
-                false => call.experts.run_batches(call.x, cpu_later, &mut later),
-            });
+        // Under three tiers the DRAM cache reads ahead what the next layer's router picks,
+        // but the experts the device holds.
+        let next_on_device = match last {
+            true => Vec::new(),
+            false => self.cache.resident(l + 1, self.host.n_experts()),
+        };
+        let tier = self.tier.as_deref();
+        let experts = (call.experts, l);
+        let cpu = run_cpu(tier, experts, call.x, cpu_now, out, Some(&next_on_device))
+            .and_then(|()| run_cpu(tier, experts, call.x, cpu_later, &mut later, None));
         self.stats.cpu_time += started.elapsed();
         let gpu = match device {
             Some(rx) => rx.recv().map_err(|_| stopped())??,

@@ -15,12 +15,15 @@ use std::sync::Arc;
 
 use strata_model::LoadOptions;
 use strata_model::config::ModelConfig;
-use strata_model::model::Model;
+use strata_model::model::{Model, mapped_file};
 use strata_policy::policies::{Fiddler, GpuLru, HybriMoE, KTransformers, Smoe, SmoeEviction};
 use strata_policy::predictor::LinearPredictor;
 use strata_policy::{CostModel, Hardware, ModelShape, Policy};
 
-use crate::{DeviceFigures, Error, ExecOptions, GpuModel, HostExperts, HybridExecutor, Result};
+use crate::{
+    DeviceFigures, Error, ExecOptions, GpuModel, HostExperts, HybridExecutor, Result, SsdOptions,
+    SsdTier,
+};
 
 /// The policies the executor can run (`--policy`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -272,6 +275,9 @@ pub struct HybridOptions {
     /// activation counts replace `policy_options.profile` (Fiddler's pinned experts) and,
     /// when it holds hidden states, it trains `policy_options.predictors` (SMoE's).
     pub profile: Option<PathBuf>,
+    /// Three tiers: the routed experts read from the model file into a DRAM expert cache
+    /// of these settings ([`SsdTier`]), below the device's; `None`: they stay mapped.
+    pub expert_cache: Option<SsdOptions>,
 }
 
 impl HybridOptions {
@@ -291,6 +297,7 @@ impl HybridOptions {
             measure: true,
             policy_options: PolicyOptions::default(),
             profile: None,
+            expert_cache: None,
         })
     }
 }
@@ -300,7 +307,8 @@ impl HybridOptions {
 /// the device, the routed experts on the host as `load` says) with a hybrid executor behind
 /// the routed experts that runs `opts`'s policy, priced for the model's shape and the
 /// experts' storage, on the same device; returns both, the executor for its statistics.
-/// The executor copies experts from `dir` ([`HostExperts`]).
+/// The executor copies experts from `dir` ([`HostExperts`]), through the DRAM expert cache
+/// when `opts.expert_cache` asks for one (three tiers: [`HybridExecutor::host_tier`]).
 pub fn load_hybrid(
     dir: &Path,
     load: LoadOptions,
@@ -314,7 +322,16 @@ pub fn load_hybrid(
     if let Some(path) = &opts.profile {
         policy_options.read_profile(path, opts.policy, &shape)?;
     }
-    let host = HostExperts::open(dir)?;
+    let tier = match &opts.expert_cache {
+        Some(ssd) => Some(Arc::new(SsdTier::new(
+            &gpu.host_moe_blocks(),
+            &mapped_file(dir),
+            ssd,
+        )?)),
+        None => None,
+    };
+    let mut host = HostExperts::open(dir)?;
+    host.read_through(tier.clone());
     let bits = host.bits_per_weight();
     let cache = HybridExecutor::cache_bytes(&host, opts.vram_budget);
     let mut hardware = opts.hardware.clone();
@@ -331,6 +348,7 @@ pub fn load_hybrid(
         cost,
         &ExecOptions {
             vram_budget: opts.vram_budget,
+            host_tier: tier,
             ..ExecOptions::default()
         },
     )?);

@@ -9,6 +9,7 @@
 //! which is what a pinned staging copy would cost on a real PCIe link anyway.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use strata_accel::{ExpertFormat, WeightType};
 use strata_kernels::ggml::GgmlType;
@@ -17,7 +18,7 @@ use strata_model::names::{self, ExpertLayout, ExpertPart, LayerNames};
 use strata_model::source::{Source, Tensor};
 use strata_model::tensors::{MatrixSpec, MlpTensors, StackedExperts};
 
-use crate::{Error, Result};
+use crate::{Error, Result, SsdTier};
 
 /// The device storage type of tensor `t` with rows of `k` values: a GGUF's blocks as they
 /// are where the device's kernels decode the type (and rows are whole blocks), its other
@@ -246,6 +247,9 @@ pub struct HostExperts {
     hidden: usize,
     inter: usize,
     n_experts: usize,
+    /// Three tiers: the DRAM expert cache that experts stored as the file's blocks are
+    /// copied from (or read through from the file), instead of the mapped file.
+    tier: Option<Arc<SsdTier>>,
 }
 
 impl HostExperts {
@@ -282,7 +286,15 @@ impl HostExperts {
             hidden: h,
             inter,
             n_experts,
+            tier: None,
         })
+    }
+
+    /// Reads the experts that the device stores as the file's blocks through `tier` (the
+    /// DRAM expert cache of the same file, three tiers): from its slots when there, else
+    /// from the file without the page cache. Other layers are still read from the mapping.
+    pub fn read_through(&mut self, tier: Option<Arc<SsdTier>>) {
+        self.tier = tier;
     }
 
     /// MoE layers.
@@ -357,6 +369,15 @@ impl HostExperts {
                 "expert {e} of layer {layer}, expected below {}",
                 self.n_experts
             )));
+        }
+        if let Some(tier) = &self.tier
+            && format.gate_up.is_quantized()
+            && format.down.is_quantized()
+        {
+            // The file's blocks as they are: what the mapping would give, padded alike.
+            let mut bytes = tier.expert_for_device(layer, expert)?;
+            bytes.resize(bytes.len().next_multiple_of(4), 0);
+            return Ok(bytes);
         }
         expert_bytes(
             &self.src,

@@ -236,9 +236,9 @@ fn hybrid_layout_defers_the_devices_experts() {
     let build = |_: &CostModel| -> Box<dyn Policy + Send> {
         Box::new(EvenExpertsOnDevice(KTransformers::new(1)))
     };
-    let reference = executor_with(&dev, &dir, &gpu, build);
+    let reference = executor_with(&dev, &dir, &gpu, build, None);
     install(&mut cpu, Some(&reference));
-    let exec = executor_with(&dev, &dir, &gpu, build);
+    let exec = executor_with(&dev, &dir, &gpu, build, None);
     gpu.set_hybrid_executor(Some(exec.clone()));
     let want = run_cpu(&cpu, &PROMPT, &NEXT);
     let (got, round_trips) = run_gpu(&gpu, &PROMPT, &NEXT);
@@ -256,6 +256,102 @@ fn hybrid_layout_defers_the_devices_experts() {
         .any(|r| r.gpu_tasks.iter().any(|t| t.1));
     assert!(on_device_deferred, "no expert deferred on the device");
     assert_eq!(round_trips, NEXT.len() as u64 * (moe_layers(&gpu) + 1));
+}
+
+/// Three tiers: the executor's device cache above the SSD tier's DRAM cache above the file
+/// (`--device hybrid --policy gpu-lru|hybrimoe|ktransformers --defer 1 --expert-cache`).
+/// The CPU's tasks (deferred ones too) compute from DRAM slots, the device's uploads read
+/// through the tier (from a slot when there, else from the file): the logits equal the
+/// same executor's over the mapped file bit for bit, with the same placements, and an
+/// upload's bytes are the mapped file's.
+#[test]
+fn three_tiers_equal_the_mapped_file() {
+    let Some(dev) = default_gpu() else { return };
+    let path = repo("tests/fixtures-gguf/qwen3_moe_q32.q8_0.gguf");
+    let load = LoadOptions::new(Precision::Fast);
+    let prompt: Vec<u32> = (0..24).map(|i| (i * 37 + 5) % 200).collect();
+    let next: Vec<u32> = (0..8).map(|i| (i * 53 + 11) % 200).collect();
+    let min = ssd_min_budget(&Model::load(&path, load).unwrap(), &path).unwrap();
+    let ssd = SsdOptions {
+        budget: 2 * min,
+        ..SsdOptions::default()
+    };
+    for (policy, defer) in [
+        (PolicyKind::GpuLru, 0),
+        (PolicyKind::HybriMoE, 0),
+        (PolicyKind::KTransformers, 1),
+    ] {
+        let opts = PolicyOptions {
+            deferred: defer,
+            ..PolicyOptions::default()
+        };
+        let build = |cost: &CostModel| build_policy(policy, cost, &opts);
+        let run = |tiered: bool| {
+            let mut gpu = GpuModel::load_hybrid(dev.clone(), &path, load).unwrap();
+            let tier = tiered
+                .then(|| Arc::new(SsdTier::new(&gpu.host_moe_blocks(), &path, &ssd).unwrap()));
+            let exec = executor_with(&dev, &path, &gpu, build, tier.clone());
+            gpu.keep_candidates(true);
+            gpu.set_hybrid_executor(Some(exec.clone()));
+            let (logits, round_trips) = run_gpu(&gpu, &prompt, &next);
+            (logits, round_trips, exec.stats(), tier)
+        };
+        let (want, _, plain, _) = run(false);
+        let (got, round_trips, stats, tier) = run(true);
+        let tier = tier.unwrap().stats();
+        println!("{policy}, three tiers: {stats}; {tier}");
+        let same = got
+            .iter()
+            .zip(&want)
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "{policy}: three tiers changed the logits");
+        let placed = |s: &strata_exec::ExecStats| {
+            let p = (s.gpu_pairs, s.cpu_pairs, s.uploads, s.hits);
+            (p, s.deferred_experts)
+        };
+        assert_eq!(placed(&stats), placed(&plain), "{policy}");
+        // Every CPU task looked up in DRAM, every upload read through it.
+        assert_eq!(tier.lookups, stats.cpu_experts as u64, "{policy}: {tier}");
+        assert_eq!(tier.device_reads, stats.uploads as u64, "{policy}: {tier}");
+        match policy {
+            PolicyKind::KTransformers => assert!(tier.misses > 0, "{policy}: {tier}"),
+            _ => assert!(tier.device_bytes_read > 0, "{policy}: {tier}"),
+        }
+        let steps = next.len() as u64;
+        let layers = {
+            let gpu = GpuModel::load_hybrid(dev.clone(), &path, load).unwrap();
+            moe_layers(&gpu)
+        };
+        assert_eq!(round_trips, steps * (layers + 1), "{policy}");
+    }
+    // An upload's bytes through the tier, from a slot or from the file, are the mapping's.
+    let gpu = GpuModel::load_hybrid(dev.clone(), &path, load).unwrap();
+    let tier = Arc::new(SsdTier::new(&gpu.host_moe_blocks(), &path, &ssd).unwrap());
+    let mapped = HostExperts::open(&path).unwrap();
+    let mut through = HostExperts::open(&path).unwrap();
+    through.read_through(Some(tier.clone()));
+    let hidden = gpu.config.hidden_size;
+    let x: Vec<f32> = (0..hidden).map(|i| (i as f32 * 0.37).sin()).collect();
+    for l in 0..mapped.n_layers() {
+        // Expert 0 of each layer into a slot first, so both paths are taken.
+        let one = strata_kernels::moe::ExpertBatch {
+            expert: 0,
+            tokens: vec![0],
+            weights: vec![1.0],
+        };
+        let mut out = vec![0.0f32; hidden];
+        tier.run_batches(l, &x, &[one], &mut out, None).unwrap();
+        for e in 0..mapped.n_experts() as u32 {
+            let want = mapped.expert_bytes(l, e).unwrap();
+            assert_eq!(
+                through.expert_bytes(l, e).unwrap(),
+                want,
+                "layer {l} expert {e}"
+            );
+        }
+    }
+    let s = tier.stats();
+    assert!(s.device_hits > 0 && s.device_bytes_read > 0, "{s}");
 }
 
 /// KTransformers' decision with the even experts' tasks moved to the device, streamed
@@ -313,7 +409,13 @@ fn executor(
         deferred: defer,
         ..PolicyOptions::default()
     };
-    executor_with(dev, dir, gpu, |cost| build_policy(policy, cost, &opts))
+    executor_with(
+        dev,
+        dir,
+        gpu,
+        |cost| build_policy(policy, cost, &opts),
+        None,
+    )
 }
 
 /// A hybrid executor for `gpu`'s host experts on `dev` running the policy `policy` builds
@@ -323,8 +425,10 @@ fn executor_with(
     dir: &Path,
     gpu: &GpuModel,
     policy: impl FnOnce(&CostModel) -> Box<dyn Policy + Send>,
+    tier: Option<Arc<SsdTier>>,
 ) -> Arc<HybridExecutor> {
-    let host = HostExperts::open(dir).unwrap();
+    let mut host = HostExperts::open(dir).unwrap();
+    host.read_through(tier.clone());
     let budget = 8 * host.slot_bytes();
     let cost = cost_model(
         Hardware::load("ktrans-4080").unwrap(),
@@ -337,6 +441,7 @@ fn executor_with(
     let opts = ExecOptions {
         vram_budget: budget,
         record: true,
+        host_tier: tier,
         ..ExecOptions::default()
     };
     Arc::new(HybridExecutor::new(dev.clone(), host, policy, cost, &opts).unwrap())

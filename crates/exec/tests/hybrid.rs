@@ -111,6 +111,7 @@ impl Setup {
                     vram_budget: budget,
                     phase: self.phase,
                     record: true,
+                    ..ExecOptions::default()
                 },
             )
             .unwrap(),

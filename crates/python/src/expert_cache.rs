@@ -7,7 +7,9 @@ use std::sync::Arc;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use strata_exec::{ExpertCache, SsdStats, SsdTier};
+use strata_exec::{ExpertCache, SsdOptions, SsdStats, SsdTier};
+use strata_model::LoadOptions;
+use strata_model::memory::MemoryPlan;
 use strata_policy::replacement::Replacement;
 use strata_runtime::engine::Engine;
 
@@ -87,6 +89,32 @@ pub fn attach(
     })
 }
 
+/// The DRAM expert cache below the accelerator's (`device='hybrid'`, three tiers) for
+/// `model` loaded as `load`: its settings when `cache` asks for one, or is `Auto` and the
+/// routed experts do not fit in memory; says why on stderr, as the command line does.
+pub fn for_hybrid(
+    py: Python<'_>,
+    model: &Path,
+    cache: ExpertCache,
+    rule: Replacement,
+    load: LoadOptions,
+) -> PyResult<Option<SsdOptions>> {
+    let file = strata_model::model::mapped_file(model);
+    let plan = || -> strata_model::Result<MemoryPlan> {
+        let (config, src) = strata_model::model::open(model)?;
+        Ok(MemoryPlan::of(&config, &src, load))
+    };
+    let choice = py.detach(|| cache.choose(&file, rule, plan)).map_err(|e| {
+        PyValueError::new_err(format!("expert_cache on {}: {}", file.display(), chain(&e)))
+    })?;
+    Ok(choice.map(|c| {
+        if let Some(note) = c.note {
+            eprintln!("[expert cache: {note}]");
+        }
+        c.options
+    }))
+}
+
 /// The tier's statistics as `LLM.expert_cache_stats()` returns them: every field of
 /// [`SsdStats`] under its name (destructured whole, so a new field does not compile until it
 /// is added here), with `hit_rate` and `guess_recall`.
@@ -102,6 +130,9 @@ pub fn stats<'py>(py: Python<'py>, tier: &SsdTier) -> PyResult<Bound<'py, PyDict
         guess_lookups,
         guessed,
         bytes_read,
+        device_reads,
+        device_hits,
+        device_bytes_read,
         read_seconds,
         wait_seconds,
         direct_io,
@@ -120,6 +151,9 @@ pub fn stats<'py>(py: Python<'py>, tier: &SsdTier) -> PyResult<Bound<'py, PyDict
         ("guess_lookups", guess_lookups),
         ("guessed", guessed),
         ("bytes_read", bytes_read),
+        ("device_reads", device_reads),
+        ("device_hits", device_hits),
+        ("device_bytes_read", device_bytes_read),
         ("slots", slots as u64),
         ("slots_used", slots_used as u64),
         ("slot_bytes", slot_bytes as u64),

@@ -253,9 +253,10 @@ impl Llm {
     /// `dtype`, `weights`, `max_batch`, `ctx_size` and `prefix_cache_mb` are the command
     /// line's `--dtype`, `--weights`, `--max-batch`, `--ctx-size` and `--prefix-cache-mb`,
     /// admitted against the memory available as `strata serve` admits them.
-    /// `expert_cache` (`device='cpu'`): the command line's `--expert-cache`, DRAM as the
-    /// cache of a GGUF's routed experts read from disk: `None`/`'auto'` (only when they do
-    /// not fit in memory), `'off'`, or a size (`'6GiB'`, bytes); `expert_cache_rule` as
+    /// `expert_cache` (`device='cpu'` or `'hybrid'`): the command line's `--expert-cache`,
+    /// DRAM as the cache of a GGUF's routed experts read from disk (with `'hybrid'`, below
+    /// the accelerator's expert cache: three tiers): `None`/`'auto'` (only when they do not
+    /// fit in memory), `'off'`, or a size (`'6GiB'`, bytes); `expert_cache_rule` as
     /// `--expert-cache-rule`.
     #[new]
     #[pyo3(signature = (model, *, device="cpu", policy=None, vram_budget=None, hardware=None,
@@ -281,10 +282,10 @@ impl Llm {
     ) -> PyResult<Llm> {
         let cache_asked = expert_cache_rule.is_some()
             || expert_cache.is_some_and(|c| c.extract::<String>().is_ok_and(|s| s != "off"));
-        if device != "cpu" && cache_asked {
+        if device == "gpu" && cache_asked {
             return Err(PyValueError::new_err(
-                "expert_cache applies with device='cpu' (from the command line, --device hybrid \
-                 --policy ktransformers takes --expert-cache too)",
+                "expert_cache applies with device='cpu' or 'hybrid' (device='gpu' holds every \
+                 expert on the device)",
             ));
         }
         let (cache, rule) = crate::expert_cache::options(expert_cache, expert_cache_rule)?;
@@ -326,9 +327,11 @@ impl Llm {
         };
         let mut tier = None;
         let (engine, hybrid) = match (hybrid, gpu_budget) {
-            (Some(opts), _) => {
+            (Some(mut opts), _) => {
                 let load = load_options(dtype, weights)?;
+                opts.expert_cache = crate::expert_cache::for_hybrid(py, &model, cache, rule, load)?;
                 let (engine, exec) = load_hybrid_engine(py, &model, load, &opts)?;
+                tier = exec.host_tier();
                 (engine, Some(exec))
             }
             (None, Some(budget)) => (load_gpu_engine(py, &model, budget)?, None),

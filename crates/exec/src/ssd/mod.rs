@@ -23,6 +23,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
+use strata_kernels::AlignedBuf;
 use strata_kernels::ggml::{GgmlExperts, combine_wave, ggml_piece_rows, moe_waves};
 use strata_kernels::moe::{ExpertBatch, group_by_expert};
 use strata_kernels::packed::StableBytes;
@@ -34,8 +35,8 @@ use strata_policy::slots::top30_share;
 
 use crate::{Error, Result};
 pub use choice::{CacheChoice, ExpertCache};
-use layout::{extents, slot_bytes};
-use reader::{ReadDone, ReadJob, Reader};
+use layout::{PAGE, extents, slot_bytes};
+use reader::{Files, ReadDone, ReadJob, Reader, read_extents};
 use store::{Key, Lookup, Store};
 
 /// How the SSD tier runs.
@@ -85,6 +86,14 @@ pub struct SsdStats {
     pub guessed: u64,
     /// Bytes read from the file.
     pub bytes_read: u64,
+    /// Experts the accelerator's cache took from this tier (three tiers: the hybrid
+    /// executor's uploads).
+    pub device_reads: u64,
+    /// Of those, found ready in a slot (the rest were read from the file for the device,
+    /// not kept here).
+    pub device_hits: u64,
+    /// Bytes read from the file for the accelerator.
+    pub device_bytes_read: u64,
     /// Seconds the reads took, summed over the pool (each read's own time).
     pub read_seconds: f64,
     /// Seconds the forward pass waited for reads.
@@ -124,6 +133,9 @@ impl SsdStats {
             guess_lookups: self.guess_lookups - earlier.guess_lookups,
             guessed: self.guessed - earlier.guessed,
             bytes_read: self.bytes_read - earlier.bytes_read,
+            device_reads: self.device_reads - earlier.device_reads,
+            device_hits: self.device_hits - earlier.device_hits,
+            device_bytes_read: self.device_bytes_read - earlier.device_bytes_read,
             read_seconds: self.read_seconds - earlier.read_seconds,
             wait_seconds: self.wait_seconds - earlier.wait_seconds,
             ..*self
@@ -151,7 +163,18 @@ impl std::fmt::Display for SsdStats {
             if self.direct_io { "direct" } else { "buffered" },
             self.wait_seconds,
             100.0 * self.top30_share,
-        )
+        )?;
+        if self.device_reads > 0 {
+            write!(
+                f,
+                "; {} experts copied to the accelerator, {:.1}% of them from the cache, {:.1} MiB \
+                 read for it",
+                self.device_reads,
+                100.0 * self.device_hits as f64 / self.device_reads as f64,
+                mib(self.device_bytes_read as f64),
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -162,12 +185,18 @@ pub struct SsdTier {
     layers: Vec<GgmlExperts>,
     routers: Vec<Router>,
     prefetch: bool,
+    /// Bytes of one slot.
+    slot: usize,
     state: Mutex<State>,
+    /// The read pool, used by the thread computing a layer alone; waiting on it leaves
+    /// `state` free for the accelerator's uploads ([`SsdTier::expert_for_device`]).
+    reader: Mutex<Reader>,
+    /// The file, for reads outside the pool.
+    files: Arc<Files>,
 }
 
 struct State {
     store: Store,
-    reader: Reader,
     step: u64,
     stats: SsdStats,
     /// Lookups per (layer, expert), `[layer][expert]`.
@@ -281,6 +310,7 @@ impl SsdTier {
         let reader = Reader::open(path, opts.readers).map_err(|e| io_error(path, e))?;
         let mut store = Store::new(n, slot, opts.replacement);
         store.pin(opts.pinned.iter().map(|&(l, e)| (l as u32, e)));
+        let files = reader.files();
         let stats = SsdStats {
             direct_io: reader.direct(),
             slots: n,
@@ -293,22 +323,25 @@ impl SsdTier {
             layers,
             routers: blocks.iter().map(|b| b.router().clone()).collect(),
             prefetch: opts.prefetch,
+            slot,
             state: Mutex::new(State {
                 store,
-                reader,
                 step: 0,
                 stats,
                 uses,
                 guesses: vec![Vec::new(); blocks.len()],
             }),
+            reader: Mutex::new(reader),
+            files,
         })
     }
 
     /// What the tier did so far.
     pub fn stats(&self) -> SsdStats {
+        let direct_io = self.lock_reader().direct();
         let st = self.lock();
         SsdStats {
-            direct_io: st.reader.direct(),
+            direct_io,
             slots_used: st.store.used(),
             top30_share: top30_share(&st.uses),
             ..st.stats
@@ -317,11 +350,15 @@ impl SsdTier {
 
     /// Why reads go through the page cache, once.
     pub fn take_note(&self) -> Option<String> {
-        self.lock().reader.take_note()
+        self.lock_reader().take_note()
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn lock_reader(&self) -> MutexGuard<'_, Reader> {
+        self.reader.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Queues a read of expert `e` of MoE layer `l` when a slot can be had without evicting
@@ -331,7 +368,7 @@ impl SsdTier {
             return false;
         };
         let extents = extents(&self.layers[key.0 as usize], key.1 as usize);
-        st.reader.submit(ReadJob {
+        self.lock_reader().submit(ReadJob {
             key,
             slot,
             buf,
@@ -351,8 +388,16 @@ impl SsdTier {
     }
 
     /// Reads ahead the experts the next MoE layer's router picks for `x`, into slots that
-    /// neither this layer's experts nor the guess itself need.
-    fn prefetch(&self, st: &mut State, next: usize, x: &[f32], t: usize, keep: &mut HashSet<Key>) {
+    /// neither this layer's experts nor the guess itself need; none that `skip` marks (the
+    /// experts the accelerator holds, under three tiers).
+    fn prefetch(
+        &self,
+        st: &mut State,
+        next: usize,
+        (x, t): (&[f32], usize),
+        skip: &[bool],
+        keep: &mut HashSet<Key>,
+    ) {
         let Some(router) = self.routers.get(next) else {
             return;
         };
@@ -363,7 +408,7 @@ impl SsdTier {
         }
         st.guesses[next] = count.iter().map(|&c| c > 0).collect();
         let mut order: Vec<u32> = (0..count.len() as u32)
-            .filter(|&e| count[e as usize] > 0)
+            .filter(|&e| count[e as usize] > 0 && skip.get(e as usize) != Some(&true))
             .collect();
         order.sort_by_key(|&e| std::cmp::Reverse(count[e as usize]));
         // Never more than a quarter of the slots on a guess.
@@ -383,50 +428,71 @@ impl SsdTier {
 
     fn run(&self, call: ExpertCall<'_>, out: &mut [f32]) -> Result<()> {
         let l = call.moe_layer;
+        let n = self.layers.get(l).map_or(0, GgmlExperts::len);
+        let r = call.routing;
+        let batches = group_by_expert(n, &r.ids, &r.weights, r.top_k)
+            .map_err(|e| Error::Config(e.to_string()))?;
+        let guess = self.prefetch.then_some(&[][..]);
+        self.run_batches(l, call.x, &batches, out, guess)
+    }
+
+    /// Adds the weighted outputs of `batches` (experts of MoE layer `l` on the rows of `x`,
+    /// `[T, hidden]`) into `out`, reading what the cache lacks; the same bits as
+    /// [`ExpertSet::run_batches`] on the mapped experts. With `guess` (and read-ahead on),
+    /// reads ahead what the next MoE layer's router picks for `x`, but the experts `guess`
+    /// marks. The tier's state is locked for its bookkeeping only: the experts are computed,
+    /// and reads waited for, with it free.
+    pub fn run_batches(
+        &self,
+        l: usize,
+        x: &[f32],
+        batches: &[ExpertBatch],
+        out: &mut [f32],
+        guess: Option<&[bool]>,
+    ) -> Result<()> {
         let mapped = self.layers.get(l).ok_or_else(|| {
             Error::Config(format!("moe layer {l} of {} cached", self.layers.len()))
         })?;
         let h = mapped.hidden();
-        let r = call.routing;
-        let t = r.tokens();
-        let batches = group_by_expert(mapped.len(), &r.ids, &r.weights, r.top_k)
-            .map_err(|e| Error::Config(e.to_string()))?;
-        let waves = moe_waves(&batches);
-        let mut st = self.lock();
-        let st = &mut *st;
-        st.step += 1;
-        while let Some(done) = st.reader.try_next() {
-            Self::land(st, done)?;
-        }
+        let waves = moe_waves(batches);
         // This layer's experts: kept in their slots until their pieces are computed.
         let mut keep: HashSet<Key> = batches
             .iter()
             .map(|b| (l as u32, b.expert as u32))
             .collect();
         let mut missing = Vec::new();
-        let guess = std::mem::take(&mut st.guesses[l]);
-        for b in &batches {
-            let key = (l as u32, b.expert as u32);
-            st.store.touch(key, st.step);
-            st.stats.lookups += 1;
-            st.uses[l][b.expert] += 1;
-            if !guess.is_empty() {
-                st.stats.guess_lookups += 1;
-                st.stats.guessed += u64::from(guess[b.expert]);
-            }
-            match st.store.lookup(key) {
-                Lookup::Ready => st.stats.hits += 1,
-                Lookup::Filling => st.stats.in_flight += 1,
-                Lookup::Absent => {
-                    st.stats.misses += 1;
-                    missing.push(key);
+        {
+            let mut st = self.lock();
+            let st = &mut *st;
+            st.step += 1;
+            self.land_finished(st)?;
+            let guessed = match batches.is_empty() {
+                true => Vec::new(),
+                false => std::mem::take(&mut st.guesses[l]),
+            };
+            for b in batches {
+                let key = (l as u32, b.expert as u32);
+                st.store.touch(key, st.step);
+                st.stats.lookups += 1;
+                st.uses[l][b.expert] += 1;
+                if !guessed.is_empty() {
+                    st.stats.guess_lookups += 1;
+                    st.stats.guessed += u64::from(guessed[b.expert]);
+                }
+                match st.store.lookup(key) {
+                    Lookup::Ready => st.stats.hits += 1,
+                    Lookup::Filling => st.stats.in_flight += 1,
+                    Lookup::Absent => {
+                        st.stats.misses += 1;
+                        missing.push(key);
+                    }
                 }
             }
-        }
-        missing.retain(|&key| !self.read(st, key, &keep));
-        if self.prefetch {
-            let mut guard = keep.clone();
-            self.prefetch(st, l + 1, call.x, t, &mut guard);
+            missing.retain(|&key| !self.read(st, key, &keep));
+            if let Some(skip) = guess.filter(|_| self.prefetch) {
+                let mut guard = keep.clone();
+                self.prefetch(st, l + 1, (x, x.len() / h.max(1)), skip, &mut guard);
+            }
         }
 
         // Compute what is there, wait for the rest, combine waves in order.
@@ -434,18 +500,32 @@ impl SsdTier {
             waves.iter().map(|w| vec![None; w.len()]).collect();
         let mut combined = 0;
         while combined < waves.len() {
-            let ready: Vec<(usize, usize)> = (combined..waves.len())
-                .flat_map(|w| (0..waves[w].len()).map(move |p| (w, p)))
-                .filter(|&(w, p)| ys[w][p].is_none())
-                .filter(|&(w, p)| {
-                    st.store
-                        .buffer((l as u32, waves[w][p].expert as u32))
-                        .is_some()
-                })
-                .collect();
+            // The slots of this layer's experts are never claimed while they are kept, so
+            // their buffers are read with the state free.
+            let (ready, buffers) = {
+                let st = self.lock();
+                let ready: Vec<(usize, usize)> = (combined..waves.len())
+                    .flat_map(|w| (0..waves[w].len()).map(move |p| (w, p)))
+                    .filter(|&(w, p)| ys[w][p].is_none())
+                    .filter(|&(w, p)| {
+                        st.store
+                            .buffer((l as u32, waves[w][p].expert as u32))
+                            .is_some()
+                    })
+                    .collect();
+                let mut buffers: Vec<(usize, Arc<AlignedBuf>)> = Vec::new();
+                for &(w, p) in &ready {
+                    let e = waves[w][p].expert;
+                    if !buffers.iter().any(|b| b.0 == e) {
+                        let buf = st.store.buffer((l as u32, e as u32)).cloned();
+                        buffers.extend(buf.map(|b| (e, b)));
+                    }
+                }
+                (ready, buffers)
+            };
             if !ready.is_empty() {
                 let pieces: Vec<&ExpertBatch> = ready.iter().map(|&(w, p)| &waves[w][p]).collect();
-                let rows = self.compute(st, mapped, l, call.x, &pieces)?;
+                let rows = self.compute(mapped, x, &pieces, buffers)?;
                 for ((w, p), y) in ready.into_iter().zip(rows) {
                     ys[w][p] = Some(y);
                 }
@@ -457,6 +537,9 @@ impl SsdTier {
                 ys[combined].clear();
                 combined += 1;
             }
+            if combined == waves.len() {
+                break;
+            }
             // Experts whose pieces are all computed may give up their slots.
             keep.retain(|&(_, e)| {
                 (combined..waves.len()).any(|w| {
@@ -466,8 +549,10 @@ impl SsdTier {
                         .any(|(p, y)| p.expert as u32 == e && y.is_none())
                 })
             });
-            missing.retain(|&key| !self.read(st, key, &keep));
-            if combined < waves.len() {
+            {
+                let mut st = self.lock();
+                let st = &mut *st;
+                missing.retain(|&key| !self.read(st, key, &keep));
                 if st.store.loading() == 0 {
                     // Nothing in flight and nothing computable: every slot holds a pinned
                     // expert or one this layer still needs. Waiting would never end.
@@ -477,36 +562,43 @@ impl SsdTier {
                         st.store.len()
                     )));
                 }
-                let start = Instant::now();
-                let done = st.reader.wait().ok_or_else(|| {
-                    Error::Config(format!("{}: the read pool stopped", self.path.display()))
-                })?;
-                st.stats.wait_seconds += start.elapsed().as_secs_f64();
-                Self::land(st, done)?;
             }
+            let start = Instant::now();
+            let done = self.lock_reader().wait().ok_or_else(|| {
+                Error::Config(format!("{}: the read pool stopped", self.path.display()))
+            })?;
+            let mut st = self.lock();
+            st.stats.wait_seconds += start.elapsed().as_secs_f64();
+            Self::land(&mut st, done)?;
         }
         Ok(())
     }
 
-    /// The unweighted rows of `pieces` (all of layer `l`, their experts ready in slots).
+    /// Takes every read that has finished into the store.
+    fn land_finished(&self, st: &mut State) -> Result<()> {
+        loop {
+            let Some(done) = self.lock_reader().try_next() else {
+                return Ok(());
+            };
+            Self::land(st, done)?;
+        }
+    }
+
+    /// The unweighted rows of `pieces` (all of one MoE layer, `mapped`), their experts'
+    /// slot buffers in `buffers`.
     fn compute(
         &self,
-        st: &State,
         mapped: &GgmlExperts,
-        l: usize,
         x: &[f32],
         pieces: &[&ExpertBatch],
+        mut buffers: Vec<(usize, Arc<AlignedBuf>)>,
     ) -> Result<Vec<Vec<f32>>> {
         let h = mapped.hidden();
-        let mut local: Vec<usize> = pieces.iter().map(|p| p.expert).collect();
-        local.sort_unstable();
-        local.dedup();
+        buffers.sort_unstable_by_key(|b| b.0);
+        let local: Vec<usize> = buffers.iter().map(|b| b.0).collect();
         let (mut gate, mut up, mut down) = (Vec::new(), Vec::new(), Vec::new());
-        for &e in &local {
-            let buf = st.store.buffer((l as u32, e as u32)).ok_or_else(|| {
-                Error::Config(format!("moe layer {l} expert {e} is not in its slot"))
-            })?;
-            let owner: Arc<dyn StableBytes> = buf.clone();
+        for (e, buf) in buffers {
+            let owner: Arc<dyn StableBytes> = buf;
             let ex = extents(mapped, e);
             let (g, u, d) = mapped.expert(e);
             let kernel = |e: strata_kernels::KernelError| Error::Config(e.to_string());
@@ -522,14 +614,19 @@ impl SsdTier {
         }
         let experts = GgmlExperts::new(gate, up, down, h, mapped.inter())
             .map_err(|e| Error::Config(e.to_string()))?;
-        let renamed: Vec<ExpertBatch> = pieces
+        let renamed = pieces
             .iter()
-            .map(|p| ExpertBatch {
-                expert: local.binary_search(&p.expert).unwrap_or(0),
-                tokens: p.tokens.clone(),
-                weights: p.weights.clone(),
+            .map(|p| {
+                let expert = local.binary_search(&p.expert).map_err(|_| {
+                    Error::Config(format!("expert {} is not in its slot", p.expert))
+                })?;
+                Ok(ExpertBatch {
+                    expert,
+                    tokens: p.tokens.clone(),
+                    weights: p.weights.clone(),
+                })
             })
-            .collect();
+            .collect::<Result<Vec<_>>>()?;
         let refs: Vec<&ExpertBatch> = renamed.iter().collect();
         let rows: usize = pieces.iter().map(|p| p.tokens.len()).sum();
         let mut y = vec![0.0f32; rows * h];
@@ -543,6 +640,47 @@ impl SsdTier {
                 y[at - n..at].to_vec()
             })
             .collect())
+    }
+
+    /// Expert `expert` of MoE layer `l` as the file stores it, its gate, up and down blocks
+    /// back to back, for the accelerator's expert cache (three tiers): copied from its slot
+    /// when ready, else read from the file (and not kept here: the accelerator holds it).
+    /// Takes the tier's state only to look and count, so it runs beside a layer.
+    pub fn expert_for_device(&self, l: usize, expert: u32) -> Result<Vec<u8>> {
+        let mapped = self.layers.get(l).ok_or_else(|| {
+            Error::Config(format!("moe layer {l} of {} cached", self.layers.len()))
+        })?;
+        if expert as usize >= mapped.len() {
+            return Err(Error::Config(format!(
+                "expert {expert} of moe layer {l}, expected below {}",
+                mapped.len()
+            )));
+        }
+        let ex = extents(mapped, expert as usize);
+        let gather = |bytes: &[u8]| {
+            let mut out = Vec::with_capacity(
+                ex.iter().map(|x| x.data.end - x.data.start).sum::<u64>() as usize,
+            );
+            for x in &ex {
+                let start = x.slot_data_start();
+                out.extend_from_slice(&bytes[start..start + (x.data.end - x.data.start) as usize]);
+            }
+            out
+        };
+        {
+            let mut st = self.lock();
+            st.stats.device_reads += 1;
+            if let Some(buf) = st.store.buffer((l as u32, expert)) {
+                let out = gather(buf.as_slice());
+                st.stats.device_hits += 1;
+                return Ok(out);
+            }
+        }
+        let mut buf = AlignedBuf::zeroed_aligned(self.slot, PAGE);
+        let read = read_extents(&self.files, (l as u32, expert), &ex, buf.as_mut_slice())
+            .map_err(Error::Config)?;
+        self.lock().stats.device_bytes_read += read;
+        Ok(gather(buf.as_slice()))
     }
 }
 

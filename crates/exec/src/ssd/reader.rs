@@ -47,7 +47,7 @@ pub(crate) struct ReadDone {
 }
 
 /// The file, opened for direct I/O where the file system allows it and for buffered reads.
-struct Files {
+pub(crate) struct Files {
     path: PathBuf,
     direct: Option<File>,
     buffered: File,
@@ -120,6 +120,11 @@ impl Reader {
         self.done.try_recv().ok()
     }
 
+    /// The file, for reads outside the pool ([`read_extents`]).
+    pub fn files(&self) -> Arc<Files> {
+        self.files.clone()
+    }
+
     /// Whether reads bypass the page cache.
     pub fn direct(&self) -> bool {
         self.files.use_direct.load(Ordering::Relaxed)
@@ -176,17 +181,27 @@ fn worker(jobs: &Mutex<Receiver<ReadJob>>, done: &Sender<ReadDone>, files: &File
 }
 
 fn read_job(files: &Files, job: &mut ReadJob) -> Result<u64, String> {
-    let (layer, expert) = job.key;
     let bytes = Arc::get_mut(&mut job.buf)
         .ok_or_else(|| format!("slot {} is still in use: not refilled", job.slot))?
         .as_mut_slice();
+    read_extents(files, job.key, &job.extents, bytes)
+}
+
+/// Reads expert `key`'s `extents` into `bytes` (a slot's buffer, page-aligned); the bytes
+/// read, or what went wrong, naming the file and offset.
+pub(crate) fn read_extents(
+    files: &Files,
+    (layer, expert): Key,
+    extents: &[Extent; 3],
+    bytes: &mut [u8],
+) -> Result<u64, String> {
     let size = bytes.len();
     let mut total = 0u64;
-    for x in &job.extents {
+    for x in extents {
         let dst = bytes.get_mut(x.slot_at..x.slot_at + x.len).ok_or_else(|| {
             format!(
-                "slot {} of {size} bytes cannot hold a read of {}",
-                job.slot, x.len
+                "a buffer of {size} bytes cannot hold a read of {} at {}",
+                x.len, x.slot_at
             )
         })?;
         let got = read_pages(files, x.file_start, dst, x.needed()).map_err(|e| {
