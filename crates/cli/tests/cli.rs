@@ -302,6 +302,58 @@ fn gpu_device_matches_cpu() {
     }
 }
 
+/// Three tiers from the command line: `--device hybrid --policy smoe --expert-cache SIZE`
+/// (the device's expert cache above a DRAM cache of a few experts above the GGUF) gives the
+/// logits of the same run over the mapped file bit for bit, and `generate` says what went
+/// to the device through the DRAM cache. Runs when `STRATA_GPU_TESTS=1`.
+#[test]
+fn three_tiers_from_the_command_line() {
+    if std::env::var("STRATA_GPU_TESTS").as_deref() != Ok("1") {
+        eprintln!("skipping: STRATA_GPU_TESTS is not 1");
+        return;
+    }
+    let gguf = root().join("tests/fixtures-gguf/qwen3_moe_q32.q8_0.gguf");
+    let gguf = gguf.to_str().unwrap();
+    let hybrid = [
+        "--device",
+        "hybrid",
+        "--policy",
+        "smoe",
+        "--vram-budget",
+        "64K",
+    ];
+    let mut logits = Vec::new();
+    for cache in ["off", "200K"] {
+        let out = tmp(&format!("three-tiers-{cache}.npy"));
+        let mut args = vec!["logits", "--model", gguf, "--tokens", "3,1,4,1,5,9,2,6"];
+        args.extend(["--out", out.to_str().unwrap(), "--expert-cache", cache]);
+        args.extend(hybrid);
+        let o = strata(&args);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        logits.push(npy::read_f32(&out).unwrap().data);
+        std::fs::remove_file(&out).unwrap();
+    }
+    let same = logits[0].iter().zip(&logits[1]);
+    assert!(same.clone().all(|(a, b)| a.to_bits() == b.to_bits()));
+    let mut args = vec![
+        "generate",
+        "--model",
+        gguf,
+        "-p",
+        "The capital of",
+        "-n",
+        "8",
+    ];
+    args.extend(["--expert-cache", "200K"]);
+    args.extend(hybrid);
+    let o = strata(&args);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("[expert cache: "), "{err}");
+    assert!(err.contains("experts copied to the accelerator"), "{err}");
+    assert!(err.contains("[hybrid, policy smoe"), "{err}");
+}
+
 /// `--device hybrid` (attention on the device with its F16 KV cache, routed experts placed
 /// by the policy) equals the CPU f32 path within 1e-3 x max|ref|, as `--device gpu` does,
 /// under every policy, with a budget small enough to evict and stage, prefill and token by
