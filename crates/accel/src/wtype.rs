@@ -1,5 +1,6 @@
-//! How weights are stored on the device: f32, two 16-bit floats per 32-bit word, or
-//! llama.cpp's quantized blocks exactly as a GGUF file stores them.
+//! How weights are stored on the device: f32, two 16-bit floats per 32-bit word,
+//! llama.cpp's quantized blocks exactly as a GGUF file stores them, or a converted model's
+//! packed INT8/INT4 laid out by rows in the bytes the file takes.
 //!
 //! A key design decision made here is that a quantized matrix goes to the device as the
 //! file's bytes (a Q4_K expert takes its 4.5 bits per weight of device memory and of
@@ -35,11 +36,18 @@ pub enum WeightType {
     Q6_K,
     /// ggml IQ4_XS: super-blocks of 256, 6-bit scales per 32, 4-bit non-linear values.
     IQ4_XS,
+    /// A converted model's packed INT8 (one scale per row), by rows: each row its f32
+    /// scale, then its values as signed bytes ([`WeightType::encode_int_rows`]).
+    Int8,
+    /// A converted model's packed INT4 (a scale per 32), by rows of blocks of 32: an f32
+    /// scale, then 16 bytes, value `i` in the low nibble of byte `i` and value `i + 16` in
+    /// the high one, each stored plus 8.
+    Int4,
 }
 
 impl WeightType {
     /// Every type, floats first.
-    pub const ALL: [WeightType; 10] = [
+    pub const ALL: [WeightType; 12] = [
         WeightType::F32,
         WeightType::Bf16,
         WeightType::F16,
@@ -50,10 +58,13 @@ impl WeightType {
         WeightType::Q5_K,
         WeightType::Q6_K,
         WeightType::IQ4_XS,
+        WeightType::Int8,
+        WeightType::Int4,
     ];
 
     /// `(elements, bytes)` of one block: the one table of the device formats' geometry
-    /// (ggml's for the quantized types).
+    /// (ggml's for its quantized types; the packed integers' groups of 32, whose row may
+    /// begin with [`WeightType::row_head`]).
     pub fn block(self) -> (usize, usize) {
         match self {
             WeightType::F32 => (1, 4),
@@ -65,12 +76,27 @@ impl WeightType {
             WeightType::Q5_K => (256, 176),
             WeightType::Q6_K => (256, 210),
             WeightType::IQ4_XS => (256, 136),
+            WeightType::Int8 => (32, 32),
+            WeightType::Int4 => (32, 20),
         }
     }
 
-    /// Whether the type stores ggml blocks (decoded by the kernels).
+    /// Bytes at the start of every row before its blocks (the packed INT8 row's scale).
+    pub fn row_head(self) -> usize {
+        match self {
+            WeightType::Int8 => 4,
+            _ => 0,
+        }
+    }
+
+    /// Whether the type stores blocks the kernels decode (ggml's or the packed integers).
     pub fn is_quantized(self) -> bool {
         self.block().0 > 1
+    }
+
+    /// Whether the type is one of ggml's block types.
+    pub fn is_ggml(self) -> bool {
+        self.is_quantized() && !matches!(self, WeightType::Int8 | WeightType::Int4)
     }
 
     /// The device type holding a GGUF tensor's blocks as they are, by ggml's type name
@@ -79,13 +105,13 @@ impl WeightType {
     pub fn from_ggml_name(name: &str) -> Option<WeightType> {
         WeightType::ALL
             .into_iter()
-            .find(|t| t.is_quantized() && t.name().eq_ignore_ascii_case(name))
+            .find(|t| t.is_ggml() && t.name().eq_ignore_ascii_case(name))
     }
 
     /// Exact bytes of one row of `k` elements (`k` a whole number of blocks).
     pub fn row_bytes(self, k: usize) -> u64 {
         let (elems, bytes) = self.block();
-        (k.div_ceil(elems) * bytes) as u64
+        (self.row_head() + k.div_ceil(elems) * bytes) as u64
     }
 
     /// Bytes of `n` elements (a whole number of blocks), rounded up to whole 32-bit words.
@@ -132,6 +158,43 @@ impl WeightType {
         Ok(out)
     }
 
+    /// Rows of `k` integers `q` (row-major, without any storage offset: INT8 in
+    /// `-128..=127`, INT4 in `-8..=7`) with their `scales` (one per row for
+    /// [`WeightType::Int8`], one per 32 for [`WeightType::Int4`]) in this type's layout, in
+    /// whole words: the one description of the packed integers' device layout, which the
+    /// shaders (`quant/int8.wgsl`, `quant/int4.wgsl`) read.
+    pub fn encode_int_rows(self, q: &[i8], scales: &[f32], k: usize) -> Result<Vec<u8>> {
+        let n = q.len() / k.max(1);
+        let per_row = match self {
+            WeightType::Int8 => 1,
+            WeightType::Int4 => k / 32,
+            _ => 0,
+        };
+        if per_row == 0 || !self.fits_row(k) || q.len() != n * k || scales.len() != n * per_row {
+            return Err(Error::Unsupported(format!(
+                "{} integers with {} scales in rows of {k} as {}",
+                q.len(),
+                scales.len(),
+                self.name()
+            )));
+        }
+        let mut out = Vec::with_capacity(self.bytes(q.len()) as usize);
+        for (row, sc) in q.chunks_exact(k).zip(scales.chunks_exact(per_row)) {
+            if self == WeightType::Int8 {
+                out.extend(sc[0].to_le_bytes());
+                out.extend(row.iter().map(|&v| v as u8));
+                continue;
+            }
+            for (block, d) in row.chunks_exact(32).zip(sc) {
+                out.extend(d.to_le_bytes());
+                let nibble = |v: i8| (v.clamp(-8, 7) + 8) as u8;
+                out.extend((0..16).map(|i| nibble(block[i]) | nibble(block[i + 16]) << 4));
+            }
+        }
+        out.resize(out.len().next_multiple_of(4), 0);
+        Ok(out)
+    }
+
     /// Name as printed by `strata devices` (ggml's, lower case, for the quantized types).
     pub fn name(self) -> &'static str {
         match self {
@@ -145,6 +208,8 @@ impl WeightType {
             WeightType::Q5_K => "q5_k",
             WeightType::Q6_K => "q6_k",
             WeightType::IQ4_XS => "iq4_xs",
+            WeightType::Int8 => "int8",
+            WeightType::Int4 => "int4",
         }
     }
 }
@@ -166,5 +231,31 @@ mod tests {
         assert_eq!(WeightType::from_ggml_name("F16"), None);
         assert!(WeightType::Q4_0.encode(&[0.0; 32]).is_err());
         assert_eq!(WeightType::Bf16.encode(&[1.0]).unwrap(), [0x80, 0x3f, 0, 0]);
+        // GGUF's integer tensor types are not the packed integers.
+        assert_eq!(WeightType::from_ggml_name("I8"), None);
+    }
+
+    #[test]
+    fn packed_integers_are_laid_out_by_rows() {
+        let q: Vec<i8> = (0..64).map(|i| (i % 16) as i8 - 8).collect();
+        let int8 = WeightType::Int8
+            .encode_int_rows(&q, &[0.5, 2.0], 32)
+            .unwrap();
+        assert_eq!(int8.len() as u64, 2 * WeightType::Int8.row_bytes(32));
+        assert_eq!(&int8[..4], &0.5f32.to_le_bytes());
+        assert_eq!(int8[4], (-8i8) as u8);
+        assert_eq!(&int8[36..40], &2.0f32.to_le_bytes());
+        let int4 = WeightType::Int4
+            .encode_int_rows(&q, &[0.5, 2.0], 32)
+            .unwrap();
+        assert_eq!(int4.len() as u64, 2 * WeightType::Int4.row_bytes(32));
+        // Values 0 and 16 of the first block: -8 and -8, stored as 0 and 0; value 1 is -7.
+        assert_eq!((int4[4], int4[5]), (0x00, 0x11));
+        assert!(WeightType::Int4.encode_int_rows(&q, &[1.0], 32).is_err());
+        assert!(
+            WeightType::Q8_0
+                .encode_int_rows(&q, &[1.0, 1.0], 32)
+                .is_err()
+        );
     }
 }

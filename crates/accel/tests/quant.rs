@@ -1,5 +1,6 @@
-//! The quantized weight formats on the device (ggml blocks as a GGUF stores them) against
-//! the CPU's reference dequantizers: the block geometry, every kernel that reads them
+//! The quantized weight formats on the device (ggml blocks as a GGUF stores them, a converted
+//! model's packed integers by rows) against the CPU's reference dequantizers (for the
+//! integers, their values times their scales): the block geometry, every kernel that reads them
 //! (matmul, embedding gather, grouped experts with mixed gate/up and down types) on
 //! random blocks, extreme blocks (all bits set, sign bits only, zero values) and zero
 //! blocks, ragged shapes, weights split across bindings, with and without subgroups.
@@ -48,9 +49,14 @@ fn devices(max_binding: u64) -> Vec<Arc<dyn Device>> {
         .collect()
 }
 
-/// `rows` rows of `k` values of `t` with a mix of blocks: random, all bits set, only
-/// sign/high bits, zero values, and zero blocks (scale 0).
-fn blocks(t: WeightType, rows: usize, k: usize, rng: &mut u64) -> Vec<u8> {
+/// `rows` rows of `k` values of `t` and the values they hold (the reference). ggml blocks
+/// (dequantized by the CPU's reference) are a mix of random blocks, all bits set, only
+/// sign/high bits, zero values, and zero blocks (scale 0); packed integers are random, at
+/// both ends of their range, or zero, under random, large and zero scales.
+fn weights(t: WeightType, rows: usize, k: usize, rng: &mut u64) -> (Vec<u8>, Vec<f32>) {
+    if !t.is_ggml() {
+        return integers(t, rows, k, rng);
+    }
     let (qk, bb) = t.block();
     let n_blocks = rows * k / qk;
     let mut bytes = random_blocks(ggml(t), n_blocks, rng);
@@ -73,13 +79,46 @@ fn blocks(t: WeightType, rows: usize, k: usize, rng: &mut u64) -> Vec<u8> {
             block.fill(0);
         }
     }
-    bytes
+    let mut values = vec![0.0; rows * k];
+    dequantize_row(ggml(t), &bytes, &mut values).unwrap();
+    (bytes, values)
 }
 
-fn dequantized(t: WeightType, bytes: &[u8], n: usize) -> Vec<f32> {
-    let mut out = vec![0.0; n];
-    dequantize_row(ggml(t), bytes, &mut out).unwrap();
-    out
+/// Packed integers of `t` ([`WeightType::encode_int_rows`]) and their values.
+fn integers(t: WeightType, rows: usize, k: usize, rng: &mut u64) -> (Vec<u8>, Vec<f32>) {
+    let (lo, hi, per_row) = match t {
+        WeightType::Int8 => (-128i32, 127i32, 1),
+        _ => (-8, 7, k / 32),
+    };
+    let mut next = || {
+        *rng ^= *rng << 13;
+        *rng ^= *rng >> 7;
+        *rng ^= *rng << 17;
+        *rng
+    };
+    let span = (hi - lo + 1) as u64;
+    let q: Vec<i8> = (0..rows * k)
+        .map(|i| match (i / 32) % 5 {
+            1 => lo as i8,
+            2 => hi as i8,
+            3 => 0,
+            _ => (lo + (next() % span) as i32) as i8,
+        })
+        .collect();
+    let scales: Vec<f32> = (0..rows * per_row)
+        .map(|g| match g % 4 {
+            1 => 0.0,
+            2 => 3.0e3,
+            _ => (next() % 1000) as f32 * 1e-4 + 1e-3,
+        })
+        .collect();
+    let group = k / per_row;
+    let values = q
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| f32::from(v) * scales[i / group])
+        .collect();
+    (t.encode_int_rows(&q, &scales, k).unwrap(), values)
 }
 
 fn upload(dev: &dyn Device, t: WeightType, bytes: &[u8], k: usize) -> strata_accel::Buffer {
@@ -94,7 +133,7 @@ fn upload(dev: &dyn Device, t: WeightType, bytes: &[u8], k: usize) -> strata_acc
 
 #[test]
 fn the_geometry_is_ggmls() {
-    for t in quantized() {
+    for t in quantized().filter(|t| t.is_ggml()) {
         let g = ggml(t);
         assert_eq!(t.block(), (g.block_size(), g.block_bytes()), "{}", t.name());
         assert_eq!(WeightType::from_ggml_name(g.name()), Some(t));
@@ -112,8 +151,7 @@ fn quantized_matmul_matches_the_dequantized_reference() {
             // m past the kernel's 8 tokens per pass; odd row counts; 1-3 blocks per row.
             for &(m, n, k) in &[(1, 3, qk), (9, 7, 2 * qk), (3, 5, 3 * qk), (0, 2, qk)] {
                 let k = k.max(32);
-                let w = blocks(t, n, k, &mut seed);
-                let wf = dequantized(t, &w, n * k);
+                let (w, wf) = weights(t, n, k, &mut seed);
                 let x = rng.vec(m * k);
                 let bias = rng.vec(n);
                 let mut want = vec![0.0; m * n];
@@ -171,8 +209,7 @@ fn quantized_embedding_gathers_the_dequantized_rows() {
     for dev in devices(2048) {
         for t in quantized() {
             let (v, dim) = (13, t.block().0.max(64));
-            let table = blocks(t, v, dim, &mut seed);
-            let tf = dequantized(t, &table, v * dim);
+            let (table, tf) = weights(t, v, dim, &mut seed);
             let ids = [0u32, 12, 5, 5, 7];
             let tb = upload(&*dev, t, &table, dim);
             let ib = up_u32(&*dev, &ids);
@@ -208,6 +245,9 @@ fn quantized_experts_match_the_dequantized_reference() {
         (WeightType::Q8_0, WeightType::Q8_0),
         (WeightType::IQ4_XS, WeightType::Q5_0),
         (WeightType::Q5_K, WeightType::Q4_0),
+        // A converted model's packed integers.
+        (WeightType::Int8, WeightType::Int8),
+        (WeightType::Int4, WeightType::Int4),
     ];
     // Slots of 100-230 KB: two per binding, so the three slots take two chunks.
     for dev in devices(480 << 10) {
@@ -222,19 +262,13 @@ fn quantized_experts_match_the_dequantized_reference() {
                 ExpertSlots::new(&*dev, n_exp as u32, h as u32, inter as u32, &[format]).unwrap();
             let mut experts = Vec::new();
             for s in 0..n_exp {
-                let (g, u) = (
-                    blocks(gu, inter, h, &mut seed),
-                    blocks(gu, inter, h, &mut seed),
-                );
-                let d = blocks(dt, h, inter, &mut seed);
+                let (g, gf) = weights(gu, inter, h, &mut seed);
+                let (u, uf) = weights(gu, inter, h, &mut seed);
+                let (d, df) = weights(dt, h, inter, &mut seed);
                 slots
                     .refill_parts(&*dev, s as u32, format, [&g, &u, &d])
                     .unwrap();
-                experts.push([
-                    dequantized(gu, &g, inter * h),
-                    dequantized(gu, &u, inter * h),
-                    dequantized(dt, &d, h * inter),
-                ]);
+                experts.push([gf, uf, df]);
             }
             let x = rng.vec(tokens * h);
             // Token r chooses experts r % n and (r + 1 + r / 3) % n; pairs sorted by slot

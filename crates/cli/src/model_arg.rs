@@ -68,7 +68,8 @@ pub struct DeviceArgs {
     /// picks it and the next layer's fetched ahead; `auto` (the default) does so only when
     /// they do not fit in the memory available (a cgroup's limit included) beside the other
     /// weights, the KV cache and 1 GiB; `off` leaves them to the mapped file's page cache.
-    /// With `--device cpu`.
+    /// With `--device cpu`, or `--device hybrid`: below the accelerator's expert cache
+    /// (three tiers: device, DRAM, file).
     #[arg(long, value_name = "SIZE|auto|off")]
     pub expert_cache: Option<String>,
     /// Which cached expert gives up its slot: `lfu` (the default), `lru`, `ema` (TriMoE's,

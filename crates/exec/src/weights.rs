@@ -1,7 +1,8 @@
 //! The host copy of the routed experts that transfers read from: the checkpoint itself,
 //! mapped, read one expert at a time in the slot's storage type. A converted model
-//! (`strata convert`) is read from its packed experts: BF16 ones stay BF16, int8/int4
-//! ones are dequantized to f32 (the values the CPU kernels use).
+//! (`strata convert`) is read from its packed experts: BF16 ones stay BF16, INT8 (a scale
+//! per row) and INT4 (a scale per 32) keep their integers and scales, laid out by rows in
+//! the same bytes; other groupings are dequantized to f32 (the values the CPU kernels use).
 //!
 //! A key design decision: weights are read from the mapped checkpoint (the same bytes the
 //! CPU path was built from) at the moment of each transfer instead of keeping a second
@@ -23,19 +24,63 @@ use crate::{Error, Result, SsdTier};
 /// The device storage type of tensor `t` with rows of `k` values: a GGUF's blocks as they
 /// are where the device's kernels decode the type (and rows are whole blocks), its other
 /// quantized types dequantized to F16; BF16 and F16 as stored (a converted model's packed
-/// BF16 too); everything else as f32, which holds those values exactly (f32, FP8 with its
-/// scales applied, a converted model's int8/int4 dequantized).
+/// BF16 too); a converted model's packed INT8 (a scale per row) and INT4 (a scale per 32)
+/// laid out by rows in the same bytes ([`WeightType::encode_int_rows`]); everything else as
+/// f32, which holds those values exactly (f32, FP8 with its scales applied, packed integers
+/// with other groups dequantized).
 pub(crate) fn device_type(t: &Tensor, k: usize) -> WeightType {
     let name = t.dtype_name();
+    let packed = |w: WeightType| Some(w).filter(|w| w.fits_row(k));
     match name.as_str() {
         "BF16" | "packed bf16" => WeightType::Bf16,
         "F16" => WeightType::F16,
         "F32" => WeightType::F32,
+        "packed int8" => packed(WeightType::Int8).unwrap_or(WeightType::F32),
+        "packed int4g32" => packed(WeightType::Int4).unwrap_or(WeightType::F32),
         _ if t.is_ggml() => WeightType::from_ggml_name(&name)
             .filter(|w| w.fits_row(k))
             .unwrap_or(WeightType::F16),
         _ => WeightType::F32,
     }
+}
+
+/// Rows `rows` of `t` as the quantized `wtype` stores them, exact bytes: a GGUF's blocks as
+/// the file holds them (contiguous rows), or a converted model's packed integers laid out
+/// by rows.
+pub(crate) fn quantized_rows(
+    t: &Tensor,
+    rows: impl Iterator<Item = usize>,
+    wtype: WeightType,
+) -> Result<Vec<u8>> {
+    Ok(match t.stored_packed() {
+        Some(packed) if !wtype.is_ggml() => {
+            let packed = packed?;
+            let (mut q, mut scales) = (Vec::new(), Vec::new());
+            for j in rows {
+                let (row, sc) = packed
+                    .int_row(j)
+                    .ok_or_else(|| Error::Config(format!("{}: no integer row {j}", t.name())))?;
+                q.extend(row);
+                scales.extend(sc);
+            }
+            wtype.encode_int_rows(&q, &scales, packed.k())?
+        }
+        _ => {
+            let rows: Vec<usize> = rows.collect();
+            let contiguous = rows.windows(2).all(|w| w[1] == w[0] + 1);
+            let (first, n) = (rows.first().copied().unwrap_or(0), rows.len());
+            match t.ggml_rows(first, n)? {
+                Some(m) if contiguous && wtype.is_ggml() => m.bytes().to_vec(),
+                _ => {
+                    return Err(Error::Config(format!(
+                        "{}: not stored as {}",
+                        t.name(),
+                        wtype.name()
+                    )));
+                }
+            }
+        }
+    })
 }
 
 /// Bytes on the device of `bytes` stored as the ggml block type named `dtype`, when the
@@ -49,19 +94,6 @@ pub fn device_f16_bytes(dtype: &str, bytes: u64) -> Option<u64> {
         return None;
     }
     Some(bytes / t.block_bytes() as u64 * t.block_size() as u64 * 2)
-}
-
-/// All rows of `t` as the blocks of the quantized `wtype` that the file holds (exact bytes,
-/// not padded): what the device stores for [`device_type`]'s quantized types.
-pub(crate) fn ggml_blocks(t: &Tensor, n_rows: usize, wtype: WeightType) -> Result<Vec<u8>> {
-    match t.ggml_rows(0, n_rows)? {
-        Some(m) => Ok(m.bytes().to_vec()),
-        None => Err(Error::Config(format!(
-            "{}: not ggml blocks, cannot be stored as {}",
-            t.name(),
-            wtype.name()
-        ))),
-    }
 }
 
 /// The values of `t` and the float storage type that holds them (a converted model's packed
@@ -81,6 +113,61 @@ pub(crate) fn stored_values(t: &Tensor) -> Result<(Vec<f32>, WeightType)> {
 /// (`strata_kernels::Expert::pack`: row `32 b + c` is gate row `16 b + c`, row
 /// `32 b + 16 + c` is up row `16 b + c`).
 const STRIP: usize = 16;
+
+/// The fused gate/up matrix's row of gate row `i` (up row `i` is `STRIP` further).
+fn fused_gate_row(i: usize) -> usize {
+    2 * (i / STRIP) * STRIP + i % STRIP
+}
+
+/// The device type of the converted expert (or MLP) set `prefix` when its matrices are
+/// packed integers the device reads as stored ([`device_type`]: INT8 per row, INT4 per
+/// 32), all three alike; `None` otherwise (they go as values: [`converted_expert`]).
+pub(crate) fn converted_int_type(
+    src: &Source,
+    prefix: &str,
+    hidden: usize,
+    inter: usize,
+) -> Result<Option<WeightType>> {
+    let name = |part| names::converted_expert(prefix, 0, part);
+    let gate = match src.has(&name(ExpertPart::GateUp)) {
+        true => name(ExpertPart::GateUp),
+        false => name(ExpertPart::Gate),
+    };
+    let gate = device_type(&src.tensor(&gate)?, hidden);
+    let down = device_type(&src.tensor(&name(ExpertPart::Down))?, inter);
+    Ok(Some(gate).filter(|&t| t == down && t.is_quantized() && !t.is_ggml()))
+}
+
+/// Gate, up and down of expert `e` of the converted set `prefix` as `wtype`'s packed
+/// integer rows ([`converted_int_type`]): the file's integers and scales, the fused
+/// gate/up matrix split into its two.
+pub(crate) fn converted_int_parts(
+    src: &Source,
+    prefix: &str,
+    [e, hidden, inter]: [usize; 3],
+    wtype: WeightType,
+) -> Result<[Vec<u8>; 3]> {
+    let get = |part, shape: [usize; 2]| -> Result<Tensor> {
+        let t = src.tensor(&names::converted_expert(prefix, e, part))?;
+        t.expect_shape(&shape)?;
+        Ok(t)
+    };
+    let down = quantized_rows(&get(ExpertPart::Down, [hidden, inter])?, 0..hidden, wtype)?;
+    if !src.has(&names::converted_expert(prefix, e, ExpertPart::GateUp)) {
+        let gate = get(ExpertPart::Gate, [inter, hidden])?;
+        let up = get(ExpertPart::Up, [inter, hidden])?;
+        return Ok([
+            quantized_rows(&gate, 0..inter, wtype)?,
+            quantized_rows(&up, 0..inter, wtype)?,
+            down,
+        ]);
+    }
+    let i_pad = inter.div_ceil(STRIP) * STRIP;
+    let gu = get(ExpertPart::GateUp, [2 * i_pad, hidden])?;
+    let gate = quantized_rows(&gu, (0..inter).map(fused_gate_row), wtype)?;
+    let up = quantized_rows(&gu, (0..inter).map(|i| fused_gate_row(i) + STRIP), wtype)?;
+    Ok([gate, up, down])
+}
 
 /// One expert's weights as f32 values, and the storage type that holds them exactly.
 #[derive(Debug, Clone)]
@@ -127,7 +214,7 @@ pub(crate) fn converted_expert(
     let mut gate = Vec::with_capacity(inter * hidden);
     let mut up = Vec::with_capacity(inter * hidden);
     for i in 0..inter {
-        let row = 2 * (i / STRIP) * STRIP + i % STRIP;
+        let row = fused_gate_row(i);
         gate.extend_from_slice(&gu[row * hidden..][..hidden]);
         up.extend_from_slice(&gu[(row + STRIP) * hidden..][..hidden]);
     }
@@ -152,6 +239,9 @@ pub(crate) fn expert_format(
 ) -> Result<ExpertFormat> {
     let (gate, up, down) = match layout {
         ExpertLayout::Converted { prefix } => {
+            if let Some(t) = converted_int_type(src, prefix, hidden, inter)? {
+                return Ok(ExpertFormat::uniform(t));
+            }
             let x = converted_expert(src, prefix, 0, hidden, inter)?;
             return Ok(ExpertFormat::uniform(x.wtype));
         }
@@ -216,7 +306,7 @@ pub(crate) fn expert_bytes(
                 let t = src.tensor_fp8(&m.weight(), fp8_block)?;
                 t.expect_shape(&m.shape())?;
                 if wtype.is_quantized() {
-                    bytes.extend(ggml_blocks(&t, m.rows, wtype)?);
+                    bytes.extend(quantized_rows(&t, 0..m.rows, wtype)?);
                 } else {
                     values.extend(t.to_f32()?);
                 }
@@ -225,6 +315,9 @@ pub(crate) fn expert_bytes(
                 bytes.resize(bytes.len().next_multiple_of(4), 0);
                 return Ok(bytes);
             }
+        }
+        ExpertLayout::Converted { prefix } if format.gate_up.is_quantized() => {
+            return Ok(converted_int_parts(src, prefix, [e, h, i], format.gate_up)?.concat());
         }
         ExpertLayout::Converted { prefix } => {
             let x = converted_expert(src, prefix, e, h, i)?;
@@ -371,8 +464,8 @@ impl HostExperts {
             )));
         }
         if let Some(tier) = &self.tier
-            && format.gate_up.is_quantized()
-            && format.down.is_quantized()
+            && format.gate_up.is_ggml()
+            && format.down.is_ggml()
         {
             // The file's blocks as they are: what the mapping would give, padded alike.
             let mut bytes = tier.expert_for_device(layer, expert)?;

@@ -11,10 +11,14 @@ use std::path::{Path, PathBuf};
 
 use common::default_gpu;
 use serde_json::json;
-use strata_exec::GpuModel;
+use strata_accel::{Device, ExpertFormat, ExpertSlots, Op, WeightType};
+use strata_exec::{GpuModel, HostExperts};
 use strata_kernels::PackedFormat;
+use strata_model::config::{FfnConfig, ModelConfig};
 use strata_model::linear::write_converted;
 use strata_model::model::open;
+use strata_model::names::{self, ExpertLayout, ExpertPart, LayerNames};
+use strata_model::source::Source;
 use strata_model::{LoadOptions, LogitsWanted, Model, Precision, SeqInput};
 
 fn fixture(name: &str) -> PathBuf {
@@ -23,10 +27,15 @@ fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
+/// A Qwen3-MoE GGUF whose rows are whole blocks of 32 (hidden and expert width 256): its
+/// experts converted to packed integers are stored as such on the device; the fixtures'
+/// widths of 18-40 are not, and run widened to f32.
+const WIDE: &str = "../fixtures-gguf/qwen3_moe_k.q8_0.gguf";
+
 fn tmp(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("strata-accel-converted-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
+    dir.join(name.replace(['/', '.'], "_"))
 }
 
 fn convert(src: &Path, opts: LoadOptions, out: &Path) {
@@ -150,6 +159,9 @@ fn packed_int8_experts() {
     for name in ["qwen3_moe", "mixtral", "deepseek_v3"] {
         packed(name, PackedFormat::Int8 { group: None }, 1e-2);
     }
+    // Stored as integers on the device. This fixture's routing is near ties (it was made to
+    // tell quantizers apart), so the CPU's activations quantized per token move it further.
+    packed(WIDE, PackedFormat::Int8 { group: None }, 5e-2);
 }
 
 #[test]
@@ -157,4 +169,166 @@ fn packed_int4_experts() {
     for name in ["qwen3_moe_stacked", "glm4_moe"] {
         packed(name, PackedFormat::Int4 { group: 32 }, 1e-2);
     }
+    packed(WIDE, PackedFormat::Int4 { group: 32 }, 5e-2);
+}
+
+/// A converted model's packed INT8 (a scale per row) and INT4 (a scale per 32) experts take
+/// their file's bytes on the device, within 2%: the kernels read the integers, they are not
+/// widened to floats there.
+#[test]
+fn packed_integer_experts_take_their_file_bytes_on_the_device() {
+    if default_gpu().is_none() {
+        return;
+    }
+    for experts in [
+        PackedFormat::Int8 { group: None },
+        PackedFormat::Int4 { group: 32 },
+    ] {
+        let opts = LoadOptions {
+            precision: Precision::Fast,
+            experts,
+            keep_blocks: false,
+        };
+        let out = tmp(&format!("wide-{}-bytes.strata", experts.name()));
+        convert(&fixture(WIDE), opts, &out);
+        let (config, src) = open(&out).unwrap();
+        let mut file = 0u64;
+        let mut n = 0u64;
+        for (i, ffn) in config.layers.iter().enumerate() {
+            let FfnConfig::Moe(moe) = ffn else { continue };
+            let ExpertLayout::Converted { prefix } =
+                LayerNames::new(i).moe(&src, moe.shared.as_ref()).experts
+            else {
+                panic!("layer {i}'s experts are not converted");
+            };
+            for e in 0..moe.router.n_experts {
+                for part in [ExpertPart::GateUp, ExpertPart::Down] {
+                    let t = src
+                        .tensor(&names::converted_expert(&prefix, e, part))
+                        .unwrap();
+                    file += t.stored_packed().unwrap().unwrap().bytes() as u64;
+                }
+                n += 1;
+            }
+        }
+        let host = HostExperts::open(&out).unwrap();
+        let format = host.format(0).unwrap();
+        assert_eq!(
+            format,
+            ExpertFormat::uniform(match experts {
+                PackedFormat::Int8 { .. } => WeightType::Int8,
+                _ => WeightType::Int4,
+            })
+        );
+        let on_device = n * host.slot_bytes();
+        let ratio = on_device as f64 / file as f64;
+        println!(
+            "{}: routed experts {on_device} bytes on the device, {file} in the file \
+             ({ratio:.4}x)",
+            experts.name()
+        );
+        assert!((ratio - 1.0).abs() <= 0.02, "{ratio:.4}x the file's bytes");
+        experts_equal_their_values(&host, &src, &config, &out);
+        std::fs::remove_file(&out).unwrap();
+    }
+}
+
+/// Each expert of the first MoE layer, as the device stores it (`HostExperts`: integers
+/// laid out by rows, gate and up split from their fused strips), computes on the device what
+/// its dequantized values compute on the CPU in f32.
+fn experts_equal_their_values(host: &HostExperts, src: &Source, config: &ModelConfig, out: &Path) {
+    let dev = default_gpu().unwrap();
+    let (h, inter) = (host.hidden(), host.inter());
+    let format = host.format(0).unwrap();
+    let slots = ExpertSlots::new(&*dev, 1, h as u32, inter as u32, &[format]).unwrap();
+    let layer = config
+        .layers
+        .iter()
+        .position(|l| matches!(l, FfnConfig::Moe(_)))
+        .unwrap();
+    let prefix = format!("model.layers.{layer}.mlp.experts");
+    let x: Vec<f32> = (0..3 * h)
+        .map(|i| ((i * 7919) % 201) as f32 / 100.0 - 1.0)
+        .collect();
+    let pairs: Vec<u32> = (0..3u32).flat_map(|r| [r, 0]).collect();
+    let (xb, pb) = (upload(&*dev, &x), upload_u32(&*dev, &pairs));
+    let act = dev.alloc((3 * inter * 4) as u64, 0, "act").unwrap();
+    let y = dev.alloc((3 * h * 4) as u64, 0, "y").unwrap();
+    for e in 0..host.n_experts() {
+        slots
+            .refill_bytes(&*dev, 0, &host.expert_bytes(0, e as u32).unwrap())
+            .unwrap();
+        for (stage, input, out) in [(0, &xb, &act), (1, &act, &y)] {
+            dev.enqueue(&Op::ExpertFfn {
+                x: input,
+                slots: &slots,
+                format,
+                pairs: &pb,
+                out,
+                n_pairs: 3,
+                stage,
+            })
+            .unwrap();
+        }
+        let got = f32s(&dev.download(&y, 0, (3 * h * 4) as u64).unwrap());
+        // The reference: the file's packed matrices dequantized, the fused gate/up split by
+        // its strips of 16 rows (row 32 b + c is gate row 16 b + c, 32 b + 16 + c up's).
+        let values = |part| {
+            let name = names::converted_expert(&prefix, e, part);
+            src.tensor(&name)
+                .unwrap()
+                .stored_packed()
+                .unwrap()
+                .unwrap()
+                .dequantize()
+        };
+        let (gu, d) = (values(ExpertPart::GateUp), values(ExpertPart::Down));
+        let row = |i: usize, up: usize| &gu[(32 * (i / 16) + 16 * up + i % 16) * h..][..h];
+        let g: Vec<f32> = (0..inter).flat_map(|i| row(i, 0).to_vec()).collect();
+        let u: Vec<f32> = (0..inter).flat_map(|i| row(i, 1).to_vec()).collect();
+        let mut want = Vec::new();
+        for t in x.chunks_exact(h) {
+            want.extend(expert_ref(t, &g, &u, &d, h, inter));
+        }
+        let e_rel = rel_err(&got, &want);
+        assert!(
+            e_rel < 1e-5,
+            "{} expert {e} of {}: {e_rel:.2e}",
+            format.gate_up.name(),
+            out.display()
+        );
+    }
+}
+
+/// `down(silu(gate x) * up x)` of one expert on the CPU, in f32.
+fn expert_ref(x: &[f32], g: &[f32], u: &[f32], d: &[f32], h: usize, i: usize) -> Vec<f32> {
+    let dot = |w: &[f32], v: &[f32]| w.iter().zip(v).map(|(a, b)| a * b).sum::<f32>();
+    let act: Vec<f32> = (0..i)
+        .map(|r| {
+            let (a, b) = (dot(&g[r * h..][..h], x), dot(&u[r * h..][..h], x));
+            a / (1.0 + (-a).exp()) * b
+        })
+        .collect();
+    (0..h).map(|c| dot(&d[c * i..][..i], &act)).collect()
+}
+
+fn upload(dev: &dyn Device, v: &[f32]) -> strata_accel::Buffer {
+    let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let b = dev.alloc(bytes.len() as u64, 0, "x").unwrap();
+    dev.upload(&b, 0, &bytes).unwrap();
+    b
+}
+
+fn upload_u32(dev: &dyn Device, v: &[u32]) -> strata_accel::Buffer {
+    let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let b = dev.alloc(bytes.len() as u64, 0, "pairs").unwrap();
+    dev.upload(&b, 0, &bytes).unwrap();
+    b
+}
+
+fn f32s(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
 }

@@ -39,8 +39,8 @@ use strata_model::{Head, LayerGraph, LogitsWanted, RoutingTap};
 
 use crate::HybridExecutor;
 use crate::weights::{
-    converted_expert, device_f16_bytes, device_type, expert_bytes, expert_format, ggml_blocks,
-    stored_values,
+    converted_expert, converted_int_parts, converted_int_type, device_f16_bytes, device_type,
+    expert_bytes, expert_format, quantized_rows, stored_values,
 };
 use crate::{Error, Result};
 
@@ -199,8 +199,8 @@ fn to_bytes(v: &[f32]) -> Vec<u8> {
 
 /// About how many bytes `src`'s weights take on the device, and in the file: a GGUF's
 /// blocks as stored where the device's kernels read the type, its other block types as F16,
-/// floats as stored (a converted model's packed int8/int4, widened to f32 there, count at
-/// their stored size: the figure is a lower bound for them).
+/// floats and a converted model's packed integers as stored (those whose rows or groups the
+/// device does not read are widened to f32 there: the figure is a lower bound for them).
 fn device_weight_bytes(src: &Source) -> (u64, u64) {
     let mut need = 0u64;
     let mut file = 0u64;
@@ -278,7 +278,7 @@ impl<'a> Loader<'a> {
             device_type(&t, k)
         };
         let buf = if wtype.is_quantized() {
-            let mut bytes = ggml_blocks(&t, n, wtype)?;
+            let mut bytes = quantized_rows(&t, 0..n, wtype)?;
             bytes.resize(bytes.len().next_multiple_of(4), 0);
             self.upload(&bytes, wtype, k, &name)?
         } else {
@@ -331,6 +331,23 @@ impl<'a> Loader<'a> {
     fn mlp(&self, t: &MlpTensors) -> Result<Mlp> {
         if let Source::Strata(_) = self.src {
             let (h, inter) = (t.hidden(), t.inter());
+            if let Some(wtype) = converted_int_type(self.src, &t.prefix, h, inter)? {
+                let [g, u, d] = converted_int_parts(self.src, &t.prefix, [0, h, inter], wtype)?;
+                let m = |bytes: &[u8], n: usize, k: usize, part: &str| -> Result<Matrix> {
+                    Ok(Matrix {
+                        buf: self.upload(bytes, wtype, k, &format!("{}.{part}", t.prefix))?,
+                        wtype,
+                        n,
+                        k,
+                        bias: None,
+                    })
+                };
+                return Ok(Mlp {
+                    gate: m(&g, inter, h, "gate")?,
+                    up: m(&u, inter, h, "up")?,
+                    down: m(&d, h, inter, "down")?,
+                });
+            }
             let x = converted_expert(self.src, &t.prefix, 0, h, inter)?;
             let m = |v: &[f32], n: usize, k: usize, part: &str| -> Result<Matrix> {
                 Ok(Matrix {

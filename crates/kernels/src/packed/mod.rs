@@ -509,29 +509,50 @@ impl PackedMatrix {
 
     /// The dequantized weight `W[j, p]`.
     fn weight(&self, j: usize, p: usize) -> f32 {
-        let (s, c) = (j / STRIP, j % STRIP);
-        let strip = &self.data.as_slice()[s * self.strip_bytes..(s + 1) * self.strip_bytes];
-        let scale = || self.scales[(s * self.groups + p / self.group) * STRIP + c];
         match self.kind {
             Kind::Bf16 => {
+                let (s, c) = (j / STRIP, j % STRIP);
+                let strip = &self.data.as_slice()[s * self.strip_bytes..];
                 let off = (p / 2) * LINE + c * 4 + (p % 2) * 2;
                 bf16_bits_to_f32(u16::from_le_bytes([strip[off], strip[off + 1]]))
             }
-            Kind::Int8 => {
-                let q = strip[(p / 4) * LINE + c * 4 + p % 4];
-                (i32::from(q) - 128) as f32 * scale()
-            }
-            Kind::Int4 => {
-                let quad = p / 4;
-                let b = strip[(quad / 2) * LINE + c * 4 + p % 4];
-                let q = if quad.is_multiple_of(2) {
-                    b & 0xf
-                } else {
-                    b >> 4
-                };
-                (i32::from(q) - 8) as f32 * scale()
-            }
+            Kind::Int8 | Kind::Int4 => self.int_value(j, p) as f32 * self.scale(j, p),
         }
+    }
+
+    /// The integer of `W[j, p]` without the storage offset (INT8 and INT4).
+    fn int_value(&self, j: usize, p: usize) -> i32 {
+        let (s, c) = (j / STRIP, j % STRIP);
+        let strip = &self.data.as_slice()[s * self.strip_bytes..(s + 1) * self.strip_bytes];
+        let quad = p / 4;
+        if self.kind == Kind::Int8 {
+            return i32::from(strip[quad * LINE + c * 4 + p % 4]) - 128;
+        }
+        let b = strip[(quad / 2) * LINE + c * 4 + p % 4];
+        let q = if quad.is_multiple_of(2) {
+            b & 0xf
+        } else {
+            b >> 4
+        };
+        i32::from(q) - 8
+    }
+
+    /// The scale of `W[j, p]` (INT8 and INT4).
+    fn scale(&self, j: usize, p: usize) -> f32 {
+        self.scales[((j / STRIP) * self.groups + p / self.group) * STRIP + j % STRIP]
+    }
+
+    /// Row `j`'s integers without the storage offset (`k` of them) and its scales, one per
+    /// group of `k` (one for the row when the format has no groups): what a device that
+    /// lays the values out by rows stores. `None` for BF16.
+    pub fn int_row(&self, j: usize) -> Option<(Vec<i8>, Vec<f32>)> {
+        if self.kind == Kind::Bf16 || j >= self.n {
+            return None;
+        }
+        let q = (0..self.k).map(|p| self.int_value(j, p) as i8).collect();
+        let groups = self.k.div_ceil(self.group);
+        let scales = (0..groups).map(|g| self.scale(j, g * self.group)).collect();
+        Some((q, scales))
     }
 
     fn check_args(

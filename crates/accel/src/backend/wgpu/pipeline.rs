@@ -71,7 +71,7 @@ const LANES: [&str; 2] = [
     include_str!("../../shaders/quant/lanes_subgroup.wgsl"),
 ];
 
-/// The block decoder of a quantized type (one file per ggml block layout).
+/// The block decoder of a quantized type (one file per block layout).
 fn decoder(wtype: WeightType) -> Option<&'static str> {
     Some(match wtype {
         WeightType::F32 | WeightType::Bf16 | WeightType::F16 => return None,
@@ -82,6 +82,8 @@ fn decoder(wtype: WeightType) -> Option<&'static str> {
         WeightType::Q5_K => include_str!("../../shaders/quant/q5_k.wgsl"),
         WeightType::Q6_K => include_str!("../../shaders/quant/q6_k.wgsl"),
         WeightType::IQ4_XS => include_str!("../../shaders/quant/iq4_xs.wgsl"),
+        WeightType::Int8 => include_str!("../../shaders/quant/int8.wgsl"),
+        WeightType::Int4 => include_str!("../../shaders/quant/int4.wgsl"),
     })
 }
 

@@ -2,7 +2,7 @@
 // start at any byte, so loads take bytes and unaligned words. Every block is an even
 // number of bytes, so the f16 fields sit at even offsets and never straddle a word.
 //
-// Each type's file defines QK (values per block), BLOCK_BYTES, a `Group` (what a group of
+// Each type's file defines QK (values per block), BLOCK_BYTES, ROW_HEAD, a `Group` (what a group of
 // 32 values needs: its scales and where its bits are), `group(row, s)` for group `s` of the
 // row starting at byte `row`, and `values4(g, i)`: its values 4i..4i+4 (i < 8). Kernels
 // keep decoded values in registers (vec4s), never in arrays, which GPU compilers may place
@@ -63,9 +63,9 @@ fn scale_min_k4(sc: u32, j: u32) -> vec2<f32> {
     return vec2<f32>(f32(s), f32(m));
 }
 
-// Bytes of a row of `k` values.
+// Bytes of a row of `k` values (ROW_HEAD: bytes before its blocks).
 fn row_bytes(k: u32) -> u32 {
-    return (k / QK) * BLOCK_BYTES;
+    return ROW_HEAD + (k / QK) * BLOCK_BYTES;
 }
 
 // The 32 values of group `s` of the row starting at byte `row` (the embedding gather,

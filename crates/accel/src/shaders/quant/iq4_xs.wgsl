@@ -3,6 +3,7 @@
 // IQ4_NL grid, low nibbles first.
 const QK: u32 = 256u;
 const BLOCK_BYTES: u32 = 136u;
+const ROW_HEAD: u32 = 0u;
 
 struct Group { qs: u32, d: f32 }
 

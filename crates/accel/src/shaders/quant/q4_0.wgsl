@@ -1,6 +1,7 @@
 // Q4_0: { f16 d; u8 qs[16] }: low nibbles are values 0..16, high nibbles 16..32, minus 8.
 const QK: u32 = 32u;
 const BLOCK_BYTES: u32 = 18u;
+const ROW_HEAD: u32 = 0u;
 
 struct Group { qs: u32, d: f32 }
 

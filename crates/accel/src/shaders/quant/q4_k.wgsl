@@ -2,6 +2,7 @@
 // and min; each 32 bytes of qs hold two groups (low nibbles, then high).
 const QK: u32 = 256u;
 const BLOCK_BYTES: u32 = 144u;
+const ROW_HEAD: u32 = 0u;
 
 struct Group { qs: u32, shift: u32, d: f32, m: f32 }
 

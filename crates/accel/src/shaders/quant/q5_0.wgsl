@@ -2,6 +2,7 @@
 // value j), minus 16.
 const QK: u32 = 32u;
 const BLOCK_BYTES: u32 = 22u;
+const ROW_HEAD: u32 = 0u;
 
 struct Group { qs: u32, qh: u32, d: f32 }
 

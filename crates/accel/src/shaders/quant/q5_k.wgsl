@@ -2,6 +2,7 @@
 // per value, bit j of qh[l] for value l of group j.
 const QK: u32 = 256u;
 const BLOCK_BYTES: u32 = 176u;
+const ROW_HEAD: u32 = 0u;
 
 struct Group { qs: u32, shift: u32, qh: u32, j: u32, d: f32, m: f32 }
 

@@ -3,6 +3,7 @@
 // 2q of qh[32n + l], minus 32, with scale 8n + l / 16 + 2q.
 const QK: u32 = 256u;
 const BLOCK_BYTES: u32 = 210u;
+const ROW_HEAD: u32 = 0u;
 
 struct Group { ql: u32, lo_shift: u32, qh: u32, hi_shift: u32, d0: f32, d1: f32 }
 

@@ -1,6 +1,7 @@
 // Q8_0: { f16 d; i8 qs[32] }.
 const QK: u32 = 32u;
 const BLOCK_BYTES: u32 = 34u;
+const ROW_HEAD: u32 = 0u;
 
 struct Group { qs: u32, d: f32 }
 
