@@ -16,8 +16,10 @@
 #      `strata bench moe` at one token (the CPU's read bandwidth, for the hybrid bound);
 #   4. `strata generate` on each GGUF, the 512-token prompt scripts/bench_prompt_512.txt
 #      and 128 greedy tokens: --device cpu, gpu, hybrid with ktransformers, smoe and
-#      hybrimoe (the last two with an expert cache of a quarter of the experts), each under
-#      a time limit, with the md5 of each output text.
+#      hybrimoe (the last two with an expert cache of a quarter of the experts), and smoe
+#      again over three tiers (the same device cache above a DRAM cache of another quarter,
+#      the rest read from the file), each under a time limit, with the md5 of each output
+#      text.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bin=${1:?usage: scripts/device_bench.sh BIN OUT_DIR}
@@ -81,5 +83,7 @@ for shape in $shapes; do
     run "$shape.ktransformers" --device hybrid --policy ktransformers
     run "$shape.smoe" --device hybrid --policy smoe --vram-budget "$quarter"
     run "$shape.hybrimoe" --device hybrid --policy hybrimoe --vram-budget "$quarter"
+    run "$shape.smoe.three-tiers" --device hybrid --policy smoe --vram-budget "$quarter" \
+        --expert-cache "$quarter"
 done
 stamp done
