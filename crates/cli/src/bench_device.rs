@@ -49,7 +49,8 @@ pub struct BenchDeviceArgs {
     /// Experts per token.
     #[arg(long, default_value_t = 8)]
     pub topk: usize,
-    /// Weight types, as a GGUF names them (q4_k, q8_0, q6_k, q5_k, q5_0, q4_0, iq4_xs).
+    /// Weight types, as a GGUF names them (q4_k, q8_0, q6_k, q5_k, q5_0, q4_0, iq4_xs), or
+    /// int8 and int4, a converted model's packed integers.
     #[arg(long, value_delimiter = ',', default_value = "q4_k,q8_0")]
     pub formats: Vec<String>,
     /// Token counts of the grouped expert kernel.
@@ -133,12 +134,26 @@ fn weight_bytes(
     k: usize,
     seed: &mut u64,
 ) -> anyhow::Result<Vec<u8>> {
-    let ggml = GgmlType::ALL
-        .into_iter()
-        .find(|g| g.name().eq_ignore_ascii_case(wtype.name()))
-        .with_context(|| format!("{} is not a ggml type", wtype.name()))?;
     let sample_rows = rows.min(16);
-    let sample = random_blocks(ggml, sample_rows * k / wtype.block().0, seed);
+    let sample = match GgmlType::ALL
+        .into_iter()
+        .find(|g| wtype.is_ggml() && g.name().eq_ignore_ascii_case(wtype.name()))
+    {
+        Some(ggml) => random_blocks(ggml, sample_rows * k / wtype.block().0, seed),
+        None => {
+            // A converted model's packed integers: random values, a scale per row or per 32.
+            let q: Vec<i8> = random_blocks(GgmlType::Q8_0, sample_rows * k / 32, seed)
+                .chunks_exact(34)
+                .flat_map(|b| b[2..].iter().map(|&v| v as i8 >> 4))
+                .collect();
+            let scales = vec![1e-2f32; sample_rows * k / 32];
+            let scales = match wtype {
+                WeightType::Int8 => &scales[..sample_rows],
+                _ => &scales[..],
+            };
+            wtype.encode_int_rows(&q, scales, k)?
+        }
+    };
     let row = wtype.row_bytes(k) as usize;
     Ok((0..rows)
         .flat_map(|r| &sample[(r % sample_rows) * row..][..row])
@@ -351,7 +366,9 @@ pub fn run(args: BenchDeviceArgs) -> anyhow::Result<()> {
         .formats
         .iter()
         .map(|f| {
+            let packed = WeightType::ALL.into_iter().find(|t| !t.is_ggml() && t.name() == f);
             WeightType::from_ggml_name(f)
+                .or(packed)
                 .filter(|t| t.is_quantized())
                 .with_context(|| {
                     format!("--formats: `{f}` is not a quantized type the device reads")
