@@ -366,7 +366,9 @@ pub fn run(args: BenchDeviceArgs) -> anyhow::Result<()> {
         .formats
         .iter()
         .map(|f| {
-            let packed = WeightType::ALL.into_iter().find(|t| !t.is_ggml() && t.name() == f);
+            let packed = WeightType::ALL
+                .into_iter()
+                .find(|t| !t.is_ggml() && t.name() == f);
             WeightType::from_ggml_name(f)
                 .or(packed)
                 .filter(|t| t.is_quantized())
