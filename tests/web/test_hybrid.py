@@ -15,10 +15,10 @@ from conftest import Server
 TIMEOUT_MS = 60_000
 
 
-def hybrid_server(log_dir, policy_args, name):
+def hybrid_server(log_dir, policy_args, name, **server):
     """A `--device hybrid` server for a module's tests, stopped cleanly after them."""
     s = Server(os.environ["STRATA_BIN"], log_dir,
-               extra=["--device", "hybrid", *policy_args], name=name)
+               extra=["--device", "hybrid", *policy_args], name=name, **server)
     try:
         s.start()
     except RuntimeError as e:

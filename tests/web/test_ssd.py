@@ -1,6 +1,8 @@
 """The page's expert cache panel on `strata serve --expert-cache`: a GGUF's routed experts read
 from the file into a DRAM cache (the SSD tier), its hits, reads and guesses counted after a
-request ran; the accelerator panel stays on its CPU-only note."""
+request ran; the accelerator panel stays on its CPU-only note. Under `--device hybrid` (three
+tiers, needs an accelerator as test_hybrid.py's servers do) both panels show, and the cache's
+counts what the accelerator took from it."""
 
 import json
 import os
@@ -12,6 +14,7 @@ import pytest
 from playwright.sync_api import expect
 
 from conftest import Server
+from test_hybrid import hybrid_server
 
 TIMEOUT_MS = 60_000
 GGUF = Path(__file__).resolve().parents[2] / "tests" / "fixtures-gguf" / "qwen3_moe_q32.q8_0.gguf"
@@ -28,6 +31,15 @@ def cached(log_dir):
     yield s
     if s.proc.poll() is None:
         assert s.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def three_tiers(log_dir):
+    # The device cache (96 KiB: four slots of the fixture's experts, two of them staging)
+    # above the DRAM cache (four page-aligned slots) above the file.
+    yield from hybrid_server(
+        log_dir, ["--model", str(GGUF), "--policy", "hybrimoe", "--vram-budget", "96K",
+                  "--expert-cache", "96K"], "serve-three-tiers", ctx_size=128)
 
 
 def ssd_rows(page):
@@ -69,4 +81,29 @@ def test_expert_cache_panel_counts_hits_and_reads(browser, cached, log_dir):
     assert "% of the experts used were guessed" in rows["fetched ahead"], rows
     assert rows["cache"].startswith("0.1 MiB") or rows["cache"].startswith("0.0 MiB"), rows
     page.screenshot(path=str(log_dir / "09-expert-cache.png"), full_page=True)
+    page.close()
+
+
+def test_three_tiers_show_both_caches(browser, three_tiers):
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.goto(three_tiers.url + "/")
+    expect(page.locator("#conn")).to_have_attribute("data-state", "live", timeout=TIMEOUT_MS)
+    body = json.dumps({"model": GGUF.stem, "prompt": "Tell me about the sea.",
+                       "max_tokens": 24, "ignore_eos": True}).encode()
+    req = urllib.request.Request(three_tiers.url + "/v1/completions", body,
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        assert json.load(r)["usage"]["completion_tokens"] == 24
+    expect(page.locator("#ssd")).to_be_visible(timeout=TIMEOUT_MS)
+    expect(page.locator("#hybrid-live")).to_be_visible(timeout=TIMEOUT_MS)
+    deadline = time.monotonic() + 10
+    rows = {}
+    while time.monotonic() < deadline and "copied to the accelerator" not in rows:
+        rows = ssd_rows(page)
+        time.sleep(0.2)
+    copied = rows.get("copied to the accelerator", "0")
+    assert int(copied.split()[0]) > 0 and "% from the cache" in copied, rows
+    # The hybrid table keeps to the executor's counters.
+    hybrid = page.locator("#hybrid-table").inner_text()
+    assert "expert_cache" not in hybrid, hybrid
     page.close()

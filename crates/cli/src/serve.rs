@@ -165,6 +165,22 @@ impl MetricsSource for SsdMetrics {
             &[("", s.bytes_read as f64)],
         );
         metric(
+            "strata_expert_cache_device_reads_total",
+            "counter",
+            "Experts the accelerator's expert cache took from this cache (three tiers): \
+             copied from a slot (cache) or read from the model file for it (file).",
+            &[
+                ("{source=\"cache\"}", s.device_hits as f64),
+                ("{source=\"file\"}", (s.device_reads - s.device_hits) as f64),
+            ],
+        );
+        metric(
+            "strata_expert_cache_device_read_bytes_total",
+            "counter",
+            "Bytes read from the model file for the accelerator's expert cache.",
+            &[("", s.device_bytes_read as f64)],
+        );
+        metric(
             "strata_expert_cache_wait_seconds_total",
             "counter",
             "Time forward passes waited for expert reads.",
@@ -211,8 +227,12 @@ impl MetricsSource for ExecMetrics {
 }
 
 impl ExecMetrics {
-    /// The counters, with `resident` as the device cache's experts.
+    /// The counters, with `resident` as the device cache's experts; the DRAM expert cache's
+    /// too, under three tiers.
     fn render_with(&self, out: &mut String, resident: &[Vec<u32>]) {
+        if let Some(tier) = self.0.host_tier() {
+            SsdMetrics(tier).render(out);
+        }
         let s = self.0.stats();
         let mut metric = |name: &str, kind: &str, help: &str, values: &[(&str, f64)]| {
             write_metric(out, name, kind, help, values)

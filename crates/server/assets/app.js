@@ -397,7 +397,9 @@ function showHybrid(f) {
   ];
   // Counters this page does not know yet, as /metrics names them.
   const shown = /^strata_hybrid_((busy_seconds|cache_lookups|upload_bytes|experts|evictions|fallbacks|deferred_experts)_total|resident_experts)/;
-  for (const [k, v] of now) if (!shown.test(k)) rows.push([k.replace(/^strata_hybrid_/, ""), `${v}`]);
+  for (const [k, v] of now) {
+    if (k.startsWith("strata_hybrid_") && !shown.test(k)) rows.push([k.replace(/^strata_hybrid_/, ""), `${v}`]);
+  }
   fillTable("hybrid-table", rows);
 }
 
@@ -412,7 +414,8 @@ function fillTable(id, rows) {
   }));
 }
 
-// The SSD tier's cache: hits, reads and the guesses that read ahead.
+// The SSD tier's cache: hits, reads, the guesses that read ahead and, under three tiers,
+// what the accelerator took from it.
 function showSsd(now, get, rate) {
   const c = (r) => get(now, `strata_expert_cache_lookups_total{result="${r}"}`);
   const [hits, inFlight, misses] = [c("hit"), c("in_flight"), c("miss")];
@@ -427,6 +430,12 @@ function showSsd(now, get, rate) {
     ["waited for reads", `${get(now, "strata_expert_cache_wait_seconds_total").toFixed(2)} s`],
     ["cache", `${mib(get(now, "strata_expert_cache_bytes"))} MiB`],
   ];
+  // Three tiers: the accelerator's uploads read through this cache.
+  const d = (s) => get(now, `strata_expert_cache_device_reads_total{source="${s}"}`);
+  const toDevice = d("cache") + d("file");
+  if (toDevice > 0) {
+    rows.splice(3, 0, ["copied to the accelerator", `${toDevice} (${((100 * d("cache")) / toDevice).toFixed(1)}% from the cache, ${mib(get(now, "strata_expert_cache_device_read_bytes_total"))} MiB read for it)`]);
+  }
   fillTable("ssd-table", rows);
 }
 
