@@ -28,13 +28,15 @@ pub enum Lookup {
 }
 
 /// A fixed number of slots, the experts in them, each expert's use so far (kept across
-/// evictions) and the pinned experts, which are never evicted once in.
+/// evictions), the pinned experts, which are never evicted once in, and the demoted ones,
+/// which give up their slots first.
 #[derive(Debug, Clone)]
 pub struct SlotCache {
     slots: Vec<Slot>,
     at: HashMap<ExpertKey, usize>,
     usage: HashMap<ExpertKey, Usage>,
     pinned: HashSet<ExpertKey>,
+    demoted: HashSet<ExpertKey>,
     rule: Replacement,
 }
 
@@ -46,6 +48,7 @@ impl SlotCache {
             at: HashMap::new(),
             usage: HashMap::new(),
             pinned: HashSet::new(),
+            demoted: HashSet::new(),
             rule,
         }
     }
@@ -65,9 +68,19 @@ impl SlotCache {
         self.pinned.extend(keys);
     }
 
-    /// Records a use of `key` at `step`.
+    /// Records a use of `key` at `step` (a demoted expert used here is kept by the rule
+    /// again).
     pub fn touch(&mut self, key: ExpertKey, step: u64) {
+        self.demoted.remove(&key);
         self.usage.entry(key).or_default().touch(step, self.rule);
+    }
+
+    /// Makes `key`'s slot the first to be reused, until `key` is used here again: a faster
+    /// tier above took a copy (three tiers keep an expert in one of them, not both).
+    pub fn demote(&mut self, key: ExpertKey) {
+        if self.at.contains_key(&key) {
+            self.demoted.insert(key);
+        }
     }
 
     /// Where `key` is.
@@ -86,25 +99,31 @@ impl SlotCache {
     }
 
     /// A slot for `key`, now filling: a free one, or the slot of the expert the rule ranks
-    /// lowest at `step` among those not in `keep`, not pinned and not filling; `None` when
-    /// there is none.
+    /// lowest at `step` among those not in `keep`, not pinned and not filling (demoted
+    /// experts before all others); `None` when there is none.
     pub fn claim(&mut self, key: ExpertKey, step: u64, keep: &HashSet<ExpertKey>) -> Option<usize> {
         let slot = match self.slots.iter().position(|s| *s == Slot::Free) {
             Some(s) => s,
             None => {
-                let candidates = self
-                    .slots
-                    .iter()
-                    .enumerate()
-                    .filter_map(|(s, slot)| match slot {
-                        Slot::Ready(k) if !keep.contains(k) && !self.pinned.contains(k) => {
-                            Some((s, self.usage.get(k).copied().unwrap_or_default()))
+                let (pinned, demoted, usage) = (&self.pinned, &self.demoted, &self.usage);
+                let candidates = |only_demoted: bool| {
+                    let slots = self.slots.iter().enumerate();
+                    slots.filter_map(move |(s, slot)| match slot {
+                        Slot::Ready(k)
+                            if !keep.contains(k)
+                                && !pinned.contains(k)
+                                && (!only_demoted || demoted.contains(k)) =>
+                        {
+                            Some((s, usage.get(k).copied().unwrap_or_default()))
                         }
                         _ => None,
-                    });
-                let s = victim(self.rule, step, candidates)?;
+                    })
+                };
+                let s = victim(self.rule, step, candidates(true))
+                    .or_else(|| victim(self.rule, step, candidates(false)))?;
                 if let Slot::Ready(old) = self.slots[s] {
                     self.at.remove(&old);
+                    self.demoted.remove(&old);
                 }
                 s
             }
@@ -187,6 +206,34 @@ mod tests {
         c.filled(slot, false);
         assert_eq!(c.lookup((2, 0)), Lookup::Absent);
         assert_eq!((c.used(), c.filling(), c.len()), (2, 0, 3));
+    }
+
+    #[test]
+    fn demoted_experts_give_up_their_slots_first_until_used_again() {
+        let mut c = SlotCache::new(2, Replacement::Lfu);
+        let none = HashSet::new();
+        for (key, uses) in [((0, 1), 3), ((0, 2), 1)] {
+            for step in 0..uses {
+                c.touch(key, step);
+            }
+            let slot = c.claim(key, 1, &none).unwrap();
+            c.filled(slot, true);
+        }
+        // LFU alone would evict (0, 2); demoted, the more used (0, 1) goes first.
+        c.demote((0, 1));
+        c.demote((5, 5)); // not here: nothing to demote
+        let slot = c.claim((1, 0), 4, &none).unwrap();
+        c.filled(slot, true);
+        assert_eq!(c.lookup((0, 1)), Lookup::Absent);
+        assert_eq!(c.lookup((0, 2)), Lookup::Ready);
+        // Used again, a demoted expert is ranked by the rule again.
+        c.demote((0, 2));
+        c.touch((0, 2), 5);
+        c.touch((0, 2), 6);
+        let slot = c.claim((1, 1), 7, &none).unwrap();
+        c.filled(slot, true);
+        assert_eq!(c.lookup((0, 2)), Lookup::Ready);
+        assert_eq!(c.lookup((1, 0)), Lookup::Absent);
     }
 
     #[test]

@@ -644,8 +644,10 @@ impl SsdTier {
 
     /// Expert `expert` of MoE layer `l` as the file stores it, its gate, up and down blocks
     /// back to back, for the accelerator's expert cache (three tiers): copied from its slot
-    /// when ready, else read from the file (and not kept here: the accelerator holds it).
-    /// Takes the tier's state only to look and count, so it runs beside a layer.
+    /// when ready, which then goes first when a slot is needed (the accelerator holds the
+    /// expert: the two caches hold more experts together than if both kept it), else read
+    /// from the file and not kept here. Takes the tier's state only to look and count, so
+    /// it runs beside a layer.
     pub fn expert_for_device(&self, l: usize, expert: u32) -> Result<Vec<u8>> {
         let mapped = self.layers.get(l).ok_or_else(|| {
             Error::Config(format!("moe layer {l} of {} cached", self.layers.len()))
@@ -673,6 +675,7 @@ impl SsdTier {
             if let Some(buf) = st.store.buffer((l as u32, expert)) {
                 let out = gather(buf.as_slice());
                 st.stats.device_hits += 1;
+                st.store.demote((l as u32, expert));
                 return Ok(out);
             }
         }

@@ -46,6 +46,11 @@ impl Store {
         self.cache.touch(key, step);
     }
 
+    /// Makes `key`'s slot the first to be reused ([`SlotCache::demote`]).
+    pub fn demote(&mut self, key: Key) {
+        self.cache.demote(key);
+    }
+
     /// Where `key` is.
     pub fn lookup(&self, key: Key) -> Lookup {
         self.cache.lookup(key)
