@@ -42,6 +42,17 @@ def three_tiers(log_dir):
                   "--expert-cache", "96K"], "serve-three-tiers", ctx_size=128)
 
 
+def complete(server, max_tokens, timeout):
+    """`max_tokens` tokens of a plain completion, outside the page (the fixture has no chat
+    template)."""
+    body = json.dumps({"model": GGUF.stem, "prompt": "Tell me about the sea.",
+                       "max_tokens": max_tokens, "ignore_eos": True}).encode()
+    req = urllib.request.Request(server.url + "/v1/completions", body,
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        assert json.load(r)["usage"]["completion_tokens"] == max_tokens
+
+
 def ssd_rows(page):
     rows = {}
     for row in page.locator("#ssd-table tr").all():
@@ -58,13 +69,7 @@ def test_expert_cache_panel_counts_hits_and_reads(browser, cached, log_dir):
     expect(page.locator("#ssd")).to_be_visible(timeout=TIMEOUT_MS)
     expect(page.locator("#hybrid-none")).to_be_visible()
     expect(page.locator("#hybrid-live")).to_be_hidden()
-    # The fixture has no chat template: a plain completion, outside the page.
-    body = json.dumps({"model": GGUF.stem, "prompt": "Tell me about the sea.",
-                       "max_tokens": 48, "ignore_eos": True}).encode()
-    req = urllib.request.Request(cached.url + "/v1/completions", body,
-                                 {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=60) as r:
-        assert json.load(r)["usage"]["completion_tokens"] == 48
+    complete(cached, 48, timeout=60)
     # The counters reach the page within a tick of the request's end.
     deadline = time.monotonic() + 10
     rows = {}
@@ -88,12 +93,7 @@ def test_three_tiers_show_both_caches(browser, three_tiers):
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     page.goto(three_tiers.url + "/")
     expect(page.locator("#conn")).to_have_attribute("data-state", "live", timeout=TIMEOUT_MS)
-    body = json.dumps({"model": GGUF.stem, "prompt": "Tell me about the sea.",
-                       "max_tokens": 24, "ignore_eos": True}).encode()
-    req = urllib.request.Request(three_tiers.url + "/v1/completions", body,
-                                 {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=120) as r:
-        assert json.load(r)["usage"]["completion_tokens"] == 24
+    complete(three_tiers, 24, timeout=120)
     expect(page.locator("#ssd")).to_be_visible(timeout=TIMEOUT_MS)
     expect(page.locator("#hybrid-live")).to_be_visible(timeout=TIMEOUT_MS)
     deadline = time.monotonic() + 10

@@ -690,9 +690,9 @@ impl State {
         let started = Instant::now();
         // Under three tiers the DRAM cache reads ahead what the next layer's router picks,
         // but the experts the device holds.
-        let next_on_device = match last {
-            true => Vec::new(),
-            false => self.cache.resident(l + 1, self.host.n_experts()),
+        let next_on_device = match (&self.tier, last) {
+            (Some(_), false) => self.cache.resident(l + 1, self.host.n_experts()),
+            _ => Vec::new(),
         };
         let tier = self.tier.as_deref();
         let experts = (call.experts, l);
