@@ -28,7 +28,7 @@ LAYERS = {
     "strata-accel": set(),
     "strata-policy": set(),
     "strata-sim": {"strata-policy"},
-    "strata-exec": {"strata-accel", "strata-kernels", "strata-model", "strata-policy", "strata-sim"},
+    "strata-exec": {"strata-accel", "strata-formats", "strata-kernels", "strata-model", "strata-policy", "strata-sim"},
     "strata-server": {"strata-runtime", "strata-model"},
 }
 UNSAFE_CRATES = {"kernels", "formats", "python"}

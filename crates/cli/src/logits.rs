@@ -76,7 +76,8 @@ pub fn run(args: LogitsArgs) -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    let (model, _) = args.model.load_model(&dir)?;
+    let (mut model, _) = args.model.load_model(&dir)?;
+    let ssd = args.device.ssd_tier(&dir, &mut model)?;
     let vocab = model.config.vocab_size;
     let mut cache = model.new_cache();
     let mut logits = Vec::with_capacity(tokens.len() * vocab);
@@ -89,6 +90,9 @@ pub fn run(args: LogitsArgs) -> anyhow::Result<()> {
         logits.extend(model.forward(&mut seqs)?.remove(0));
     }
     strata_formats::npy::write_f32(&args.out, &[tokens.len(), vocab], &logits)?;
+    if let Some(tier) = ssd {
+        eprintln!("[expert cache: {}]", tier.stats());
+    }
     Ok(())
 }
 

@@ -81,6 +81,11 @@ pub struct DeviceArgs {
     /// which hides reads behind the compute and costs the bytes of each wrong guess.
     #[arg(long)]
     pub no_expert_prefetch: bool,
+    /// A routing trace (`strata trace` on prompts like the ones to come) whose most used
+    /// experts are read into the expert cache at start and never evicted, up to half its
+    /// slots: hot experts pinned from usage statistics.
+    #[arg(long, value_name = "TRACE")]
+    pub expert_cache_pin: Option<PathBuf>,
     #[command(flatten)]
     pub hybrid: HybridArgs,
 }
@@ -133,6 +138,18 @@ fn policy_parser() -> impl clap::builder::TypedValueParser<Value = PolicyKind> {
         })
     });
     PossibleValuesParser::new(values).try_map(|s| s.parse::<PolicyKind>())
+}
+
+/// What the expert cache says once, at start: why reads are buffered or on threads, and the
+/// pinned experts read.
+fn say_notes(tier: &SsdTier) {
+    if let Some(note) = tier.take_note() {
+        eprintln!("[expert cache: {note}]");
+    }
+    let pinned = tier.stats().pinned;
+    if pinned.experts > 0 {
+        eprintln!("[expert cache: {pinned}]");
+    }
 }
 
 /// Values of `--device`.
@@ -379,15 +396,21 @@ impl DeviceArgs {
             bail!("--vram-budget applies only with --device gpu or hybrid");
         }
         let cache_given = self.expert_cache.as_deref().is_some_and(|c| c != "off");
-        let cache_asked =
-            cache_given || self.expert_cache_rule.is_some() || self.no_expert_prefetch;
+        let cache_asked = cache_given
+            || self.expert_cache_rule.is_some()
+            || self.no_expert_prefetch
+            || self.expert_cache_pin.is_some();
         if self.device == Device::Gpu && cache_asked {
             bail!(
                 "--expert-cache applies with --device cpu or hybrid (--device gpu holds every \
                  expert on the device)"
             );
         }
-        self.expert_cache_budget()?;
+        if self.expert_cache_budget()? == ExpertCache::Off && self.expert_cache_pin.is_some() {
+            bail!(
+                "--expert-cache-pin pins experts in the expert cache, which --expert-cache off turns off"
+            );
+        }
         self.expert_cache_rule()?;
         Ok(self.device)
     }
@@ -452,16 +475,14 @@ impl DeviceArgs {
 
     /// Puts the routed experts of `model` (loaded from `dir`) behind the SSD tier when
     /// `--expert-cache` gives a size, or when it is `auto` and they do not fit in memory.
-    fn ssd_tier(&self, dir: &Path, model: &mut Model) -> anyhow::Result<Option<Arc<SsdTier>>> {
+    pub fn ssd_tier(&self, dir: &Path, model: &mut Model) -> anyhow::Result<Option<Arc<SsdTier>>> {
         let file = mapped_file(dir);
         let Some(opts) = self.ssd_options(&file, || Ok(model.memory()))? else {
             return Ok(None);
         };
         let tier = strata_exec::attach_ssd_tier(model, &file, &opts)
             .with_context(|| format!("--expert-cache on {}", file.display()))?;
-        if let Some(note) = tier.take_note() {
-            eprintln!("[expert cache: {note}]");
-        }
+        say_notes(&tier);
         Ok(Some(tier))
     }
 
@@ -474,6 +495,12 @@ impl DeviceArgs {
     ) -> anyhow::Result<Option<SsdOptions>> {
         let cache = self.expert_cache_budget()?;
         let Some(choice) = cache.choose(file, self.expert_cache_rule()?, plan)? else {
+            if self.expert_cache_pin.is_some() {
+                eprintln!(
+                    "[expert cache: not started, the routed experts fit in memory; \
+                     --expert-cache-pin applies with --expert-cache SIZE]"
+                );
+            }
             return Ok(None);
         };
         if let Some(note) = choice.note {
@@ -481,6 +508,9 @@ impl DeviceArgs {
         }
         let mut opts = choice.options;
         opts.prefetch = !self.no_expert_prefetch;
+        if let Some(trace) = &self.expert_cache_pin {
+            opts.pin_profile = Some(strata_exec::pin_profile_from_trace(trace)?);
+        }
         Ok(Some(opts))
     }
 
@@ -516,8 +546,8 @@ impl DeviceArgs {
             let (gpu, exec) = strata_exec::load_hybrid(dir, load, &opts)
                 .with_context(|| format!("--device hybrid on {}", file.display()))?;
             let ssd = exec.host_tier();
-            if let Some(note) = ssd.as_ref().and_then(|t| t.take_note()) {
-                eprintln!("[expert cache: {note}]");
+            if let Some(tier) = &ssd {
+                say_notes(tier);
             }
             return Ok(HybridModel {
                 gpu,
@@ -530,9 +560,7 @@ impl DeviceArgs {
         let tier = SsdTier::new(&gpu.host_moe_blocks(), &file, ssd)
             .with_context(|| format!("--expert-cache on {}", file.display()))?;
         let tier = Arc::new(tier);
-        if let Some(note) = tier.take_note() {
-            eprintln!("[expert cache: {note}]");
-        }
+        say_notes(&tier);
         gpu.set_executor(Some(tier.clone()));
         Ok(HybridModel {
             gpu,

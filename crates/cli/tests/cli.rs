@@ -302,6 +302,102 @@ fn gpu_device_matches_cpu() {
     }
 }
 
+/// The DRAM expert cache from the command line, its experts read through io_uring or on
+/// threads, with a routing trace's hottest experts pinned (`--expert-cache-pin`): logits bit
+/// for bit the mapped model's, the pinned experts read at start and said.
+#[test]
+fn expert_cache_with_pins_gives_the_mapped_models_logits() {
+    let gguf = root().join("tests/fixtures-gguf/qwen3_moe_q32.q8_0.gguf");
+    let gguf = gguf.to_str().unwrap();
+    let prompts = tmp("pin-prompts.txt");
+    let trace = tmp("pin.trace");
+    std::fs::write(&prompts, "The capital of France\nSing a song of the sea\n").unwrap();
+    let o = strata(&[
+        "trace",
+        "--model",
+        gguf,
+        "--prompts",
+        prompts.to_str().unwrap(),
+        "--out",
+        trace.to_str().unwrap(),
+        "--decode",
+        "4",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let trace = trace.to_str().unwrap();
+    let mut logits = Vec::new();
+    let runs: [(&[&str], &str); 3] = [
+        (&["--expert-cache", "off"], "threads"),
+        (
+            &["--expert-cache", "300K", "--expert-cache-pin", trace],
+            "io_uring",
+        ),
+        (
+            &["--expert-cache", "300K", "--expert-cache-pin", trace],
+            "threads",
+        ),
+    ];
+    for (i, (cache, reads)) in runs.iter().enumerate() {
+        let out = tmp(&format!("pins-{i}.npy"));
+        let mut args = vec!["logits", "--model", gguf, "--tokens", "3,1,4,1,5,9,2,6"];
+        args.extend(["--out", out.to_str().unwrap()]);
+        args.extend(cache.iter());
+        let o = Command::new(env!("CARGO_BIN_EXE_strata"))
+            .args(&args)
+            .env("STRATA_EXPERT_READS", reads)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{err}");
+        if i > 0 {
+            assert!(err.contains("pinned experts ("), "{err}");
+        }
+        logits.push(npy::read_f32(&out).unwrap().data);
+        std::fs::remove_file(&out).unwrap();
+    }
+    for other in &logits[1..] {
+        let same = logits[0].iter().zip(other);
+        assert!(same.clone().all(|(a, b)| a.to_bits() == b.to_bits()));
+    }
+    let args = [
+        "generate",
+        "--model",
+        gguf,
+        "-p",
+        "The capital of",
+        "-n",
+        "4",
+        "--expert-cache",
+        "300K",
+        "--expert-cache-pin",
+        trace,
+    ];
+    let o = strata(&args);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("pinned experts") && err.contains("at start"),
+        "{err}"
+    );
+    let o = strata(&[
+        "generate",
+        "--model",
+        gguf,
+        "-p",
+        "Hi",
+        "--expert-cache",
+        "off",
+        "--expert-cache-pin",
+        trace,
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("--expert-cache off"),
+        "{err}"
+    );
+    std::fs::remove_file(trace).unwrap();
+}
+
 /// Three tiers from the command line: `--device hybrid --policy smoe --expert-cache SIZE`
 /// (the device's expert cache above a DRAM cache of a few experts above the GGUF) gives the
 /// logits of the same run over the mapped file bit for bit, and `generate` says what went

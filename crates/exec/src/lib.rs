@@ -45,7 +45,8 @@ pub use setup::{
     model_shape, resolve_model_shape,
 };
 pub use ssd::{
-    CacheChoice, ExpertCache, SsdOptions, SsdStats, SsdTier, attach_ssd_tier, ssd_min_budget,
+    CacheChoice, ExpertCache, PinnedRead, SsdOptions, SsdStats, SsdTier, attach_ssd_tier,
+    pin_profile_from_trace, ssd_min_budget,
 };
 pub use weights::{HostExperts, device_f16_bytes};
 pub use worker::DeviceCombine;

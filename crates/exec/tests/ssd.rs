@@ -62,12 +62,15 @@ fn a_tiny_cache_gives_the_logits_of_the_model_run_from_memory() {
             Replacement::Lfu,
             Replacement::Ema { alpha: 0.3 },
         ];
-        for (budget, rule, prefetch) in [
-            (min, Replacement::Lru, true),
-            (min, Replacement::Lfu, false),
-            (min + min / 2, rules[2], true),
-            (4 * min, rules[1], true),
-            (1 << 30, rules[0], true),
+        // Reads through io_uring (where the kernel allows it) and on threads, both ways.
+        for (budget, rule, prefetch, io_uring) in [
+            (min, Replacement::Lru, true, true),
+            (min, Replacement::Lru, true, false),
+            (min, Replacement::Lfu, false, true),
+            (min, Replacement::Lfu, false, false),
+            (min + min / 2, rules[2], true, true),
+            (4 * min, rules[1], true, false),
+            (1 << 30, rules[0], true, true),
         ] {
             let mut model = Model::load(&path, Precision::Fast).unwrap();
             let opts = SsdOptions {
@@ -75,6 +78,7 @@ fn a_tiny_cache_gives_the_logits_of_the_model_run_from_memory() {
                 replacement: rule,
                 prefetch,
                 readers: 3,
+                io_uring,
                 ..SsdOptions::default()
             };
             let tier = attach_ssd_tier(&mut model, &path, &opts).unwrap();
@@ -84,6 +88,14 @@ fn a_tiny_cache_gives_the_logits_of_the_model_run_from_memory() {
                 "{name}, budget {budget} ({} slots), {rule:?}, prefetch {prefetch}: {s:?}",
                 s.slots
             );
+            if io_uring && !s.io_uring {
+                eprintln!("NOT CHECKED: io_uring refused here, {what}");
+            }
+            assert!(
+                s.io_uring || !io_uring || tier.take_note().is_some(),
+                "{what}"
+            );
+            assert!(io_uring || !s.io_uring, "{what}: io_uring though not asked");
             assert!(got == want, "{what}: logits differ from the mapped model's");
             assert!(s.misses > 0 && s.bytes_read > 0, "{what}: nothing was read");
             assert_eq!(s.lookups, s.hits + s.in_flight + s.misses, "{what}");
@@ -166,4 +178,55 @@ fn pinned_experts_keep_their_slots_and_too_many_pins_are_refused() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("pinned"), "{e}");
+}
+
+/// A profile's hottest experts are read at start (their bytes not counted as any token's),
+/// hit from the first token on, up to half the slots; the logits do not change.
+#[test]
+fn a_profiles_hottest_experts_are_read_at_start_and_hit() {
+    let path = fixture("qwen3_moe_q32.q8_0.gguf");
+    let prompt: Vec<u32> = (0..16).map(|i| (i * 29 + 3) % 200).collect();
+    let next: Vec<u32> = (0..8).map(|i| (i * 41 + 7) % 200).collect();
+    let model = Model::load(&path, Precision::Fast).unwrap();
+    let want = bits(&run(&model, &prompt, &next).unwrap());
+    let min = ssd_min_budget(&model, &path).unwrap();
+    let slot = min / model.moe_routers()[0].top_k() as u64;
+    let shape: Vec<usize> = model.moe_routers().iter().map(|r| r.n_experts()).collect();
+    // Every expert used once, experts 0 and 1 of every layer most.
+    let profile: Vec<Vec<u64>> = shape
+        .iter()
+        .map(|&n| (0..n).map(|e| if e < 2 { 100 } else { 1 }).collect())
+        .collect();
+    let budget = 4 * min;
+    let n = (budget / slot) as usize;
+    let mut model = Model::load(&path, Precision::Fast).unwrap();
+    let opts = SsdOptions {
+        budget,
+        pin_profile: Some(profile.clone()),
+        ..SsdOptions::default()
+    };
+    let tier = attach_ssd_tier(&mut model, &path, &opts).unwrap();
+    let s = tier.stats();
+    assert_eq!(s.pinned.experts, n / 2, "half the slots: {s:?}");
+    assert!(s.pinned.bytes >= (n / 2) as u64 * slot / 2, "{s:?}");
+    assert_eq!((s.bytes_read, s.misses, s.slots_used), (0, 0, n / 2));
+    assert!(bits(&run(&model, &prompt, &next).unwrap()) == want);
+    assert!(
+        tier.stats().hits > 0,
+        "pinned experts hit: {:?}",
+        tier.stats()
+    );
+    // A profile of another model is refused, naming both shapes.
+    let mut wrong = profile;
+    wrong.pop();
+    let mut model = Model::load(&path, Precision::Fast).unwrap();
+    let opts = SsdOptions {
+        budget,
+        pin_profile: Some(wrong),
+        ..SsdOptions::default()
+    };
+    let e = attach_ssd_tier(&mut model, &path, &opts)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("pin profile"), "{e}");
 }

@@ -3,6 +3,7 @@
 //! - [`safetensors`]: Hugging Face safetensors files and sharded directories, through mmap.
 //! - [`DType`] and [`TensorView`]: a typed, shaped window on mapped bytes.
 //! - [`strata_file`]: the engine's own packed model file, written by `strata convert`.
+//! - `uring` (Linux): many positioned reads in flight through io_uring, for the SSD tier.
 //!
 //! A key design decision made in this crate is that loaders validate everything they read
 //! (lengths, offsets, dtypes, shapes) and report the file and tensor in every error, because
@@ -46,6 +47,8 @@ pub mod npy;
 pub mod safetensors;
 pub mod strata_file;
 mod tensor;
+#[cfg(target_os = "linux")]
+pub mod uring;
 
 pub use error::{Error, Result};
 pub use mmap::MappedFile;

@@ -136,6 +136,8 @@ pub fn stats<'py>(py: Python<'py>, tier: &SsdTier) -> PyResult<Bound<'py, PyDict
         read_seconds,
         wait_seconds,
         direct_io,
+        io_uring,
+        pinned,
         slots,
         slots_used,
         slot_bytes,
@@ -164,6 +166,10 @@ pub fn stats<'py>(py: Python<'py>, tier: &SsdTier) -> PyResult<Bound<'py, PyDict
     d.set_item("read_seconds", read_seconds)?;
     d.set_item("wait_seconds", wait_seconds)?;
     d.set_item("direct_io", direct_io)?;
+    d.set_item("io_uring", io_uring)?;
+    d.set_item("pinned_experts", pinned.experts as u64)?;
+    d.set_item("pinned_bytes", pinned.bytes)?;
+    d.set_item("pinned_seconds", pinned.seconds)?;
     d.set_item("top30_share", top30_share)?;
     d.set_item("hit_rate", hit_rate)?;
     d.set_item("guess_recall", guess_recall)?;

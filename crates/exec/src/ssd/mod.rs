@@ -15,6 +15,7 @@
 
 mod choice;
 mod layout;
+mod pins;
 mod reader;
 mod store;
 
@@ -36,6 +37,7 @@ use strata_policy::slots::top30_share;
 use crate::{Error, Result};
 pub use choice::{CacheChoice, ExpertCache};
 use layout::{PAGE, extents, slot_bytes};
+pub use pins::{PinnedRead, pin_profile_from_trace};
 use reader::{Files, ReadDone, ReadJob, Reader, read_extents};
 use store::{Key, Lookup, Store};
 
@@ -48,10 +50,18 @@ pub struct SsdOptions {
     pub replacement: Replacement,
     /// Fetch the next layer's predicted experts while this one computes.
     pub prefetch: bool,
-    /// Reads in flight at most (threads of the read pool).
+    /// Reads in flight at most: threads of the read pool, or experts in flight through
+    /// io_uring (three reads each).
     pub readers: usize,
-    /// Experts never evicted once read: `(moe layer, expert)`, a profile's hottest.
+    /// Read through io_uring where the kernel allows it (else on `readers` threads, said
+    /// once). Default: on, unless `STRATA_EXPERT_READS=threads` (benchmarks).
+    pub io_uring: bool,
+    /// Experts read at start and never evicted: `(moe layer, expert)`.
     pub pinned: Vec<(usize, u32)>,
+    /// Expert activation counts, `[moe layer][expert]` (a routing trace's,
+    /// [`pin_profile_from_trace`]): their most used experts are pinned as well, up to half the
+    /// cache's slots.
+    pub pin_profile: Option<Vec<Vec<u64>>>,
 }
 
 impl Default for SsdOptions {
@@ -61,7 +71,9 @@ impl Default for SsdOptions {
             replacement: Replacement::Lfu,
             prefetch: true,
             readers: 16,
+            io_uring: std::env::var("STRATA_EXPERT_READS").map_or(true, |v| v != "threads"),
             pinned: Vec::new(),
+            pin_profile: None,
         }
     }
 }
@@ -100,12 +112,16 @@ pub struct SsdStats {
     pub wait_seconds: f64,
     /// Whether reads bypass the page cache.
     pub direct_io: bool,
+    /// Whether reads go through io_uring (else a pool of threads).
+    pub io_uring: bool,
     /// Slots.
     pub slots: usize,
     /// Slots holding or reading an expert.
     pub slots_used: usize,
     /// Bytes per slot.
     pub slot_bytes: usize,
+    /// The pinned experts read at start (none without pins).
+    pub pinned: PinnedRead,
     /// Routing skew: the share of lookups that went to the most used 30% of each layer's
     /// experts (0.3 when routing is uniform; 0.69-0.81 in the trained strata-tiny-moe).
     pub top30_share: f64,
@@ -149,7 +165,7 @@ impl std::fmt::Display for SsdStats {
         write!(
             f,
             "{} slots of {:.2} MiB ({:.0} MiB), {:.1}% hits, {:.1}% in flight, {} misses, {} \
-             fetched ahead ({:.1}% of the experts used guessed), {:.1} MiB read ({}), waited {:.2} s, each layer's most used 30% of \
+             fetched ahead ({:.1}% of the experts used guessed), {:.1} MiB read ({}, {}), waited {:.2} s, each layer's most used 30% of \
              experts took {:.1}% of lookups",
             self.slots,
             mib(self.slot_bytes as f64),
@@ -161,9 +177,13 @@ impl std::fmt::Display for SsdStats {
             100.0 * self.guess_recall(),
             mib(self.bytes_read as f64),
             if self.direct_io { "direct" } else { "buffered" },
+            if self.io_uring { "io_uring" } else { "threads" },
             self.wait_seconds,
             100.0 * self.top30_share,
         )?;
+        if self.pinned.experts > 0 {
+            write!(f, "; {} at start", self.pinned)?;
+        }
         if self.device_reads > 0 {
             write!(
                 f,
@@ -307,18 +327,36 @@ impl SsdTier {
                 opts.pinned.len()
             )));
         }
-        let reader = Reader::open(path, opts.readers).map_err(|e| io_error(path, e))?;
+        let mut pinned = opts.pinned.clone();
+        if let Some(profile) = &opts.pin_profile {
+            pins::check_profile(
+                profile,
+                &layers.iter().map(GgmlExperts::len).collect::<Vec<_>>(),
+            )?;
+            let room = ((n as f64 * pins::PINNED_SHARE) as usize).min(n - top_k);
+            for key in pins::hottest(profile, usize::MAX) {
+                if pinned.len() >= room {
+                    break;
+                }
+                if !pinned.contains(&key) {
+                    pinned.push(key);
+                }
+            }
+        }
+        let reader =
+            Reader::open(path, opts.readers, opts.io_uring).map_err(|e| io_error(path, e))?;
         let mut store = Store::new(n, slot, opts.replacement);
-        store.pin(opts.pinned.iter().map(|&(l, e)| (l as u32, e)));
+        store.pin(pinned.iter().map(|&(l, e)| (l as u32, e)));
         let files = reader.files();
         let stats = SsdStats {
             direct_io: reader.direct(),
+            io_uring: reader.ring(),
             slots: n,
             slot_bytes: slot,
             ..SsdStats::default()
         };
         let uses = layers.iter().map(|g| vec![0; g.len()]).collect();
-        Ok(SsdTier {
+        let tier = SsdTier {
             path: path.to_owned(),
             layers,
             routers: blocks.iter().map(|b| b.router().clone()).collect(),
@@ -333,7 +371,12 @@ impl SsdTier {
             }),
             reader: Mutex::new(reader),
             files,
-        })
+        };
+        if !pinned.is_empty() {
+            let read = tier.read_pinned(&pinned)?;
+            tier.lock().stats.pinned = read;
+        }
+        Ok(tier)
     }
 
     /// What the tier did so far.

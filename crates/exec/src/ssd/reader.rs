@@ -1,11 +1,13 @@
-//! Reads experts from the model file into cache slots on a pool of threads: positioned reads
-//! of whole pages, many in flight, with direct I/O where the file system takes it so the page
-//! cache keeps no second copy of what the cache holds.
+//! Reads experts from the model file into cache slots: positioned reads of whole pages, many
+//! in flight, with direct I/O where the file system takes it so the page cache keeps no
+//! second copy of what the cache holds.
 //!
-//! A key design decision: a pool of threads doing `pread` rather than io_uring. It needs no
-//! new dependency or kernel feature, keeps as many reads in flight as there are threads, and
-//! at one expert per job (three reads of about a megabyte) the per-call cost of a system call
-//! is small against the transfer. io_uring would save the threads, not disk time.
+//! Two ways to keep reads in flight: io_uring (`strata_formats::uring`), where the kernel
+//! allows it, puts every extent of every queued expert in flight from one thread; otherwise a
+//! pool of threads doing `pread` keeps one expert in flight per thread. Both hand back the
+//! same [`ReadDone`]; a read the ring could not finish (a refused direct read, a short file)
+//! is done again with `pread` by [`read_extents`], so the fallbacks and error messages are
+//! written once.
 
 use std::fs::File;
 use std::io;
@@ -49,27 +51,53 @@ pub(crate) struct ReadDone {
 /// The file, opened for direct I/O where the file system allows it and for buffered reads.
 pub(crate) struct Files {
     path: PathBuf,
-    direct: Option<File>,
-    buffered: File,
+    direct: Option<Arc<File>>,
+    buffered: Arc<File>,
     /// Cleared (with a note) the first time direct I/O is refused.
     use_direct: AtomicBool,
     note: Mutex<Option<String>>,
 }
 
-/// The read pool.
+impl Files {
+    /// The file reads go to now: the direct one until direct reads are refused.
+    fn current(&self) -> (&Arc<File>, bool) {
+        let direct = self.use_direct.load(Ordering::Relaxed);
+        match (&self.direct, direct) {
+            (Some(f), true) => (f, true),
+            _ => (&self.buffered, false),
+        }
+    }
+}
+
+/// What an expert's read carries through the ring.
+type RingTag = (Key, usize, [Extent; 3]);
+
+/// How reads are kept in flight.
+enum Backend {
+    /// io_uring: every extent of every queued expert at once.
+    #[cfg(target_os = "linux")]
+    Ring(strata_formats::uring::Ring<RingTag>),
+    /// A pool of threads, one expert each.
+    Threads {
+        jobs: Option<Sender<ReadJob>>,
+        done: Receiver<ReadDone>,
+        threads: Vec<JoinHandle<()>>,
+    },
+}
+
+/// The reads of the SSD tier.
 pub(crate) struct Reader {
-    jobs: Option<Sender<ReadJob>>,
-    done: Receiver<ReadDone>,
-    threads: Vec<JoinHandle<()>>,
+    backend: Backend,
     files: Arc<Files>,
 }
 
 impl Reader {
-    /// Opens `path` and starts `threads` readers.
-    pub fn open(path: &Path, threads: usize) -> io::Result<Reader> {
+    /// Opens `path` and starts reading through io_uring when `ring` asks for it and the
+    /// kernel allows it (`depth` reads in flight), else on `threads` threads.
+    pub fn open(path: &Path, threads: usize, ring: bool) -> io::Result<Reader> {
         let buffered = File::open(path)?;
         let direct = open_direct(path);
-        let note = match &direct {
+        let mut note = match &direct {
             Ok(_) => None,
             Err(e) => Some(format!(
                 "{}: direct I/O refused ({e}); buffered reads",
@@ -79,45 +107,99 @@ impl Reader {
         let files = Arc::new(Files {
             path: path.to_owned(),
             use_direct: AtomicBool::new(direct.is_ok()),
-            direct: direct.ok(),
-            buffered,
-            note: Mutex::new(note),
+            direct: direct.ok().map(Arc::new),
+            buffered: Arc::new(buffered),
+            note: Mutex::new(None),
         });
-        let (jobs, job_rx) = channel::<ReadJob>();
-        let (done_tx, done) = channel();
-        let job_rx = Arc::new(Mutex::new(job_rx));
-        let threads = (0..threads.max(1))
-            .map(|i| {
-                let (rx, tx, files) = (job_rx.clone(), done_tx.clone(), files.clone());
-                std::thread::Builder::new()
-                    .name(format!("strata-read-{i}"))
-                    .spawn(move || worker(&rx, &tx, &files))
-            })
-            .collect::<io::Result<Vec<_>>>()?;
-        Ok(Reader {
-            jobs: Some(jobs),
-            done,
-            threads,
-            files,
-        })
+        let depth = (3 * threads.max(1)) as u32;
+        let backend = match ring.then(|| open_ring(depth)) {
+            Some(Ok(b)) => b,
+            refused => {
+                if let Some(Err(e)) = refused {
+                    let why = format!("io_uring refused ({e}); reads on {threads} threads");
+                    note = Some(note.map_or(why.clone(), |n| format!("{n}; {why}")));
+                }
+                start_threads(threads, &files)?
+            }
+        };
+        if let Ok(mut n) = files.note.lock() {
+            *n = note;
+        }
+        Ok(Reader { backend, files })
     }
 
     /// Queues a read (reads start in the order they are queued).
     pub fn submit(&self, job: ReadJob) {
-        if let Some(tx) = &self.jobs {
-            // The workers live as long as the reader: a send cannot fail while it does.
-            let _ = tx.send(job);
+        match &self.backend {
+            #[cfg(target_os = "linux")]
+            Backend::Ring(ring) => {
+                let (file, _) = self.files.current();
+                let reads = job.extents.iter().map(|x| strata_formats::uring::Read {
+                    offset: x.file_start,
+                    at: x.slot_at,
+                    len: x.len,
+                    needed: x.needed(),
+                });
+                let tag = (job.key, job.slot, job.extents.clone());
+                ring.submit(tag, file.clone(), job.buf, reads.collect());
+            }
+            Backend::Threads { jobs, .. } => {
+                if let Some(tx) = jobs {
+                    // The workers live as long as the reader: a send cannot fail while it
+                    // does.
+                    let _ = tx.send(job);
+                }
+            }
         }
     }
 
     /// The next finished read, waiting for one.
     pub fn wait(&self) -> Option<ReadDone> {
-        self.done.recv().ok()
+        match &self.backend {
+            #[cfg(target_os = "linux")]
+            Backend::Ring(ring) => ring.wait().map(|d| self.ring_done(d)),
+            Backend::Threads { done, .. } => done.recv().ok(),
+        }
     }
 
     /// A finished read, if one is there.
     pub fn try_next(&self) -> Option<ReadDone> {
-        self.done.try_recv().ok()
+        match &self.backend {
+            #[cfg(target_os = "linux")]
+            Backend::Ring(ring) => ring.try_next().map(|d| self.ring_done(d)),
+            Backend::Threads { done, .. } => done.try_recv().ok(),
+        }
+    }
+
+    /// An expert the ring read: whole, or read again with `pread` where any of its reads
+    /// failed or came back short (which then says why, or falls back to buffered reads).
+    #[cfg(target_os = "linux")]
+    fn ring_done(&self, d: strata_formats::uring::Done<RingTag>) -> ReadDone {
+        let ((key, slot, extents), mut buf) = (d.tag, d.buf);
+        let whole = d
+            .got
+            .iter()
+            .zip(&extents)
+            .all(|(g, x)| g.as_ref().is_ok_and(|&n| n >= x.needed()));
+        let result = if whole {
+            Ok(d.got.iter().map(|g| *g.as_ref().unwrap_or(&0) as u64).sum())
+        } else {
+            let mut job = ReadJob {
+                key,
+                slot,
+                buf,
+                extents,
+            };
+            let r = read_job(&self.files, &mut job);
+            buf = job.buf;
+            r
+        };
+        ReadDone {
+            slot,
+            buf,
+            result,
+            seconds: d.seconds,
+        }
     }
 
     /// The file, for reads outside the pool ([`read_extents`]).
@@ -130,7 +212,17 @@ impl Reader {
         self.files.use_direct.load(Ordering::Relaxed)
     }
 
-    /// Why reads are buffered, once (`None` after the first call, or when they are direct).
+    /// Whether reads go through io_uring.
+    pub fn ring(&self) -> bool {
+        match self.backend {
+            #[cfg(target_os = "linux")]
+            Backend::Ring(_) => true,
+            Backend::Threads { .. } => false,
+        }
+    }
+
+    /// Why reads are buffered or on threads, once (`None` after the first call, or when they
+    /// are direct through io_uring).
     pub fn take_note(&self) -> Option<String> {
         self.files.note.lock().ok()?.take()
     }
@@ -138,11 +230,42 @@ impl Reader {
 
 impl Drop for Reader {
     fn drop(&mut self) {
-        self.jobs = None;
-        for t in self.threads.drain(..) {
-            let _ = t.join();
+        if let Backend::Threads { jobs, threads, .. } = &mut self.backend {
+            *jobs = None;
+            for t in threads.drain(..) {
+                let _ = t.join();
+            }
         }
     }
+}
+
+#[cfg(target_os = "linux")]
+fn open_ring(depth: u32) -> io::Result<Backend> {
+    strata_formats::uring::Ring::new(depth).map(Backend::Ring)
+}
+
+#[cfg(not(target_os = "linux"))]
+fn open_ring(_: u32) -> io::Result<Backend> {
+    Err(io::Error::other("io_uring is Linux only"))
+}
+
+fn start_threads(threads: usize, files: &Arc<Files>) -> io::Result<Backend> {
+    let (jobs, job_rx) = channel::<ReadJob>();
+    let (done_tx, done) = channel();
+    let job_rx = Arc::new(Mutex::new(job_rx));
+    let threads = (0..threads.max(1))
+        .map(|i| {
+            let (rx, tx, files) = (job_rx.clone(), done_tx.clone(), files.clone());
+            std::thread::Builder::new()
+                .name(format!("strata-read-{i}"))
+                .spawn(move || worker(&rx, &tx, &files))
+        })
+        .collect::<io::Result<Vec<_>>>()?;
+    Ok(Backend::Threads {
+        jobs: Some(jobs),
+        done,
+        threads,
+    })
 }
 
 #[cfg(target_os = "linux")]
@@ -231,11 +354,7 @@ pub(crate) fn read_extents(
 fn read_pages(files: &Files, offset: u64, dst: &mut [u8], needed: usize) -> io::Result<usize> {
     let mut done = 0;
     while done < needed {
-        let direct = files.use_direct.load(Ordering::Relaxed);
-        let file = match (&files.direct, direct) {
-            (Some(f), true) => f,
-            _ => &files.buffered,
-        };
+        let (file, direct) = files.current();
         match file.read_at(&mut dst[done..], offset + done as u64) {
             Ok(0) => break,
             Ok(n) => done += n,
@@ -282,6 +401,20 @@ mod tests {
         (done.buf, done.result)
     }
 
+    /// The reader on each backend: the pool, then io_uring (said loudly where the kernel
+    /// refuses it, whose reader then runs on threads).
+    fn backends(path: &Path, threads: usize) -> Vec<Reader> {
+        [false, true]
+            .map(|ring| {
+                let r = Reader::open(path, threads, ring).unwrap();
+                if ring && !r.ring() {
+                    eprintln!("NOT CHECKED: io_uring refused here: {:?}", r.take_note());
+                }
+                r
+            })
+            .into()
+    }
+
     #[test]
     fn reads_land_where_asked_and_a_short_file_is_an_error_naming_it() {
         let dir = std::env::temp_dir().join(format!("strata-reader-{}", std::process::id()));
@@ -289,13 +422,19 @@ mod tests {
         let path = dir.join("model.bin");
         let bytes: Vec<u8> = (0..3 * PAGE + 100).map(|i| (i * 7 % 251) as u8).collect();
         std::fs::write(&path, &bytes).unwrap();
-        let reader = Reader::open(&path, 2).unwrap();
+        for reader in backends(&path, 2) {
+            reads_and_a_short_file(&reader, &bytes);
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn reads_and_a_short_file(reader: &Reader, bytes: &[u8]) {
         let ex = [
             extent(10, 500, 0),
             extent(PAGE as u64 + 3, 2 * PAGE as u64 + 9, PAGE),
             extent(3 * PAGE as u64, 3 * PAGE as u64 + 100, 3 * PAGE),
         ];
-        let (buf, got) = read(&reader, ex.clone());
+        let (buf, got) = read(reader, ex.clone());
         got.expect("whole file");
         for x in &ex {
             let at = x.slot_data_start();
@@ -308,15 +447,13 @@ mod tests {
         // Past the end: an error that names the file, the expert and the offset.
         let mut short = ex;
         short[2] = extent(3 * PAGE as u64 + 50, 3 * PAGE as u64 + 200, 3 * PAGE);
-        let (_, got) = read(&reader, short);
+        let (_, got) = read(reader, short);
         let e = got.expect_err("the file ends first");
         assert!(
             e.contains("model.bin") && e.contains("expert 2 of moe layer 1"),
             "{e}"
         );
         assert!(e.contains(&format!("at byte {}", 3 * PAGE + 50)), "{e}");
-        drop(reader);
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
@@ -328,7 +465,18 @@ mod tests {
         let path = dir.join("model.bin");
         let bytes: Vec<u8> = (0..2 * PAGE).map(|i| (i % 13) as u8).collect();
         std::fs::write(&path, &bytes).unwrap();
-        let reader = Reader::open(&path, 1).unwrap();
+        for reader in backends(&path, 1) {
+            if !reader.direct() {
+                eprintln!("NOT CHECKED: {} refuses direct I/O at open", path.display());
+                continue;
+            }
+            reader.take_note();
+            falls_back_once(&reader, &bytes);
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn falls_back_once(reader: &Reader, bytes: &[u8]) {
         let mut off_grid = extent(0, 10, 0);
         off_grid.file_start = 100;
         off_grid.data = 100..120;
@@ -337,7 +485,7 @@ mod tests {
             extent(20, 30, PAGE),
             extent(PAGE as u64, 2 * PAGE as u64, 2 * PAGE),
         ];
-        let (buf, got) = read(&reader, ex);
+        let (buf, got) = read(reader, ex);
         got.expect("read, buffered");
         assert_eq!(&buf.as_slice()[..20], &bytes[100..120]);
         assert_eq!(&buf.as_slice()[2 * PAGE..3 * PAGE], &bytes[PAGE..]);
@@ -348,7 +496,5 @@ mod tests {
             "{note}"
         );
         assert_eq!(reader.take_note(), None, "and said once");
-        drop(reader);
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
