@@ -46,7 +46,7 @@ pub use setup::{
 };
 pub use ssd::{
     CacheChoice, ExpertCache, PinnedRead, SsdOptions, SsdStats, SsdTier, attach_ssd_tier,
-    pin_profile_from_trace, ssd_min_budget,
+    pin_profile_from_trace, ssd_min_budget, write_metric,
 };
 pub use weights::{HostExperts, device_f16_bytes};
 pub use worker::DeviceCombine;

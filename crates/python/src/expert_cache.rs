@@ -1,7 +1,7 @@
 //! `LLM(expert_cache=...)`: the SSD tier from Python, as the command line's `--expert-cache`
 //! runs it (the same rule, [`ExpertCache::choose`]).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use pyo3::exceptions::PyValueError;
@@ -12,15 +12,26 @@ use strata_model::LoadOptions;
 use strata_model::memory::MemoryPlan;
 use strata_policy::replacement::Replacement;
 use strata_runtime::engine::Engine;
+use strata_server::metrics::MetricsSource;
 
 use crate::errors::{chain, runtime_err};
 
-/// `expert_cache` (`None` or `'auto'`, `'off'`, a size such as `'6GiB'`, or bytes) and
-/// `expert_cache_rule` (`'lfu'`, the default, `'lru'`, `'ema'` or `'ema:ALPHA'`).
+/// What was asked of the expert cache.
+pub struct Settings {
+    cache: ExpertCache,
+    rule: Replacement,
+    /// The pin trace's expert activation counts.
+    pin_profile: Option<Vec<Vec<u64>>>,
+}
+
+/// `expert_cache` (`None` or `'auto'`, `'off'`, a size such as `'6GiB'`, or bytes),
+/// `expert_cache_rule` (`'lfu'`, the default, `'lru'`, `'ema'` or `'ema:ALPHA'`) and
+/// `expert_cache_pin` (a routing trace whose most used experts are pinned).
 pub fn options(
     cache: Option<&Bound<'_, PyAny>>,
     rule: Option<&str>,
-) -> PyResult<(ExpertCache, Replacement)> {
+    pin: Option<PathBuf>,
+) -> PyResult<Settings> {
     let cache = match cache {
         None => ExpertCache::Auto,
         Some(c) => match c.extract::<u64>() {
@@ -49,7 +60,24 @@ pub fn options(
             ))
         })?,
     };
-    Ok((cache, rule))
+    let pin_profile = match pin {
+        None => None,
+        Some(_) if cache == ExpertCache::Off => {
+            return Err(PyValueError::new_err(
+                "expert_cache_pin pins experts in the expert cache, which expert_cache='off' \
+                 turns off",
+            ));
+        }
+        Some(trace) => Some(
+            strata_exec::pin_profile_from_trace(&trace)
+                .map_err(|e| PyValueError::new_err(chain(&e)))?,
+        ),
+    };
+    Ok(Settings {
+        cache,
+        rule,
+        pin_profile,
+    })
 }
 
 /// Puts the routed experts of `engine`'s CPU model (loaded from `model`) behind the SSD tier
@@ -59,26 +87,26 @@ pub fn attach(
     py: Python<'_>,
     engine: &mut Engine,
     model: &Path,
-    cache: ExpertCache,
-    rule: Replacement,
+    settings: &Settings,
 ) -> PyResult<Option<Arc<SsdTier>>> {
     let Some(cpu) = engine.model.cpu_model_mut() else {
         return Ok(None);
     };
     let file = strata_model::model::mapped_file(model);
     let attach = || -> strata_exec::Result<Option<Arc<SsdTier>>> {
-        let Some(choice) =
-            cache.choose(&file, rule, || Ok::<_, strata_exec::Error>(cpu.memory()))?
-        else {
+        let plan = || Ok::<_, strata_exec::Error>(cpu.memory());
+        let Some(choice) = settings.cache.choose(&file, settings.rule, plan)? else {
             return Ok(None);
         };
         if let Some(note) = choice.note {
             eprintln!("[expert cache: {note}]");
         }
-        let tier = strata_exec::attach_ssd_tier(cpu, &file, &choice.options)?;
-        if let Some(note) = tier.take_note() {
-            eprintln!("[expert cache: {note}]");
-        }
+        let opts = SsdOptions {
+            pin_profile: settings.pin_profile.clone(),
+            ..choice.options
+        };
+        let tier = strata_exec::attach_ssd_tier(cpu, &file, &opts)?;
+        say_notes(&tier);
         Ok(Some(tier))
     };
     py.detach(attach).map_err(|e| match e {
@@ -95,8 +123,7 @@ pub fn attach(
 pub fn for_hybrid(
     py: Python<'_>,
     model: &Path,
-    cache: ExpertCache,
-    rule: Replacement,
+    settings: &Settings,
     load: LoadOptions,
 ) -> PyResult<Option<SsdOptions>> {
     let file = strata_model::model::mapped_file(model);
@@ -104,6 +131,7 @@ pub fn for_hybrid(
         let (config, src) = strata_model::model::open(model)?;
         Ok(MemoryPlan::of(&config, &src, load))
     };
+    let (cache, rule) = (settings.cache, settings.rule);
     let choice = py.detach(|| cache.choose(&file, rule, plan)).map_err(|e| {
         PyValueError::new_err(format!("expert_cache on {}: {}", file.display(), chain(&e)))
     })?;
@@ -111,8 +139,37 @@ pub fn for_hybrid(
         if let Some(note) = c.note {
             eprintln!("[expert cache: {note}]");
         }
-        c.options
+        SsdOptions {
+            pin_profile: settings.pin_profile.clone(),
+            ..c.options
+        }
     }))
+}
+
+/// The tier's counters on `/metrics` (`python -m strata serve`), as `strata serve` shows them.
+pub fn metrics(tier: Arc<SsdTier>) -> Arc<dyn MetricsSource> {
+    Arc::new(SsdMetrics(tier))
+}
+
+#[derive(Debug)]
+struct SsdMetrics(Arc<SsdTier>);
+
+impl MetricsSource for SsdMetrics {
+    fn render(&self, out: &mut String) {
+        self.0.stats().write_prometheus(out);
+    }
+}
+
+/// What the tier says once, at start, as the command line says it: why reads are buffered
+/// or on threads, and the pinned experts read.
+pub fn say_notes(tier: &SsdTier) {
+    if let Some(note) = tier.take_note() {
+        eprintln!("[expert cache: {note}]");
+    }
+    let pinned = tier.stats().pinned;
+    if pinned.experts > 0 {
+        eprintln!("[expert cache: {pinned}]");
+    }
 }
 
 /// The tier's statistics as `LLM.expert_cache_stats()` returns them: every field of

@@ -256,12 +256,12 @@ impl Llm {
     /// `expert_cache` (`device='cpu'` or `'hybrid'`): the command line's `--expert-cache`,
     /// DRAM as the cache of a GGUF's routed experts read from disk (with `'hybrid'`, below
     /// the accelerator's expert cache: three tiers): `None`/`'auto'` (only when they do not
-    /// fit in memory), `'off'`, or a size (`'6GiB'`, bytes); `expert_cache_rule` as
-    /// `--expert-cache-rule`.
+    /// fit in memory), `'off'`, or a size (`'6GiB'`, bytes); `expert_cache_rule` and
+    /// `expert_cache_pin` (a routing trace) as `--expert-cache-rule` and `--expert-cache-pin`.
     #[new]
     #[pyo3(signature = (model, *, device="cpu", policy=None, vram_budget=None, hardware=None,
         defer=None, profile=None, dtype="fast", weights=None, max_batch=16, ctx_size=None,
-        prefix_cache_mb=1024, expert_cache=None, expert_cache_rule=None))]
+        prefix_cache_mb=1024, expert_cache=None, expert_cache_rule=None, expert_cache_pin=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -279,8 +279,10 @@ impl Llm {
         prefix_cache_mb: usize,
         expert_cache: Option<&Bound<'_, PyAny>>,
         expert_cache_rule: Option<&str>,
+        expert_cache_pin: Option<PathBuf>,
     ) -> PyResult<Llm> {
         let cache_asked = expert_cache_rule.is_some()
+            || expert_cache_pin.is_some()
             || expert_cache.is_some_and(|c| c.extract::<String>().is_ok_and(|s| s != "off"));
         if device == "gpu" && cache_asked {
             return Err(PyValueError::new_err(
@@ -288,7 +290,8 @@ impl Llm {
                  expert on the device)",
             ));
         }
-        let (cache, rule) = crate::expert_cache::options(expert_cache, expert_cache_rule)?;
+        let cache =
+            crate::expert_cache::options(expert_cache, expert_cache_rule, expert_cache_pin)?;
         let hybrid_only = [
             ("policy", policy.is_some()),
             ("hardware", hardware.is_some()),
@@ -329,15 +332,18 @@ impl Llm {
         let (engine, hybrid) = match (hybrid, gpu_budget) {
             (Some(mut opts), _) => {
                 let load = load_options(dtype, weights)?;
-                opts.expert_cache = crate::expert_cache::for_hybrid(py, &model, cache, rule, load)?;
+                opts.expert_cache = crate::expert_cache::for_hybrid(py, &model, &cache, load)?;
                 let (engine, exec) = load_hybrid_engine(py, &model, load, &opts)?;
                 tier = exec.host_tier();
+                if let Some(tier) = &tier {
+                    crate::expert_cache::say_notes(tier);
+                }
                 (engine, Some(exec))
             }
             (None, Some(budget)) => (load_gpu_engine(py, &model, budget)?, None),
             (None, None) => {
                 let mut engine = load_engine(py, model.clone(), load_options(dtype, weights)?)?;
-                tier = crate::expert_cache::attach(py, &mut engine, &model, cache, rule)?;
+                tier = crate::expert_cache::attach(py, &mut engine, &model, &cache)?;
                 (engine, None)
             }
         };
@@ -584,7 +590,7 @@ fn chat_messages(conv: &Bound<'_, PyAny>, c: usize) -> PyResult<Vec<ChatMessage>
 #[pyfunction]
 #[pyo3(signature = (model, *, host="127.0.0.1", port=8080, dtype="fast", weights=None,
     max_batch=16, max_queue=256, ctx_size=None, step_tokens=512, prefix_cache_mb=1024,
-    served_model_name=None))]
+    served_model_name=None, expert_cache=None, expert_cache_rule=None, expert_cache_pin=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn serve(
     py: Python<'_>,
@@ -599,6 +605,9 @@ pub fn serve(
     step_tokens: usize,
     prefix_cache_mb: usize,
     served_model_name: Option<String>,
+    expert_cache: Option<&Bound<'_, PyAny>>,
+    expert_cache_rule: Option<&str>,
+    expert_cache_pin: Option<PathBuf>,
 ) -> PyResult<()> {
     let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
@@ -613,7 +622,10 @@ pub fn serve(
             .file_stem()
             .map_or_else(|| "model".into(), |n| n.to_string_lossy().into_owned())
     });
-    let engine = Arc::new(load_engine(py, model, load_options(dtype, weights)?)?);
+    let cache = crate::expert_cache::options(expert_cache, expert_cache_rule, expert_cache_pin)?;
+    let mut engine = load_engine(py, model.clone(), load_options(dtype, weights)?)?;
+    let tier = crate::expert_cache::attach(py, &mut engine, &model, &cache)?;
+    let engine = Arc::new(engine);
     let limits = SchedulerLimits {
         max_batch,
         max_queue,
@@ -622,7 +634,9 @@ pub fn serve(
         prefix_cache_mb,
     };
     let config = admit(&limits, &engine)?;
-    let state = Arc::new(AppState::new(engine, config, id));
+    let mut state = AppState::new(engine, config, id);
+    state.extra_metrics = tier.map(crate::expert_cache::metrics);
+    let state = Arc::new(state);
     py.detach(|| strata_server::run(addr, state, strata_server::shutdown_signal()))
         .map_err(|e| runtime_err(&e))
 }

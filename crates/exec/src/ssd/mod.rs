@@ -15,6 +15,7 @@
 
 mod choice;
 mod layout;
+mod metrics;
 mod pins;
 mod reader;
 mod store;
@@ -37,6 +38,7 @@ use strata_policy::slots::top30_share;
 use crate::{Error, Result};
 pub use choice::{CacheChoice, ExpertCache};
 use layout::{PAGE, extents, slot_bytes};
+pub use metrics::write_metric;
 pub use pins::{PinnedRead, pin_profile_from_trace};
 use reader::{Files, ReadDone, ReadJob, Reader, read_extents};
 use store::{Key, Lookup, Store};

@@ -23,6 +23,12 @@ def main(argv=None):
     s.add_argument("--prefix-cache-mb", type=int, default=1024,
                    help="memory for the shared prefix cache in MiB (0 disables it)")
     s.add_argument("--served-model-name")
+    s.add_argument("--expert-cache", metavar="SIZE|auto|off",
+                   help="DRAM for a GGUF's routed experts read from disk (default: auto, only "
+                        "when they do not fit in memory), as `strata serve --expert-cache`")
+    s.add_argument("--expert-cache-rule", metavar="RULE", help="lfu (default), lru, ema, ema:ALPHA")
+    s.add_argument("--expert-cache-pin", metavar="TRACE",
+                   help="a routing trace whose most used experts are pinned in the expert cache")
     a = p.parse_args(argv)
     try:
         serve(
@@ -37,6 +43,9 @@ def main(argv=None):
             step_tokens=a.step_tokens,
             prefix_cache_mb=a.prefix_cache_mb,
             served_model_name=a.served_model_name,
+            expert_cache=a.expert_cache,
+            expert_cache_rule=a.expert_cache_rule,
+            expert_cache_pin=a.expert_cache_pin,
         )
     except (ValueError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
