@@ -212,7 +212,7 @@ def run_llama(args, prompt: str) -> dict:
 STATS = re.compile(r"[\[ ](\d+) prompt tokens at ([\d.]+) tok/s, (\d+) generated at ([\d.]+) tok/s, "
                    r"finish: ([^,\]]+)")
 # The SSD tier's line (`--expert-cache`): prefill and decode hit rates and bytes read.
-CACHE = re.compile(r"experts took ([\d.]+)% of lookups; prefill ([\d.]+)% hits, ([\d.]+) MiB read; "
+CACHE = re.compile(r"experts took ([\d.]+)% of lookups;(?: [^;]*;)*? prefill ([\d.]+)% hits, ([\d.]+) MiB read; "
                    r"decode ([\d.]+)% hits, ([\d.]+) MiB read per token")
 GUESSED = re.compile(r"fetched ahead \(([\d.]+)% of the experts used guessed\)")
 

@@ -79,6 +79,10 @@ pub struct SimulateArgs {
     /// With `--expert-cache`: `lfu` (the default), `lru`, `ema` or `ema:ALPHA`.
     #[arg(long, value_name = "RULE", requires = "expert_cache")]
     expert_cache_rule: Option<String>,
+    /// With `--expert-cache`: a routing trace whose most used experts are read at start and
+    /// never evicted, as `strata generate --expert-cache-pin` pins them.
+    #[arg(long, value_name = "TRACE", requires = "expert_cache")]
+    expert_cache_pin: Option<PathBuf>,
 }
 
 fn parse_policy(
@@ -300,10 +304,20 @@ fn print_ssd_tier(
             format!("--expert-cache-rule {r}: expected lfu, lru, ema or ema:ALPHA (0 < ALPHA <= 1)")
         })?,
     };
+    let pin_profile = match &args.expert_cache_pin {
+        Some(path) => Some(
+            trace::read_file(path)
+                .with_context(|| format!("--expert-cache-pin {}", path.display()))?
+                .1
+                .profile(),
+        ),
+        None => None,
+    };
     let params = SsdTierParams {
         cache_bytes,
         rule,
         pinned: Vec::new(),
+        pin_profile,
     };
     let r = simulate_ssd_tier(cost, w, &params)
         .with_context(|| format!("--expert-cache on hardware {}", args.hardware))?;
@@ -325,6 +339,13 @@ fn print_ssd_tier(
         (r.slots as u64 * r.expert_bytes) as f64 / (1u64 << 20) as f64,
         cost.hw.ssd.as_ref().map_or(0.0, |s| s.read_bw / 1e9)
     )?;
+    if r.pinned > 0 {
+        outln!(
+            "pinned     {} experts, read at start in {:.2} s",
+            r.pinned,
+            r.pin_seconds
+        )?;
+    }
     outln!(
         "model      {} ({} MoE layers, {} experts, top-{}); each layer's most used 30% of experts took {:.1}% of lookups",
         args.model,

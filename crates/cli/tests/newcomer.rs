@@ -329,6 +329,17 @@ fn simulate_runs_the_ssd_tier() {
     ]);
     assert!(!o.status.success());
     assert!(stderr(&o).contains("no `ssd`"), "{}", stderr(&o));
+    let o = run(&[
+        "simulate",
+        "--model",
+        "qwen3-30b-a3b",
+        "--expert-cache",
+        "8G",
+        "--expert-cache-pin",
+        "/no/such.trace",
+    ]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("/no/such.trace"), "{}", stderr(&o));
 }
 
 /// `trace` reports its progress on stderr, a plain line when stderr is not a terminal.

@@ -159,6 +159,47 @@ impl SlotCache {
     }
 }
 
+/// Share of a cache's slots a usage profile's pins may take: the rest stay for the experts
+/// the profile did not foresee (and for reads ahead, which may take a quarter of them).
+pub const PINNED_SHARE: f64 = 0.5;
+
+/// The experts to pin in a cache of `slots` slots whose layers route to `top_k` experts:
+/// `explicit` ones, then the most used of `profile` (`[moe layer][expert]` activation counts;
+/// most used first, ties in layer then expert order; never one it never saw) up to
+/// [`PINNED_SHARE`] of the slots, always leaving `top_k` free. `(moe layer, expert)`.
+pub fn pins(
+    explicit: &[(usize, u32)],
+    profile: Option<&[Vec<u64>]>,
+    slots: usize,
+    top_k: usize,
+) -> Vec<(usize, u32)> {
+    let mut pinned = explicit.to_vec();
+    let Some(profile) = profile else {
+        return pinned;
+    };
+    let room = ((slots as f64 * PINNED_SHARE) as usize).min(slots.saturating_sub(top_k));
+    let mut all: Vec<(u64, usize, u32)> = profile
+        .iter()
+        .enumerate()
+        .flat_map(|(l, c)| {
+            c.iter()
+                .enumerate()
+                .filter(|(_, n)| **n > 0)
+                .map(move |(e, &n)| (n, l, e as u32))
+        })
+        .collect();
+    all.sort_by(|a, b| b.0.cmp(&a.0).then((a.1, a.2).cmp(&(b.1, b.2))));
+    for (_, l, e) in all {
+        if pinned.len() >= room {
+            break;
+        }
+        if !pinned.contains(&(l, e)) {
+            pinned.push((l, e));
+        }
+    }
+    pinned
+}
+
 /// Routing skew: the share of lookups (`uses[layer][expert]`) that went to each layer's most
 /// used 30% of experts (0.3 when routing is uniform; 0.69-0.81 in the trained strata-tiny-moe).
 pub fn top30_share(uses: &[Vec<u64>]) -> f64 {
@@ -175,6 +216,21 @@ pub fn top30_share(uses: &[Vec<u64>]) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pins_are_the_most_used_up_to_half_the_slots_never_the_unused() {
+        let profile = vec![vec![5, 0, 9], vec![9, 1, 0]];
+        assert_eq!(pins(&[], Some(&profile), 6, 2), [(0, 2), (1, 0), (0, 0)]);
+        // Explicit pins first; a small cache leaves top_k slots free.
+        assert_eq!(
+            pins(&[(1, 1)], Some(&profile), 6, 2),
+            [(1, 1), (0, 2), (1, 0)]
+        );
+        assert_eq!(pins(&[], Some(&profile), 3, 2), [(0, 2)]);
+        // Unused experts are never pinned, however many slots there are.
+        assert_eq!(pins(&[], Some(&profile), 100, 2).len(), 4);
+        assert_eq!(pins(&[(0, 1)], None, 100, 2), [(0, 1)]);
+    }
 
     #[test]
     fn slots_are_reused_by_the_rule_never_taking_kept_pinned_or_filling_experts() {

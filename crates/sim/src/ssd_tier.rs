@@ -16,7 +16,7 @@ use std::collections::HashSet;
 
 use serde::Serialize;
 use strata_policy::replacement::Replacement;
-use strata_policy::slots::{ExpertKey, Lookup, SlotCache, top30_share};
+use strata_policy::slots::{ExpertKey, Lookup, SlotCache, pins, top30_share};
 use strata_policy::{CostModel, Device, Phase};
 
 use crate::workload::{Step, Workload};
@@ -29,8 +29,11 @@ pub struct SsdTierParams {
     pub cache_bytes: u64,
     /// Which cached expert gives up its slot.
     pub rule: Replacement,
-    /// Experts never evicted once read: `(moe layer, expert)`.
+    /// Experts read at start and never evicted: `(moe layer, expert)`.
     pub pinned: Vec<(usize, u32)>,
+    /// Expert activation counts, `[moe layer][expert]` (a routing trace's): their most used
+    /// are pinned as well, as the engine pins them (`strata_policy::slots::pins`).
+    pub pin_profile: Option<Vec<Vec<u64>>>,
 }
 
 /// One phase's figures.
@@ -80,6 +83,10 @@ pub struct SsdTierReport {
     pub decode: PhaseFigures,
     /// Routing skew: the share of lookups that went to each layer's most used 30% of experts.
     pub top30_share: f64,
+    /// Experts pinned, read before the first step.
+    pub pinned: usize,
+    /// Seconds their reads took, back to back at the drive's rate (not in any phase).
+    pub pin_seconds: f64,
 }
 
 /// Replays `workload` through the tier `params` describes on `cost`'s machine, which must
@@ -117,8 +124,31 @@ pub fn simulate_ssd_tier(
             expert_bytes * workload.top_k as u64
         )));
     }
+    let pinned = pins(
+        &params.pinned,
+        params.pin_profile.as_deref(),
+        slots,
+        workload.top_k,
+    );
+    if pinned.len() + workload.top_k > slots {
+        return Err(Error::Mismatch(format!(
+            "{} pinned experts leave fewer than the {} slots a token needs in a cache of {slots}",
+            pinned.len(),
+            workload.top_k
+        )));
+    }
     let mut cache = SlotCache::new(slots, params.rule);
-    cache.pin(params.pinned.iter().map(|&(l, e)| (l as u32, e)));
+    let keys: HashSet<ExpertKey> = pinned.iter().map(|&(l, e)| (l as u32, e)).collect();
+    cache.pin(keys.iter().copied());
+    // Read at start, as the engine does: in the cache before the first step.
+    for &key in &keys {
+        let slot = cache.claim(key, 0, &keys).expect("room was checked");
+        cache.filled(slot, true);
+    }
+    let pin_seconds = match keys.len() {
+        0 => 0.0,
+        n => ssd.latency_s + (n as u64 * expert_bytes) as f64 / ssd.read_bw,
+    };
     let mut tier = Tier {
         cost,
         read_s: |bytes: u64| bytes as f64 / ssd.read_bw,
@@ -142,6 +172,8 @@ pub fn simulate_ssd_tier(
         prefill,
         decode,
         top30_share: top30_share(&tier.uses),
+        pinned: keys.len(),
+        pin_seconds,
     })
 }
 
@@ -293,6 +325,7 @@ mod tests {
             cache_bytes,
             rule: Replacement::Lfu,
             pinned: Vec::new(),
+            pin_profile: None,
         };
         let big = simulate_ssd_tier(&cost, &w, &params(all)).unwrap();
         let used: u64 = {
@@ -309,6 +342,18 @@ mod tests {
             read,
             used * cost.expert_bytes(),
             "each used expert read once"
+        );
+        // The workload's own most used experts pinned: read at start, never again.
+        let pinned = SsdTierParams {
+            pin_profile: Some(w.profile()),
+            ..params(all)
+        };
+        let p = simulate_ssd_tier(&cost, &w, &pinned).unwrap();
+        assert!(p.pinned > 0 && p.pinned <= p.slots / 2, "{p:?}");
+        assert!(p.pin_seconds >= (p.pinned as u64 * cost.expert_bytes()) as f64 / 1e12);
+        assert_eq!(
+            p.prefill.bytes_read + p.decode.bytes_read,
+            (used - p.pinned as u64) * cost.expert_bytes()
         );
         assert_eq!(
             big.prefill.lookups + big.decode.lookups - (big.prefill.hits + big.decode.hits),

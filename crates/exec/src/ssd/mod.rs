@@ -329,22 +329,14 @@ impl SsdTier {
                 opts.pinned.len()
             )));
         }
-        let mut pinned = opts.pinned.clone();
         if let Some(profile) = &opts.pin_profile {
             pins::check_profile(
                 profile,
                 &layers.iter().map(GgmlExperts::len).collect::<Vec<_>>(),
             )?;
-            let room = ((n as f64 * pins::PINNED_SHARE) as usize).min(n - top_k);
-            for key in pins::hottest(profile, usize::MAX) {
-                if pinned.len() >= room {
-                    break;
-                }
-                if !pinned.contains(&key) {
-                    pinned.push(key);
-                }
-            }
         }
+        let pinned =
+            strata_policy::slots::pins(&opts.pinned, opts.pin_profile.as_deref(), n, top_k);
         let reader =
             Reader::open(path, opts.readers, opts.io_uring).map_err(|e| io_error(path, e))?;
         let mut store = Store::new(n, slot, opts.replacement);

@@ -1,4 +1,5 @@
-//! Hot experts pinned in the cache from usage statistics (Fiddler's and KTransformers'
+//! Hot experts pinned in the cache from usage statistics (which ones:
+//! `strata_policy::slots::pins`, shared with the simulator) (Fiddler's and KTransformers'
 //! profile, one level down): the experts a routing trace used most are read at start, in one
 //! burst of reads in flight together, and never evicted, so the first tokens find them and a
 //! run of cold experts cannot push them out.
@@ -10,37 +11,12 @@ use std::time::Instant;
 use super::{SsdTier, State, size};
 use crate::{Error, Result};
 
-/// Share of the cache's slots a profile's pins may take: the rest stay for the experts the
-/// profile did not foresee (and for prefetch, which may take a quarter of them).
-pub(crate) const PINNED_SHARE: f64 = 0.5;
-
 /// A routing trace's expert activation counts, `[moe layer][expert]` (`strata trace`),
 /// for [`super::SsdOptions::pin_profile`]; an error naming the trace.
 pub fn pin_profile_from_trace(path: &Path) -> Result<Vec<Vec<u64>>> {
     let (_, w) = strata_sim::trace::read_file(path)
         .map_err(|e| Error::Config(format!("expert cache pins from {}: {e}", path.display())))?;
     Ok(w.profile())
-}
-
-/// The `count` most used experts of `profile` (`[moe layer][expert]` counts), never an
-/// expert it never saw: `(moe layer, expert)`, most used first, ties in layer then expert
-/// order.
-pub(crate) fn hottest(profile: &[Vec<u64>], count: usize) -> Vec<(usize, u32)> {
-    let mut all: Vec<(u64, usize, u32)> = profile
-        .iter()
-        .enumerate()
-        .flat_map(|(l, c)| {
-            c.iter()
-                .enumerate()
-                .filter(|(_, n)| **n > 0)
-                .map(move |(e, &n)| (n, l, e as u32))
-        })
-        .collect();
-    all.sort_by(|a, b| b.0.cmp(&a.0).then((a.1, a.2).cmp(&(b.1, b.2))));
-    all.into_iter()
-        .take(count)
-        .map(|(_, l, e)| (l, e))
-        .collect()
 }
 
 /// Checks a profile against the model's MoE layers and their expert counts.
@@ -123,14 +99,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_hottest_are_the_most_used_never_the_unused() {
+    fn a_profile_of_another_shape_is_refused() {
         let profile = vec![vec![5, 0, 9], vec![9, 1, 0]];
-        assert_eq!(hottest(&profile, 3), [(0, 2), (1, 0), (0, 0)]);
-        assert_eq!(
-            hottest(&profile, 10).len(),
-            4,
-            "unused experts are never pinned"
-        );
         assert!(check_profile(&profile, &[3, 3]).is_ok());
         let e = check_profile(&profile, &[3, 3, 3]).unwrap_err().to_string();
         assert!(
