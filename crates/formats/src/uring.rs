@@ -1,6 +1,6 @@
-//! Positioned reads through io_uring: every read of every queued buffer in flight at once,
-//! submitted and reaped by one thread, where a thread pool keeps one read in flight per
-//! thread. The SSD tier reads its experts this way where the kernel allows io_uring.
+//! Positioned reads through io_uring: up to `depth` reads in flight, started in the order
+//! they were queued, submitted and reaped by one thread, where a thread pool needs a thread
+//! per read in flight. The SSD tier reads its experts this way where the kernel allows io_uring.
 //!
 //! A key design decision: the ring owns each buffer (an `Arc<AlignedBuf>` held by nobody
 //! else) from submission until every read into it has completed, and only then hands it

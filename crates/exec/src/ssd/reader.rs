@@ -3,8 +3,9 @@
 //! second copy of what the cache holds.
 //!
 //! Two ways to keep reads in flight: io_uring (`strata_formats::uring`), where the kernel
-//! allows it, puts every extent of every queued expert in flight from one thread; otherwise a
-//! pool of threads doing `pread` keeps one expert in flight per thread. Both hand back the
+//! allows it, keeps as many extents in flight as the pool has threads, in the order queued,
+//! from one thread; otherwise a pool of threads doing `pread` keeps one expert in flight per
+//! thread. Both hand back the
 //! same [`ReadDone`]; a read the ring could not finish (a refused direct read, a short file)
 //! is done again with `pread` by [`read_extents`], so the fallbacks and error messages are
 //! written once.
@@ -74,7 +75,7 @@ type RingTag = (Key, usize, [Extent; 3]);
 
 /// How reads are kept in flight.
 enum Backend {
-    /// io_uring: every extent of every queued expert at once.
+    /// io_uring: queued experts' extents, a fixed number in flight.
     #[cfg(target_os = "linux")]
     Ring(strata_formats::uring::Ring<RingTag>),
     /// A pool of threads, one expert each.
