@@ -468,7 +468,8 @@ impl DeviceArgs {
         };
         Replacement::parse(rule).with_context(|| {
             format!(
-                "--expert-cache-rule {rule}: expected lfu, lru, ema or ema:ALPHA (0 < ALPHA <= 1)"
+                "--expert-cache-rule {rule}: expected {}",
+                Replacement::NAMES
             )
         })
     }

@@ -300,9 +300,8 @@ fn print_ssd_tier(
         .with_context(|| format!("--expert-cache {size}: a size such as 6G"))?;
     let rule = match &args.expert_cache_rule {
         None => Replacement::Lfu,
-        Some(r) => Replacement::parse(r).with_context(|| {
-            format!("--expert-cache-rule {r}: expected lfu, lru, ema or ema:ALPHA (0 < ALPHA <= 1)")
-        })?,
+        Some(r) => Replacement::parse(r)
+            .with_context(|| format!("--expert-cache-rule {r}: expected {}", Replacement::NAMES))?,
     };
     let pin_profile = match &args.expert_cache_pin {
         Some(path) => Some(

@@ -23,6 +23,9 @@ pub enum Replacement {
 }
 
 impl Replacement {
+    /// The names [`Replacement::parse`] reads, for error messages.
+    pub const NAMES: &'static str = "lfu, lru, ema or ema:ALPHA (0 < ALPHA <= 1)";
+
     /// The rule named `name` (`lru`, `lfu`, `ema` with TriMoE's alpha 0.3, or `ema:ALPHA`).
     pub fn parse(name: &str) -> Option<Replacement> {
         match name {

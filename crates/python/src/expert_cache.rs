@@ -56,7 +56,8 @@ pub fn options(
         None => Replacement::Lfu,
         Some(r) => Replacement::parse(r).ok_or_else(|| {
             PyValueError::new_err(format!(
-                "expert_cache_rule {r}: expected 'lfu', 'lru', 'ema' or 'ema:ALPHA' (0 < ALPHA <= 1)"
+                "expert_cache_rule {r}: expected {}",
+                Replacement::NAMES
             ))
         })?,
     };
