@@ -414,8 +414,8 @@ function fillTable(id, rows) {
   }));
 }
 
-// The SSD tier's cache: hits, reads, the guesses that read ahead and, under three tiers,
-// what the accelerator took from it.
+// The SSD tier's cache: hits, reads, the guesses that read ahead, its pinned experts and,
+// under three tiers, what the accelerator took from it.
 function showSsd(now, get, rate) {
   const c = (r) => get(now, `strata_expert_cache_lookups_total{result="${r}"}`);
   const [hits, inFlight, misses] = [c("hit"), c("in_flight"), c("miss")];
@@ -430,6 +430,8 @@ function showSsd(now, get, rate) {
     ["waited for reads", `${get(now, "strata_expert_cache_wait_seconds_total").toFixed(2)} s`],
     ["cache", `${mib(get(now, "strata_expert_cache_bytes"))} MiB`],
   ];
+  const pinned = get(now, "strata_expert_cache_pinned_experts");
+  if (pinned > 0) rows.push(["pinned (read at start)", `${pinned} experts`]);
   // Three tiers: the accelerator's uploads read through this cache.
   const d = (s) => get(now, `strata_expert_cache_device_reads_total{source="${s}"}`);
   const toDevice = d("cache") + d("file");
