@@ -237,6 +237,8 @@ pub fn init_logging() {
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    // Before any thread allocates: the prefix cache's budget must hold in resident memory.
+    strata_kernels::limit_malloc_arenas(strata_server::MALLOC_ARENAS);
     init_logging();
     let path = args.model.dir()?;
     let loaded = load_engine(&args.model, &args.device, &path)?;

@@ -609,6 +609,9 @@ pub fn serve(
     expert_cache_rule: Option<&str>,
     expert_cache_pin: Option<PathBuf>,
 ) -> PyResult<()> {
+    // Before the model loads, as `strata serve` does: the prefix cache's budget must hold in
+    // resident memory.
+    strata_kernels::limit_malloc_arenas(strata_server::MALLOC_ARENAS);
     let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_max_level(tracing::Level::INFO)

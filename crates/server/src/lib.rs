@@ -88,6 +88,13 @@ pub use error::{ApiError, ServerError};
 /// Largest request body accepted, in bytes.
 pub const DEFAULT_MAX_BODY: usize = 4 << 20;
 
+/// glibc malloc arenas a server process runs with (`strata_kernels::limit_malloc_arenas`,
+/// set before the model loads; `MALLOC_ARENA_MAX` overrides). With glibc's default (eight
+/// per core) a 128 MiB prefix cache left `strata serve` on SmolLM2-135M at 361-373 MiB
+/// of VmRSS after churn, 150-180 MiB more than without the cache; with one arena at 318-324
+/// MiB, 137-143 MiB more, at the same request rate (docs/benchmarks.md, 2026-11-29).
+pub const MALLOC_ARENAS: usize = 1;
+
 /// What the handlers share.
 #[derive(Debug)]
 pub struct AppState {
