@@ -140,15 +140,10 @@ fn policy_parser() -> impl clap::builder::TypedValueParser<Value = PolicyKind> {
     PossibleValuesParser::new(values).try_map(|s| s.parse::<PolicyKind>())
 }
 
-/// What the expert cache says once, at start: why reads are buffered or on threads, and the
-/// pinned experts read.
+/// What the expert cache says once, at start ([`SsdTier::start_notes`]).
 fn say_notes(tier: &SsdTier) {
-    if let Some(note) = tier.take_note() {
+    for note in tier.start_notes() {
         eprintln!("[expert cache: {note}]");
-    }
-    let pinned = tier.stats().pinned;
-    if pinned.experts > 0 {
-        eprintln!("[expert cache: {pinned}]");
     }
 }
 

@@ -161,15 +161,11 @@ impl MetricsSource for SsdMetrics {
     }
 }
 
-/// What the tier says once, at start, as the command line says it: why reads are buffered
-/// or on threads, and the pinned experts read.
+/// What the tier says once, at start, as the command line says it
+/// ([`SsdTier::start_notes`]).
 pub fn say_notes(tier: &SsdTier) {
-    if let Some(note) = tier.take_note() {
+    for note in tier.start_notes() {
         eprintln!("[expert cache: {note}]");
-    }
-    let pinned = tier.stats().pinned;
-    if pinned.experts > 0 {
-        eprintln!("[expert cache: {pinned}]");
     }
 }
 

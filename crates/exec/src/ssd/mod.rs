@@ -390,6 +390,14 @@ impl SsdTier {
         self.lock_reader().take_note()
     }
 
+    /// What a front end says once, at start: [`SsdTier::take_note`], then the pinned
+    /// experts read.
+    pub fn start_notes(&self) -> Vec<String> {
+        let pinned = self.stats().pinned;
+        let pinned = (pinned.experts > 0).then(|| pinned.to_string());
+        self.take_note().into_iter().chain(pinned).collect()
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
