@@ -217,11 +217,12 @@ fn cumulative(svg: &mut Svg, p: &Panel, ranked: &[Vec<(usize, f64)>]) {
 }
 
 /// The compute peaks `bench moe` measures, as (JSON key, label).
-const COMPUTE_PEAKS: [(&str, &str); 6] = [
+const COMPUTE_PEAKS: [(&str, &str); 7] = [
     ("amx_bf16_tflops", "AMX BF16"),
     ("amx_int8_tops", "AMX INT8"),
     ("avx512_bf16_tflops", "AVX-512 BF16"),
     ("avx512_vnni_tops", "AVX-512 VNNI"),
+    ("avx_vnni_tops", "AVX-VNNI"),
     ("avx2_int8_tops", "AVX2 INT8"),
     ("avx2_fma_tflops", "AVX2 FMA"),
 ];

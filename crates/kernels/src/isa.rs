@@ -1,4 +1,5 @@
-//! Which instruction-set path the kernels run: AMX, AVX-512, AVX2 or portable Rust.
+//! Which instruction-set path the kernels run: AMX, AVX-512, AVX2 (with or without AVX-VNNI)
+//! or portable Rust.
 //!
 //! Features are detected once and cached. AMX needs three things: the CPU bits (CPUID leaf 7,
 //! EDX bits 22 AMX-BF16, 24 AMX-TILE, 25 AMX-INT8), the OS enabling tile state in XCR0 (bits 17
@@ -10,9 +11,14 @@
 //! The row-dot kernels on ggml's block formats (`crate::ggml`) run on AVX-512 VNNI from
 //! [`Isa::Avx512`] up and on AVX2 (with FMA) below; AVX2 also serves the packed
 //! BF16/INT8/INT4 micro-kernels (`packed::micro::avx2`) on CPUs without AVX-512.
+//! [`Isa::AvxVnni`] is AVX2 plus the VEX-encoded `vpdpbusd`/`vpdpwssd` (Intel client cores from
+//! Alder Lake on, AMD Zen 5): the VNNI kernels run there on 256-bit registers
+//! (`vnni_unit::AvxVnni`) where they measured faster than the AVX2 ones. It is not implied by
+//! AVX-512 (Zen 4 has AVX-512 VNNI but not the VEX form), so it is available only where the
+//! CPU reports it, whatever the order says.
 //!
-//! `STRATA_KERNEL=portable|avx2|avx512|amx` forces a path (for tests and benchmarks); a forced path
-//! the CPU lacks falls back to the best available one below it, never to a SIGILL.
+//! `STRATA_KERNEL=portable|avx2|avxvnni|avx512|amx` forces a path (for tests and benchmarks); a
+//! forced path the CPU lacks falls back to the best available one below it, never to a SIGILL.
 
 use std::sync::OnceLock;
 
@@ -23,6 +29,8 @@ pub enum Isa {
     Portable,
     /// AVX2 with FMA and F16C (`vpmaddubsw` int8 dot products, 256-bit f32 FMA).
     Avx2,
+    /// AVX2 with AVX-VNNI (`vpdpbusd` on 256-bit registers).
+    AvxVnni,
     /// AVX-512 F/BW with BF16 (`vdpbf16ps`) and VNNI (`vpdpbusd`).
     Avx512,
     /// AMX tiles (`tdpbf16ps`, `tdpbsud`); implies [`Isa::Avx512`].
@@ -35,6 +43,7 @@ impl Isa {
         match self {
             Isa::Portable => "portable",
             Isa::Avx2 => "avx2",
+            Isa::AvxVnni => "avxvnni",
             Isa::Avx512 => "avx512",
             Isa::Amx => "amx",
         }
@@ -45,6 +54,7 @@ impl Isa {
         match s {
             "portable" => Some(Isa::Portable),
             "avx2" => Some(Isa::Avx2),
+            "avxvnni" => Some(Isa::AvxVnni),
             "avx512" => Some(Isa::Avx512),
             "amx" => Some(Isa::Amx),
             _ => None,
@@ -53,15 +63,21 @@ impl Isa {
 
     /// True when this machine can run the path.
     pub fn is_available(self) -> bool {
-        self <= detected()
+        self <= detected() && (self != Isa::AvxVnni || has_avx_vnni())
     }
 
     /// Every path this machine can run, most portable first.
     pub fn available() -> Vec<Isa> {
-        [Isa::Portable, Isa::Avx2, Isa::Avx512, Isa::Amx]
-            .into_iter()
-            .filter(|i| i.is_available())
-            .collect()
+        [
+            Isa::Portable,
+            Isa::Avx2,
+            Isa::AvxVnni,
+            Isa::Avx512,
+            Isa::Amx,
+        ]
+        .into_iter()
+        .filter(|i| i.is_available())
+        .collect()
     }
 
     /// The path kernels use by default: the best detected one, or `STRATA_KERNEL` capped to it.
@@ -72,7 +88,10 @@ impl Isa {
             std::env::var("STRATA_KERNEL")
                 .ok()
                 .and_then(|v| Isa::from_name(v.trim()))
-                .map_or(best, |forced| forced.min(best))
+                .map_or(best, |forced| match forced.min(best) {
+                    Isa::AvxVnni if !has_avx_vnni() => Isa::Avx2,
+                    isa => isa,
+                })
         })
     }
 }
@@ -93,7 +112,11 @@ fn detect() -> Isa {
         let avx2 = std::arch::is_x86_feature_detected!("avx2")
             && std::arch::is_x86_feature_detected!("fma")
             && std::arch::is_x86_feature_detected!("f16c");
-        return if avx2 { Isa::Avx2 } else { Isa::Portable };
+        return match (avx2, has_avx_vnni()) {
+            (true, true) => Isa::AvxVnni,
+            (true, false) => Isa::Avx2,
+            _ => Isa::Portable,
+        };
     }
     if amx_cpu_and_os() && request_amx_permission() {
         Isa::Amx
@@ -105,6 +128,23 @@ fn detect() -> Isa {
 #[cfg(not(target_arch = "x86_64"))]
 fn detect() -> Isa {
     Isa::Portable
+}
+
+/// Whether the CPU has AVX2, FMA, F16C and AVX-VNNI (the VEX form of `vpdpbusd`), whatever
+/// the selected path.
+pub(crate) fn has_avx_vnni() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static HAS: OnceLock<bool> = OnceLock::new();
+        *HAS.get_or_init(|| {
+            std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+                && std::arch::is_x86_feature_detected!("f16c")
+                && std::arch::is_x86_feature_detected!("avxvnni")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
 }
 
 /// CPUID AMX-BF16/TILE/INT8 bits and XCR0 tile-state bits.
@@ -178,7 +218,13 @@ mod tests {
 
     #[test]
     fn names_round_trip_and_selection_is_available() {
-        for isa in [Isa::Portable, Isa::Avx2, Isa::Avx512, Isa::Amx] {
+        for isa in [
+            Isa::Portable,
+            Isa::Avx2,
+            Isa::AvxVnni,
+            Isa::Avx512,
+            Isa::Amx,
+        ] {
             assert_eq!(Isa::from_name(isa.name()), Some(isa));
         }
         assert_eq!(Isa::from_name("sse"), None);

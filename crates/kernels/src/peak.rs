@@ -70,6 +70,20 @@ pub fn avx2_int8_tops(target_s: f64) -> Option<f64> {
     None
 }
 
+/// AVX-VNNI `vpdpbusd` (VEX, on ymm) throughput in TOPS (2 ops per multiply-add), or `None`
+/// without it.
+pub fn avx_vnni_tops(target_s: f64) -> Option<f64> {
+    #[cfg(target_arch = "x86_64")]
+    if crate::isa::has_avx_vnni() {
+        // SAFETY: AVX-VNNI was detected.
+        let f = |n| unsafe { x86::dpbusd_ymm_loop(n) };
+        // 16 accumulators x 8 lanes x 4 multiply-adds x 2 ops per iteration.
+        return Some(rate(16.0 * 64.0, target_s, f) / 1e12);
+    }
+    let _ = target_s;
+    None
+}
+
 /// AVX2 f32 FMA (`vfmadd231ps` on ymm) throughput in TFLOPS (2 FLOP per multiply-add), the
 /// instruction of the packed BF16 kernel on AVX2, or `None` without AVX2 and FMA.
 pub fn avx2_fma_tflops(target_s: f64) -> Option<f64> {
@@ -250,6 +264,20 @@ mod x86 {
         std::hint::black_box(acc);
     }
 
+    /// # Safety
+    /// AVX2 and AVX-VNNI must be available.
+    #[target_feature(enable = "avx2,avxvnni")]
+    pub(super) unsafe fn dpbusd_ymm_loop(n: u64) {
+        let a = std::hint::black_box(_mm256_set1_epi8(3));
+        let mut acc = [_mm256_setzero_si256(); 16];
+        for _ in 0..n {
+            for acc in acc.iter_mut() {
+                *acc = _mm256_dpbusd_avx_epi32(*acc, a, a);
+            }
+        }
+        std::hint::black_box(acc);
+    }
+
     /// Sums `words` as `STREAMS` interleaved sequential streams, 64 bytes from each per step
     /// (tail ignored).
     ///
@@ -341,6 +369,7 @@ mod tests {
             assert!(t > 0.0);
         }
         assert_eq!(avx2_fma_tflops(0.001).is_some(), detected() >= Isa::Avx2);
+        assert_eq!(avx_vnni_tops(0.001).is_some(), crate::isa::has_avx_vnni());
         assert_eq!(amx_bf16_tflops(0.001).is_some(), detected() == Isa::Amx);
     }
 }

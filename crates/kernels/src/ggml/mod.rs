@@ -50,9 +50,13 @@ pub fn tile_path(
 }
 
 /// The instruction set the row-dot kernels of the integer types run on when `isa` is
-/// selected: AVX-512 VNNI from [`crate::Isa::Avx512`] up, else AVX2 or portable code.
+/// selected: AVX-512 VNNI from [`crate::Isa::Avx512`] up, else AVX2 (AVX-VNNI CPUs too, see
+/// `vecdot::kernel`) or portable code.
 pub fn row_dot_isa(isa: crate::Isa) -> crate::Isa {
-    isa.min(crate::Isa::Avx512)
+    match isa.min(crate::Isa::Avx512) {
+        crate::Isa::AvxVnni => crate::Isa::Avx2,
+        isa => isa,
+    }
 }
 
 /// Whether the int8 kernels compute `ty` in place; other readable types are dequantized to

@@ -10,7 +10,9 @@
 //!
 //! On AVX-512, types with an integer form (`super::has_fast_kernel`) decode to INT8 with a
 //! scale per 32 (`int8`): `vpdpbusd` does twice the multiplies of `vdpbf16ps`, and a tile
-//! decodes faster. AMX and the other types take BF16 tiles ([`tile_for`]).
+//! decodes faster. AMX and the other types take BF16 tiles ([`tile_for`]). On AVX-VNNI
+//! without AVX-512 the INT8 tiles run on 256-bit halves, for the types whose fill stays cheap
+//! there; plain AVX2 keeps its row-dot kernels.
 //!
 //! A key design decision: the tile is written in exactly the layout [`PackedMatrix`] packs at
 //! load, and viewed as one, so every packed micro-kernel, the AMX tile program on the software
@@ -73,6 +75,24 @@ pub(crate) const INT8_MIN_TOKENS_AVX512: usize = 32;
 /// row-dot kernels 0.043-0.053 / 0.076-0.102 / 0.168-0.198 / 0.328-0.393, AMX BF16 tiles
 /// 0.10-0.13 / 0.11-0.14 / 0.13-0.145 / 0.135-0.142.
 pub(crate) const INT8_MIN_TOKENS_Q4_K: usize = 8;
+/// Fewest tokens for INT8 tiles on AVX-VNNI (the AVX-512 register tiles on 256-bit halves),
+/// for the types whose tiles are their blocks' integers with no bias ([`avx_vnni_tiles`]).
+/// Measured with `strata bench moe --formats q4_k,q6_k,q8_0,iq4_xs --tokens
+/// 64,128,256,512,1024` (`STRATA_KERNEL=avxvnni`, `STRATA_GGML_TILES=int8,1` against
+/// `int8,1000000000`) on the 2-vCPU Xeon with AMX (2026-11-29, docs/benchmarks.md), seconds
+/// per call against the AVX2 row-dot kernels at 16 / 32 / 64 tokens per expert: Q8_0
+/// 0.259 / 0.303 / 0.693 against 0.272-0.319 / 0.558-0.647 / 1.17-1.26, IQ4_XS 0.474 /
+/// 0.586 / 0.686 against 0.344-0.386 / 0.589-0.803 / 1.46-1.47. Q4_K was level with its
+/// AVX2 row-dot kernel up to 64 tokens per expert and Q6_K (requantized per 32) 1.3-16x
+/// slower: there the tile fill, in scalar code below AVX-512, costs more than the multiply
+/// saves.
+pub(crate) const INT8_MIN_TOKENS_AVX_VNNI: usize = 32;
+
+/// Whether `ty` takes INT8 tiles on AVX-VNNI: its tile is its blocks' integers as stored,
+/// with no per-group bias (Q4_0, Q5_0, Q8_0, IQ4_NL, IQ4_XS).
+fn avx_vnni_tiles(ty: GgmlType) -> bool {
+    int8::exact(ty) && !int8::biased(ty)
+}
 
 /// What a tile is decoded to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -119,8 +139,8 @@ fn forced() -> (Option<TileFormat>, Option<usize>) {
 }
 
 /// The micro-kernel path and tile format for `m` tokens of `ty` on `isa`, when the tile path
-/// applies: the CPU has tile or wide vector units and there are enough tokens to repay the
-/// decode.
+/// applies: the CPU has tile or int8 dot-product units and there are enough tokens to repay
+/// the decode.
 pub(crate) fn tile_for(isa: Isa, m: usize, ty: GgmlType) -> Option<(Kernel, TileFormat)> {
     let (fmt, min) = forced();
     // Q4_K's tiles decode fast enough to repay them from a few tokens on; on AMX they run on
@@ -132,18 +152,25 @@ pub(crate) fn tile_for(isa: Isa, m: usize, ty: GgmlType) -> Option<(Kernel, Tile
     }
     // AMX keeps BF16: `tdpbsud` with a scale per 32 flushes its four accumulator tiles per 32
     // `k`, and the flush, not the multiply, sets the speed (see `INT8_MIN_TOKENS_AMX`).
-    let fmt = fmt.unwrap_or(if has_fast_kernel(ty) && isa == Isa::Avx512 {
+    // Below AVX-512 there are INT8 tiles only (the AVX2 "BF16" kernel is f32 FMA).
+    let fmt = fmt.unwrap_or(if has_fast_kernel(ty) && isa < Isa::Amx {
         TileFormat::Int8
     } else {
         TileFormat::Bf16
     });
-    let min = min.unwrap_or(match (isa, fmt) {
-        (Isa::Amx, TileFormat::Bf16) => TILE_MIN_TOKENS_AMX,
-        (Isa::Amx, TileFormat::Int8) => INT8_MIN_TOKENS_AMX,
-        (Isa::Avx512, TileFormat::Bf16) => TILE_MIN_TOKENS_AVX512,
-        (Isa::Avx512, TileFormat::Int8) => INT8_MIN_TOKENS_AVX512,
-        (Isa::Avx2 | Isa::Portable, _) => return None,
-    });
+    let default_min = match (isa, fmt) {
+        (Isa::Portable, _) => return None,
+        (Isa::Amx, TileFormat::Bf16) => Some(TILE_MIN_TOKENS_AMX),
+        (Isa::Amx, TileFormat::Int8) => Some(INT8_MIN_TOKENS_AMX),
+        (Isa::Avx512, TileFormat::Bf16) => Some(TILE_MIN_TOKENS_AVX512),
+        (Isa::Avx512, TileFormat::Int8) => Some(INT8_MIN_TOKENS_AVX512),
+        (Isa::AvxVnni, TileFormat::Int8) if avx_vnni_tiles(ty) => Some(INT8_MIN_TOKENS_AVX_VNNI),
+        // AVX2 without AVX-VNNI: `vpmaddubsw` tiles were 0.9-1.4x its row-dot kernels at 32-64
+        // tokens per expert on the Xeon (Q8_0, IQ4_XS; Q4_K and Q6_K slower), not measured on
+        // an AVX2-only CPU: they run only when forced.
+        (Isa::Avx2 | Isa::AvxVnni, _) => None,
+    };
+    let min = min.or(default_min)?;
     (m >= min.max(1)).then_some((Kernel::Isa(isa), fmt))
 }
 

@@ -38,17 +38,20 @@ pub(crate) fn kernels() -> Vec<Kernel> {
 }
 
 /// The AVX-512 INT8/INT4 register tiles on the software VNNI unit against the reference
-/// (as every kernel in the sweeps) and bit for bit against the CPU's VNNI unit where it has
-/// one: ragged shapes, every integer format, `k` over several panels, activations and
+/// (as every kernel in the sweeps) and bit for bit against the CPU's VNNI units where it has
+/// them (AVX-512, AVX-VNNI): ragged shapes, every integer format, `k` over several panels, activations and
 /// weights at their extremes. (The portable kernel scales each flush into the output
 /// directly, so it differs in the last bits.)
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn vnni_integer_tiles_on_the_software_unit_equal_the_cpu_bit_for_bit() {
     let mut seed = 31;
-    let cpu = Isa::available().contains(&Isa::Avx512);
-    if !cpu {
-        eprintln!("NOT CHECKED: no AVX-512 VNNI here; the software unit runs alone");
+    let cpus: Vec<Isa> = [Isa::Avx512, Isa::AvxVnni]
+        .into_iter()
+        .filter(|i| i.is_available())
+        .collect();
+    if cpus.len() < 2 {
+        eprintln!("NOT CHECKED: this CPU runs only {cpus:?} of AVX-512 VNNI and AVX-VNNI");
     }
     let shapes = [
         (1, 16, 64),
@@ -80,11 +83,11 @@ fn vnni_integer_tiles_on_the_software_unit_equal_the_cpu_bit_for_bit() {
             p.matmul_ref(&x, m, &mut want).expect("shapes agree");
             assert_close(&want, &soft, &format!("{what} VnniSoft"));
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            if cpu {
+            for &isa in &cpus {
                 assert_eq!(
                     bits(&soft),
-                    bits(&run(Kernel::Isa(Isa::Avx512))),
-                    "{what}: software VNNI unit and the CPU differ"
+                    bits(&run(Kernel::Isa(isa))),
+                    "{what}: software VNNI unit and the CPU's {isa:?} differ"
                 );
             }
         }

@@ -1,8 +1,9 @@
 //! The instructions of the VNNI kernels (the GGUF row-dot kernels, the packed INT8/INT4
-//! register tiles), as a trait ([`Vnni`]) with two units: the CPU's AVX-512 F/BW/VNNI
-//! ([`hw::Avx512Vnni`]) and [`Soft`], a scalar model with the same semantics lane for lane,
-//! so every kernel runs (and is tested) on every machine and only the instruction encoding
-//! is left to the hardware.
+//! register tiles), as a trait ([`Vnni`]) with three units: the CPU's AVX-512 F/BW/VNNI
+//! ([`hw::Avx512Vnni`]), the CPU's AVX2 with AVX-VNNI, each value in two 256-bit halves
+//! ([`avx_vnni::AvxVnni`]), and [`Soft`], a scalar model with the same semantics lane for
+//! lane, so every kernel runs (and is tested) on every machine and only the instruction
+//! encoding is left to the hardware.
 //!
 //! Semantics are the instructions' own: `maddubs` saturates its i16 pair sums, `dpbusd` and
 //! `dpwssd` wrap in i32, shifts of 16-bit lanes by 16 or more give zero, `shufb` looks up
@@ -11,8 +12,12 @@
 //! one fixed tree, so a kernel's result is the same bits on both units.
 
 #[cfg(target_arch = "x86_64")]
+mod avx_vnni;
+#[cfg(target_arch = "x86_64")]
 mod hw;
 
+#[cfg(target_arch = "x86_64")]
+pub(crate) use avx_vnni::AvxVnni;
 #[cfg(target_arch = "x86_64")]
 pub(crate) use hw::Avx512Vnni;
 

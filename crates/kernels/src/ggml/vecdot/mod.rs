@@ -66,7 +66,8 @@ pub(crate) fn activation_block(ty: GgmlType) -> usize {
     }
 }
 
-/// The VNNI kernel of `$ty` run by `vnni::$on` (`on_cpu` or, in tests, `on_soft`).
+/// The VNNI kernel of `$ty` run by `vnni::$on` (`on_cpu`, `on_avx_vnni` or, in tests,
+/// `on_soft`).
 macro_rules! vnni_kernel {
     ($ty:expr, $on:ident) => {{
         use crate::ggml::vecdot::{BlockDot, vnni};
@@ -90,6 +91,11 @@ macro_rules! vnni_kernel {
 
 /// The in-register kernel for `ty` on `isa`, if there is one: the VNNI kernel on AVX-512
 /// where `ty` has one, else the AVX2 kernel.
+///
+/// AVX-VNNI CPUs keep the AVX2 kernels: the VNNI kernels on 256-bit halves
+/// (`vnni::on_avx_vnni`, checked in tests) measured 0.6-1.3x them at 1, 4 and 32 tokens per
+/// expert on a Xeon's AVX-VNNI (2026-11-29, docs/benchmarks.md; 2.2-3x slower for Q2_K,
+/// Q3_K and Q5_K, whose word permutes and variable shifts take several AVX2 instructions).
 pub(crate) fn kernel(isa: Isa, ty: GgmlType) -> Option<BlockDot> {
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx512

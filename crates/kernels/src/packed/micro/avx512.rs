@@ -10,15 +10,17 @@
 //! DRAM bound the speed, and the register tile only needs to keep up with memory.
 //!
 //! The INT8 and INT4 tiles are written against the VNNI instruction trait
-//! ([`crate::vnni_unit::Vnni`]): the CPU's unit here, the software unit in tests
-//! ([`block_soft`]), so that they run on every machine. The BF16 tile is hardware only.
+//! ([`crate::vnni_unit::Vnni`]): the CPU's AVX-512 unit here, its AVX-VNNI unit on CPUs
+//! without AVX-512 ([`block_avx_vnni`]: 2 tokens x 2 strips, the tile whose accumulators fit
+//! the 16 ymm registers as two halves each), the software unit in tests ([`block_soft`]), so
+//! that they run on every machine. The BF16 tile is AVX-512 only.
 
 use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::{correction, flush_span};
 use crate::packed::{Activations, Kind, LINE, PackedMatrix, STRIP};
-use crate::vnni_unit::{Avx512Vnni, Vnni};
+use crate::vnni_unit::{Avx512Vnni, AvxVnni, Vnni};
 
 /// Safe entry point; see [`super::run_block`] for the contract.
 pub(super) fn block(
@@ -36,6 +38,23 @@ pub(super) fn block(
     // packed matrix and that `out` holds `rows.len()` rows of `ldo >= strips.len() * 16`
     // floats.
     unsafe { block_impl(unit, w, a, rows, strips, ks, out, ldo) }
+}
+
+/// [`block`] for INT8 and INT4 weights on AVX-VNNI (AVX2 CPUs with the VEX `vpdpbusd`).
+pub(super) fn block_avx_vnni(
+    w: &PackedMatrix,
+    a: &Activations,
+    rows: Range<usize>,
+    strips: Range<usize>,
+    ks: Range<usize>,
+    out: &mut [f32],
+    ldo: usize,
+) {
+    assert!(w.kind != Kind::Bf16, "AVX-VNNI has no BF16 dot product");
+    let unit = AvxVnni::detect().expect("AVX-VNNI");
+    // SAFETY: the unit exists, so the features `block_avx_vnni_impl` enables were detected;
+    // the ranges as in `block`.
+    unsafe { block_avx_vnni_impl(unit, w, a, rows, strips, ks, out, ldo) }
 }
 
 /// [`block`] for INT8 and INT4 weights on the software VNNI unit, which every machine runs.
@@ -146,7 +165,7 @@ unsafe fn block_impl(
     out: &mut [f32],
     ldo: usize,
 ) {
-    for_each_tile(w, a, rows, strips, ks, out, ldo, |mr, ns, pf, t, it| {
+    for_each_tile(w, a, rows, strips, ks, out, ldo, 4, |mr, ns, pf, t, it| {
         // SAFETY: the tile covers `mr` rows and `ns` strips that exist, and `klen` `k` from
         // `ks.start`, all within the buffers (`for_each_tile`); the unit's features are
         // enabled here.
@@ -155,6 +174,40 @@ unsafe fn block_impl(
                 Kind::Bf16 => dispatch!(bf16_tile[], mr, ns, pf, unit, t),
                 Kind::Int8 => dispatch!(int8_tile_hw[], mr, ns, pf, unit, t, it),
                 Kind::Int4 => dispatch!(int4_tile_hw[], mr, ns, pf, unit, t, it),
+            }
+        }
+    });
+}
+
+/// # Safety
+/// `unit` exists (AVX2, FMA, F16C and AVX-VNNI are available); the ranges are valid as
+/// `block` states; INT8 or INT4 weights.
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn block_avx_vnni_impl(
+    unit: AvxVnni,
+    w: &PackedMatrix,
+    a: &Activations,
+    rows: Range<usize>,
+    strips: Range<usize>,
+    ks: Range<usize>,
+    out: &mut [f32],
+    ldo: usize,
+) {
+    for_each_tile(w, a, rows, strips, ks, out, ldo, 2, |mr, ns, pf, t, it| {
+        debug_assert!(mr <= 2 && ns == 2);
+        // SAFETY: as in `block_impl`, with the unit's features enabled here.
+        unsafe {
+            match (w.kind, mr, pf) {
+                (Kind::Bf16, ..) => unreachable!("checked by block_avx_vnni"),
+                (Kind::Int8, 1, false) => int8_tile::<_, 1, 2, false>(unit, t, it),
+                (Kind::Int8, 1, true) => int8_tile::<_, 1, 2, true>(unit, t, it),
+                (Kind::Int8, _, false) => int8_tile::<_, 2, 2, false>(unit, t, it),
+                (Kind::Int8, _, true) => int8_tile::<_, 2, 2, true>(unit, t, it),
+                (Kind::Int4, 1, false) => int4_tile::<_, 1, 2, false>(unit, t, it),
+                (Kind::Int4, 1, true) => int4_tile::<_, 1, 2, true>(unit, t, it),
+                (Kind::Int4, _, false) => int4_tile::<_, 2, 2, false>(unit, t, it),
+                (Kind::Int4, _, true) => int4_tile::<_, 2, 2, true>(unit, t, it),
             }
         }
     });
@@ -175,7 +228,7 @@ unsafe fn block_soft_impl(
     ldo: usize,
 ) {
     use crate::vnni_unit::Soft;
-    for_each_tile(w, a, rows, strips, ks, out, ldo, |mr, ns, pf, t, it| {
+    for_each_tile(w, a, rows, strips, ks, out, ldo, 4, |mr, ns, pf, t, it| {
         // SAFETY: as in `block_impl`; the software unit needs nothing of the CPU.
         unsafe {
             match w.kind {
@@ -187,8 +240,8 @@ unsafe fn block_soft_impl(
     });
 }
 
-/// Cuts the block into register tiles of up to 4 rows by 4 strips and hands each to
-/// `run(rows, strips, prefetch, tile, integer extras)`.
+/// Cuts the block into register tiles of up to `tile` rows by `tile` strips (4 or 2) and
+/// hands each to `run(rows, strips, prefetch, tile, integer extras)`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn for_each_tile(
@@ -199,6 +252,7 @@ fn for_each_tile(
     ks: Range<usize>,
     out: &mut [f32],
     ldo: usize,
+    tile: usize,
     mut run: impl FnMut(usize, usize, bool, &Tile, &IntTile),
 ) {
     let elem = w.kind.activation_bytes();
@@ -208,15 +262,19 @@ fn for_each_tile(
     // tile of a block then finds its lines on the way instead of waiting on DRAM (about 10%
     // at 32 tokens per expert, `bench moe --tokens 512`). With one tile it did not help.
     let pf_lines = (w.k_pad - ks.end).min(ks.len()) / k_per_line;
-    let n_tiles = rows.len().div_ceil(4);
+    let n_tiles = rows.len().div_ceil(tile);
     let pf = pf_lines > 0 && n_tiles >= 2;
     let mut sg = strips.start;
     while sg < strips.end {
-        let ns = if strips.end - sg >= 4 { 4 } else { 2 };
+        let ns = if strips.end - sg >= 4 && tile >= 4 {
+            4
+        } else {
+            2
+        };
         let mut r = rows.start;
         while r < rows.end {
-            let mr = (rows.end - r).min(4);
-            let tile_idx = (r - rows.start) / 4;
+            let mr = (rows.end - r).min(tile);
+            let tile_idx = (r - rows.start) / tile;
             // SAFETY: all offsets are in bounds: row `r < m_pad` and `ks.start < k_pad` within
             // the activations, strip `sg` within the packed data, and the output element
             // `(r - rows.start, sg - strips.start)` within `out` (see `block`).

@@ -91,6 +91,14 @@ impl Kernel {
     }
 }
 
+/// Fewest activation rows for which INT8/INT4 blocks run the VNNI register tiles on
+/// AVX-VNNI; fewer take the AVX2 kernels, whose decode tile (one token, four strips) reads
+/// the weights faster. `strata bench moe --formats int8,int4 --tokens 1,4,128,512,2048`,
+/// `STRATA_KERNEL=avxvnni` against `avx2` on a Xeon's AVX-VNNI (2026-11-29,
+/// docs/benchmarks.md): at 1 and 4 tokens per expert 0.79-0.96x the AVX2 kernels, at 8
+/// 1.25-1.57x, at 32 and 128 1.42-1.98x. Between 4 and 8 not measured.
+const AVX_VNNI_MIN_ROWS: usize = 8;
+
 /// Weight offset of the unsigned storage (see the `packed` module docs).
 pub(crate) fn offset(kind: Kind) -> i32 {
     match kind {
@@ -174,7 +182,15 @@ pub(crate) fn run_block(
                 avx512::block_soft(w, a, rows, strips, ks.clone(), out, ldo)
             }
             #[cfg(target_arch = "x86_64")]
-            Kernel::Isa(Isa::Avx2) => avx2::block(w, a, rows, strips, ks.clone(), out, ldo),
+            Kernel::Isa(Isa::AvxVnni)
+                if w.kind != Kind::Bf16 && rows.len() >= AVX_VNNI_MIN_ROWS =>
+            {
+                avx512::block_avx_vnni(w, a, rows, strips, ks.clone(), out, ldo)
+            }
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Isa(Isa::Avx2 | Isa::AvxVnni) => {
+                avx2::block(w, a, rows, strips, ks.clone(), out, ldo)
+            }
             _ => portable::block(w, a, rows, strips, ks.clone(), out, ldo),
         }
         k0 = ks.end;

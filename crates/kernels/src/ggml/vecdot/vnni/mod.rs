@@ -1,6 +1,7 @@
-//! The AVX-512 VNNI row-dot kernels, written once against the instruction trait
-//! [`Vnni`] and run on the CPU's unit ([`Avx512Vnni`]) or, in tests, on the software unit
-//! ([`crate::vnni_crate::vnni_unit::Soft`]), which every machine can run.
+//! The VNNI row-dot kernels, written once against the instruction trait [`Vnni`] and run on
+//! the CPU's AVX-512 unit ([`Avx512Vnni`]) or, in tests, on its AVX-VNNI unit
+//! ([`crate::vnni_unit::AvxVnni`], 256-bit halves) and on the software unit
+//! ([`crate::vnni_unit::Soft`]), which every machine can run.
 //!
 //! Against the AVX2 kernels: 64 values per instruction instead of 32, and the products meet
 //! their integer sub-scales in one `vpdpwssd` (k-quants) or reach i32 in one `vpdpbusd`
@@ -188,6 +189,38 @@ pub(super) fn on_cpu<K: RowKernel>(
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
     unsafe fn run<K: RowKernel>(
         u: Avx512Vnni,
+        src: &[u8],
+        rb: usize,
+        a: &Q8Rows,
+        tokens: Range<usize>,
+        tile: &mut [f32],
+    ) {
+        // SAFETY: the caller's guarantees; the kernel inlines here, with these features.
+        unsafe { all_rows::<_, K>(u, src, rb, a, tokens, tile) }
+    }
+    // SAFETY: the unit exists, so the CPU has what `run` enables; `check` passed.
+    unsafe { run::<K>(u, src, rb, a, tokens, tile) }
+}
+
+/// The kernel `K` on the CPU's AVX-VNNI, each value in two 256-bit halves (a
+/// `super::BlockDot`; tests only: slower than the AVX2 kernels, see `super::kernel`).
+#[cfg(all(test, target_arch = "x86_64"))]
+pub(super) fn on_avx_vnni<K: RowKernel>(
+    src: &[u8],
+    n_rows: usize,
+    a: &Q8Rows,
+    tokens: Range<usize>,
+    tile: &mut [f32],
+) {
+    use crate::vnni_unit::AvxVnni;
+    let u = AvxVnni::detect().expect("AVX-VNNI kernels run only where AVX-VNNI was found");
+    let rb = check::<K>(src, n_rows, a, &tokens, tile);
+
+    /// # Safety
+    /// The CPU has AVX2, FMA, F16C and AVX-VNNI; the lengths passed [`check`].
+    #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+    unsafe fn run<K: RowKernel>(
+        u: AvxVnni,
         src: &[u8],
         rb: usize,
         a: &Q8Rows,

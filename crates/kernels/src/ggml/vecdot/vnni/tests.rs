@@ -127,6 +127,36 @@ unsafe fn all_ops<U: Vnni>(
     ops
 }
 
+/// 500 trials of every operation on random and extreme inputs: `cpu` (through `on_cpu`, which
+/// enables its features) against the software unit.
+fn ops_agree<U: Vnni>(
+    unit: &str,
+    cpu: U,
+    on_cpu: impl Fn(U, &[u8; 64], &[u8; 64], &[f32; 16]) -> Vec<(&'static str, Vec<u8>)>,
+) {
+    let mut seed = 11;
+    for trial in 0..500 {
+        let mut a: [u8; 64] = std::array::from_fn(|_| next(&mut seed) as u8);
+        let b: [u8; 64] = std::array::from_fn(|_| next(&mut seed) as u8);
+        if trial % 5 == 0 {
+            // Extremes: saturating pair sums, -128, all bits.
+            for (i, v) in a.iter_mut().enumerate() {
+                *v = [0xff, 0x80, 0x7f, 0x00][i % 4];
+            }
+        }
+        let f: [f32; 16] = std::array::from_fn(|_| (next(&mut seed) % 20001) as f32 / 97.0 - 103.0);
+        // SAFETY: `all_ops` on the software unit needs nothing of the CPU.
+        let soft = unsafe { all_ops(Soft, &a, &b, &f) };
+        let hard = on_cpu(cpu, &a, &b, &f);
+        for ((name, s), (_, h)) in soft.iter().zip(&hard) {
+            assert_eq!(
+                s, h,
+                "{name}: software unit and {unit} differ (trial {trial})"
+            );
+        }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn the_software_unit_computes_what_the_cpu_does() {
@@ -144,25 +174,29 @@ fn the_software_unit_computes_what_the_cpu_does() {
         // SAFETY: the unit exists, so the CPU has these features, enabled here.
         unsafe { all_ops(cpu, a, b, f) }
     }
-    let mut seed = 11;
-    for trial in 0..500 {
-        let mut a: [u8; 64] = std::array::from_fn(|_| next(&mut seed) as u8);
-        let b: [u8; 64] = std::array::from_fn(|_| next(&mut seed) as u8);
-        if trial % 5 == 0 {
-            // Extremes: saturating pair sums, -128, all bits.
-            for (i, v) in a.iter_mut().enumerate() {
-                *v = [0xff, 0x80, 0x7f, 0x00][i % 4];
-            }
-        }
-        let f: [f32; 16] = std::array::from_fn(|_| (next(&mut seed) % 20001) as f32 / 97.0 - 103.0);
-        // SAFETY: `all_ops` on the software unit needs nothing of the CPU.
-        let soft = unsafe { all_ops(Soft, &a, &b, &f) };
-        // SAFETY: called only with a detected unit (the CPU has the features).
-        let hard = unsafe { on_cpu(cpu, &a, &b, &f) };
-        for ((name, s), (_, h)) in soft.iter().zip(&hard) {
-            assert_eq!(s, h, "{name}: software unit and CPU differ (trial {trial})");
-        }
+    // SAFETY: called only with a detected unit (the CPU has the features).
+    ops_agree("AVX-512", cpu, |u, a, b, f| unsafe { on_cpu(u, a, b, f) });
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn the_avx_vnni_unit_computes_what_the_software_unit_does() {
+    let Some(cpu) = crate::vnni_unit::AvxVnni::detect() else {
+        eprintln!("NOT CHECKED: this CPU has no AVX-VNNI; its unit is unchecked");
+        return;
+    };
+    #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+    fn on_cpu(
+        cpu: crate::vnni_unit::AvxVnni,
+        a: &[u8; 64],
+        b: &[u8; 64],
+        f: &[f32; 16],
+    ) -> Vec<(&'static str, Vec<u8>)> {
+        // SAFETY: the unit exists, so the CPU has these features, enabled here.
+        unsafe { all_ops(cpu, a, b, f) }
     }
+    // SAFETY: called only with a detected unit (the CPU has the features).
+    ops_agree("AVX-VNNI", cpu, |u, a, b, f| unsafe { on_cpu(u, a, b, f) });
 }
 
 /// `n` rows of `k` values of `ty`: random blocks, or every byte but the f16 scales at the
@@ -247,23 +281,19 @@ fn kernels_on_the_software_unit_match_the_unpacked_path() {
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-#[test]
-fn kernels_on_the_cpu_equal_the_software_unit_bit_for_bit() {
-    if crate::vnni_unit::Avx512Vnni::detect().is_none() {
-        eprintln!("NOT CHECKED: this CPU has no AVX-512 VNNI, so the VNNI kernels cannot run");
-        return;
-    }
+/// Every VNNI kernel on a CPU unit (`cpu` picks its kernel for a type) against the general
+/// integer path and bit for bit against the software unit.
+fn kernels_agree(unit: &str, cpu: impl Fn(GgmlType) -> Option<BlockDot>) {
     let mut seed = 9;
     for ty in TYPES {
         let soft = vnni_kernel!(ty, on_soft).expect("a VNNI kernel");
-        let cpu = vnni_kernel!(ty, on_cpu).expect("a VNNI kernel");
+        let cpu = cpu(ty).expect("a VNNI kernel");
         let k = if ty.block_size() == 32 { 224 } else { 768 };
         for fill in [None, Some(0xff), Some(0x80)] {
             let (n, m) = (5, 7);
             let w = weights(ty, n, k, fill, &mut seed);
             let x = activations(m, k, fill.is_some());
-            check_against_unpacked(&w, &x, m, cpu, "cpu");
+            check_against_unpacked(&w, &x, m, cpu, unit);
             let a = Q8Rows::quantize(k, activation_block(ty), m, |r| &x[r * k..(r + 1) * k]);
             let (mut on_cpu, mut on_soft) = (vec![0.0f32; m * n], vec![0.0f32; m * n]);
             cpu(w.bytes(), n, &a, 0..m, &mut on_cpu);
@@ -272,8 +302,28 @@ fn kernels_on_the_cpu_equal_the_software_unit_bit_for_bit() {
             assert_eq!(
                 bits(&on_cpu),
                 bits(&on_soft),
-                "{ty}: CPU and software unit differ"
+                "{ty}: {unit} and software unit differ"
             );
         }
     }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn kernels_on_the_cpu_equal_the_software_unit_bit_for_bit() {
+    if crate::vnni_unit::Avx512Vnni::detect().is_none() {
+        eprintln!("NOT CHECKED: this CPU has no AVX-512 VNNI, so the VNNI kernels cannot run");
+        return;
+    }
+    kernels_agree("AVX-512", |ty| vnni_kernel!(ty, on_cpu));
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn kernels_on_avx_vnni_equal_the_software_unit_bit_for_bit() {
+    if crate::vnni_unit::AvxVnni::detect().is_none() {
+        eprintln!("NOT CHECKED: this CPU has no AVX-VNNI, so its VNNI kernels cannot run");
+        return;
+    }
+    kernels_agree("AVX-VNNI", |ty| vnni_kernel!(ty, on_avx_vnni));
 }
