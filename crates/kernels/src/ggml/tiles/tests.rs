@@ -13,7 +13,8 @@ use crate::ggml::moe::fused_moe_ggml_as;
 use crate::ggml::{GgmlExperts, GgmlType};
 use crate::moe::group_by_expert;
 
-/// The kernels the tile path can run on here.
+/// The kernels the tile path can run on here (AVX2 and AVX-VNNI take tiles only for some
+/// types or when forced, but run every tile the same way).
 fn kernels() -> Vec<Kernel> {
     let mut v = vec![Kernel::AmxSoft, Kernel::Isa(Isa::Portable)];
     #[cfg(target_arch = "x86_64")]
@@ -21,7 +22,7 @@ fn kernels() -> Vec<Kernel> {
     v.extend(
         Isa::available()
             .into_iter()
-            .filter(|&i| i >= Isa::Avx512)
+            .filter(|&i| i >= Isa::Avx2)
             .map(Kernel::Isa),
     );
     v
