@@ -63,6 +63,29 @@ pub(super) fn add_bias(
         // SAFETY: `Isa::Avx512` or better is only selected when the CPU has AVX-512 F.
         return unsafe { x86::add_bias(out, ldo, bias, n_pad, a, tokens) };
     }
+    #[cfg(target_arch = "x86_64")]
+    if Isa::selected() >= Isa::Avx2 {
+        // SAFETY: `Isa::Avx2` or better is only selected when the CPU has AVX2 and FMA.
+        return unsafe { add_bias_avx2(out, ldo, bias, n_pad, a, tokens) };
+    }
+    add_bias_body(out, ldo, bias, n_pad, a, tokens);
+}
+
+/// [`add_bias_body`] compiled for AVX2 (the same operations in the same order: the bits of
+/// the portable loop).
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn add_bias_avx2(
+    out: &mut [f32],
+    ldo: usize,
+    bias: &[f32],
+    n_pad: usize,
+    a: &Activations,
+    tokens: Range<usize>,
+) {
     add_bias_body(out, ldo, bias, n_pad, a, tokens);
 }
 
@@ -156,7 +179,7 @@ pub(super) fn fill(
                 return unsafe { fill_avx2(s, w, bytes, scales, bias, layout) };
             }
         }
-        fill_body::<false>(s, w, bytes, scales, bias, layout);
+        fill_body::<false, false>(s, w, bytes, scales, bias, layout);
     });
 }
 
@@ -174,7 +197,7 @@ unsafe fn fill_avx512(
     bias: &mut [f32],
     layout: &PackedLayout,
 ) {
-    fill_body::<true>(s, w, bytes, scales, bias, layout);
+    fill_body::<true, true>(s, w, bytes, scales, bias, layout);
 }
 
 /// [`fill_body`] compiled with AVX2 enabled.
@@ -191,12 +214,13 @@ unsafe fn fill_avx2(
     bias: &mut [f32],
     layout: &PackedLayout,
 ) {
-    fill_body::<false>(s, w, bytes, scales, bias, layout);
+    fill_body::<false, true>(s, w, bytes, scales, bias, layout);
 }
 
-/// The fill; `AVX512` only where the CPU has AVX-512 F, BW and VL (from [`fill_avx512`]).
+/// The fill; `AVX512` only where the CPU has AVX-512 F, BW and VL (from [`fill_avx512`]),
+/// `AVX2` only where it has AVX2 (from it or [`fill_avx2`]).
 #[inline(always)]
-pub(super) fn fill_body<const AVX512: bool>(
+pub(super) fn fill_body<const AVX512: bool, const AVX2: bool>(
     s: &mut Scratch,
     w: Rows<'_>,
     bytes: &mut [u8],
@@ -349,6 +373,16 @@ pub(super) fn fill_body<const AVX512: bool>(
                 let dst = &mut dst[l0 * LINE..][..STRIP * LINE];
                 // SAFETY: as above; `k_pad` is a multiple of 64, so 16 whole lines remain.
                 unsafe { x86::transpose16(&b[4 * l0..], k_pad, flip, dst) };
+            }
+            continue;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if AVX2 {
+            for l0 in (0..lines).step_by(STRIP) {
+                let dst = &mut dst[l0 * LINE..][..STRIP * LINE];
+                // SAFETY: `AVX2` is only set by `fill_avx2` and `fill_avx512`, whose callers
+                // checked the features; 16 whole lines remain, as above.
+                unsafe { x86::transpose16_avx2(&b[4 * l0..], k_pad, flip, dst) };
             }
             continue;
         }
@@ -553,6 +587,72 @@ pub(super) mod x86 {
         };
         // SAFETY: the caller checked the features.
         unsafe { transpose16_regs(r, dst) }
+    }
+
+    /// [`transpose16`] on AVX2: the 16x16 quads as four 8x8 transposes of ymm dwords.
+    ///
+    /// # Safety
+    /// AVX2 must be available.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    pub(crate) unsafe fn transpose16_avx2(src: &[u8], stride: usize, flip: u8, dst: &mut [u8]) {
+        assert!(src.len() >= 15 * stride + 64 && dst.len() >= 16 * 64);
+        // SAFETY: row `i` is read at `i * stride .. + 64` and line `n` written at `64 n ..
+        // + 64`, within `src` and `dst` (checked above).
+        unsafe {
+            let flip = _mm256_set1_epi8(flip as i8);
+            // `half[h][i]`: quads `8 h .. 8 h + 8` of row `i`.
+            let half: [[__m256i; 16]; 2] = std::array::from_fn(|h| {
+                std::array::from_fn(|i| {
+                    let p = src.as_ptr().add(i * stride + 32 * h);
+                    _mm256_xor_si256(_mm256_loadu_si256(p.cast()), flip)
+                })
+            });
+            for (h, rows) in half.iter().enumerate() {
+                for (g, rows) in rows.chunks_exact(8).enumerate() {
+                    let t = transpose8(rows.try_into().expect("8 rows"));
+                    // Quad `8 h + n` of rows `8 g .. 8 g + 8` is the `g`-th half of line
+                    // `8 h + n`.
+                    for (n, v) in t.into_iter().enumerate() {
+                        let at = (8 * h + n) * 64 + 32 * g;
+                        _mm256_storeu_si256(dst.as_mut_ptr().add(at).cast(), v);
+                    }
+                }
+            }
+        }
+    }
+
+    /// An 8x8 transpose of dwords: lane `n` of `r[i]` to lane `i` of the result's `n`.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn transpose8(r: [__m256i; 8]) -> [__m256i; 8] {
+        // Pairs of rows interleaved by dword, then fours by qword: `u[c]` and `u[4 + c]` hold
+        // quads `c` (low lane) and `c + 4` (high lane) of rows 0-3 and 4-7.
+        let t: [__m256i; 8] = std::array::from_fn(|i| {
+            let (a, b) = (r[i / 2 * 2], r[i / 2 * 2 + 1]);
+            if i % 2 == 0 {
+                _mm256_unpacklo_epi32(a, b)
+            } else {
+                _mm256_unpackhi_epi32(a, b)
+            }
+        });
+        let u: [__m256i; 8] = std::array::from_fn(|i| {
+            let (q, c) = (i / 4, i % 4);
+            let (a, b) = (t[4 * q + c / 2], t[4 * q + c / 2 + 2]);
+            if c % 2 == 0 {
+                _mm256_unpacklo_epi64(a, b)
+            } else {
+                _mm256_unpackhi_epi64(a, b)
+            }
+        });
+        std::array::from_fn(|n| {
+            let (a, b) = (u[n % 4], u[4 + n % 4]);
+            if n < 4 {
+                _mm256_permute2x128_si256::<0x20>(a, b)
+            } else {
+                _mm256_permute2x128_si256::<0x31>(a, b)
+            }
+        })
     }
 
     /// [`transpose16`] of rows already in registers: line `n` of `dst` gets quad `n` of

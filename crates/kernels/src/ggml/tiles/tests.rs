@@ -248,9 +248,63 @@ fn direct_fills_equal_the_generic_fills() {
                     int8::fill(w, &mut bytes, &mut sc, &mut bias, &layout);
                 } else {
                     with_scratch(|s| {
-                        int8::fill_body::<false>(s, w, &mut bytes, &mut sc, &mut bias, &layout)
+                        int8::fill_body::<false, false>(
+                            s, w, &mut bytes, &mut sc, &mut bias, &layout,
+                        )
                     });
                 }
+                (bytes, sc, bias)
+            };
+            let (want, got) = (fill(false), fill(true));
+            assert!(want.0 == got.0, "{ty} {n} rows: INT8 tile bytes differ");
+            assert_eq!(bits(&want.1), bits(&got.1), "{ty} {n} rows: scales differ");
+            if int8::biased(ty) {
+                assert_eq!(bits(&want.2), bits(&got.2), "{ty} {n} rows: biases differ");
+            }
+        }
+    }
+}
+
+/// The INT8 fill with its AVX2 transpose equals the scalar fill byte for byte: exact types
+/// transposed from their decoded values, requantized ones from their rows, ragged rows.
+#[test]
+fn avx2_int8_fills_equal_the_scalar_fills() {
+    if !Isa::available().contains(&Isa::Avx2) {
+        eprintln!("NOT CHECKED: this CPU has no AVX2, so the AVX2 tile fill cannot run");
+        return;
+    }
+    let k = 512;
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for ty in [
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+        GgmlType::Q8_0,
+        GgmlType::IQ4_XS,
+    ] {
+        for n in [1, 16, 33, 64] {
+            let wm = matrix(ty, n, k, &mut (n as u64 + 5));
+            let w = Rows {
+                ty,
+                n,
+                k,
+                bytes: wm.bytes(),
+            };
+            let layout = TileFormat::Int8.layout(n, k);
+            let fill = |avx2: bool| {
+                let mut bytes = vec![7u8; layout.data_bytes];
+                let (mut sc, mut bias) = (vec![7.0f32; layout.scales], vec![7.0f32; layout.scales]);
+                with_scratch(|s| {
+                    if avx2 {
+                        // The CPU has AVX2 (checked above), which is all `AVX2` asks.
+                        int8::fill_body::<false, true>(
+                            s, w, &mut bytes, &mut sc, &mut bias, &layout,
+                        )
+                    } else {
+                        int8::fill_body::<false, false>(
+                            s, w, &mut bytes, &mut sc, &mut bias, &layout,
+                        )
+                    }
+                });
                 (bytes, sc, bias)
             };
             let (want, got) = (fill(false), fill(true));

@@ -363,7 +363,23 @@ unsafe fn bf16_tile<const MR: usize, const NS: usize, const PF: bool>(u: Avx512V
     }
 }
 
-/// Converts the i32 sums of one flush span to f32 and accumulates them with the scales.
+/// The accumulators of one flush span at its start: minus each row's offset correction, so
+/// the span's sums come out corrected (wrapping i32 adds: the same bits as subtracting
+/// after), one instruction per accumulator fewer in the flush.
+#[inline(always)]
+fn start_span<U: Vnni, const MR: usize, const NS: usize>(
+    u: U,
+    it: &IntTile,
+    f0: usize,
+) -> [[U::I; NS]; MR] {
+    std::array::from_fn(|i| {
+        let corr = correction(it.pm, it.act, it.row0 + i, f0, it.fs);
+        [u.splat32(corr.wrapping_neg() as u32); NS]
+    })
+}
+
+/// Converts the corrected i32 sums of one flush span to f32 and accumulates them with the
+/// scales.
 #[inline(always)]
 fn flush<U: Vnni, const MR: usize, const NS: usize>(
     u: U,
@@ -376,14 +392,12 @@ fn flush<U: Vnni, const MR: usize, const NS: usize>(
     let g = f0 / w.group;
     for i in 0..MR {
         let r = it.row0 + i;
-        let corr = u.splat32(correction(w, a, r, f0, it.fs) as u32);
         let xs = u.splatf(a.scale_at(r, f0));
         for s in 0..NS {
             let sc = &w.scales[((it.strip0 + s) * w.groups + g) * STRIP..][..STRIP];
             // SAFETY: `sc` holds 16 floats.
             let scv = unsafe { u.loadf(sc.as_ptr()) };
-            let v = u.cvt(u.sub32(acc[i][s], corr));
-            accf[i][s] = u.fmadd(v, u.mulf(scv, xs), accf[i][s]);
+            accf[i][s] = u.fmadd(u.cvt(acc[i][s]), u.mulf(scv, xs), accf[i][s]);
         }
     }
 }
@@ -450,7 +464,7 @@ unsafe fn int8_tile<U: Vnni, const MR: usize, const NS: usize, const PF: bool>(
     let mut next_pf = t.pf_phase;
     let mut f = 0;
     while f < t.klen {
-        let mut acc = [[u.zero(); NS]; MR];
+        let mut acc = start_span::<_, MR, NS>(u, it, it.k0 + f);
         for q in f / 4..(f + it.fs) / 4 {
             if PF {
                 t.prefetch::<_, NS>(u, t.klen / 4, q, &mut next_pf);
@@ -488,7 +502,7 @@ unsafe fn int4_tile<U: Vnni, const MR: usize, const NS: usize, const PF: bool>(
     let mut next_pf = t.pf_phase;
     let mut f = 0;
     while f < t.klen {
-        let mut acc = [[u.zero(); NS]; MR];
+        let mut acc = start_span::<_, MR, NS>(u, it, it.k0 + f);
         for l in f / 8..(f + it.fs) / 8 {
             if PF {
                 t.prefetch::<_, NS>(u, t.klen / 8, l, &mut next_pf);
