@@ -11,8 +11,9 @@
 //! On AVX-512, types with an integer form (`super::has_fast_kernel`) decode to INT8 with a
 //! scale per 32 (`int8`): `vpdpbusd` does twice the multiplies of `vdpbf16ps`, and a tile
 //! decodes faster. AMX and the other types take BF16 tiles ([`tile_for`]). On AVX-VNNI
-//! without AVX-512 the INT8 tiles run on 256-bit halves, for the types whose fill stays cheap
-//! there; plain AVX2 keeps its row-dot kernels.
+//! without AVX-512 the INT8 tiles run on 256-bit halves for the types stored exactly (from
+//! fewer tokens for plain integers, more for `d · q + m`); plain AVX2 keeps its row-dot
+//! kernels.
 //!
 //! A key design decision: the tile is written in exactly the layout [`PackedMatrix`] packs at
 //! load, and viewed as one, so every packed micro-kernel, the AMX tile program on the software
@@ -75,23 +76,31 @@ pub(crate) const INT8_MIN_TOKENS_AVX512: usize = 32;
 /// row-dot kernels 0.043-0.053 / 0.076-0.102 / 0.168-0.198 / 0.328-0.393, AMX BF16 tiles
 /// 0.10-0.13 / 0.11-0.14 / 0.13-0.145 / 0.135-0.142.
 pub(crate) const INT8_MIN_TOKENS_Q4_K: usize = 8;
-/// Fewest tokens for INT8 tiles on AVX-VNNI (the AVX-512 register tiles on 256-bit halves),
-/// for the types whose tiles are their blocks' integers with no bias ([`avx_vnni_tiles`]).
-/// Measured with `strata bench moe --formats q4_k,q6_k,q8_0,iq4_xs --tokens
+/// Fewest tokens for INT8 tiles on AVX-VNNI (the AVX-512 register tiles on 256-bit halves)
+/// for the types whose tiles are their blocks' integers with no bias (Q4_0, Q5_0, Q8_0,
+/// IQ4_NL, IQ4_XS). Measured with `strata bench moe --formats q4_k,q6_k,q8_0,iq4_xs --tokens
 /// 64,128,256,512,1024` (`STRATA_KERNEL=avxvnni`, `STRATA_GGML_TILES=int8,1` against
 /// `int8,1000000000`) on the 2-vCPU Xeon with AMX (2026-11-29, docs/benchmarks.md), seconds
-/// per call against the AVX2 row-dot kernels at 16 / 32 / 64 tokens per expert: Q8_0
-/// 0.259 / 0.303 / 0.693 against 0.272-0.319 / 0.558-0.647 / 1.17-1.26, IQ4_XS 0.474 /
-/// 0.586 / 0.686 against 0.344-0.386 / 0.589-0.803 / 1.46-1.47. Q4_K was level with its
-/// AVX2 row-dot kernel up to 64 tokens per expert and Q6_K (requantized per 32) 1.3-16x
-/// slower: there the tile fill, in scalar code below AVX-512, costs more than the multiply
-/// saves.
+/// per call against the AVX2 row-dot kernels at 8 / 32 / 64 tokens per expert, with the
+/// AVX2 transpose in the fill: Q8_0 0.145-0.180 / 0.305-0.427 / 0.526-0.701 against
+/// 0.158-0.180 / 0.558-0.647 / 1.17-1.26, IQ4_XS 0.238-0.325 / 0.511-0.614 / 0.801-1.045
+/// against 0.169-0.189 / 0.589-0.803 / 1.46-1.47.
 pub(crate) const INT8_MIN_TOKENS_AVX_VNNI: usize = 32;
+/// The same for the `d · q + m` types (Q4_K, Q5_K, Q4_1, Q5_1), whose fill also unpacks and
+/// writes biases: Q4_K's tiles were level with its AVX2 row-dot kernel at 32 and 64 tokens
+/// per expert (0.413-0.417 / 0.741-0.782 s against 0.335-0.426 / 0.78-0.90), 1.95-1.98x at 128
+/// and 256 (1.019 / 2.009 against 2.023 / 3.911 s), Q5_K 2.12-2.35x there. Q6_K (requantized
+/// per 32, in scalar code below AVX-512) was 1.3-16x slower up to 64 and keeps the row-dot
+/// kernels.
+pub(crate) const INT8_MIN_TOKENS_AVX_VNNI_BIASED: usize = 128;
 
-/// Whether `ty` takes INT8 tiles on AVX-VNNI: its tile is its blocks' integers as stored,
-/// with no per-group bias (Q4_0, Q5_0, Q8_0, IQ4_NL, IQ4_XS).
-fn avx_vnni_tiles(ty: GgmlType) -> bool {
-    int8::exact(ty) && !int8::biased(ty)
+/// The fewest tokens for which `ty` takes INT8 tiles on AVX-VNNI, if it takes them.
+fn avx_vnni_min_tokens(ty: GgmlType) -> Option<usize> {
+    match (int8::exact(ty), int8::biased(ty)) {
+        (true, false) => Some(INT8_MIN_TOKENS_AVX_VNNI),
+        (true, true) => Some(INT8_MIN_TOKENS_AVX_VNNI_BIASED),
+        (false, _) => None,
+    }
 }
 
 /// What a tile is decoded to.
@@ -164,7 +173,9 @@ pub(crate) fn tile_for(isa: Isa, m: usize, ty: GgmlType) -> Option<(Kernel, Tile
         (Isa::Amx, TileFormat::Int8) => Some(INT8_MIN_TOKENS_AMX),
         (Isa::Avx512, TileFormat::Bf16) => Some(TILE_MIN_TOKENS_AVX512),
         (Isa::Avx512, TileFormat::Int8) => Some(INT8_MIN_TOKENS_AVX512),
-        (Isa::AvxVnni, TileFormat::Int8) if avx_vnni_tiles(ty) => Some(INT8_MIN_TOKENS_AVX_VNNI),
+        (Isa::AvxVnni, TileFormat::Int8) if avx_vnni_min_tokens(ty).is_some() => {
+            avx_vnni_min_tokens(ty)
+        }
         // AVX2 without AVX-VNNI: `vpmaddubsw` tiles were 0.9-1.4x its row-dot kernels at 32-64
         // tokens per expert on the Xeon (Q8_0, IQ4_XS; Q4_K and Q6_K slower), not measured on
         // an AVX2-only CPU: they run only when forced.
