@@ -11,9 +11,9 @@
 //! On AVX-512, types with an integer form (`super::has_fast_kernel`) decode to INT8 with a
 //! scale per 32 (`int8`): `vpdpbusd` does twice the multiplies of `vdpbf16ps`, and a tile
 //! decodes faster. AMX and the other types take BF16 tiles ([`tile_for`]). On AVX-VNNI
-//! without AVX-512 the INT8 tiles run on 256-bit halves for the types stored exactly (from
-//! fewer tokens for plain integers, more for `d · q + m`); plain AVX2 keeps its row-dot
-//! kernels.
+//! without AVX-512 the INT8 tiles run on 256-bit halves (from fewer tokens for the types
+//! stored as plain integers than for the rest, whose fill costs more there); plain AVX2 keeps
+//! its row-dot kernels.
 //!
 //! A key design decision: the tile is written in exactly the layout [`PackedMatrix`] packs at
 //! load, and viewed as one, so every packed micro-kernel, the AMX tile program on the software
@@ -86,22 +86,14 @@ pub(crate) const INT8_MIN_TOKENS_Q4_K: usize = 8;
 /// 0.158-0.180 / 0.558-0.647 / 1.17-1.26, IQ4_XS 0.238-0.325 / 0.511-0.614 / 0.801-1.045
 /// against 0.169-0.189 / 0.589-0.803 / 1.46-1.47.
 pub(crate) const INT8_MIN_TOKENS_AVX_VNNI: usize = 32;
-/// The same for the `d · q + m` types (Q4_K, Q5_K, Q4_1, Q5_1), whose fill also unpacks and
-/// writes biases: Q4_K's tiles were level with its AVX2 row-dot kernel at 32 and 64 tokens
-/// per expert (0.413-0.417 / 0.741-0.782 s against 0.335-0.426 / 0.78-0.90), 1.95-1.98x at 128
-/// and 256 (1.019 / 2.009 against 2.023 / 3.911 s), Q5_K 2.12-2.35x there. Q6_K (requantized
-/// per 32, in scalar code below AVX-512) was 1.3-16x slower up to 64 and keeps the row-dot
-/// kernels.
-pub(crate) const INT8_MIN_TOKENS_AVX_VNNI_BIASED: usize = 128;
-
-/// The fewest tokens for which `ty` takes INT8 tiles on AVX-VNNI, if it takes them.
-fn avx_vnni_min_tokens(ty: GgmlType) -> Option<usize> {
-    match (int8::exact(ty), int8::biased(ty)) {
-        (true, false) => Some(INT8_MIN_TOKENS_AVX_VNNI),
-        (true, true) => Some(INT8_MIN_TOKENS_AVX_VNNI_BIASED),
-        (false, _) => None,
-    }
-}
+/// The same for the other integer types, whose fill also unpacks and writes biases (the
+/// `d · q + m` types Q4_K, Q5_K, Q4_1, Q5_1) or requantizes per 32 (Q6_K, Q2_K, Q3_K): at 32
+/// and 64 tokens per expert Q4_K's tiles were level with its AVX2 row-dot kernel (0.413-0.417 /
+/// 0.741-0.782 s against 0.335-0.426 / 0.78-0.90), at 128 and 256 1.95-1.98x (1.019 / 2.009
+/// against 2.023 / 3.911 s); Q5_K 2.12-2.35x there; Q6_K (its requantization's maximum
+/// vectorised) level at 64 (0.89-1.03 against 0.96-1.06 s), 1.33-1.78x at 128 and 256 (1.24-1.61
+/// / 2.49 against 2.14 / 4.42 s). Q2_K and Q3_K were not measured.
+pub(crate) const INT8_MIN_TOKENS_AVX_VNNI_OTHERS: usize = 128;
 
 /// What a tile is decoded to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -173,13 +165,15 @@ pub(crate) fn tile_for(isa: Isa, m: usize, ty: GgmlType) -> Option<(Kernel, Tile
         (Isa::Amx, TileFormat::Int8) => Some(INT8_MIN_TOKENS_AMX),
         (Isa::Avx512, TileFormat::Bf16) => Some(TILE_MIN_TOKENS_AVX512),
         (Isa::Avx512, TileFormat::Int8) => Some(INT8_MIN_TOKENS_AVX512),
-        (Isa::AvxVnni, TileFormat::Int8) if avx_vnni_min_tokens(ty).is_some() => {
-            avx_vnni_min_tokens(ty)
-        }
+        (Isa::AvxVnni, TileFormat::Int8) => Some(if int8::exact(ty) && !int8::biased(ty) {
+            INT8_MIN_TOKENS_AVX_VNNI
+        } else {
+            INT8_MIN_TOKENS_AVX_VNNI_OTHERS
+        }),
         // AVX2 without AVX-VNNI: `vpmaddubsw` tiles were 0.9-1.4x its row-dot kernels at 32-64
         // tokens per expert on the Xeon (Q8_0, IQ4_XS; Q4_K and Q6_K slower), not measured on
         // an AVX2-only CPU: they run only when forced.
-        (Isa::Avx2 | Isa::AvxVnni, _) => None,
+        (Isa::Avx2, _) | (Isa::AvxVnni, TileFormat::Bf16) => None,
     };
     let min = min.or(default_min)?;
     (m >= min.max(1)).then_some((Kernel::Isa(isa), fmt))

@@ -85,17 +85,21 @@ fn tiles_are_taken_for_many_tokens_on_avx512_amx_and_for_some_types_on_avx_vnni(
         assert_eq!(w.form(isa, min), Form::Tiles(Kernel::Isa(isa), fmt));
         assert_eq!(w.form(isa, min - 1), Form::Q8(256));
     }
-    for isa in [Isa::Portable, Isa::Avx2, Isa::AvxVnni] {
+    for isa in [Isa::Portable, Isa::Avx2] {
         assert_eq!(w.form(isa, 4096), Form::Q8(256));
     }
-    // AVX-VNNI: INT8 tiles for the types stored exactly (plain integers from fewer tokens,
-    // `d · q + m` from more), never for the requantized ones (Q6_K above).
-    let q8_0 = matrix(GgmlType::Q8_0, 64, 256, &mut 1);
-    let on_avx_vnni = Form::Tiles(Kernel::Isa(Isa::AvxVnni), TileFormat::Int8);
+    // AVX-VNNI: INT8 tiles, from fewer tokens for the types stored as plain integers.
+    let avx_vnni = Form::Tiles(Kernel::Isa(Isa::AvxVnni), TileFormat::Int8);
     assert_eq!(
-        q8_0.form(Isa::AvxVnni, INT8_MIN_TOKENS_AVX_VNNI),
-        on_avx_vnni
+        w.form(Isa::AvxVnni, INT8_MIN_TOKENS_AVX_VNNI_OTHERS),
+        avx_vnni
     );
+    assert_eq!(
+        w.form(Isa::AvxVnni, INT8_MIN_TOKENS_AVX_VNNI_OTHERS - 1),
+        Form::Q8(256)
+    );
+    let q8_0 = matrix(GgmlType::Q8_0, 64, 256, &mut 1);
+    assert_eq!(q8_0.form(Isa::AvxVnni, INT8_MIN_TOKENS_AVX_VNNI), avx_vnni);
     assert_eq!(
         q8_0.form(Isa::AvxVnni, INT8_MIN_TOKENS_AVX_VNNI - 1),
         Form::Q8(32)
@@ -104,13 +108,12 @@ fn tiles_are_taken_for_many_tokens_on_avx512_amx_and_for_some_types_on_avx_vnni(
     // Q4_K takes AVX-512 INT8 tiles from fewer tokens, on AMX until its BF16 tiles take over.
     let q4_k = matrix(GgmlType::Q4_K, 64, 256, &mut 1);
     let int8 = Form::Tiles(Kernel::Isa(Isa::Avx512), TileFormat::Int8);
-    let biased_on_avx_vnni = Form::Tiles(Kernel::Isa(Isa::AvxVnni), TileFormat::Int8);
     assert_eq!(
-        q4_k.form(Isa::AvxVnni, INT8_MIN_TOKENS_AVX_VNNI_BIASED),
-        biased_on_avx_vnni
+        q4_k.form(Isa::AvxVnni, INT8_MIN_TOKENS_AVX_VNNI_OTHERS),
+        avx_vnni
     );
     assert_eq!(
-        q4_k.form(Isa::AvxVnni, INT8_MIN_TOKENS_AVX_VNNI_BIASED - 1),
+        q4_k.form(Isa::AvxVnni, INT8_MIN_TOKENS_AVX_VNNI_OTHERS - 1),
         Form::Q8(256)
     );
     for isa in [Isa::Avx512, Isa::Amx] {
