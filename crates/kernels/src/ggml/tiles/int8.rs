@@ -369,24 +369,24 @@ pub(super) fn fill_body<const AVX512: bool, const AVX2: bool>(
         (&s.b, 0)
     };
     let lines = k_pad / 4;
+    // The vector transposes take 16 whole lines at a time (`k_pad` is a multiple of 64).
+    #[cfg(target_arch = "x86_64")]
+    let transpose: Option<x86::Transpose> = if AVX512 {
+        Some(x86::transpose16)
+    } else if AVX2 {
+        Some(x86::transpose16_avx2)
+    } else {
+        None
+    };
     for (strip, dst) in bytes.chunks_exact_mut(layout.strip_bytes).enumerate() {
         let b = &src[strip * STRIP * k_pad..(strip + 1) * STRIP * k_pad];
         #[cfg(target_arch = "x86_64")]
-        if AVX512 {
+        if let Some(transpose) = transpose {
             for l0 in (0..lines).step_by(STRIP) {
                 let dst = &mut dst[l0 * LINE..][..STRIP * LINE];
-                // SAFETY: as above; `k_pad` is a multiple of 64, so 16 whole lines remain.
-                unsafe { x86::transpose16(&b[4 * l0..], k_pad, flip, dst) };
-            }
-            continue;
-        }
-        #[cfg(target_arch = "x86_64")]
-        if AVX2 {
-            for l0 in (0..lines).step_by(STRIP) {
-                let dst = &mut dst[l0 * LINE..][..STRIP * LINE];
-                // SAFETY: `AVX2` is only set by `fill_avx2` and `fill_avx512`, whose callers
-                // checked the features; 16 whole lines remain, as above.
-                unsafe { x86::transpose16_avx2(&b[4 * l0..], k_pad, flip, dst) };
+                // SAFETY: `AVX512` and `AVX2` are only set by `fill_avx512` and `fill_avx2`,
+                // whose callers checked the features; 16 whole lines remain.
+                unsafe { transpose(&b[4 * l0..], k_pad, flip, dst) };
             }
             continue;
         }
@@ -412,6 +412,9 @@ pub(super) mod x86 {
     use std::ops::Range;
 
     use super::{Activations, GROUP, XSUM_UNIT};
+
+    /// [`transpose16`] or [`transpose16_avx2`]: `(src, stride, flip, dst)`.
+    pub(super) type Transpose = unsafe fn(&[u8], usize, u8, &mut [u8]);
 
     /// Groups per batch of [`batch_requantize`]: one zmm of scales.
     pub(super) const BATCH: usize = 16;
