@@ -114,6 +114,9 @@ pub struct DeviceOptions {
     /// Reduce without subgroup operations even where the adapter has them (tests run the
     /// kernels both ways).
     pub no_subgroups: bool,
+    /// Run quantized weights through the row kernels at every token count, never the tiled
+    /// prefill kernels (tests and `strata bench device --no-tiles` compare the two).
+    pub no_tiles: bool,
 }
 
 /// Memory in use under the budget.
@@ -452,6 +455,10 @@ pub enum Op<'a> {
         out: &'a Buffer,
         /// Pairs.
         n_pairs: u32,
+        /// Experts the pairs are spread over, at most (the layer's routed experts, or
+        /// fewer where the caller knows): with many pairs per expert (prefill) a backend
+        /// takes its tiled kernel.
+        experts: u32,
         /// 0: gate and up, 1: down.
         stage: u32,
     },

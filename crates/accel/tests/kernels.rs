@@ -606,6 +606,7 @@ fn grouped_experts_match_reference() {
                 pairs: &pb,
                 out,
                 n_pairs: np as u32,
+                experts: n_exp as u32,
                 stage,
             })
             .unwrap();

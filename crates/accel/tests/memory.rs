@@ -115,6 +115,7 @@ fn run_slot(
             pairs: &pairs,
             out,
             n_pairs: 1,
+            experts: 1,
             stage,
         })
         .unwrap();

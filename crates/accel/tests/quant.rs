@@ -34,15 +34,17 @@ fn f16_fields(t: WeightType) -> &'static [usize] {
     }
 }
 
-/// Devices to run on: subgroup reductions (where the adapter has them) and plain ones,
+/// Devices to run on: subgroup reductions (where the adapter has them) and the tiled
+/// kernels at many tokens, then plain reductions and the row kernels at every token count;
 /// each with bindings of at most `max_binding` bytes so weights split into chunks.
 fn devices(max_binding: u64) -> Vec<Arc<dyn Device>> {
     [false, true]
         .into_iter()
-        .filter_map(|no_subgroups| {
+        .filter_map(|plain| {
             gpu(DeviceOptions {
                 max_binding: Some(max_binding),
-                no_subgroups,
+                no_subgroups: plain,
+                no_tiles: plain,
                 ..DeviceOptions::default()
             })
         })
@@ -148,8 +150,17 @@ fn quantized_matmul_matches_the_dequantized_reference() {
     for dev in devices(2048) {
         for t in quantized() {
             let qk = t.block().0;
-            // m past the kernel's 8 tokens per pass; odd row counts; 1-3 blocks per row.
-            for &(m, n, k) in &[(1, 3, qk), (9, 7, 2 * qk), (3, 5, 3 * qk), (0, 2, qk)] {
+            // m past the row kernel's 8 tokens per pass; odd row counts; 1-3 blocks per
+            // row; from 32 tokens the tiled kernel, whole and ragged tiles, rows over chunks.
+            let shapes = [
+                (1, 3, qk),
+                (9, 7, 2 * qk),
+                (3, 5, 3 * qk),
+                (0, 2, qk),
+                (40, 37, 2 * qk),
+                (64, 70, qk),
+            ];
+            for &(m, n, k) in &shapes {
                 let k = k.max(32);
                 let (w, wf) = weights(t, n, k, &mut seed);
                 let x = rng.vec(m * k);
@@ -252,7 +263,7 @@ fn quantized_experts_match_the_dequantized_reference() {
     // Slots of 100-230 KB: two per binding, so the three slots take two chunks.
     for dev in devices(480 << 10) {
         for (gu, dt) in mixes {
-            let (h, inter, n_exp, tokens, k) = (256usize, 96usize, 3usize, 11usize, 2usize);
+            let (h, inter, n_exp, k) = (256usize, 96usize, 3usize, 2usize);
             let inter = if dt.block().0 == 256 { 256 } else { inter };
             let format = ExpertFormat {
                 gate_up: gu,
@@ -270,51 +281,61 @@ fn quantized_experts_match_the_dequantized_reference() {
                     .unwrap();
                 experts.push([gf, uf, df]);
             }
-            let x = rng.vec(tokens * h);
-            // Token r chooses experts r % n and (r + 1 + r / 3) % n; pairs sorted by slot
-            // so runs of one expert share decoded groups.
-            let ids: Vec<usize> = (0..tokens)
-                .flat_map(|r| [r % n_exp, (r + 1 + r / 3) % n_exp])
-                .collect();
-            let mut order: Vec<usize> = (0..tokens * k).collect();
-            order.sort_by_key(|&p| ids[p]);
-            let pairs: Vec<u32> = order
-                .iter()
-                .flat_map(|&p| [(p / k) as u32, ids[p] as u32])
-                .collect();
-            let n_pairs = order.len();
-            let (xb, pb) = (up(&*dev, &x), up_u32(&*dev, &pairs));
-            let act = dev.alloc((n_pairs * inter * 4) as u64, 0, "act").unwrap();
-            let y = dev.alloc((n_pairs * h * 4) as u64, 0, "y").unwrap();
-            for (stage, input, out) in [(0, &xb, &act), (1, &act, &y)] {
-                dev.enqueue(&Op::ExpertFfn {
-                    x: input,
-                    slots: &slots,
-                    format,
-                    pairs: &pb,
-                    out,
-                    n_pairs: n_pairs as u32,
-                    stage,
-                })
-                .unwrap();
-            }
-            let got = down(&*dev, &y, n_pairs * h);
-            let mut want = Vec::with_capacity(n_pairs * h);
-            for &p in &order {
-                let [g, u, d] = &experts[ids[p]];
-                let row = &x[(p / k) * h..][..h];
-                let (mut gx, mut ux) = (vec![0.0; inter], vec![0.0; inter]);
-                strata_kernels::gemm::matmul_f32_ref(row, g, &mut gx, 1, inter, h);
-                strata_kernels::gemm::matmul_f32_ref(row, u, &mut ux, 1, inter, h);
-                for (a, b) in gx.iter_mut().zip(&ux) {
-                    *a = *a / (1.0 + (-*a).exp()) * b;
+            // 11 tokens: a few pairs per expert (the row kernel); 75: about 50 per expert
+            // (tiles, where the device takes them), runs that cross tiles' edges.
+            for tokens in [11, 75] {
+                let x = rng.vec(tokens * h);
+                // Token r chooses experts r % n and (r + 1 + r / 3) % n; pairs sorted by slot
+                // so runs of one expert share decoded groups.
+                let ids: Vec<usize> = (0..tokens)
+                    .flat_map(|r| [r % n_exp, (r + 1 + r / 3) % n_exp])
+                    .collect();
+                let mut order: Vec<usize> = (0..tokens * k).collect();
+                order.sort_by_key(|&p| ids[p]);
+                let pairs: Vec<u32> = order
+                    .iter()
+                    .flat_map(|&p| [(p / k) as u32, ids[p] as u32])
+                    .collect();
+                let n_pairs = order.len();
+                let (xb, pb) = (up(&*dev, &x), up_u32(&*dev, &pairs));
+                let act = dev.alloc((n_pairs * inter * 4) as u64, 0, "act").unwrap();
+                let y = dev.alloc((n_pairs * h * 4) as u64, 0, "y").unwrap();
+                for (stage, input, out) in [(0, &xb, &act), (1, &act, &y)] {
+                    dev.enqueue(&Op::ExpertFfn {
+                        x: input,
+                        slots: &slots,
+                        format,
+                        pairs: &pb,
+                        out,
+                        n_pairs: n_pairs as u32,
+                        experts: n_exp as u32,
+                        stage,
+                    })
+                    .unwrap();
                 }
-                let mut yr = vec![0.0; h];
-                strata_kernels::gemm::matmul_f32_ref(&gx, d, &mut yr, 1, h, inter);
-                want.extend(yr);
+                let got = down(&*dev, &y, n_pairs * h);
+                let mut want = Vec::with_capacity(n_pairs * h);
+                for &p in &order {
+                    let [g, u, d] = &experts[ids[p]];
+                    let row = &x[(p / k) * h..][..h];
+                    let (mut gx, mut ux) = (vec![0.0; inter], vec![0.0; inter]);
+                    strata_kernels::gemm::matmul_f32_ref(row, g, &mut gx, 1, inter, h);
+                    strata_kernels::gemm::matmul_f32_ref(row, u, &mut ux, 1, inter, h);
+                    for (a, b) in gx.iter_mut().zip(&ux) {
+                        *a = *a / (1.0 + (-*a).exp()) * b;
+                    }
+                    let mut yr = vec![0.0; h];
+                    strata_kernels::gemm::matmul_f32_ref(&gx, d, &mut yr, 1, h, inter);
+                    want.extend(yr);
+                }
+                let err = max_err(&got, &want);
+                assert!(
+                    err < 1e-4,
+                    "{}/{} at {tokens} tokens: error {err}",
+                    gu.name(),
+                    dt.name()
+                );
             }
-            let err = max_err(&got, &want);
-            assert!(err < 1e-4, "{}/{}: error {err}", gu.name(), dt.name());
         }
     }
 }

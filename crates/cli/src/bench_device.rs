@@ -4,7 +4,7 @@
 //! Limits: the copy bandwidth (a buffer-to-buffer copy, bytes read plus bytes written per
 //! second, as copy bandwidths are quoted), the upload bandwidth from host memory, and the
 //! arithmetic peak of fused multiply-adds in f32 and f16 ([`Op::FmaPeak`]). Kernels: the
-//! quantized matrix product ([`Op::Matmul`], 1 and 8 rows) at Qwen3-30B-A3B's projection
+//! quantized matrix product ([`Op::Matmul`], 1, 8 and 512 rows) at Qwen3-30B-A3B's projection
 //! shapes, as weight bytes read per second against the copy bandwidth; the grouped expert
 //! kernel ([`Op::ExpertFfn`], both stages) at T tokens routed uniformly over a layer's
 //! experts, as TFLOPS (`6 P H I` for P token-expert pairs) against the f16 peak and expert
@@ -65,6 +65,10 @@ pub struct BenchDeviceArgs {
     /// Print one JSON document instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Run prefill's token counts through the row kernels too, not the tiled ones (to
+    /// compare the two).
+    #[arg(long)]
+    pub no_tiles: bool,
 }
 
 /// Bytes each rotated set of weight copies spans (at most 64 copies): far past any GPU's
@@ -256,8 +260,14 @@ fn time_matmul(
     let weights: Vec<Buffer> = (0..copies)
         .map(|_| upload(dev, &data, wtype.row_granule(k), name))
         .collect::<anyhow::Result<_>>()?;
+    // Prefill's 512 tokens where a prompt runs them (the LM head sees one token).
+    let tokens: &[usize] = if name == "output" {
+        &[1, 8]
+    } else {
+        &[1, 8, 512]
+    };
     let mut points = Vec::new();
-    for m in [1usize, 8] {
+    for &m in tokens {
         let x = upload(dev, &f32_bytes(&rng.vec(m * k, 2.0)), 0, "x")?;
         let out = dev.alloc((m * n * 4) as u64, 4, "out")?;
         let time = time_launches(dev, args.min_seconds, |i| {
@@ -337,6 +347,7 @@ fn time_experts(
                     pairs: &pair_sets[i % rotations],
                     out,
                     n_pairs: n_pairs as u32,
+                    experts: n_pairs.min(n_exp) as u32,
                     stage,
                 })?;
             }
@@ -358,6 +369,7 @@ fn time_experts(
 pub fn run(args: BenchDeviceArgs) -> anyhow::Result<()> {
     let dev = strata_accel::open(&DeviceOptions {
         index: args.device_index,
+        no_tiles: args.no_tiles,
         ..Default::default()
     })
     .context("opening the accelerator")?;
@@ -410,6 +422,7 @@ pub fn run(args: BenchDeviceArgs) -> anyhow::Result<()> {
         let doc = json!({
             "device": info.name, "backend": info.backend, "driver": info.driver,
             "subgroups": info.subgroups, "shader_f16": info.shader_f16,
+            "tiles": !args.no_tiles,
             "copy_gbps": limits.copy / 1e9, "upload_gbps": limits.upload / 1e9,
             "f32_tflops": limits.f32_flops / 1e12,
             "f16_tflops": limits.f16_flops.map(|f| f / 1e12),
@@ -418,7 +431,17 @@ pub fn run(args: BenchDeviceArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&doc)?);
         return Ok(());
     }
-    println!("device: {} ({}, {})", info.name, info.backend, info.driver);
+    println!(
+        "device: {} ({}, {}){}",
+        info.name,
+        info.backend,
+        info.driver,
+        if args.no_tiles {
+            ", row kernels only (--no-tiles)"
+        } else {
+            ""
+        }
+    );
     println!(
         "limits: copy {:.0} GB/s (read + write), upload {:.1} GB/s, FMA f32 {:.1} TFLOPS, f16 {}",
         limits.copy / 1e9,

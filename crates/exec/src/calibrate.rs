@@ -73,6 +73,7 @@ impl DeviceFigures {
                         pairs: &pb,
                         out,
                         n_pairs: n as u32,
+                        experts: 1,
                         stage,
                     })?;
                 }

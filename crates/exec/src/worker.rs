@@ -320,6 +320,7 @@ impl DeviceSide {
             let mut pairs = pairs.clone();
             pairs.sort_by_key(|p| (p.slot, p.row));
             let p = pairs.len();
+            let experts = 1 + pairs.windows(2).filter(|w| w[0].slot != w[1].slot).count();
             // A job's pairs are one layer's: its experts' format.
             let layer = pairs[0].expert.0;
             let format = self.host.format(layer).ok_or_else(|| {
@@ -342,6 +343,7 @@ impl DeviceSide {
                     pairs: &pairs_buf,
                     out: output,
                     n_pairs: p as u32,
+                    experts: experts as u32,
                     stage,
                 })?;
             }

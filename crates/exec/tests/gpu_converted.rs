@@ -266,6 +266,7 @@ fn experts_equal_their_values(host: &HostExperts, src: &Source, config: &ModelCo
                 pairs: &pb,
                 out,
                 n_pairs: 3,
+                experts: 1,
                 stage,
             })
             .unwrap();

@@ -296,6 +296,7 @@ impl GpuModel {
                 pairs: &pairs,
                 out,
                 n_pairs: (t * k) as u32,
+                experts: moe.params.n_experts,
                 stage,
             })?;
         }

@@ -47,6 +47,8 @@ pub struct WgpuDevice {
     device_binding: u64,
     /// Whether kernels reduce through subgroup operations.
     subgroups: bool,
+    /// Whether quantized weights at many tokens take the tiled kernels.
+    tiles: bool,
     pipelines: Mutex<HashMap<(&'static str, WeightType), wgpu::ComputePipeline>>,
     pending: Mutex<Option<pipeline::Pending>>,
     /// The uniform words of the pending encoder's dispatches.
@@ -112,6 +114,7 @@ impl WgpuDevice {
             max_binding,
             device_binding,
             subgroups,
+            tiles: !opts.no_tiles,
             pipelines: Mutex::new(HashMap::new()),
             pending: Mutex::new(None),
             params: Mutex::default(),

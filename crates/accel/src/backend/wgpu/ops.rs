@@ -29,6 +29,18 @@ fn check_rows(op: &'static str, wtype: WeightType, k: u32) -> Result<()> {
     })
 }
 
+/// Tokens from which a quantized matmul takes the tiled kernel: one whole tile of 32 (below,
+/// the row kernel's passes of 8 tokens waste no arithmetic on empty columns).
+const TILE_MIN_TOKENS: u32 = 32;
+
+/// Pairs per expert, on average, from which the grouped expert kernel takes tiles: half a
+/// tile (each expert's last tile is partly empty; at decode's one pair per expert the
+/// tiles would multiply 31 empty columns).
+const TILE_MIN_PAIRS_PER_EXPERT: u32 = 16;
+
+/// Rows (and tokens) of the tiled kernels' tiles (`quant/tile.wgsl`).
+const TILE: u32 = 32;
+
 /// A float as the uniform word the kernels read it from.
 fn f(x: f32) -> u32 {
     x.to_bits()
@@ -138,8 +150,9 @@ impl WgpuDevice {
                 pairs,
                 out,
                 n_pairs,
+                experts,
                 stage,
-            } => self.expert_ffn([x, pairs, out], slots, format, n_pairs, stage),
+            } => self.expert_ffn([x, pairs, out], slots, format, [n_pairs, experts, stage]),
             Op::MoeCombine {
                 out,
                 y,
@@ -326,14 +339,17 @@ impl WgpuDevice {
                 break;
             }
             let n_rows = rows_per_chunk.min(n as u64 - n0) as u32;
-            // Quantized rows: one workgroup each; floats: 16x16 output tiles.
-            let groups = if wtype.is_quantized() {
-                rows_groups(n_rows)
+            // Quantized rows: tiles of 32 rows and tokens at many tokens, else one
+            // workgroup each; floats: 16x16 output tiles.
+            let (name, groups) = if !wtype.is_quantized() {
+                ("matmul", (n_rows.div_ceil(16), m.div_ceil(16)))
+            } else if self.tiles && m >= TILE_MIN_TOKENS {
+                ("matmul_tiles", (n_rows.div_ceil(TILE), m.div_ceil(TILE)))
             } else {
-                (n_rows.div_ceil(16), m.div_ceil(16))
+                ("matmul", rows_groups(n_rows))
             };
             self.dispatch(
-                "matmul",
+                name,
                 wtype,
                 &[m, k, n0 as u32, n_rows, n, bias.is_some() as u32],
                 &[xb, chunk, bb, ob],
@@ -560,16 +576,16 @@ impl WgpuDevice {
 
     /// [`Op::ExpertFfn`]: one dispatch per chunk of the slots, each serving the pairs
     /// whose slot it holds.
-    /// `buffers` is `[x, pairs, out]`.
+    /// `buffers` is `[x, pairs, out]`; `shape` is `[n_pairs, experts, stage]`.
     fn expert_ffn(
         &self,
         buffers: [&Buffer; 3],
         slots: &ExpertSlots,
         format: ExpertFormat,
-        n_pairs: u32,
-        stage: u32,
+        shape: [u32; 3],
     ) -> Result<()> {
         let [x, pairs, out] = buffers;
+        let [n_pairs, experts, stage] = shape;
         format.check(slots.hidden, slots.inter)?;
         if format.bytes(slots.hidden, slots.inter) > slots.slot_bytes {
             return Err(Error::Shape {
@@ -598,20 +614,31 @@ impl WgpuDevice {
         );
         let [_, up_at, down_at] = format.offsets(slots.hidden, slots.inter);
         let (a_at, b_at) = if stage == 0 { (0, up_at) } else { (down_at, 0) };
+        let tiles = self.tiles
+            && wtype.is_quantized()
+            && n_pairs >= TILE_MIN_PAIRS_PER_EXPERT * experts.clamp(1, slots.n_slots);
         for (ci, chunk) in sr.chunks.iter().enumerate() {
             let s0 = ci as u32 * slots_per_chunk;
-            let (stride, groups) = if wtype.is_quantized() {
+            let (name, stride, groups) = if tiles {
+                // Tiles of 32 output rows by 32 pairs (one expert's).
+                (
+                    "expert_ffn_tiles",
+                    slots.slot_bytes,
+                    (width.div_ceil(TILE), n_pairs.div_ceil(TILE)),
+                )
+            } else if wtype.is_quantized() {
                 // One workgroup per output row and 8 pairs (the kernel's TM).
-                (slots.slot_bytes, (width, n_pairs.div_ceil(8)))
+                ("expert_ffn", slots.slot_bytes, (width, n_pairs.div_ceil(8)))
             } else {
                 // Elements: one invocation per output value.
                 (
+                    "expert_ffn",
                     slots.slot_bytes / wtype.block().1 as u64,
                     linear_groups(n_pairs as u64 * width as u64),
                 )
             };
             self.dispatch(
-                "expert_ffn",
+                name,
                 wtype,
                 &[
                     n_pairs,

@@ -50,20 +50,51 @@ pub(super) fn rows_groups(rows: u32) -> (u32, u32) {
     (x, rows.div_ceil(x.max(1)))
 }
 
-/// Kernels over quantized weights, by the name of their float twin: WGSL source and
-/// whether it dots weight rows with activations (`quant/rows.wgsl`).
-const QUANT_KERNELS: &[(&str, &str, bool)] = &[
-    ("embed", include_str!("../../shaders/embed_q.wgsl"), false),
-    ("matmul", include_str!("../../shaders/matmul_q.wgsl"), true),
+/// What a quantized kernel includes besides its block decoder.
+#[derive(Clone, Copy)]
+enum Helpers {
+    /// Nothing more (the embedding gather).
+    None,
+    /// Dot products of weight rows with activations, and the workgroup's lane sums
+    /// (`quant/rows.wgsl`).
+    Rows,
+    /// Tiles of 32 rows by 32 tokens through workgroup memory (`quant/tile.wgsl`).
+    Tiles,
+}
+
+/// Kernels over quantized weights, by the name of their float twin (the tiled ones have
+/// none): WGSL source and what it includes.
+const QUANT_KERNELS: &[(&str, &str, Helpers)] = &[
+    (
+        "embed",
+        include_str!("../../shaders/embed_q.wgsl"),
+        Helpers::None,
+    ),
+    (
+        "matmul",
+        include_str!("../../shaders/matmul_q.wgsl"),
+        Helpers::Rows,
+    ),
+    (
+        "matmul_tiles",
+        include_str!("../../shaders/matmul_q_tiles.wgsl"),
+        Helpers::Tiles,
+    ),
     (
         "expert_ffn",
         include_str!("../../shaders/expert_ffn_q.wgsl"),
-        true,
+        Helpers::Rows,
+    ),
+    (
+        "expert_ffn_tiles",
+        include_str!("../../shaders/expert_ffn_q_tiles.wgsl"),
+        Helpers::Tiles,
     ),
 ];
 
 const QUANT_COMMON: &str = include_str!("../../shaders/quant/common.wgsl");
 const QUANT_ROWS: &str = include_str!("../../shaders/quant/rows.wgsl");
+const QUANT_TILE: &str = include_str!("../../shaders/quant/tile.wgsl");
 
 /// Lane sums through subgroup operations, or one invocation per lane.
 const LANES: [&str; 2] = [
@@ -100,18 +131,18 @@ fn source(name: &str, wtype: WeightType, subgroups: bool) -> Result<String> {
     }
     let unsupported = || Error::Unsupported(format!("{name} over {} weights", wtype.name()));
     if let Some(decode) = decoder(wtype) {
-        let &(_, body, rows) = QUANT_KERNELS
+        let &(_, body, helpers) = QUANT_KERNELS
             .iter()
             .find(|(n, ..)| *n == name)
             .ok_or_else(unsupported)?;
-        let rows = if rows {
-            format!("{QUANT_ROWS}\n{}", LANES[subgroups as usize])
-        } else {
-            String::new()
+        let helpers = match helpers {
+            Helpers::None => String::new(),
+            Helpers::Rows => format!("{QUANT_ROWS}\n{}", LANES[subgroups as usize]),
+            Helpers::Tiles => QUANT_TILE.to_string(),
         };
         let prelude = PRELUDE.replace("__WTYPE__", "0");
         return Ok(format!(
-            "{prelude}\n{QUANT_COMMON}\n{decode}\n{rows}\n{body}"
+            "{prelude}\n{QUANT_COMMON}\n{decode}\n{helpers}\n{body}"
         ));
     }
     let body = KERNELS
