@@ -12,7 +12,8 @@
 #   2. the benchmark GGUFs written with scripts/make_bench_gguf.py (Qwen3-30B-A3B and
 #      DeepSeek-V2-Lite shapes, LAYERS layers each, Q4_K_M-like), in the background while
 #      step 3 runs;
-#   3. `strata bench device $BENCH_DEVICE_ARGS` (kernels against the GPU's copy bandwidth and FMA peak) and
+#   3. `strata bench device $BENCH_DEVICE_ARGS` (kernels against the GPU's copy bandwidth and FMA peak),
+#      Q4_K at 512 tokens again through the row kernels (`--no-tiles`), and
 #      `strata bench moe` at one token (the CPU's read bandwidth, for the hybrid bound);
 #   4. `strata generate` on each GGUF, the 512-token prompt scripts/bench_prompt_512.txt
 #      and 128 greedy tokens: --device cpu, gpu, hybrid with ktransformers, smoe and
@@ -54,6 +55,8 @@ done
 
 stamp "strata bench device"
 timeout 200 "$bin" bench device ${BENCH_DEVICE_ARGS:-} 2>&1 | tee -a "$log"
+stamp "strata bench device --no-tiles (prefill through the row kernels, against the tiles above)"
+timeout 90 "$bin" bench device --no-tiles --formats q4_k --tokens 512 2>&1 | tee -a "$log"
 stamp "strata bench moe (CPU read bandwidth at one token)"
 timeout 60 "$bin" bench moe --formats q4_k --tokens 1 --min-seconds 0.3 --layers 4 2>&1 | tee -a "$log"
 

@@ -56,6 +56,9 @@ fn devices(max_binding: u64) -> Vec<Arc<dyn Device>> {
 /// sign/high bits, zero values, and zero blocks (scale 0); packed integers are random, at
 /// both ends of their range, or zero, under random, large and zero scales.
 fn weights(t: WeightType, rows: usize, k: usize, rng: &mut u64) -> (Vec<u8>, Vec<f32>) {
+    if !t.is_quantized() {
+        return floats(t, rows, k, rng);
+    }
     if !t.is_ggml() {
         return integers(t, rows, k, rng);
     }
@@ -84,6 +87,27 @@ fn weights(t: WeightType, rows: usize, k: usize, rng: &mut u64) -> (Vec<u8>, Vec
     let mut values = vec![0.0; rows * k];
     dequantize_row(ggml(t), &bytes, &mut values).unwrap();
     (bytes, values)
+}
+
+/// Random floats in `t` (read by the kernels over blocks as groups of 32) and the values
+/// stored.
+fn floats(t: WeightType, rows: usize, k: usize, rng: &mut u64) -> (Vec<u8>, Vec<f32>) {
+    let mut r = Rng::new(*rng);
+    *rng = rng.wrapping_add(1);
+    let values = r.vec(rows * k);
+    let bytes = t.encode(&values).unwrap();
+    let stored = match t {
+        WeightType::Bf16 => bytes
+            .chunks_exact(2)
+            .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
+        WeightType::F16 => bytes
+            .chunks_exact(2)
+            .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
+        _ => values,
+    };
+    (bytes, stored)
 }
 
 /// Packed integers of `t` ([`WeightType::encode_int_rows`]) and their values.
@@ -259,6 +283,10 @@ fn quantized_experts_match_the_dequantized_reference() {
         // A converted model's packed integers.
         (WeightType::Int8, WeightType::Int8),
         (WeightType::Int4, WeightType::Int4),
+        // Floats (a checkpoint's BF16, types dequantized to F16 on upload) as groups of 32.
+        (WeightType::Bf16, WeightType::Bf16),
+        (WeightType::F16, WeightType::F16),
+        (WeightType::F32, WeightType::F32),
     ];
     // Slots of 100-230 KB: two per binding, so the three slots take two chunks.
     for dev in devices(480 << 10) {

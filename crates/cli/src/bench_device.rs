@@ -49,8 +49,8 @@ pub struct BenchDeviceArgs {
     /// Experts per token.
     #[arg(long, default_value_t = 8)]
     pub topk: usize,
-    /// Weight types, as a GGUF names them (q4_k, q8_0, q6_k, q5_k, q5_0, q4_0, iq4_xs), or
-    /// int8 and int4, a converted model's packed integers.
+    /// Weight types, as a GGUF names them (q4_k, q8_0, q6_k, q5_k, q5_0, q4_0, iq4_xs),
+    /// int8 and int4 (a converted model's packed integers), or bf16, f16 and f32.
     #[arg(long, value_delimiter = ',', default_value = "q4_k,q8_0")]
     pub formats: Vec<String>,
     /// Token counts of the grouped expert kernel.
@@ -144,6 +144,12 @@ fn weight_bytes(
         .find(|g| wtype.is_ggml() && g.name().eq_ignore_ascii_case(wtype.name()))
     {
         Some(ggml) => random_blocks(ggml, sample_rows * k / wtype.block().0, seed),
+        None if !wtype.is_quantized() => {
+            // Floats (a checkpoint's BF16, types widened to F16 on upload): small values.
+            let mut rng = Lcg(*seed);
+            *seed = seed.wrapping_add(1);
+            wtype.encode(&rng.vec(sample_rows * k, 0.1))?
+        }
         None => {
             // A converted model's packed integers: random values, a scale per row or per 32.
             let q: Vec<i8> = random_blocks(GgmlType::Q8_0, sample_rows * k / 32, seed)
@@ -378,15 +384,12 @@ pub fn run(args: BenchDeviceArgs) -> anyhow::Result<()> {
         .formats
         .iter()
         .map(|f| {
-            let packed = WeightType::ALL
+            let other = WeightType::ALL
                 .into_iter()
                 .find(|t| !t.is_ggml() && t.name() == f);
             WeightType::from_ggml_name(f)
-                .or(packed)
-                .filter(|t| t.is_quantized())
-                .with_context(|| {
-                    format!("--formats: `{f}` is not a quantized type the device reads")
-                })
+                .or(other)
+                .with_context(|| format!("--formats: `{f}` is not a type the device reads"))
         })
         .collect::<anyhow::Result<_>>()?;
     let limits = measure_limits(dev, args.min_seconds)?;

@@ -41,6 +41,13 @@ const TILE_MIN_PAIRS_PER_EXPERT: u32 = 16;
 /// Rows (and tokens) of the tiled kernels' tiles (`quant/tile.wgsl`).
 const TILE: u32 = 32;
 
+/// Whether weights of `wtype` in rows of `k` values go through the kernels over blocks
+/// (every quantized type; floats in rows of whole groups of 32, read as such groups),
+/// rather than the float reference kernels that take rows of any length.
+fn in_blocks(wtype: WeightType, k: u32) -> bool {
+    wtype.is_quantized() || k.is_multiple_of(32)
+}
+
 /// A float as the uniform word the kernels read it from.
 fn f(x: f32) -> u32 {
     x.to_bits()
@@ -302,7 +309,11 @@ impl WgpuDevice {
             let r0 = (ci as u64 * (t.chunk_bytes / row_bytes)) as u32;
             let r1 = r0.saturating_add((chunk.size() / row_bytes) as u32);
             self.dispatch(
-                "embed",
+                if wtype.is_quantized() {
+                    "embed_blocks"
+                } else {
+                    "embed"
+                },
                 wtype,
                 &[rows, dim, r0, r1],
                 &[chunk, ids, out],
@@ -339,14 +350,14 @@ impl WgpuDevice {
                 break;
             }
             let n_rows = rows_per_chunk.min(n as u64 - n0) as u32;
-            // Quantized rows: tiles of 32 rows and tokens at many tokens, else one
-            // workgroup each; floats: 16x16 output tiles.
-            let (name, groups) = if !wtype.is_quantized() {
+            // Rows of blocks: tiles of 32 rows and tokens at many tokens, else one
+            // workgroup per row; other float rows: 16x16 output tiles.
+            let (name, groups) = if !in_blocks(wtype, k) {
                 ("matmul", (n_rows.div_ceil(16), m.div_ceil(16)))
             } else if self.tiles && m >= TILE_MIN_TOKENS {
                 ("matmul_tiles", (n_rows.div_ceil(TILE), m.div_ceil(TILE)))
             } else {
-                ("matmul", rows_groups(n_rows))
+                ("matmul_rows", rows_groups(n_rows))
             };
             self.dispatch(
                 name,
@@ -614,21 +625,31 @@ impl WgpuDevice {
         );
         let [_, up_at, down_at] = format.offsets(slots.hidden, slots.inter);
         let (a_at, b_at) = if stage == 0 { (0, up_at) } else { (down_at, 0) };
+        let k = if stage == 0 {
+            slots.hidden
+        } else {
+            slots.inter
+        };
+        let blocks = in_blocks(wtype, k);
         let tiles = self.tiles
-            && wtype.is_quantized()
+            && blocks
             && n_pairs >= TILE_MIN_PAIRS_PER_EXPERT * experts.clamp(1, slots.n_slots);
         for (ci, chunk) in sr.chunks.iter().enumerate() {
             let s0 = ci as u32 * slots_per_chunk;
             let (name, stride, groups) = if tiles {
                 // Tiles of 32 output rows by 32 pairs (one expert's).
                 (
-                    "expert_ffn_tiles",
+                    "expert_tiles",
                     slots.slot_bytes,
                     (width.div_ceil(TILE), n_pairs.div_ceil(TILE)),
                 )
-            } else if wtype.is_quantized() {
+            } else if blocks {
                 // One workgroup per output row and 8 pairs (the kernel's TM).
-                ("expert_ffn", slots.slot_bytes, (width, n_pairs.div_ceil(8)))
+                (
+                    "expert_rows",
+                    slots.slot_bytes,
+                    (width, n_pairs.div_ceil(8)),
+                )
             } else {
                 // Elements: one invocation per output value.
                 (

@@ -50,7 +50,7 @@ pub(super) fn rows_groups(rows: u32) -> (u32, u32) {
     (x, rows.div_ceil(x.max(1)))
 }
 
-/// What a quantized kernel includes besides its block decoder.
+/// What a kernel over blocks includes besides its block decoder.
 #[derive(Clone, Copy)]
 enum Helpers {
     /// Nothing more (the embedding gather).
@@ -62,16 +62,16 @@ enum Helpers {
     Tiles,
 }
 
-/// Kernels over quantized weights, by the name of their float twin (the tiled ones have
-/// none): WGSL source and what it includes.
-const QUANT_KERNELS: &[(&str, &str, Helpers)] = &[
+/// Kernels that read weights through a block decoder (`quant/*.wgsl`: ggml's blocks, the
+/// packed integers, and floats as groups of 32): WGSL source and what it includes.
+const BLOCK_KERNELS: &[(&str, &str, Helpers)] = &[
     (
-        "embed",
+        "embed_blocks",
         include_str!("../../shaders/embed_q.wgsl"),
         Helpers::None,
     ),
     (
-        "matmul",
+        "matmul_rows",
         include_str!("../../shaders/matmul_q.wgsl"),
         Helpers::Rows,
     ),
@@ -81,12 +81,12 @@ const QUANT_KERNELS: &[(&str, &str, Helpers)] = &[
         Helpers::Tiles,
     ),
     (
-        "expert_ffn",
+        "expert_rows",
         include_str!("../../shaders/expert_ffn_q.wgsl"),
         Helpers::Rows,
     ),
     (
-        "expert_ffn_tiles",
+        "expert_tiles",
         include_str!("../../shaders/expert_ffn_q_tiles.wgsl"),
         Helpers::Tiles,
     ),
@@ -102,10 +102,12 @@ const LANES: [&str; 2] = [
     include_str!("../../shaders/quant/lanes_subgroup.wgsl"),
 ];
 
-/// The block decoder of a quantized type (one file per block layout).
-fn decoder(wtype: WeightType) -> Option<&'static str> {
-    Some(match wtype {
-        WeightType::F32 | WeightType::Bf16 | WeightType::F16 => return None,
+/// The block decoder of a weight type (one file per block layout).
+fn decoder(wtype: WeightType) -> &'static str {
+    match wtype {
+        WeightType::F32 => include_str!("../../shaders/quant/f32.wgsl"),
+        WeightType::Bf16 => include_str!("../../shaders/quant/bf16.wgsl"),
+        WeightType::F16 => include_str!("../../shaders/quant/f16.wgsl"),
         WeightType::Q4_0 => include_str!("../../shaders/quant/q4_0.wgsl"),
         WeightType::Q5_0 => include_str!("../../shaders/quant/q5_0.wgsl"),
         WeightType::Q8_0 => include_str!("../../shaders/quant/q8_0.wgsl"),
@@ -115,12 +117,12 @@ fn decoder(wtype: WeightType) -> Option<&'static str> {
         WeightType::IQ4_XS => include_str!("../../shaders/quant/iq4_xs.wgsl"),
         WeightType::Int8 => include_str!("../../shaders/quant/int8.wgsl"),
         WeightType::Int4 => include_str!("../../shaders/quant/int4.wgsl"),
-    })
+    }
 }
 
-/// The WGSL of kernel `name` for weights of `wtype`: the prelude (with the float type
-/// code) and the kernel, and for a quantized type its block decoder and the quantized
-/// kernel instead, reducing through subgroups when `subgroups`.
+/// The WGSL of kernel `name` for weights of `wtype`: a kernel over blocks gets the type's
+/// block decoder (reducing through subgroups when `subgroups`); the others, the prelude
+/// with the float type's code.
 fn source(name: &str, wtype: WeightType, subgroups: bool) -> Result<String> {
     if name == "fma_peak" {
         let peak = include_str!("../../shaders/fma_peak.wgsl");
@@ -129,21 +131,21 @@ fn source(name: &str, wtype: WeightType, subgroups: bool) -> Result<String> {
             _ => peak.replace("SCALAR", "f32"),
         });
     }
-    let unsupported = || Error::Unsupported(format!("{name} over {} weights", wtype.name()));
-    if let Some(decode) = decoder(wtype) {
-        let &(_, body, helpers) = QUANT_KERNELS
-            .iter()
-            .find(|(n, ..)| *n == name)
-            .ok_or_else(unsupported)?;
+    if let Some(&(_, body, helpers)) = BLOCK_KERNELS.iter().find(|(n, ..)| *n == name) {
         let helpers = match helpers {
             Helpers::None => String::new(),
             Helpers::Rows => format!("{QUANT_ROWS}\n{}", LANES[subgroups as usize]),
             Helpers::Tiles => QUANT_TILE.to_string(),
         };
         let prelude = PRELUDE.replace("__WTYPE__", "0");
+        let decode = decoder(wtype);
         return Ok(format!(
             "{prelude}\n{QUANT_COMMON}\n{decode}\n{helpers}\n{body}"
         ));
+    }
+    let unsupported = || Error::Unsupported(format!("{name} over {} weights", wtype.name()));
+    if wtype.is_quantized() {
+        return Err(unsupported());
     }
     let body = KERNELS
         .iter()
