@@ -1,16 +1,21 @@
-//! The accelerator's own figures for the cost model: what one of the model's experts costs
-//! to upload and to run on this device, measured with the executor's own slots and kernel,
-//! replacing a preset's GPU and link constants (`--device hybrid` without `--hardware`).
+//! The machine's own figures for the cost model, replacing a preset's constants
+//! (`--device hybrid` without `--hardware`): what one of the model's experts costs to
+//! upload and to run on the accelerator, measured with the executor's own slots and
+//! kernel ([`DeviceFigures`]), and to run on the CPU's kernels ([`CpuFigures`]).
 //!
 //! The cost model prices a GPU expert as `max(2 P t / gpu.flops, bytes / gpu.mem_bw)` for
 //! `t` tokens and an upload as `bytes / pcie.bw`; the three are set so that it reproduces
 //! the measured times at one pair and at [`DeviceFigures::MANY`] pairs, and the measured upload. The
 //! figures are the kernel's achieved rates, not the device's peaks: what placement needs.
+//! A CPU expert is priced from a table of measured times against its tokens
+//! (`cpu.expert_table`), which the cost model interpolates.
 
 use std::time::Instant;
 
 use strata_accel::{Device, ExpertSlots, Op};
-use strata_policy::Hardware;
+use strata_kernels::moe::ExpertBatch;
+use strata_model::experts::ExpertSet;
+use strata_policy::{ExpertTable, Hardware};
 
 use crate::Result;
 use crate::weights::HostExperts;
@@ -112,6 +117,85 @@ impl DeviceFigures {
         for key in ["pcie.bw", "gpu.mem_bw", "gpu.flops"] {
             hw.sources.insert(key.into(), how.clone());
         }
+    }
+}
+
+/// What one routed expert costs on the CPU's kernels (the executor's CPU share runs on
+/// them), in seconds against the tokens it computes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CpuFigures {
+    /// `[tokens, seconds]` for each of [`Self::TOKENS`].
+    pub points: Vec<[f64; 2]>,
+}
+
+impl CpuFigures {
+    /// Token counts measured: decode's one, a few, and prefill's many per expert (where
+    /// the matrix units take over), past which the time is proportional.
+    pub const TOKENS: [usize; 4] = [1, 4, 16, 64];
+
+    /// Measures the first few experts of `layers` (each an MoE layer's routed experts), in
+    /// turn, at each of [`Self::TOKENS`]. Each runs once before it is timed, so the mapped
+    /// file's pages are resident as for a running model; the times are those of weights as
+    /// warm as the caches keep them.
+    pub fn measure(layers: &[&ExpertSet], hidden: usize) -> Result<CpuFigures> {
+        let used: Vec<(&ExpertSet, usize)> = layers
+            .iter()
+            .flat_map(|set| (0..set.len().min(REPEATS)).map(move |e| (*set, e)))
+            .take(REPEATS)
+            .collect();
+        if used.is_empty() {
+            return Err(crate::Error::Config(
+                "the checkpoint has no routed experts to measure".into(),
+            ));
+        }
+        let most = Self::TOKENS[Self::TOKENS.len() - 1];
+        // Small activations, so that no kernel meets infinities or subnormals.
+        let x: Vec<f32> = (0..most * hidden)
+            .map(|i| ((i * 7919) % 2001) as f32 * 1e-3 - 1.0)
+            .collect();
+        let mut out = vec![0.0f32; most * hidden];
+        let batch = |expert: usize, tokens: usize| ExpertBatch {
+            expert,
+            tokens: (0..tokens as u32).collect(),
+            weights: vec![1.0; tokens],
+        };
+        for &(set, e) in &used {
+            set.run_batches(&x[..hidden], &[batch(e, 1)], &mut out[..hidden])?;
+        }
+        let mut points = Vec::new();
+        for tokens in Self::TOKENS {
+            let mut next = used.iter().cycle();
+            let seconds = best(|| {
+                let &(set, e) = next.next().expect("a cycle of a non-empty list");
+                let n = tokens * hidden;
+                Ok(set.run_batches(&x[..n], &[batch(e, tokens)], &mut out[..n])?)
+            })?;
+            points.push([tokens as f64, seconds]);
+        }
+        Ok(CpuFigures { points })
+    }
+
+    /// `hw` with these times as its CPU expert table for experts of `hidden x inter` at
+    /// `bits` per weight (the cost model's CPU expert time is then the measured one).
+    pub fn apply(&self, hw: &mut Hardware, hidden: usize, inter: usize, bits: f64) {
+        hw.cpu.expert_table = Some(ExpertTable {
+            hidden,
+            moe_intermediate: inter,
+            bits,
+            points: self.points.clone(),
+        });
+        let times: Vec<String> = self
+            .points
+            .iter()
+            .map(|[t, s]| format!("{t} in {:.3} ms", s * 1e3))
+            .collect();
+        hw.sources.insert(
+            "cpu.expert_table".into(),
+            format!(
+                "measured at start: one expert's tokens {}",
+                times.join(", ")
+            ),
+        );
     }
 }
 

@@ -36,7 +36,7 @@ mod weights;
 mod worker;
 
 pub use cache::SlotCache;
-pub use calibrate::DeviceFigures;
+pub use calibrate::{CpuFigures, DeviceFigures};
 pub use exec_stats::ExecStats;
 pub use executor::{DeferredExperts, DeviceShare, ExecOptions, HybridExecutor, LayerRecord};
 pub use gpu_model::{GpuCache, GpuModel, GpuSeq};

@@ -15,14 +15,15 @@ use std::sync::Arc;
 
 use strata_model::LoadOptions;
 use strata_model::config::ModelConfig;
+use strata_model::experts::ExpertSet;
 use strata_model::model::{Model, mapped_file};
 use strata_policy::policies::{Fiddler, GpuLru, HybriMoE, KTransformers, Smoe, SmoeEviction};
 use strata_policy::predictor::LinearPredictor;
 use strata_policy::{CostModel, Hardware, ModelShape, Policy};
 
 use crate::{
-    DeviceFigures, Error, ExecOptions, GpuModel, HostExperts, HybridExecutor, Result, SsdOptions,
-    SsdTier,
+    CpuFigures, DeviceFigures, Error, ExecOptions, GpuModel, HostExperts, HybridExecutor, Result,
+    SsdOptions, SsdTier,
 };
 
 /// The policies the executor can run (`--policy`).
@@ -265,7 +266,8 @@ pub struct HybridOptions {
     /// replaced by the cache that `vram_budget` gives.
     pub hardware: Hardware,
     /// Whether [`load_hybrid`] replaces `hardware`'s GPU and link rates with what the
-    /// accelerator measures for one of the model's experts ([`DeviceFigures`]): set when
+    /// accelerator measures for one of the model's experts ([`DeviceFigures`]), and its CPU
+    /// expert times with what the CPU's kernels measure ([`CpuFigures`]): set when
     /// no machine was named. Applied on a real GPU only: a CPU adapter's (lavapipe's)
     /// figures say nothing of a GPU and would make placement depend on the host's load.
     pub measure: bool,
@@ -338,6 +340,11 @@ pub fn load_hybrid(
     if opts.measure && dev.info().device_type != "Cpu" {
         let figures = DeviceFigures::measure(&*dev, &host)?;
         figures.apply(&mut hardware, host.hidden(), host.inter(), bits);
+        let layers: Vec<&ExpertSet> = gpu.host_moe_blocks().iter().map(|b| &b.experts).collect();
+        if !layers.is_empty() {
+            let cpu = CpuFigures::measure(&layers, host.hidden())?;
+            cpu.apply(&mut hardware, host.hidden(), host.inter(), bits);
+        }
     }
     let cost = cost_model(hardware, shape, bits, cache)?;
     let policy = build_policy(opts.policy, &cost, &policy_options);

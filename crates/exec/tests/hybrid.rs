@@ -16,7 +16,7 @@ use std::sync::Arc;
 use common::default_gpu as gpu;
 use strata_accel::Device;
 use strata_exec::{
-    DeviceFigures, ExecOptions, HostExperts, HybridExecutor, LayerRecord, PolicyKind,
+    CpuFigures, DeviceFigures, ExecOptions, HostExperts, HybridExecutor, LayerRecord, PolicyKind,
     PolicyOptions, build_policy, cost_model, install, model_shape,
 };
 use strata_model::moe::{ExpertCall, ExpertExecutor};
@@ -655,4 +655,50 @@ fn measured_device_figures_price_experts_as_measured() {
     let moved = cost.expert_transfer_time() - cost.hw.pcie.latency_s;
     let want = f.upload_s * cost.expert_bytes() as f64 / f.expert_bytes as f64;
     assert!(close(moved, want), "{moved} vs {want}: {f:?}");
+}
+
+/// The CPU's measured expert times price CPU experts as measured, on a safetensors model's
+/// packed experts and on a GGUF's blocks: the cost model's CPU expert time at each measured
+/// token count is the measured one, and proportional past the last.
+#[test]
+fn measured_cpu_figures_price_cpu_experts_as_measured() {
+    for path in [
+        repo("models/strata-tiny-moe"),
+        repo("tests/fixtures-gguf/qwen3_moe_k.q4_k.gguf"),
+    ] {
+        if !path.exists() {
+            eprintln!("NOT CHECKED: {} not found", path.display());
+            continue;
+        }
+        let model = Model::load(&path, Precision::F32).unwrap();
+        let layers: Vec<_> = model.moe_blocks().iter().map(|b| &b.experts).collect();
+        let host = HostExperts::open(&path).unwrap();
+        let f = CpuFigures::measure(&layers, host.hidden()).unwrap();
+        let tokens: Vec<f64> = f.points.iter().map(|p| p[0]).collect();
+        assert_eq!(tokens, CpuFigures::TOKENS.map(|t| t as f64), "{f:?}");
+        assert!(
+            f.points.iter().all(|p| p[1].is_finite() && p[1] > 0.0),
+            "{f:?}"
+        );
+        let bits = host.bits_per_weight();
+        let mut hw = Hardware::load("local").unwrap();
+        f.apply(&mut hw, host.hidden(), host.inter(), bits);
+        assert!(
+            hw.sources["cpu.expert_table"].starts_with("measured"),
+            "{:?}",
+            hw.sources
+        );
+        let config = strata_model::model::open(&path).unwrap().0;
+        let cost = cost_model(hw, model_shape(&config).unwrap(), bits, 0).unwrap();
+        for [t, s] in &f.points {
+            let got = cost.expert_time(Place::Cpu, *t as u32);
+            assert!((got - s).abs() <= 1e-9 * s, "{t} tokens: {got} vs {s}");
+        }
+        let [last_t, last_s] = f.points[f.points.len() - 1];
+        let got = cost.expert_time(Place::Cpu, 2 * last_t as u32);
+        assert!(
+            (got - 2.0 * last_s).abs() <= 1e-9 * last_s,
+            "{got} vs {last_s}"
+        );
+    }
 }
