@@ -12,8 +12,9 @@ struct P {
 // Quantized experts in slots s0..s1 of this chunk of the slot buffer (each slot: gate,
 // up, down back to back, at bytes 0, b_at and a_at of stage 1). One workgroup per output
 // row j and TM consecutive pairs, four at a time: the 64 invocations take the row's groups
-// of 32 in turn; when the four pairs are on one expert (pairs are sorted by slot, so in
-// prefill an expert's tokens are consecutive) each group is decoded once for the four.
+// of 32 (or pieces of them, `rows.wgsl`) in turn; when the four pairs are on one expert
+// (pairs are sorted by slot, so an expert's tokens are consecutive) each piece is decoded
+// once for the four.
 // Stage 0 (a_at = gate, b_at = up): out[pair, j] = silu(x_row . gate_j) * (x_row . up_j).
 // Stage 1 (a_at = down): out[pair, c] = x[pair] . down_c, x the stage-0 output.
 
@@ -29,10 +30,12 @@ fn pair_dots(slot: u32, xo: u32, row: u32, tid: u32, up: bool, groups: u32) -> v
         return d;
     }
     let base = (slot - p.s0) * p.slot_bytes + row;
-    for (var s = tid; s < groups; s += 64u) {
-        d.x += dot_group(group(base + p.a_at, s), xo + 8u * s);
+    let per = pieces_per_group(groups);
+    for (var q = tid; q < groups * per; q += 64u) {
+        let at = piece(q, per);
+        d.x += dot_group(group(base + p.a_at, at.x), xo + 8u * at.x, at.y, 8u / per);
         if (up) {
-            d.y += dot_group(group(base + p.b_at, s), xo + 8u * s);
+            d.y += dot_group(group(base + p.b_at, at.x), xo + 8u * at.x, at.y, 8u / per);
         }
     }
     return d;
@@ -73,10 +76,13 @@ fn main(
         if (all(slot == vec4<u32>(slot.x))) {
             if (in_chunk(slot.x)) {
                 let base = (slot.x - p.s0) * p.slot_bytes + row;
-                for (var s = tid; s < groups; s += 64u) {
-                    ga += dot_group4(group(base + p.a_at, s), xo + 8u * s);
+                let per = pieces_per_group(groups);
+                for (var q = tid; q < groups * per; q += 64u) {
+                    let at = piece(q, per);
+                    let xs = xo + 8u * at.x;
+                    ga += dot_group4(group(base + p.a_at, at.x), xs, at.y, 8u / per);
                     if (up) {
-                        ua += dot_group4(group(base + p.b_at, s), xo + 8u * s);
+                        ua += dot_group4(group(base + p.b_at, at.x), xs, at.y, 8u / per);
                     }
                 }
             }

@@ -6,9 +6,10 @@ struct P { m: u32, k: u32, n0: u32, n_rows: u32, ldo: u32, has_bias: u32, _a: u3
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
 
 // out[t, n0 + r] = x[t, :] . w[r, :] (+ bias) for row r of this chunk of a quantized
-// weight: one workgroup per row, whose 64 invocations take the row's groups of 32 in turn
-// (adjacent invocations read adjacent bytes), TM tokens per pass; each decoded group
-// serves four tokens at once (one, for a single token), then the workgroup sums.
+// weight: one workgroup per row, whose 64 invocations take the row's groups of 32 (or
+// pieces of them, `rows.wgsl`) in turn (adjacent invocations read adjacent bytes), TM
+// tokens per pass; each decoded piece serves four tokens at once (one, for a single
+// token), then the workgroup sums.
 @compute @workgroup_size(64)
 fn main(
     @builtin(workgroup_id) wg: vec3<u32>,
@@ -22,13 +23,16 @@ fn main(
     }
     let row = r * row_bytes(p.k);
     let groups = p.k / 32u;
+    let per = pieces_per_group(groups);
+    let n = 8u / per;
     let k4 = p.k / 4u;
     for (var t0 = 0u; t0 < p.m; t0 += TM) {
         let cols = min(TM, p.m - t0);
         if (cols == 1u) {
             var acc = 0.0;
-            for (var s = tid; s < groups; s += 64u) {
-                acc += dot_group(group(row, s), t0 * k4 + 8u * s);
+            for (var q = tid; q < groups * per; q += 64u) {
+                let at = piece(q, per);
+                acc += dot_group(group(row, at.x), t0 * k4 + 8u * at.x, at.y, n);
             }
             put_part(acc, 0u, tid, lanes);
         } else {
@@ -36,8 +40,9 @@ fn main(
                 // Tokens past the last repeat it; their sums are not written.
                 let tok = min(vec4<u32>(t0 + q) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(p.m - 1u));
                 var acc = vec4<f32>(0.0);
-                for (var s = tid; s < groups; s += 64u) {
-                    acc += dot_group4(group(row, s), tok * k4 + 8u * s);
+                for (var q = tid; q < groups * per; q += 64u) {
+                    let at = piece(q, per);
+                    acc += dot_group4(group(row, at.x), tok * k4 + 8u * at.x, at.y, n);
                 }
                 put_part(acc.x, q, tid, lanes);
                 put_part(acc.y, q + 1u, tid, lanes);

@@ -4,20 +4,39 @@
 // Tokens (or expert pairs) a workgroup computes per pass over a weight row.
 const TM: u32 = 8u;
 
-// Dot product of group `g` with the 32 activations from vec4 `xo` on.
-fn dot_group(g: Group, xo: u32) -> f32 {
+// A row of `groups` groups of 32 is dotted in pieces of 8 / pieces_per_group(groups)
+// vec4s, one piece per invocation: whole groups when the row has at least 32 (64
+// invocations, at most one pass each), else halves, quarters or eighths, so that a short
+// row still keeps most of the workgroup reading (a row of 768 values has 24 groups: 48
+// invocations at work instead of 24).
+fn pieces_per_group(groups: u32) -> u32 {
+    var n = 1u;
+    while (n < 8u && 2u * n * groups <= 64u) {
+        n *= 2u;
+    }
+    return n;
+}
+
+// Group and first vec4 of piece `q` of a row, `per` pieces per group.
+fn piece(q: u32, per: u32) -> vec2<u32> {
+    return vec2<u32>(q / per, (q % per) * (8u / per));
+}
+
+// Dot product of vec4s i0 .. i0 + n of group `g` with the activations from vec4 `xo` on
+// (the group's first).
+fn dot_group(g: Group, xo: u32, i0: u32, n: u32) -> f32 {
     var d = 0.0;
-    for (var i = 0u; i < 8u; i++) {
+    for (var i = i0; i < i0 + n; i++) {
         d += dot(values4(g, i), x[xo + i]);
     }
     return d;
 }
 
-// Dot products of group `g` with four tokens' activations, from vec4s `xo` on (one offset
-// per token): the group is decoded once for the four.
-fn dot_group4(g: Group, xo: vec4<u32>) -> vec4<f32> {
+// The same for four tokens' activations, from vec4s `xo` on (one offset per token): the
+// values are decoded once for the four.
+fn dot_group4(g: Group, xo: vec4<u32>, i0: u32, n: u32) -> vec4<f32> {
     var d = vec4<f32>(0.0);
-    for (var i = 0u; i < 8u; i++) {
+    for (var i = i0; i < i0 + n; i++) {
         let v = values4(g, i);
         d += vec4<f32>(dot(v, x[xo.x + i]), dot(v, x[xo.y + i]), dot(v, x[xo.z + i]), dot(v, x[xo.w + i]));
     }
