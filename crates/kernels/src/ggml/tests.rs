@@ -351,7 +351,8 @@ fn fused_moe_matches_its_twin() {
                 };
                 let mut got = vec![f32::NAN; t * h];
                 fused_moe_ggml(&experts, &x, &batches, &mut got, &opts).expect("runs");
-                let (want, tol) = twin_on(isa);
+                // `STRATA_KERNEL` caps the path the call takes, whatever `opts.isa` asks.
+                let (want, tol) = twin_on(isa.min(Isa::selected()));
                 for (g, w) in got.iter().zip(&want) {
                     assert!(
                         (g - w).abs() <= tol * scale,
