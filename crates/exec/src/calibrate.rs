@@ -140,7 +140,7 @@ impl CpuFigures {
     pub fn measure(layers: &[&ExpertSet], hidden: usize) -> Result<CpuFigures> {
         let used: Vec<(&ExpertSet, usize)> = layers
             .iter()
-            .flat_map(|set| (0..set.len().min(REPEATS)).map(move |e| (*set, e)))
+            .flat_map(|set| (0..set.len()).map(move |e| (*set, e)))
             .take(REPEATS)
             .collect();
         if used.is_empty() {

@@ -24,15 +24,14 @@ fn in_chunk(slot: u32) -> bool {
 
 // This invocation's part of one pair's dot products with row j of its expert: (gate, up)
 // in stage 0, (down, 0) in stage 1; zero for a slot of another chunk.
-fn pair_dots(slot: u32, xo: u32, row: u32, tid: u32, up: bool, groups: u32) -> vec2<f32> {
+fn pair_dots(slot: u32, xo: u32, row: u32, tid: u32, up: bool, groups: u32, per: u32) -> vec2<f32> {
     var d = vec2<f32>(0.0);
     if (!in_chunk(slot)) {
         return d;
     }
     let base = (slot - p.s0) * p.slot_bytes + row;
-    let per = pieces_per_group(groups);
-    for (var q = tid; q < groups * per; q += 64u) {
-        let at = piece(q, per);
+    for (var pc = tid; pc < groups * per; pc += 64u) {
+        let at = piece(pc, per);
         d.x += dot_group(group(base + p.a_at, at.x), xo + 8u * at.x, at.y, 8u / per);
         if (up) {
             d.y += dot_group(group(base + p.b_at, at.x), xo + 8u * at.x, at.y, 8u / per);
@@ -61,6 +60,7 @@ fn main(
     }
     let row = j * row_bytes(k);
     let groups = k / 32u;
+    let per = pieces_per_group(groups);
     let cols = min(TM, p.n_pairs - p0);
     for (var q = 0u; q < cols; q += 4u) {
         // Pairs past the last repeat it; their sums are not written.
@@ -76,9 +76,8 @@ fn main(
         if (all(slot == vec4<u32>(slot.x))) {
             if (in_chunk(slot.x)) {
                 let base = (slot.x - p.s0) * p.slot_bytes + row;
-                let per = pieces_per_group(groups);
-                for (var q = tid; q < groups * per; q += 64u) {
-                    let at = piece(q, per);
+                for (var pc = tid; pc < groups * per; pc += 64u) {
+                    let at = piece(pc, per);
                     let xs = xo + 8u * at.x;
                     ga += dot_group4(group(base + p.a_at, at.x), xs, at.y, 8u / per);
                     if (up) {
@@ -87,10 +86,10 @@ fn main(
                 }
             }
         } else {
-            let dx = pair_dots(slot.x, xo.x, row, tid, up, groups);
-            let dy = pair_dots(slot.y, xo.y, row, tid, up, groups);
-            let dz = pair_dots(slot.z, xo.z, row, tid, up, groups);
-            let dw = pair_dots(slot.w, xo.w, row, tid, up, groups);
+            let dx = pair_dots(slot.x, xo.x, row, tid, up, groups, per);
+            let dy = pair_dots(slot.y, xo.y, row, tid, up, groups, per);
+            let dz = pair_dots(slot.z, xo.z, row, tid, up, groups, per);
+            let dw = pair_dots(slot.w, xo.w, row, tid, up, groups, per);
             ga = vec4<f32>(dx.x, dy.x, dz.x, dw.x);
             ua = vec4<f32>(dx.y, dy.y, dz.y, dw.y);
         }

@@ -30,8 +30,8 @@ fn main(
         let cols = min(TM, p.m - t0);
         if (cols == 1u) {
             var acc = 0.0;
-            for (var q = tid; q < groups * per; q += 64u) {
-                let at = piece(q, per);
+            for (var pc = tid; pc < groups * per; pc += 64u) {
+                let at = piece(pc, per);
                 acc += dot_group(group(row, at.x), t0 * k4 + 8u * at.x, at.y, n);
             }
             put_part(acc, 0u, tid, lanes);
@@ -40,8 +40,8 @@ fn main(
                 // Tokens past the last repeat it; their sums are not written.
                 let tok = min(vec4<u32>(t0 + q) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(p.m - 1u));
                 var acc = vec4<f32>(0.0);
-                for (var q = tid; q < groups * per; q += 64u) {
-                    let at = piece(q, per);
+                for (var pc = tid; pc < groups * per; pc += 64u) {
+                    let at = piece(pc, per);
                     acc += dot_group4(group(row, at.x), tok * k4 + 8u * at.x, at.y, n);
                 }
                 put_part(acc.x, q, tid, lanes);
