@@ -9,7 +9,10 @@ use crate::buf::AlignedBuf;
 /// Activations converted for one packed matrix: BF16, or int8 with per-token or per-32 scales.
 pub(crate) struct Activations {
     pub(crate) k_pad: usize,
-    /// Bytes per row of `data`.
+    /// Bytes per value: 2 (BF16) or 1 (int8).
+    elem: usize,
+    /// Bytes per row of `data`: the row's values, plus a line where rows a multiple of 1 KiB
+    /// apart would put the rows of an AMX tile load into a few L1 sets.
     pub(crate) lda: usize,
     /// Rows of `data`: `m` rounded up to a multiple of [`M_ALIGN`] for a kernel that runs AMX
     /// tile programs (they read whole 32-row blocks), else `m` (at least 1): decode converts
@@ -82,7 +85,14 @@ impl Activations {
             m.max(1)
         };
         let elem = kind.activation_bytes();
-        let lda = k_pad * elem;
+        // Rows 4 KiB apart (BF16 at `k = 2048`) put an A tile's 16 rows in one L1 set: on the
+        // AMX Xeon a tile load of them took 15.6 ns against 10.8 with a line more per row (4.4
+        // contiguous), and the BF16 tile program ran 5-15% faster (2026-11-29).
+        let lda = if (k_pad * elem).is_multiple_of(1024) {
+            k_pad * elem + 64
+        } else {
+            k_pad * elem
+        };
         let mut data = AlignedBuf::zeroed(m_pad * lda);
         let units = k_pad / XSUM_UNIT;
         let scale_group = if grouped { XSUM_UNIT } else { k_pad };
@@ -91,7 +101,7 @@ impl Activations {
         let bytes = data.as_mut_slice();
         for r in 0..m {
             let x = row(r);
-            let dst = &mut bytes[r * lda..(r + 1) * lda];
+            let dst = &mut bytes[r * lda..r * lda + k_pad * elem];
             if kind == Kind::Bf16 {
                 // SAFETY: any two bytes are a valid u16; the row starts 64-byte aligned (aligned
                 // buffer, `lda` a multiple of 64), so the whole row is the aligned middle part.
@@ -116,6 +126,7 @@ impl Activations {
         }
         Self {
             k_pad,
+            elem,
             lda,
             m_pad,
             data,
@@ -128,7 +139,7 @@ impl Activations {
     /// The value the kernels multiply at `(row, p)`, as f32.
     pub(crate) fn value(&self, r: usize, p: usize) -> f32 {
         let b = &self.data.as_slice()[r * self.lda..];
-        if self.lda == self.k_pad * 2 {
+        if self.elem == 2 {
             bf16_bits_to_f32(u16::from_le_bytes([b[2 * p], b[2 * p + 1]]))
         } else {
             f32::from(b[p] as i8) * self.scale_at(r, p)

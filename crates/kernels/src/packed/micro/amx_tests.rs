@@ -35,8 +35,9 @@ fn check(fmt: PackedFormat, m: usize, n: usize, k: usize, seed: &mut u64) {
 fn amx_tile_program_matches_reference_on_ragged_shapes() {
     let mut seed = 23;
     // (n, k): one strip; 40 and 100 columns (ragged strip pairs, 2 and 4 per task block);
-    // k = 3, 5, 7 tile depths of 32 (BF16) or 64 (INT) and a ragged 200.
-    let nk = [(16, 96), (40, 320), (70, 224), (100, 200)];
+    // k = 3, 5, 7 tile depths of 32 (BF16) or 64 (INT), a ragged 200, and 1024, whose rows
+    // of activations take a padding line.
+    let nk = [(16, 96), (40, 320), (70, 224), (100, 200), (40, 1024)];
     for fmt in FORMATS {
         for m in [0, 1, 31, 32, 33, 65] {
             for &(n, k) in &nk {
