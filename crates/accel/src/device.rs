@@ -142,6 +142,13 @@ pub struct Traffic {
     pub uploaded: u64,
     /// Bytes downloaded to the host.
     pub downloaded: u64,
+    /// Kernel dispatches recorded.
+    pub dispatches: u64,
+    /// Bind groups created for them (the others reused one).
+    pub bind_groups: u64,
+    /// Host time spent recording them, in nanoseconds: what a step costs the CPU before the
+    /// device starts on it.
+    pub record_ns: u64,
 }
 
 impl Traffic {
@@ -152,6 +159,9 @@ impl Traffic {
             downloads: self.downloads - earlier.downloads,
             uploaded: self.uploaded - earlier.uploaded,
             downloaded: self.downloaded - earlier.downloaded,
+            dispatches: self.dispatches - earlier.dispatches,
+            bind_groups: self.bind_groups - earlier.bind_groups,
+            record_ns: self.record_ns - earlier.record_ns,
         }
     }
 }

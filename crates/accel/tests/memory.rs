@@ -39,6 +39,49 @@ fn allocation_past_budget_fails_clearly_and_frees_return() {
 }
 
 #[test]
+fn dispatches_reuse_bind_groups_and_bind_the_buffers_they_name() {
+    let Some(dev) = gpu(DeviceOptions {
+        vram_budget: Some(700 << 10),
+        ..DeviceOptions::default()
+    }) else {
+        return;
+    };
+    // The same dispatch on the same buffers, one submission each: one bind group.
+    let n = 1000;
+    let v: Vec<f32> = (0..n).map(|i| i as f32 * 0.01 - 3.0).collect();
+    let (x, y) = (up(&*dev, &v), up(&*dev, &v));
+    let before = dev.traffic();
+    for _ in 0..50 {
+        dev.enqueue(&Op::SiluMul {
+            x: &x,
+            y: &y,
+            n: n as u32,
+        })
+        .unwrap();
+        dev.synchronize().unwrap();
+    }
+    let t = dev.traffic().since(before);
+    assert_eq!((t.dispatches, t.bind_groups), (50, 1));
+    // New buffers every round, of two sizes under a budget that makes the pool destroy one of
+    // the other size's pooled buffers: each dispatch must read and write the buffers it names.
+    drop((x, y));
+    for round in 0..40usize {
+        let n = if round % 2 == 0 { 60_000 } else { 50_000 };
+        let a: Vec<f32> = (0..n).map(|i| ((i + round) % 13) as f32 * 0.1).collect();
+        let (x, y) = (up(&*dev, &a), up(&*dev, &a));
+        dev.enqueue(&Op::SiluMul {
+            x: &x,
+            y: &y,
+            n: n as u32,
+        })
+        .unwrap();
+        let got = down(&*dev, &x, n);
+        let want: Vec<f32> = a.iter().map(|&v| v / (1.0 + (-v).exp()) * v).collect();
+        assert!(max_err(&got, &want) < 1e-5, "round {round}");
+    }
+}
+
+#[test]
 fn slots_refill_in_place_thousands_of_times() {
     let Some(dev) = default_gpu() else { return };
     let (h, inter) = (8u32, 6u32);

@@ -16,6 +16,8 @@ pub(super) struct Pool {
     pub(super) budget: u64,
     pub(super) live: u64,
     pub(super) pooled: u64,
+    /// Pooled buffers destroyed to make room, so far (bind groups holding them are stale).
+    pub(super) evictions: u64,
     free: HashMap<u64, Vec<wgpu::Buffer>>,
 }
 
@@ -41,6 +43,7 @@ impl Pool {
             if let Some(b) = self.free.get_mut(&key).and_then(Vec::pop) {
                 b.destroy();
                 self.pooled -= key;
+                self.evictions += 1;
             }
         }
         if self.live + size > self.budget {

@@ -51,6 +51,7 @@ pub struct WgpuDevice {
     tiles: bool,
     pipelines: Mutex<HashMap<(&'static str, WeightType), wgpu::ComputePipeline>>,
     pending: Mutex<Option<pipeline::Pending>>,
+    binds: Mutex<pipeline::BindCache>,
     /// The uniform words of the pending encoder's dispatches.
     params: Mutex<pipeline::ParamArena>,
     /// Submissions and transfers so far.
@@ -117,6 +118,7 @@ impl WgpuDevice {
             tiles: !opts.no_tiles,
             pipelines: Mutex::new(HashMap::new()),
             pending: Mutex::new(None),
+            binds: Mutex::default(),
             params: Mutex::default(),
             traffic: Mutex::default(),
             pool: Arc::new(Mutex::new(Pool::new(opts.vram_budget.unwrap_or(u64::MAX)))),

@@ -1,7 +1,9 @@
 //! Kernels and their dispatch: WGSL sources compiled once per weight type and cached, the
 //! pending command encoder, and one recorded dispatch with its uniform and bindings.
 
+use std::collections::HashMap;
 use std::sync::MutexGuard;
+use std::time::Instant;
 
 use super::{WgpuDevice, lock};
 use crate::device::WeightType;
@@ -249,6 +251,30 @@ impl Pending {
     }
 }
 
+/// Bind groups of earlier dispatches, by kernel, uniform slot and buffers. A decode step
+/// records the same dispatches on the same wgpu buffers every step (the pool hands freed
+/// buffers back by size, the uniform arena fills its slots in order), and creating a bind
+/// group cost the host more than recording its dispatch.
+#[derive(Debug, Default)]
+pub(super) struct BindCache {
+    groups: HashMap<BindKey, wgpu::BindGroup>,
+    /// The pool's evictions when the cache was last cleared: a destroyed buffer is never
+    /// bound again, so its bind groups only hold its handle.
+    evictions: u64,
+}
+
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct BindKey {
+    kernel: (&'static str, WeightType),
+    uniform: wgpu::Buffer,
+    offset: u64,
+    buffers: Vec<wgpu::Buffer>,
+}
+
+/// Bind groups the cache holds before it starts over: a decode step of a large model records
+/// a few thousand dispatches, a step of the tiny model a few hundred.
+const BIND_CACHE_MAX: usize = 16_384;
+
 impl WgpuDevice {
     fn pipeline(&self, name: &'static str, wtype: WeightType) -> Result<wgpu::ComputePipeline> {
         let mut cache = lock(&self.pipelines);
@@ -325,35 +351,70 @@ impl WgpuDevice {
                 limit: limit as u64,
             });
         }
+        let start = Instant::now();
         let pipeline = self.pipeline(name, wtype)?;
         let bytes: Vec<u8> = params.iter().flat_map(|w| w.to_le_bytes()).collect();
         // The encoder's lock is held from staging the words to recording the dispatch, so a
         // submission from another thread cannot come between them.
         let mut pending = self.pending();
         let (uniform, offset) = lock(&self.params).stage(&self.device, &bytes)?;
+        let key = BindKey {
+            kernel: (name, wtype),
+            uniform,
+            offset,
+            buffers: buffers.iter().map(|&b| b.clone()).collect(),
+        };
+        let evictions = lock(&self.pool).evictions;
+        let mut binds = lock(&self.binds);
+        if binds.evictions != evictions || binds.groups.len() >= BIND_CACHE_MAX {
+            binds.groups.clear();
+            binds.evictions = evictions;
+        }
+        let (bind, created) = match binds.groups.get(&key) {
+            Some(bind) => (bind.clone(), false),
+            None => {
+                let bind = self.bind_group(name, &pipeline, &key);
+                binds.groups.insert(key, bind.clone());
+                (bind, true)
+            }
+        };
+        drop(binds);
+        let pass = pending.as_mut().expect("pending() creates it").pass();
+        pass.set_pipeline(&pipeline);
+        pass.set_bind_group(0, &bind, &[]);
+        pass.dispatch_workgroups(groups.0, groups.1, 1);
+        let mut traffic = lock(&self.traffic);
+        traffic.dispatches += 1;
+        traffic.bind_groups += u64::from(created);
+        traffic.record_ns += start.elapsed().as_nanos() as u64;
+        Ok(())
+    }
+
+    /// A new bind group for `key`: the uniform slot at binding 0, the buffers from 1.
+    fn bind_group(
+        &self,
+        name: &'static str,
+        pipeline: &wgpu::ComputePipeline,
+        key: &BindKey,
+    ) -> wgpu::BindGroup {
         let mut entries = vec![wgpu::BindGroupEntry {
             binding: 0,
             resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                buffer: &uniform,
-                offset,
+                buffer: &key.uniform,
+                offset: key.offset,
                 size: std::num::NonZeroU64::new(PARAM_SLOT),
             }),
         }];
-        for (i, b) in buffers.iter().enumerate() {
+        for (i, b) in key.buffers.iter().enumerate() {
             entries.push(wgpu::BindGroupEntry {
                 binding: i as u32 + 1,
                 resource: b.as_entire_binding(),
             });
         }
-        let bind = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+        self.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some(name),
             layout: &pipeline.get_bind_group_layout(0),
             entries: &entries,
-        });
-        let pass = pending.as_mut().expect("pending() creates it").pass();
-        pass.set_pipeline(&pipeline);
-        pass.set_bind_group(0, &bind, &[]);
-        pass.dispatch_workgroups(groups.0, groups.1, 1);
-        Ok(())
+        })
     }
 }
