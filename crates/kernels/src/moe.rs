@@ -22,8 +22,8 @@
 //! The AMX/AVX-512 crossover ([`DEFAULT_AMX_MIN_TOKENS`]) was measured with `strata bench moe
 //! --crossover` on a 16-core Xeon with AMX (2026-11-24, docs/benchmarks.md): one expert of the
 //! Qwen3-30B-A3B shape is faster on AMX from 16 tokens in BF16 (0.21 vs 0.34 ms; equal at 8)
-//! and in INT8 (0.13 vs 0.14 ms; 1.26x at 128), and slower on AMX at every token count up to
-//! 256 in INT4 (2.3x), whose nibbles must be widened into int8 tiles: INT4 stays on AVX-512.
+//! and in INT8 (0.13 vs 0.14 ms; 1.26x at 128). Integer formats with scales per group flush
+//! their tiles once per group, so AMX pays only where groups are long ([`amx_from`]).
 
 use std::ops::Range;
 
@@ -31,12 +31,32 @@ use crate::buf::SharedMut;
 use crate::error::{KernelError, check_len};
 use crate::isa::Isa;
 use crate::packed::micro::{self, Kernel, M_CHUNK, N_BLOCK_STRIPS};
-use crate::packed::{Activations, PackSource, PackedFormat, PackedMatrix, STRIP};
+use crate::packed::{Activations, Kind, PackSource, PackedFormat, PackedMatrix, STRIP};
 use crate::parallel_for;
 
 /// Tokens per expert from which AMX is used instead of AVX-512 for BF16 and INT8 experts
-/// (measured, see the module docs; INT4 experts never use AMX).
+/// (measured, see the module docs; grouped integers: [`amx_from`]).
 pub const DEFAULT_AMX_MIN_TOKENS: usize = 16;
+
+/// Tokens per expert from which INT4 experts with scales per 64 `k` or more use AMX.
+const AMX_MIN_TOKENS_INT4: usize = 64;
+
+/// Tokens per expert from which experts whose gate/up projection is `w` run on AMX, given the
+/// BF16/INT8 threshold `min`; `None`: never. `strata bench moe --crossover` on the 2-vCPU
+/// Xeon with AMX (2026-11-29, docs/benchmarks.md), AVX-512 time / AMX time at 16 / 32 / 64 /
+/// 128 / 256 tokens per expert, two rounds: INT8 per row 1.05-1.21 / 1.37-1.40 / 1.22-1.43 /
+/// 1.53-1.58 / 1.63-1.73; INT8 per 128 0.96-0.97 / 1.11-1.12 / 1.10-1.24 / 1.09-1.18 /
+/// 0.99-1.16; per 64 0.88-0.92 / 1.00-1.01 / 0.85-1.03 / 0.99-1.00 / 0.80-0.86; per 32
+/// 0.79-0.91 at 64-256; INT4 per 128 0.70-0.73 / 1.05 / 1.20-1.49 / 1.32-1.43 / 0.81-1.11;
+/// per 64 (the default) 1.02-1.23 at 64-256 and behind below; per 32 0.58-0.80 everywhere.
+fn amx_from(w: &PackedMatrix, min: usize) -> Option<usize> {
+    match w.kind {
+        Kind::Bf16 => Some(min),
+        Kind::Int8 if w.group >= 128 => Some(min),
+        Kind::Int4 if w.group >= 64 => Some(min.max(AMX_MIN_TOKENS_INT4)),
+        Kind::Int8 | Kind::Int4 => None,
+    }
+}
 
 /// One expert's MLP: fused gate/up `[2 I, H]` (strips interleaved) and down `[H, I]`.
 #[derive(Debug, Clone)]
@@ -189,7 +209,8 @@ pub struct MoeOptions<'a> {
     /// Force one instruction set for every expert (capped to [`Isa::selected`]: what the CPU
     /// has, and `STRATA_KERNEL`).
     pub isa: Option<Isa>,
-    /// Experts with at least this many tokens use AMX (BF16 and INT8; INT4 experts never do).
+    /// Experts with at least this many tokens use AMX (BF16, INT8 per row or per 128 or more;
+    /// INT4 per 64 or more from at least 64 tokens; shorter groups never do).
     pub amx_min_tokens: usize,
 }
 
@@ -442,15 +463,14 @@ pub fn fused_moe_grouped(
     let wave_rows = (WAVE_SCRATCH_BYTES / (4 * (h + inter)) / M_CHUNK).max(1) * M_CHUNK;
     // `STRATA_KERNEL` caps the path here too (`Isa::selected` is at most what the CPU has).
     let best = Isa::selected();
-    // INT4 experts are slower on AMX at every measured size (module docs).
-    let amx_pays = experts
-        .experts
-        .first()
-        .is_none_or(|x| x.gate_up.kind != crate::packed::Kind::Int4);
+    let amx_min = match experts.experts.first() {
+        Some(x) => amx_from(&x.gate_up, opts.amx_min_tokens),
+        None => Some(opts.amx_min_tokens),
+    };
     let pick = |m: usize| {
         Kernel::Isa(match opts.isa {
             Some(forced) => forced.min(best),
-            None if m >= opts.amx_min_tokens && amx_pays => best,
+            None if amx_min.is_some_and(|min| m >= min) => best,
             None => best.min(Isa::Avx512),
         })
     };

@@ -140,3 +140,23 @@ fn bad_routing_is_an_error() {
     assert!(fused_moe(&ex, &x[..31], &[0], &[1.0], &mut out).is_err());
     assert!(fused_moe(&ex, &x, &[0, 1], &[1.0], &mut out).is_err());
 }
+
+#[test]
+fn amx_takes_integer_experts_only_with_long_scale_groups() {
+    let mut seed = 61;
+    let (h, inter) = (256, 32);
+    let from = |fmt: PackedFormat, seed: &mut u64| {
+        let x = make_experts(1, h, inter, fmt, seed);
+        amx_from(&x.experts[0].gate_up, DEFAULT_AMX_MIN_TOKENS)
+    };
+    let int8 = |group| PackedFormat::Int8 { group };
+    let int4 = |group| PackedFormat::Int4 { group };
+    assert_eq!(from(PackedFormat::Bf16, &mut seed), Some(16));
+    assert_eq!(from(int8(None), &mut seed), Some(16));
+    assert_eq!(from(int8(Some(128)), &mut seed), Some(16));
+    assert_eq!(from(int8(Some(64)), &mut seed), None);
+    assert_eq!(from(int8(Some(32)), &mut seed), None);
+    assert_eq!(from(int4(128), &mut seed), Some(64));
+    assert_eq!(from(int4(64), &mut seed), Some(64));
+    assert_eq!(from(int4(32), &mut seed), None);
+}
