@@ -279,8 +279,8 @@ fn flush(
     ldo: usize,
 ) {
     #[cfg(target_arch = "x86_64")]
-    if crate::isa::detected() >= crate::isa::Isa::Avx512 {
-        // SAFETY: AVX-512 F was detected.
+    if crate::isa::Isa::selected() >= crate::isa::Isa::Avx512 {
+        // SAFETY: AVX-512 F was detected (`selected` is at most what the CPU has).
         return unsafe { flush_rows_avx512(c, nrows, corr, xs, sc, out, ldo) };
     }
     flush_rows(c, nrows, corr, xs, sc, out, ldo);
