@@ -240,10 +240,8 @@ fn flush_rows(
 ) {
     for i in 0..nrows {
         let o = &mut out[i * ldo..][..32];
-        let row = &c.0[i * C_STRIDE..][..C_STRIDE];
-        for ((o, v), s) in o.iter_mut().zip(row.chunks_exact(4)).zip(sc) {
-            let v = i32::from_ne_bytes([v[0], v[1], v[2], v[3]]);
-            *o += v.wrapping_sub(corr[i]) as f32 * s * xs[i];
+        for ((o, v), s) in o.iter_mut().zip(c.row(i)).zip(sc) {
+            *o += (v as i32).wrapping_sub(corr[i]) as f32 * s * xs[i];
         }
     }
 }
@@ -284,6 +282,38 @@ fn flush(
         return unsafe { flush_rows_avx512(c, nrows, corr, xs, sc, out, ldo) };
     }
     flush_rows(c, nrows, corr, xs, sc, out, ldo);
+}
+
+/// Adds a BF16 block's f32 sums to `out` (rows `i < nrows` at `i · ldo`, 32 columns).
+#[inline(always)]
+fn add_rows(c: &CBlock, nrows: usize, out: &mut [f32], ldo: usize) {
+    for i in 0..nrows {
+        let o = &mut out[i * ldo..][..32];
+        for (o, v) in o.iter_mut().zip(c.row(i)) {
+            *o += f32::from_bits(v);
+        }
+    }
+}
+
+/// [`add_rows`] compiled with AVX-512.
+///
+/// # Safety
+/// The CPU has AVX-512 F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn add_rows_avx512(c: &CBlock, nrows: usize, out: &mut [f32], ldo: usize) {
+    add_rows(c, nrows, out, ldo);
+}
+
+/// [`add_rows`], vectorised where the CPU has AVX-512: once per `k` block it is a tenth to
+/// a third of the block's `tdpbf16ps` (`k` of 2,048 to 768) in baseline x86-64 code.
+fn add(c: &CBlock, nrows: usize, out: &mut [f32], ldo: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::isa::Isa::selected() >= crate::isa::Isa::Avx512 {
+        // SAFETY: AVX-512 F was detected (`selected` is at most what the CPU has).
+        return unsafe { add_rows_avx512(c, nrows, out, ldo) };
+    }
+    add_rows(c, nrows, out, ldo);
 }
 
 thread_local! {
@@ -336,15 +366,10 @@ pub(super) fn block<U: TileUnit>(
             &act[(r0 + 16) * lda + k0..(r0 + 32) * lda],
         ];
         let nrows = (rows.end - r0).min(32);
+        let o = &mut out[(r0 - rows.start) * ldo + (sp - strips.start) * STRIP..];
         if w.kind == Kind::Bf16 {
             tile_loop::<U, true>(u, at, lda, b, ks.len() / 32, 64, 1024, &mut c);
-            for i in 0..nrows {
-                let o = &mut out[(r0 + i - rows.start) * ldo + (sp - strips.start) * STRIP..]
-                    [..2 * STRIP];
-                for (o, v) in o.iter_mut().zip(c.row(i)) {
-                    *o += f32::from_bits(v);
-                }
-            }
+            add(&c, nrows, o, ldo);
             return;
         }
         let fs = flush_span(w, &ks);
@@ -374,7 +399,6 @@ pub(super) fn block<U: TileUnit>(
                 corr[i] = correction(w, a, r0 + i, f0, fs);
                 xs[i] = a.scale[(r0 + i) * per_row + unit];
             }
-            let o = &mut out[(r0 - rows.start) * ldo + (sp - strips.start) * STRIP..];
             flush(&c, nrows, &corr, &xs, &sc, o, ldo);
         }
     };
