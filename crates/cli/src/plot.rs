@@ -217,10 +217,11 @@ fn cumulative(svg: &mut Svg, p: &Panel, ranked: &[Vec<(usize, f64)>]) {
 }
 
 /// The compute peaks `bench moe` measures, as (JSON key, label).
-const COMPUTE_PEAKS: [(&str, &str); 7] = [
+const COMPUTE_PEAKS: [(&str, &str); 8] = [
     ("amx_bf16_tflops", "AMX BF16"),
     ("amx_int8_tops", "AMX INT8"),
     ("avx512_bf16_tflops", "AVX-512 BF16"),
+    ("avx512_fma_tflops", "AVX-512 FMA"),
     ("avx512_vnni_tops", "AVX-512 VNNI"),
     ("avx_vnni_tops", "AVX-VNNI"),
     ("avx2_int8_tops", "AVX2 INT8"),

@@ -31,9 +31,11 @@ pub enum Isa {
     Avx2,
     /// AVX2 with AVX-VNNI (`vpdpbusd` on 256-bit registers).
     AvxVnni,
-    /// AVX-512 F/BW with BF16 (`vdpbf16ps`) and VNNI (`vpdpbusd`).
+    /// AVX-512 F/BW/VL with VNNI (`vpdpbusd`), and BF16 (`vdpbf16ps`) where the CPU has it
+    /// ([`has_avx512_bf16`]: Zen 4 and 5, Sapphire Rapids on; not Ice Lake or Cascade Lake,
+    /// whose packed BF16 weights run on f32 FMA).
     Avx512,
-    /// AMX tiles (`tdpbf16ps`, `tdpbsud`); implies [`Isa::Avx512`].
+    /// AMX tiles (`tdpbf16ps`, `tdpbsud`); implies [`Isa::Avx512`] with BF16.
     Amx,
 }
 
@@ -106,7 +108,7 @@ pub fn detected() -> Isa {
 fn detect() -> Isa {
     let avx512 = std::arch::is_x86_feature_detected!("avx512f")
         && std::arch::is_x86_feature_detected!("avx512bw")
-        && std::arch::is_x86_feature_detected!("avx512bf16")
+        && std::arch::is_x86_feature_detected!("avx512vl")
         && std::arch::is_x86_feature_detected!("avx512vnni");
     if !avx512 {
         let avx2 = std::arch::is_x86_feature_detected!("avx2")
@@ -118,7 +120,8 @@ fn detect() -> Isa {
             _ => Isa::Portable,
         };
     }
-    if amx_cpu_and_os() && request_amx_permission() {
+    // AMX CPUs all have AVX-512 BF16; the AMX path's fills use it.
+    if has_avx512_bf16() && amx_cpu_and_os() && request_amx_permission() {
         Isa::Amx
     } else {
         Isa::Avx512
@@ -141,6 +144,22 @@ pub(crate) fn has_avx_vnni() -> bool {
                 && std::arch::is_x86_feature_detected!("fma")
                 && std::arch::is_x86_feature_detected!("f16c")
                 && std::arch::is_x86_feature_detected!("avxvnni")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// Whether the CPU has AVX-512 F and BF16 (`vdpbf16ps`, `vcvtne2ps2bf16`), whatever the
+/// selected path: the packed BF16 kernels and fills use them where it does, f32 FMA and
+/// integer rounding where it does not.
+pub(crate) fn has_avx512_bf16() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static HAS: OnceLock<bool> = OnceLock::new();
+        *HAS.get_or_init(|| {
+            std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512bf16")
         })
     }
     #[cfg(not(target_arch = "x86_64"))]

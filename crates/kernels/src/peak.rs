@@ -1,5 +1,5 @@
-//! Machine peaks measured in-process: AMX, AVX-512 and AVX2 dot-product throughput (and AVX2 f32
-//! FMA, the packed BF16 kernel's instruction there), DRAM read
+//! Machine peaks measured in-process: AMX, AVX-512 and AVX2 dot-product throughput (and AVX2
+//! and AVX-512 f32 FMA, the packed BF16 kernel's instruction without `vdpbf16ps`), DRAM read
 //! bandwidth. Benchmarks report each kernel as a fraction of these, measured in the same run.
 //!
 //! Compute peaks keep every operand in registers (tiles or zmm) with enough independent
@@ -34,7 +34,7 @@ fn rate(work_per_iter: f64, target_s: f64, body: impl Fn(u64) + Sync) -> f64 {
 /// AVX-512 `vdpbf16ps` throughput in TFLOPS (2 FLOP per multiply-add), or `None` without it.
 pub fn avx512_bf16_tflops(target_s: f64) -> Option<f64> {
     #[cfg(target_arch = "x86_64")]
-    if detected() >= Isa::Avx512 {
+    if crate::isa::has_avx512_bf16() {
         // SAFETY: AVX-512 BF16 was detected.
         let f = |n| unsafe { x86::dpbf16_loop(n) };
         // 16 accumulators x 16 lanes x 2 pairs x 2 FLOP per iteration.
@@ -93,6 +93,20 @@ pub fn avx2_fma_tflops(target_s: f64) -> Option<f64> {
         let f = |n| unsafe { x86::fma_loop(n) };
         // 12 accumulators x 8 lanes x 2 FLOP per iteration.
         return Some(rate(12.0 * 16.0, target_s, f) / 1e12);
+    }
+    let _ = target_s;
+    None
+}
+
+/// AVX-512 f32 FMA (`vfmadd231ps` on zmm) throughput in TFLOPS, the instruction of the
+/// packed BF16 kernel on AVX-512 CPUs without BF16, or `None` without AVX-512.
+pub fn avx512_fma_tflops(target_s: f64) -> Option<f64> {
+    #[cfg(target_arch = "x86_64")]
+    if detected() >= Isa::Avx512 {
+        // SAFETY: AVX-512 F was detected.
+        let f = |n| unsafe { x86::fma_zmm_loop(n) };
+        // 12 accumulators x 16 lanes x 2 FLOP per iteration.
+        return Some(rate(12.0 * 32.0, target_s, f) / 1e12);
     }
     let _ = target_s;
     None
@@ -245,6 +259,22 @@ mod x86 {
         for _ in 0..n {
             for acc in acc.iter_mut() {
                 *acc = _mm256_fmadd_ps(*acc, a, b);
+            }
+        }
+        std::hint::black_box(acc);
+    }
+
+    /// # Safety
+    /// AVX-512 F must be available.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn fma_zmm_loop(n: u64) {
+        let a = std::hint::black_box(_mm512_set1_ps(0.999));
+        let b = std::hint::black_box(_mm512_set1_ps(1e-3));
+        // Twelve chains cover the FMA latency, as in `fma_loop`.
+        let mut acc = [_mm512_setzero_ps(); 12];
+        for _ in 0..n {
+            for acc in acc.iter_mut() {
+                *acc = _mm512_fmadd_ps(*acc, a, b);
             }
         }
         std::hint::black_box(acc);

@@ -351,14 +351,17 @@ pub(super) fn fill_body<const AVX512: bool>(
     layout: &PackedLayout,
 ) {
     let (k, k_pad, nr, src) = (w.k, layout.k_pad, w.n, w.bytes);
+    // The direct fills convert with `vcvtne2ps2bf16` (AVX-512 BF16).
     #[cfg(target_arch = "x86_64")]
-    if AVX512 && w.ty == GgmlType::Q4_K && k == k_pad {
+    let direct = AVX512 && crate::isa::has_avx512_bf16() && k == k_pad;
+    #[cfg(target_arch = "x86_64")]
+    if direct && w.ty == GgmlType::Q4_K {
         let (blocks, block, strips) = direct::strips(w, bytes, layout.strip_bytes);
         s.d.resize(blocks * 8 * STRIP, 0.0);
         s.m.resize(blocks * 8 * STRIP, 0.0);
         for st in strips {
             // SAFETY: `AVX512` is only set by `fill_avx512`, whose caller checked AVX-512
-            // F/BW/VL (and BF16: `Isa::Avx512` requires it).
+            // F/BW/VL; `direct` checked BF16.
             unsafe {
                 let (src, rows) = (st.src, st.rows);
                 direct::q4_k_strip_scales(src, rows, blocks, block, &mut s.d, &mut s.m, 0, STRIP);
@@ -368,7 +371,7 @@ pub(super) fn fill_body<const AVX512: bool>(
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    if AVX512 && w.ty == GgmlType::Q6_K && k == k_pad {
+    if direct && w.ty == GgmlType::Q6_K {
         let (blocks, block, strips) = direct::strips(w, bytes, layout.strip_bytes);
         for st in strips {
             // SAFETY: as for Q4_K above.

@@ -34,6 +34,9 @@ pub(crate) fn kernels() -> Vec<Kernel> {
     v.push(Kernel::AmxSoft);
     #[cfg(target_arch = "x86_64")]
     v.push(Kernel::VnniSoft);
+    if Isa::Avx512.is_available() {
+        v.push(Kernel::Avx512Fma);
+    }
     v
 }
 

@@ -19,6 +19,9 @@ fn kernels() -> Vec<Kernel> {
     let mut v = vec![Kernel::AmxSoft, Kernel::Isa(Isa::Portable)];
     #[cfg(target_arch = "x86_64")]
     v.push(Kernel::VnniSoft);
+    if Isa::Avx512.is_available() {
+        v.push(Kernel::Avx512Fma);
+    }
     v.extend(
         Isa::available()
             .into_iter()

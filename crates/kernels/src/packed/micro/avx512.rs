@@ -13,7 +13,8 @@
 //! ([`crate::vnni_unit::Vnni`]): the CPU's AVX-512 unit here, its AVX-VNNI unit on CPUs
 //! without AVX-512 ([`block_avx_vnni`]: 2 tokens x 2 strips, the tile whose accumulators fit
 //! the 16 ymm registers as two halves each), the software unit in tests ([`block_soft`]), so
-//! that they run on every machine. The BF16 tile is AVX-512 only.
+//! that they run on every machine. The BF16 tile is AVX-512 only, on `vdpbf16ps` or, where
+//! the CPU lacks AVX-512 BF16, on f32 FMA.
 
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -33,11 +34,29 @@ pub(super) fn block(
     ldo: usize,
 ) {
     let unit = Avx512Vnni::detect().expect("AVX-512 VNNI");
-    // SAFETY: the unit exists, so the features this function enables were detected;
-    // `run_block` checked that rows, strips and `ks` lie within the activations and the
-    // packed matrix and that `out` holds `rows.len()` rows of `ldo >= strips.len() * 16`
-    // floats.
-    unsafe { block_impl(unit, w, a, rows, strips, ks, out, ldo) }
+    let dpbf16 = crate::isa::has_avx512_bf16();
+    // SAFETY: the unit exists, so the features this function enables were detected, and
+    // `dpbf16` only where the CPU has AVX-512 BF16; `run_block` checked that rows, strips and
+    // `ks` lie within the activations and the packed matrix and that `out` holds
+    // `rows.len()` rows of `ldo >= strips.len() * 16` floats.
+    unsafe { block_impl(unit, dpbf16, w, a, rows, strips, ks, out, ldo) }
+}
+
+/// [`block`] with BF16 weights on f32 FMA, as CPUs without AVX-512 BF16 run them, so that the
+/// tests check that path on every AVX-512 machine.
+#[cfg(test)]
+pub(super) fn block_fma_bf16(
+    w: &PackedMatrix,
+    a: &Activations,
+    rows: Range<usize>,
+    strips: Range<usize>,
+    ks: Range<usize>,
+    out: &mut [f32],
+    ldo: usize,
+) {
+    let unit = Avx512Vnni::detect().expect("AVX-512 VNNI");
+    // SAFETY: as in `block`, without `vdpbf16ps`.
+    unsafe { block_impl(unit, false, w, a, rows, strips, ks, out, ldo) }
 }
 
 /// [`block`] for INT8 and INT4 weights on AVX-VNNI (AVX2 CPUs with the VEX `vpdpbusd`).
@@ -151,12 +170,13 @@ macro_rules! dispatch {
 }
 
 /// # Safety
-/// `unit` exists (AVX-512 F/BW/BF16/VNNI are available) and the ranges are valid as
-/// `block` states.
-#[target_feature(enable = "avx512f,avx512bw,avx512bf16,avx512vnni")]
+/// `unit` exists (AVX-512 F/BW/VNNI are available), AVX-512 BF16 too if `dpbf16`, and the
+/// ranges are valid as `block` states.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn block_impl(
     unit: Avx512Vnni,
+    dpbf16: bool,
     w: &PackedMatrix,
     a: &Activations,
     rows: Range<usize>,
@@ -168,10 +188,11 @@ unsafe fn block_impl(
     for_each_tile(w, a, rows, strips, ks, out, ldo, 4, |mr, ns, pf, t, it| {
         // SAFETY: the tile covers `mr` rows and `ns` strips that exist, and `klen` `k` from
         // `ks.start`, all within the buffers (`for_each_tile`); the unit's features are
-        // enabled here.
+        // enabled here, and AVX-512 BF16 is available if `dpbf16` (the caller).
         unsafe {
             match w.kind {
-                Kind::Bf16 => dispatch!(bf16_tile[], mr, ns, pf, unit, t),
+                Kind::Bf16 if dpbf16 => dispatch!(bf16_tile[], mr, ns, pf, unit, t),
+                Kind::Bf16 => dispatch!(bf16_tile_fma[], mr, ns, pf, unit, t),
                 Kind::Int8 => dispatch!(int8_tile_hw[], mr, ns, pf, unit, t, it),
                 Kind::Int4 => dispatch!(int4_tile_hw[], mr, ns, pf, unit, t, it),
             }
@@ -352,6 +373,54 @@ unsafe fn bf16_tile<const MR: usize, const NS: usize, const PF: bool>(u: Avx512V
             }
         }
     }
+    // SAFETY: as this function.
+    unsafe { add_sums(t, &acc) };
+}
+
+/// [`bf16_tile`] on CPUs without AVX-512 BF16 (Ice Lake, Cascade Lake): each bf16 pair of a
+/// line or a broadcast is widened to two f32 (the low one shifted up, the high one masked in
+/// place), then two FMAs. Same products; the sums round after every FMA, as `vdpbf16ps`'s do
+/// after every pair.
+///
+/// # Safety
+/// As [`block_impl`]; `t` covers `MR` valid rows and `NS` valid strips.
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn bf16_tile_fma<const MR: usize, const NS: usize, const PF: bool>(u: Avx512Vnni, t: &Tile) {
+    let high = _mm512_set1_epi32(0xffff_0000_u32 as i32);
+    let even = |v: __m512i| _mm512_castsi512_ps(_mm512_slli_epi32::<16>(v));
+    let odd = |v: __m512i| _mm512_castsi512_ps(_mm512_and_si512(v, high));
+    let mut acc = [[_mm512_setzero_ps(); NS]; MR];
+    let mut next_pf = t.pf_phase;
+    for p in 0..t.klen / 2 {
+        if PF {
+            t.prefetch::<_, NS>(u, t.klen / 2, p, &mut next_pf);
+        }
+        let mut x = [(_mm512_setzero_ps(), _mm512_setzero_ps()); MR];
+        for (i, x) in x.iter_mut().enumerate() {
+            // SAFETY: pair `p` of row `i` lies within the row's `k_pad` bf16 values.
+            let pair = unsafe { bcast4(t.a.add(i * t.lda + 4 * p)) };
+            *x = (even(pair), odd(pair));
+        }
+        for s in 0..NS {
+            // SAFETY: as in `bf16_tile`.
+            let v = unsafe { _mm512_load_si512(t.w.add(s * t.sb + p * LINE) as *const __m512i) };
+            let (we, wo) = (even(v), odd(v));
+            for (acc, x) in acc.iter_mut().zip(&x) {
+                acc[s] = _mm512_fmadd_ps(wo, x.1, _mm512_fmadd_ps(we, x.0, acc[s]));
+            }
+        }
+    }
+    // SAFETY: as this function.
+    unsafe { add_sums(t, &acc) };
+}
+
+/// Adds a BF16 tile's sums to the output.
+///
+/// # Safety
+/// AVX-512 F must be available; `t` covers `MR` valid rows and `NS` valid strips.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn add_sums<const MR: usize, const NS: usize>(t: &Tile, acc: &[[__m512; NS]; MR]) {
     for (i, acc) in acc.iter().enumerate() {
         for (s, acc) in acc.iter().enumerate() {
             // SAFETY: row `i`, strip `s` of the tile is within `out`.

@@ -66,6 +66,9 @@ pub(crate) enum Kernel {
     /// run the portable kernel: the unit has no BF16 dot product).
     #[cfg(test)]
     VnniSoft,
+    /// The AVX-512 path with BF16 weights on f32 FMA, as CPUs without AVX-512 BF16 run it.
+    #[cfg(test)]
+    Avx512Fma,
 }
 
 impl Kernel {
@@ -77,7 +80,7 @@ impl Kernel {
             #[cfg(test)]
             Kernel::AmxSoft => true,
             #[cfg(test)]
-            Kernel::VnniSoft => false,
+            Kernel::VnniSoft | Kernel::Avx512Fma => false,
         }
     }
 
@@ -87,6 +90,8 @@ impl Kernel {
             Kernel::Isa(isa) => isa.is_available(),
             #[cfg(test)]
             Kernel::AmxSoft | Kernel::VnniSoft => true,
+            #[cfg(test)]
+            Kernel::Avx512Fma => Isa::Avx512.is_available(),
         }
     }
 }
@@ -177,6 +182,8 @@ pub(crate) fn run_block(
             Kernel::Isa(Isa::Amx | Isa::Avx512) => {
                 avx512::block(w, a, rows, strips, ks.clone(), out, ldo)
             }
+            #[cfg(all(test, target_arch = "x86_64"))]
+            Kernel::Avx512Fma => avx512::block_fma_bf16(w, a, rows, strips, ks.clone(), out, ldo),
             #[cfg(all(test, target_arch = "x86_64"))]
             Kernel::VnniSoft if w.kind != Kind::Bf16 => {
                 avx512::block_soft(w, a, rows, strips, ks.clone(), out, ldo)
