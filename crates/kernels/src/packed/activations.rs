@@ -68,7 +68,15 @@ impl Activations {
     /// The scale of row `r` at `k = f0`.
     #[inline(always)]
     pub(crate) fn scale_at(&self, r: usize, f0: usize) -> f32 {
-        self.scale[r * (self.k_pad / self.scale_group) + f0 / self.scale_group]
+        let (stride, col) = self.scale_column(f0);
+        self.scale[r * stride + col]
+    }
+
+    /// Where the scales at `k = f0` lie: row `r`'s is `scale[r * stride + col]`, as
+    /// `(stride, col)` (for loops over rows: two divisions once).
+    #[inline(always)]
+    pub(crate) fn scale_column(&self, f0: usize) -> (usize, usize) {
+        (self.k_pad / self.scale_group, f0 / self.scale_group)
     }
 
     fn convert<'x>(

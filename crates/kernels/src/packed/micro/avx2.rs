@@ -243,6 +243,8 @@ unsafe fn flush<const MR: usize, const NS: usize>(
 ) {
     let (w, a) = (it.pm, it.act);
     let g = f0 / w.group;
+    // Found once per flush, not per row (`Activations::scale_at` divides twice).
+    let (stride, col) = a.scale_column(f0);
     for i in 0..MR {
         let r = it.row0 + i;
         let corr = if it.correct {
@@ -251,7 +253,7 @@ unsafe fn flush<const MR: usize, const NS: usize>(
             0
         };
         let corr = _mm256_set1_epi32(corr);
-        let xs = _mm256_set1_ps(a.scale_at(r, f0));
+        let xs = _mm256_set1_ps(a.scale[r * stride + col]);
         for s in 0..NS {
             let sc = &w.scales[((it.strip0 + s) * w.groups + g) * STRIP..][..STRIP];
             for h in 0..2 {

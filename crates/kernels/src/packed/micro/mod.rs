@@ -210,6 +210,7 @@ pub(crate) fn flush_span(w: &PackedMatrix, ks: &Range<usize>) -> usize {
 }
 
 /// `offset · Σ x` over `k` in `f0 .. f0 + span` for row `r`.
+#[inline(always)]
 pub(crate) fn correction(
     w: &PackedMatrix,
     a: &Activations,
