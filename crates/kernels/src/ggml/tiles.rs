@@ -8,12 +8,13 @@
 //! row-dot work per cycle. Decoding a 64-row tile costs one pass over its blocks and is shared
 //! by every token of the call, so it fades as tokens grow.
 //!
-//! On AVX-512, types with an integer form (`super::has_fast_kernel`) decode to INT8 with a
-//! scale per 32 (`int8`): `vpdpbusd` does twice the multiplies of `vdpbf16ps`, and a tile
-//! decodes faster. AMX and the other types take BF16 tiles ([`tile_for`]). On AVX-VNNI
+//! On AVX-512, types whose values an INT8 tile with a scale per 32 holds exactly
+//! (`int8::exact`) decode to it: `vpdpbusd` does twice the multiplies of `vdpbf16ps`, and a
+//! tile decodes faster. AMX and the other types take BF16 tiles ([`tile_for`]). On AVX-VNNI
 //! without AVX-512 the INT8 tiles run on 256-bit halves (from fewer tokens for the types
-//! stored as plain integers than for the rest, whose fill costs more there); plain AVX2 keeps
-//! its row-dot kernels.
+//! stored as plain integers than for those with biases); the other types and plain AVX2 keep
+//! their row-dot kernels. `STRATA_GGML_TILES=int8` forces INT8 tiles on every type, the
+//! others requantized per 32.
 //!
 //! A key design decision: the tile is written in exactly the layout [`PackedMatrix`] packs at
 //! load, and viewed as one, so every packed micro-kernel, the AMX tile program on the software
@@ -86,8 +87,9 @@ pub(crate) const INT8_MIN_TOKENS_Q4_K: usize = 8;
 /// 0.158-0.180 / 0.558-0.647 / 1.17-1.26, IQ4_XS 0.238-0.325 / 0.511-0.614 / 0.801-1.045
 /// against 0.169-0.189 / 0.589-0.803 / 1.46-1.47.
 pub(crate) const INT8_MIN_TOKENS_AVX_VNNI: usize = 32;
-/// The same for the other integer types, whose fill also unpacks and writes biases (the
-/// `d · q + m` types Q4_K, Q5_K, Q4_1, Q5_1) or requantizes per 32 (Q6_K, Q2_K, Q3_K): at 32
+/// The same for the types with biases (the `d · q + m` types Q4_K, Q5_K, Q4_1, Q5_1, whose
+/// fill also unpacks and writes biases), and for the types requantized per 32 (Q6_K, Q2_K,
+/// Q3_K) when INT8 tiles are forced (by default they keep their row-dot kernels here): at 32
 /// and 64 tokens per expert Q4_K's tiles were level with its AVX2 row-dot kernel (0.413-0.417 /
 /// 0.741-0.782 s against 0.335-0.426 / 0.78-0.90), at 128 and 256 1.95-1.98x (1.019 / 2.009
 /// against 2.023 / 3.911 s); Q5_K 2.12-2.35x there; Q6_K (its requantization's maximum
@@ -153,8 +155,12 @@ pub(crate) fn tile_for(isa: Isa, m: usize, ty: GgmlType) -> Option<(Kernel, Tile
     }
     // AMX keeps BF16: `tdpbsud` with a scale per 32 flushes its four accumulator tiles per 32
     // `k`, and the flush, not the multiply, sets the speed (see `INT8_MIN_TOKENS_AMX`).
-    // Below AVX-512 there are INT8 tiles only (the AVX2 "BF16" kernel is f32 FMA).
-    let fmt = fmt.unwrap_or(if has_fast_kernel(ty) && isa < Isa::Amx {
+    // INT8 tiles only for the types they hold exactly: requantizing per 32 (Q6_K, Q2_K, Q3_K)
+    // is a second rounding llama.cpp does not make, and cost the Q6_K fixture its top-1
+    // agreement with llama.cpp (0.864 against the row-dot kernels' 0.977, on an Ice Lake).
+    // Those take BF16 tiles on AVX-512 and the row-dot kernels below it (the AVX2 "BF16"
+    // kernel is f32 FMA).
+    let fmt = fmt.unwrap_or(if int8::exact(ty) && isa < Isa::Amx {
         TileFormat::Int8
     } else {
         TileFormat::Bf16
