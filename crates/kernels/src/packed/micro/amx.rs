@@ -391,13 +391,13 @@ pub(super) fn block<U: TileUnit>(
             for (h, sc) in sc.chunks_exact_mut(STRIP).enumerate() {
                 sc.copy_from_slice(&w.scales[((sp + h) * w.groups + g) * STRIP..][..STRIP]);
             }
-            // The activations' scales of the span, as `Activations::scale_at` finds them, with
-            // its divisions once per span: one a row was as costly as the span's products.
-            let (per_row, unit) = (a.k_pad / a.scale_group, f0 / a.scale_group);
+            // The activations' scales of the span, their place found once per span: two
+            // divisions a row were as costly as the span's products.
+            let (stride, col) = a.scale_column(f0);
             let (mut corr, mut xs) = ([0i32; 32], [0.0f32; 32]);
             for i in 0..nrows {
                 corr[i] = correction(w, a, r0 + i, f0, fs);
-                xs[i] = a.scale[(r0 + i) * per_row + unit];
+                xs[i] = a.scale[(r0 + i) * stride + col];
             }
             flush(&c, nrows, &corr, &xs, &sc, o, ldo);
         }
