@@ -77,6 +77,25 @@ pub(crate) const INT8_MIN_TOKENS_AVX512: usize = 32;
 /// row-dot kernels 0.043-0.053 / 0.076-0.102 / 0.168-0.198 / 0.328-0.393, AMX BF16 tiles
 /// 0.10-0.13 / 0.11-0.14 / 0.13-0.145 / 0.135-0.142.
 pub(crate) const INT8_MIN_TOKENS_Q4_K: usize = 8;
+/// The same for Q8_0, whose INT8 tile is a copy of its blocks' bytes. Measured with `strata
+/// bench moe --formats q8_0,q5_0,iq4_xs --tokens 128,256,512` (`STRATA_GGML_TILES=int8,1`
+/// against `int8,1000000000`) on a 2-core Ice Lake Xeon with AVX-512 VNNI (2026-11-29,
+/// docs/benchmarks.md), two quiet alternating rounds, seconds per call at 8 / 16 tokens per
+/// expert: Q8_0 tiles 0.100 / 0.113-0.126 against the VNNI row-dot kernels 0.097-0.099 /
+/// 0.188-0.189 (1.5-1.7x at 16); Q5_0 level at 16 (0.176-0.184 against 0.183-0.187), IQ4_XS
+/// behind (0.200-0.260 against 0.179-0.190), so those keep [`INT8_MIN_TOKENS_AVX512`].
+pub(crate) const INT8_MIN_TOKENS_Q8_0: usize = 16;
+
+/// Fewest tokens from which `ty` takes AVX-512 INT8 tiles below the general thresholds (on
+/// AMX, until its BF16 tiles take over): the types whose tiles decode cheaply enough to
+/// repay them at a few tokens per expert.
+fn early_int8_min(ty: GgmlType) -> Option<usize> {
+    match ty {
+        GgmlType::Q4_K => Some(INT8_MIN_TOKENS_Q4_K),
+        GgmlType::Q8_0 => Some(INT8_MIN_TOKENS_Q8_0),
+        _ => None,
+    }
+}
 /// Fewest tokens for INT8 tiles on AVX-VNNI (the AVX-512 register tiles on 256-bit halves)
 /// for the types whose tiles are their blocks' integers with no bias (Q4_0, Q5_0, Q8_0,
 /// IQ4_NL, IQ4_XS). Measured with `strata bench moe --formats q4_k,q6_k,q8_0,iq4_xs --tokens
@@ -146,11 +165,11 @@ fn forced() -> (Option<TileFormat>, Option<usize>) {
 /// the decode.
 pub(crate) fn tile_for(isa: Isa, m: usize, ty: GgmlType) -> Option<(Kernel, TileFormat)> {
     let (fmt, min) = forced();
-    // Q4_K's tiles decode fast enough to repay them from a few tokens on; on AMX they run on
-    // AVX-512 until the AMX BF16 tiles take over.
+    // Q4_K's and Q8_0's tiles decode fast enough to repay them from a few tokens on; on AMX
+    // they run on AVX-512 until the AMX BF16 tiles take over.
     let below_amx = isa == Isa::Avx512 || m < TILE_MIN_TOKENS_AMX;
-    let q4_k = (fmt, min) == (None, None) && ty == GgmlType::Q4_K && isa >= Isa::Avx512;
-    if q4_k && m >= INT8_MIN_TOKENS_Q4_K && below_amx {
+    let early = early_int8_min(ty).filter(|_| (fmt, min) == (None, None) && isa >= Isa::Avx512);
+    if early.is_some_and(|early| m >= early) && below_amx {
         return Some((Kernel::Isa(Isa::Avx512), TileFormat::Int8));
     }
     // AMX keeps BF16: `tdpbsud` with a scale per 32 flushes its four accumulator tiles per 32

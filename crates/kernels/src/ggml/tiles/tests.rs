@@ -121,6 +121,11 @@ fn tiles_are_taken_for_many_tokens_on_avx512_amx_and_for_exact_types_on_avx_vnni
         assert_eq!(q4_k.form(isa, TILE_MIN_TOKENS_AMX - 1), int8);
     }
     assert_eq!(q4_k.form(Isa::Avx512, 4096), int8);
+    // So does Q8_0, from its own threshold.
+    for isa in [Isa::Avx512, Isa::Amx] {
+        assert_eq!(q8_0.form(isa, INT8_MIN_TOKENS_Q8_0 - 1), Form::Q8(32));
+        assert_eq!(q8_0.form(isa, INT8_MIN_TOKENS_Q8_0), int8);
+    }
     let amx_bf16 = Form::Tiles(Kernel::Isa(Isa::Amx), TileFormat::Bf16);
     assert_eq!(q4_k.form(Isa::Amx, TILE_MIN_TOKENS_AMX), amx_bf16);
     // Types without an integer form take BF16 tiles.
