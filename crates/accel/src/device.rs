@@ -149,6 +149,10 @@ pub struct Traffic {
     /// Host time spent recording them, in nanoseconds: what a step costs the CPU before the
     /// device starts on it.
     pub record_ns: u64,
+    /// Host time spent finishing the recorded commands and submitting them, in nanoseconds:
+    /// where wgpu tracks every dispatch's buffers, places the barriers and encodes the
+    /// driver's commands (on an H100 most of a decoded token's time, 11-82 us a dispatch).
+    pub submit_ns: u64,
 }
 
 impl Traffic {
@@ -162,6 +166,7 @@ impl Traffic {
             dispatches: self.dispatches - earlier.dispatches,
             bind_groups: self.bind_groups - earlier.bind_groups,
             record_ns: self.record_ns - earlier.record_ns,
+            submit_ns: self.submit_ns - earlier.submit_ns,
         }
     }
 }
@@ -314,10 +319,13 @@ pub enum Op<'a> {
         /// Input features.
         k: u32,
     },
-    /// `out = rms_norm(x) * w` over rows of `dim`.
+    /// `out = rms_norm(x) * w` over rows of `dim`; with `residual`, `x += residual` first,
+    /// in place and in the same dispatch (the residual add a norm follows).
     RmsNorm {
-        /// Input `[rows, dim]`.
+        /// Input `[rows, dim]` (updated in place with a residual).
         x: &'a Buffer,
+        /// A block's output `[rows, dim]` to add into `x` first.
+        residual: Option<&'a Buffer>,
         /// Gain `[dim]`.
         w: &'a Buffer,
         /// Output (a different buffer).
@@ -330,7 +338,8 @@ pub enum Op<'a> {
         eps: f32,
     },
     /// Rotates `x: [rows, n_heads * head_stride]` in place: in every head, the `2 * half`
-    /// values from `offset` on, by the row's position.
+    /// values from `offset` on, by the row's position; with `norm`, each head is first
+    /// RMS-normalised (Qwen3's q_norm and k_norm) in the same pass.
     Rope {
         /// Data, rotated in place.
         x: &'a Buffer,
@@ -350,6 +359,8 @@ pub enum Op<'a> {
         half: u32,
         /// Pairing.
         kind: RopeKind,
+        /// The per-head norm's gain `[head_stride]` and epsilon, applied before rotating.
+        norm: Option<(&'a Buffer, f32)>,
     },
     /// Causal attention of `q: [n_tokens, n_heads * hd]` (positions `start_pos..`) over
     /// the caches `k, v: [ctx, n_kv_heads * hd]` that already hold these tokens.

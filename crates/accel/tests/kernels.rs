@@ -127,23 +127,32 @@ fn rms_norm_silu_add_match_reference() {
     };
     let mut rng = Rng::new(3);
     for &(rows, dim) in &[(1, 1), (3, 40), (7, 129), (2, 300)] {
-        let x = rng.vec(rows * dim);
+        let (x, y) = (rng.vec(rows * dim), rng.vec(rows * dim));
         let w = rng.vec(dim);
-        let mut want = x.clone();
-        strata_model::ops::rms_norm(&mut want, &w, 1e-6);
-        let (xb, wb) = (up(&*dev, &x), up(&*dev, &w));
-        let out = dev.alloc((rows * dim * 4) as u64, 0, "out").unwrap();
-        dev.enqueue(&Op::RmsNorm {
-            x: &xb,
-            w: &wb,
-            out: &out,
-            rows: rows as u32,
-            dim: dim as u32,
-            eps: 1e-6,
-        })
-        .unwrap();
-        let e = max_err(&down(&*dev, &out, rows * dim), &want);
-        assert!(e < 1e-5, "rms_norm {rows}x{dim}: {e}");
+        // Alone, then behind the residual add it fuses (x += y in place, then the norm).
+        for fused in [false, true] {
+            let mut sum = x.clone();
+            if fused {
+                sum.iter_mut().zip(&y).for_each(|(a, b)| *a += b);
+            }
+            let mut want = sum.clone();
+            strata_model::ops::rms_norm(&mut want, &w, 1e-6);
+            let (xb, yb, wb) = (up(&*dev, &x), up(&*dev, &y), up(&*dev, &w));
+            let out = dev.alloc((rows * dim * 4) as u64, 0, "out").unwrap();
+            dev.enqueue(&Op::RmsNorm {
+                x: &xb,
+                residual: fused.then_some(&yb),
+                w: &wb,
+                out: &out,
+                rows: rows as u32,
+                dim: dim as u32,
+                eps: 1e-6,
+            })
+            .unwrap();
+            let e = max_err(&down(&*dev, &out, rows * dim), &want);
+            assert!(e < 1e-5, "rms_norm {rows}x{dim}, add {fused}: {e}");
+            assert_eq!(down(&*dev, &xb, rows * dim), sum, "x after the add");
+        }
     }
     for n in [1usize, 63, 1000] {
         let (g, u) = (rng.vec(n), rng.vec(n));
@@ -177,6 +186,8 @@ fn rms_norm_silu_add_match_reference() {
     }
 }
 
+/// RoPE against the CPU's, alone and fused behind a per-head RMSNorm (Qwen3's q_norm and
+/// k_norm: one dispatch for both), over head widths past one workgroup's 64 invocations.
 #[test]
 fn rope_variants_match_reference() {
     let Some(dev) = gpu(DeviceOptions::default()) else {
@@ -198,6 +209,8 @@ fn rope_variants_match_reference() {
         (RopeStyle::Neox, 12, 6, 0, RopeScaling::None),
         (RopeStyle::Interleaved, 10, 4, 6, yarn.clone()),
         (RopeStyle::Neox, 16, 16, 0, yarn),
+        (RopeStyle::Neox, 192, 64, 128, RopeScaling::None),
+        (RopeStyle::Interleaved, 256, 256, 0, RopeScaling::None),
     ];
     for (style, stride, dim, offset, scaling) in cases {
         let rope = Rope::new(&RopeConfig {
@@ -217,31 +230,50 @@ fn rope_variants_match_reference() {
         }
         let positions = [0u32, 1, 7, 39, 20];
         let x = rng.vec(rows * heads * stride);
-        let mut want = x.clone();
-        for (r, row) in want.chunks_exact_mut(heads * stride).enumerate() {
-            rope.cos_sin(positions[r] as usize, &mut c, &mut s);
-            for h in row.chunks_exact_mut(stride) {
-                rope.apply(&mut h[offset..], &c, &s);
+        let gain: Vec<f32> = rng.vec(stride).iter().map(|g| 1.0 + g).collect();
+        let eps = 1e-6;
+        let (pb, tb, gb) = (
+            up_u32(&*dev, &positions),
+            up(&*dev, &table),
+            up(&*dev, &gain),
+        );
+        for normed in [false, true] {
+            let mut want = x.clone();
+            for (r, row) in want.chunks_exact_mut(heads * stride).enumerate() {
+                rope.cos_sin(positions[r] as usize, &mut c, &mut s);
+                for h in row.chunks_exact_mut(stride) {
+                    if normed {
+                        let ms = h.iter().map(|v| v * v).sum::<f32>() / stride as f32;
+                        let inv = 1.0 / (ms + eps).sqrt();
+                        h.iter_mut().zip(&gain).for_each(|(v, g)| *v *= inv * g);
+                    }
+                    rope.apply(&mut h[offset..], &c, &s);
+                }
             }
+            let xb = up(&*dev, &x);
+            dev.enqueue(&Op::Rope {
+                x: &xb,
+                positions: &pb,
+                table: &tb,
+                rows: rows as u32,
+                n_heads: heads as u32,
+                head_stride: stride as u32,
+                offset: offset as u32,
+                half: half as u32,
+                kind: match style {
+                    RopeStyle::Neox => RopeKind::Neox,
+                    RopeStyle::Interleaved => RopeKind::Interleaved,
+                },
+                norm: normed.then_some((&gb, eps)),
+            })
+            .unwrap();
+            let e = max_err(&down(&*dev, &xb, x.len()), &want);
+            let tol = if normed { 1e-5 } else { 1e-6 };
+            assert!(
+                e < tol,
+                "rope {style:?} dim {dim} of {stride}, norm {normed}: {e}"
+            );
         }
-        let (xb, pb, tb) = (up(&*dev, &x), up_u32(&*dev, &positions), up(&*dev, &table));
-        dev.enqueue(&Op::Rope {
-            x: &xb,
-            positions: &pb,
-            table: &tb,
-            rows: rows as u32,
-            n_heads: heads as u32,
-            head_stride: stride as u32,
-            offset: offset as u32,
-            half: half as u32,
-            kind: match style {
-                RopeStyle::Neox => RopeKind::Neox,
-                RopeStyle::Interleaved => RopeKind::Interleaved,
-            },
-        })
-        .unwrap();
-        let e = max_err(&down(&*dev, &xb, x.len()), &want);
-        assert!(e < 1e-6, "rope {style:?} dim {dim}: {e}");
     }
 }
 

@@ -118,6 +118,17 @@ pub trait Decoder {
     ) -> Result<Self::Act, Self::Error>;
     /// `x += y`: a block's output into the residual stream.
     fn add(&mut self, x: &mut Self::Act, y: Self::Act) -> Result<(), Self::Error>;
+    /// `x += y`, then `x` normalised with the weight `norm` names: [`Decoder::add`] and
+    /// [`Decoder::rms_norm`], which a backend may fuse (one device dispatch for both).
+    fn add_rms_norm(
+        &mut self,
+        x: &mut Self::Act,
+        y: Self::Act,
+        norm: Norm,
+    ) -> Result<Self::Act, Self::Error> {
+        self.add(x, y)?;
+        self.rms_norm(x, norm)
+    }
     /// Adds `layer`'s dense MLP of `h` into the residual stream `x`.
     fn dense_mlp(
         &mut self,
@@ -157,8 +168,7 @@ pub fn forward_pass<D: Decoder>(
             AttentionConfig::Gqa(cfg) => d.gqa(i, cfg, &h)?,
             AttentionConfig::Mla(cfg) => d.mla(i, cfg, &h)?,
         };
-        d.add(&mut x, a)?;
-        let h = d.rms_norm(&x, Norm::Ffn(i))?;
+        let h = d.add_rms_norm(&mut x, a, Norm::Ffn(i))?;
         match &layer.ffn {
             FfnConfig::Dense(_) => d.dense_mlp(i, &h, &mut x)?,
             FfnConfig::Moe(cfg) => d.moe(i, cfg, &h, &mut x)?,

@@ -50,6 +50,7 @@ impl GpuModel {
         let out = self.scratch(rows * dim, "norm output")?;
         self.dev.enqueue(&Op::RmsNorm {
             x,
+            residual: None,
             w,
             out: &out,
             rows: rows as u32,
@@ -57,6 +58,15 @@ impl GpuModel {
             eps,
         })?;
         Ok(out)
+    }
+
+    /// The gain of the norm `norm` names.
+    fn norm_weight(&self, norm: Norm) -> &Buffer {
+        match norm {
+            Norm::Attention(i) => &self.layers[i].attn_norm,
+            Norm::Ffn(i) => &self.layers[i].ffn_norm,
+            Norm::Final => &self.norm,
+        }
     }
 
     /// `down(silu(gate x) * up x)`.
@@ -184,7 +194,8 @@ impl GpuModel {
         Ok(logits.collect())
     }
 
-    /// Rotates `heads` heads of `stride` values per row of `x`, from `offset` on.
+    /// Rotates `heads` heads of `stride` values per row of `x`, from `offset` on; with
+    /// `norm`, RMS-normalises each head with that gain first, in the same dispatch.
     #[allow(clippy::too_many_arguments)]
     fn rope(
         &self,
@@ -195,6 +206,7 @@ impl GpuModel {
         heads: usize,
         stride: usize,
         offset: usize,
+        norm: Option<&Buffer>,
     ) -> Result<()> {
         Ok(self.dev.enqueue(&Op::Rope {
             x,
@@ -209,6 +221,7 @@ impl GpuModel {
                 RopeStyle::Neox => RopeKind::Neox,
                 RopeStyle::Interleaved => RopeKind::Interleaved,
             },
+            norm: norm.map(|w| (w, self.eps)),
         })?)
     }
 
@@ -471,13 +484,30 @@ impl Decoder for GpuPass<'_> {
 
     fn rms_norm(&mut self, x: &Rows, norm: Norm) -> Result<Rows> {
         let m = self.m;
-        let w = match norm {
-            Norm::Attention(i) => &m.layers[i].attn_norm,
-            Norm::Ffn(i) => &m.layers[i].ffn_norm,
-            Norm::Final => &m.norm,
-        };
-        let buf = m.rms_norm(&x.buf, w, x.n, m.config.hidden_size, m.eps)?;
+        let buf = m.rms_norm(
+            &x.buf,
+            m.norm_weight(norm),
+            x.n,
+            m.config.hidden_size,
+            m.eps,
+        )?;
         Ok(Rows { buf, n: x.n })
+    }
+
+    fn add_rms_norm(&mut self, x: &mut Rows, y: Rows, norm: Norm) -> Result<Rows> {
+        let m = self.m;
+        let (n, h) = (x.n, m.config.hidden_size);
+        let out = m.scratch(n * h, "norm output")?;
+        m.dev.enqueue(&Op::RmsNorm {
+            x: &x.buf,
+            residual: Some(&y.buf),
+            w: m.norm_weight(norm),
+            out: &out,
+            rows: n as u32,
+            dim: h as u32,
+            eps: m.eps,
+        })?;
+        Ok(Rows { buf: out, n })
     }
 
     fn gqa(&mut self, li: usize, cfg: &GqaConfig, hs: &Rows) -> Result<Rows> {
@@ -495,17 +525,12 @@ impl Decoder for GpuPass<'_> {
         let (m, t, pos, table) = (self.m, self.t, &self.pos, self.rope_table());
         let (n_heads, n_kv_heads, head_dim) = (cfg.n_heads, cfg.n_kv_heads, cfg.head_dim);
         let kv_w = cfg.kv_width();
-        let mut qb = m.matmul(&hs.buf, q, t)?;
-        let mut kb = m.matmul(&hs.buf, k, t)?;
+        let qb = m.matmul(&hs.buf, q, t)?;
+        let kb = m.matmul(&hs.buf, k, t)?;
         let vb = m.matmul(&hs.buf, v, t)?;
-        if let Some(w) = q_norm {
-            qb = m.rms_norm(&qb, w, t * n_heads, head_dim, m.eps)?;
-        }
-        if let Some(w) = k_norm {
-            kb = m.rms_norm(&kb, w, t * n_kv_heads, head_dim, m.eps)?;
-        }
-        m.rope(&qb, pos, table, t, n_heads, head_dim, 0)?;
-        m.rope(&kb, pos, table, t, n_kv_heads, head_dim, 0)?;
+        // Qwen3's per-head norms run inside the rotation's dispatch.
+        m.rope(&qb, pos, table, t, n_heads, head_dim, 0, q_norm.as_ref())?;
+        m.rope(&kb, pos, table, t, n_kv_heads, head_dim, 0, k_norm.as_ref())?;
         self.append(li, (&kb, kv_w), (&vb, kv_w))?;
         let width = n_heads * head_dim;
         let out = self.per_sequence(&qb, (width, width), |p, q, out| {
@@ -554,7 +579,7 @@ impl Decoder for GpuPass<'_> {
             }
             None => m.matmul(&hs.buf, q, t)?,
         };
-        m.rope(&qb, pos, table, t, n_heads, nope + rope, nope)?;
+        m.rope(&qb, pos, table, t, n_heads, nope + rope, nope, None)?;
         // Split each row of kv_a's output into the latent and the rotary key.
         let kv = m.matmul(&hs.buf, kv_a, t)?;
         let latent = m.scratch(t * kv_lora, "latent")?;
@@ -568,7 +593,7 @@ impl Decoder for GpuPass<'_> {
             m.dev.copy(&kv, src + lat.1, &k_rope, rot.0, rot.1)?;
         }
         let latent = m.rms_norm(&latent, kv_a_norm, t, kv_lora, eps)?;
-        m.rope(&k_rope, pos, table, t, 1, rope, 0)?;
+        m.rope(&k_rope, pos, table, t, 1, rope, 0, None)?;
         self.append(li, (&latent, kv_lora), (&k_rope, rope))?;
         let q_w = n_heads * (nope + rope);
         let out = self.per_sequence(&qb, (q_w, n_heads * v_dim), |p, q, out| {

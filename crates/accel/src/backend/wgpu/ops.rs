@@ -77,12 +77,13 @@ impl WgpuDevice {
             } => self.matmul(x, w, wtype, bias, out, [m, n, k]),
             Op::RmsNorm {
                 x,
+                residual,
                 w,
                 out,
                 rows,
                 dim,
                 eps,
-            } => self.rms_norm(x, w, out, rows, dim, eps),
+            } => self.rms_norm([x, w, out], residual, rows, dim, eps),
             Op::Rope {
                 x,
                 positions,
@@ -93,12 +94,12 @@ impl WgpuDevice {
                 offset,
                 half,
                 kind,
+                norm,
             } => self.rope(
-                x,
-                positions,
-                table,
+                [x, positions, table],
                 [rows, n_heads, head_stride, offset, half],
                 kind,
+                norm,
             ),
             Op::Attention {
                 q,
@@ -370,57 +371,78 @@ impl WgpuDevice {
         Ok(())
     }
 
-    /// [`Op::RmsNorm`].
+    /// [`Op::RmsNorm`]; `buffers` is `[x, w, out]`.
     fn rms_norm(
         &self,
-        x: &Buffer,
-        w: &Buffer,
-        out: &Buffer,
+        [x, w, out]: [&Buffer; 3],
+        residual: Option<&Buffer>,
         rows: u32,
         dim: u32,
         eps: f32,
     ) -> Result<()> {
+        let mut buffers = vec![
+            self.single(x, "rms_norm input")?,
+            self.single(w, "rms_norm weight")?,
+            self.single(out, "rms_norm output")?,
+        ];
+        let kernel = match residual {
+            Some(y) => {
+                buffers.push(self.single(y, "residual")?);
+                "add_rms_norm"
+            }
+            None => "rms_norm",
+        };
+        let params = [rows, dim, f(eps)];
         self.dispatch(
-            "rms_norm",
+            kernel,
             WeightType::F32,
-            &[rows, dim, f(eps)],
-            &[
-                self.single(x, "rms_norm input")?,
-                self.single(w, "rms_norm weight")?,
-                self.single(out, "rms_norm output")?,
-            ],
+            &params,
+            &buffers,
             rows_groups(rows),
         )
     }
 
-    /// [`Op::Rope`]; `dims` is `[rows, n_heads, head_stride, offset, half]`.
+    /// [`Op::Rope`]; `buffers` is `[x, positions, table]`, `dims` is `[rows, n_heads,
+    /// head_stride, offset, half]`. With a norm, one workgroup per head normalises and
+    /// rotates it (one dispatch where a norm and a rotation took two).
     fn rope(
         &self,
-        x: &Buffer,
-        positions: &Buffer,
-        table: &Buffer,
+        [x, positions, table]: [&Buffer; 3],
         dims: [u32; 5],
         kind: RopeKind,
+        norm: Option<(&Buffer, f32)>,
     ) -> Result<()> {
         let [rows, n_heads, head_stride, offset, half] = dims;
-        self.dispatch(
-            "rope",
-            WeightType::F32,
-            &[
-                rows,
-                n_heads,
-                head_stride,
-                offset,
-                half,
-                (kind == RopeKind::Interleaved) as u32,
-            ],
-            &[
-                self.single(x, "rope data")?,
-                self.single(positions, "positions")?,
-                self.single(table, "rope table")?,
-            ],
-            linear_groups(rows as u64 * n_heads as u64 * half as u64),
-        )
+        let mut params = vec![
+            rows,
+            n_heads,
+            head_stride,
+            offset,
+            half,
+            (kind == RopeKind::Interleaved) as u32,
+        ];
+        let mut buffers = vec![
+            self.single(x, "rope data")?,
+            self.single(positions, "positions")?,
+            self.single(table, "rope table")?,
+        ];
+        let Some((w, eps)) = norm else {
+            let groups = linear_groups(rows as u64 * n_heads as u64 * half as u64);
+            return self.dispatch("rope", WeightType::F32, &params, &buffers, groups);
+        };
+        if offset + 2 * half > head_stride {
+            return Err(Error::Shape {
+                op: "rope",
+                message: format!(
+                    "{} rotated values from {offset} overrun heads of {head_stride}",
+                    2 * half
+                ),
+            });
+        }
+        params.push(f(eps));
+        buffers.push(self.single(w, "head norm weight")?);
+        let groups = rows_groups(rows * n_heads);
+        self.dispatch("head_norm_rope", WeightType::F32, &params, &buffers, groups)
     }
 
     /// [`Op::Attention`]; `buffers` is `[q, k, v, out]`, `dims` is `[n_tokens, start_pos,

@@ -16,7 +16,15 @@ const KERNELS: &[(&str, &str)] = &[
     ("embed", include_str!("../../shaders/embed.wgsl")),
     ("matmul", include_str!("../../shaders/matmul.wgsl")),
     ("rms_norm", include_str!("../../shaders/rms_norm.wgsl")),
+    (
+        "add_rms_norm",
+        include_str!("../../shaders/add_rms_norm.wgsl"),
+    ),
     ("rope", include_str!("../../shaders/rope.wgsl")),
+    (
+        "head_norm_rope",
+        include_str!("../../shaders/head_norm_rope.wgsl"),
+    ),
     ("attention", include_str!("../../shaders/attention.wgsl")),
     (
         "mla_attention",
@@ -325,9 +333,12 @@ impl WgpuDevice {
         if enc.is_none() && !always {
             return;
         }
+        let start = Instant::now();
         lock(&self.params).write(&self.queue);
         self.queue.submit(enc.map(Pending::finish));
-        lock(&self.traffic).submissions += 1;
+        let mut traffic = lock(&self.traffic);
+        traffic.submissions += 1;
+        traffic.submit_ns += start.elapsed().as_nanos() as u64;
     }
 
     /// Records one dispatch of `name` with a uniform of `params` words and `buffers` at
