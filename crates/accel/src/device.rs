@@ -48,6 +48,8 @@ pub enum OpKind {
     MoeGroup,
     /// Values stored into a KV cache (f32 or f16).
     CacheStore,
+    /// A column range of every row, packed.
+    CopyColumns,
     /// Chains of fused multiply-adds that measure the arithmetic peak (benchmarks).
     FmaPeak,
 }
@@ -68,6 +70,7 @@ impl fmt::Display for OpKind {
             OpKind::MoeCombine => f.write_str("moe_combine"),
             OpKind::MoeGroup => f.write_str("moe_group"),
             OpKind::CacheStore => f.write_str("cache_store"),
+            OpKind::CopyColumns => f.write_str("copy_columns"),
             OpKind::FmaPeak => f.write_str("fma_peak"),
         }
     }
@@ -517,6 +520,23 @@ pub enum Op<'a> {
         /// How the cache stores values.
         cache: WeightType,
     },
+    /// `dst[r, c] = src[r, first + c]` for `c < width`: one dispatch where a copy per row
+    /// took one command each (MLA splits each row of its `kv_a` output into the latent and
+    /// the rotary key).
+    CopyColumns {
+        /// Rows of `src_width` f32 values.
+        src: &'a Buffer,
+        /// Values per row of `src`.
+        src_width: u32,
+        /// First column copied.
+        first: u32,
+        /// `[rows, width]`.
+        dst: &'a Buffer,
+        /// Columns copied.
+        width: u32,
+        /// Rows.
+        rows: u32,
+    },
     /// Groups the routed entries `ids: [tokens, k]` (u32 experts below `n_experts`, at most
     /// [`MOE_GROUP_MAX_EXPERTS`]) by expert without the host: `pairs: [tokens * k, 2]` gets
     /// the (token, expert) pairs sorted by expert, one expert's in routing order (what
@@ -568,6 +588,7 @@ impl Op<'_> {
             Op::MoeCombine { .. } => OpKind::MoeCombine,
             Op::MoeGroup { .. } => OpKind::MoeGroup,
             Op::CacheStore { .. } => OpKind::CacheStore,
+            Op::CopyColumns { .. } => OpKind::CopyColumns,
             Op::FmaPeak { .. } => OpKind::FmaPeak,
         }
     }

@@ -186,6 +186,38 @@ fn rms_norm_silu_add_match_reference() {
     }
 }
 
+/// Column ranges of rows (MLA's split of its `kv_a` output), and a range past the rows
+/// refused.
+#[test]
+fn copy_columns_packs_a_range_of_every_row() {
+    let Some(dev) = gpu(DeviceOptions::default()) else {
+        return;
+    };
+    let mut rng = Rng::new(6);
+    let (rows, src_width) = (37usize, 11usize);
+    let x = rng.vec(rows * src_width);
+    let xb = up(&*dev, &x);
+    for (first, width) in [(0usize, 8usize), (8, 3), (0, 11), (5, 1)] {
+        let dst = dev.alloc((rows * width * 4) as u64, 0, "dst").unwrap();
+        let op = |width: usize| Op::CopyColumns {
+            src: &xb,
+            src_width: src_width as u32,
+            first: first as u32,
+            dst: &dst,
+            width: width as u32,
+            rows: rows as u32,
+        };
+        dev.enqueue(&op(width)).unwrap();
+        let want: Vec<f32> = x
+            .chunks_exact(src_width)
+            .flat_map(|r| r[first..first + width].to_vec())
+            .collect();
+        assert_eq!(down(&*dev, &dst, rows * width), want, "{first}..+{width}");
+        let err = dev.enqueue(&op(src_width - first + 1)).unwrap_err();
+        assert!(err.to_string().contains("copy_columns"), "{err}");
+    }
+}
+
 /// RoPE against the CPU's, alone and fused behind a per-head RMSNorm (Qwen3's q_norm and
 /// k_norm: one dispatch for both), over head widths past one workgroup's 64 invocations.
 #[test]

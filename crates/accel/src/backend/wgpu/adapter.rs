@@ -71,6 +71,7 @@ pub(super) fn info_of(index: usize, adapter: &wgpu::Adapter) -> DeviceInfo {
         OpKind::MoeCombine,
         OpKind::MoeGroup,
         OpKind::CacheStore,
+        OpKind::CopyColumns,
         OpKind::FmaPeak,
     ]
     .into_iter()

@@ -178,6 +178,14 @@ impl WgpuDevice {
                 n,
                 cache,
             } => self.cache_store((src, from), (dst, at), n, cache),
+            Op::CopyColumns {
+                src,
+                src_width,
+                first,
+                dst,
+                width,
+                rows,
+            } => self.copy_columns([src, dst], [rows, src_width, first, width]),
             Op::MoeGroup {
                 ids,
                 pairs,
@@ -240,6 +248,33 @@ impl WgpuDevice {
             }
             other => Err(Error::Unsupported(format!("a {} KV cache", other.name()))),
         }
+    }
+
+    /// [`Op::CopyColumns`]; `dims` is `[rows, src_width, first, width]`.
+    fn copy_columns(&self, [src, dst]: [&Buffer; 2], dims: [u32; 4]) -> Result<()> {
+        let [rows, src_width, first, width] = dims;
+        let (n, read) = (rows as u64 * width as u64, rows as u64 * src_width as u64);
+        if first + width > src_width || 4 * read > src.bytes() || 4 * n > dst.bytes() {
+            return Err(Error::Shape {
+                op: "copy_columns",
+                message: format!(
+                    "columns {first}..{} of {rows} rows of {src_width} ({} bytes) into {} bytes",
+                    first + width,
+                    src.bytes(),
+                    dst.bytes()
+                ),
+            });
+        }
+        self.dispatch(
+            "copy_columns",
+            WeightType::F32,
+            &dims,
+            &[
+                self.single(src, "copied rows")?,
+                self.single(dst, "copied columns")?,
+            ],
+            linear_groups(n),
+        )
     }
 
     /// [`Op::MoeGroup`]: one workgroup; `buffers` is `[ids, pairs, pair_of]`.

@@ -45,6 +45,10 @@ const KERNELS: &[(&str, &str)] = &[
         "cache_store",
         include_str!("../../shaders/cache_store.wgsl"),
     ),
+    (
+        "copy_columns",
+        include_str!("../../shaders/copy_columns.wgsl"),
+    ),
 ];
 
 /// Linear dispatch of `n` invocations in workgroups of 64, folded into y past 65535.
