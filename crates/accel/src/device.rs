@@ -284,6 +284,22 @@ pub struct TopKParams {
 /// Most experts per layer [`Op::MoeGroup`] groups (DeepSeek-V3 has 256, Qwen3-Next 512).
 pub const MOE_GROUP_MAX_EXPERTS: u32 = 1024;
 
+/// One range of f32 values for [`Op::CacheStore`]: `n` values of `src` from element `from`,
+/// into the cache `dst` at element `at`.
+#[derive(Debug, Clone, Copy)]
+pub struct CacheWrite<'a> {
+    /// Values, f32.
+    pub src: &'a Buffer,
+    /// First element read.
+    pub from: u64,
+    /// The cache.
+    pub dst: &'a Buffer,
+    /// First element written.
+    pub at: u64,
+    /// Elements.
+    pub n: u64,
+}
+
 /// One kernel launch. Buffers hold f32 activations unless a [`WeightType`] says otherwise;
 /// shapes are in elements.
 #[derive(Debug)]
@@ -503,21 +519,13 @@ pub enum Op<'a> {
         /// Choices per token.
         k: u32,
     },
-    /// Writes `n` f32 values of `src` from element `from` into a KV cache at element `at`,
-    /// stored as `cache` ([`WeightType::F32`], a copy, or [`WeightType::F16`], rounded to
-    /// nearest; then `at` and `n` must be even).
+    /// Stores `writes` into KV caches held as `cache`: [`WeightType::F32`], a copy each, or
+    /// [`WeightType::F16`], rounded to nearest (each write's `at` and `n` even), two writes
+    /// per dispatch (a layer's keys and values in one).
     CacheStore {
-        /// Values, f32.
-        src: &'a Buffer,
-        /// First element read.
-        from: u64,
-        /// The cache.
-        dst: &'a Buffer,
-        /// First element written.
-        at: u64,
-        /// Elements.
-        n: u64,
-        /// How the cache stores values.
+        /// The writes.
+        writes: &'a [CacheWrite<'a>],
+        /// How the caches store values.
         cache: WeightType,
     },
     /// `dst[r, c] = src[r, first + c]` for `c < width`: one dispatch where a copy per row

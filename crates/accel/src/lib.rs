@@ -57,7 +57,7 @@ mod backend {
 use std::sync::Arc;
 
 pub use device::{
-    Buffer, Device, DeviceInfo, DeviceOptions, Event, ExpertFormat, ExpertSlots,
+    Buffer, CacheWrite, Device, DeviceInfo, DeviceOptions, Event, ExpertFormat, ExpertSlots,
     MOE_GROUP_MAX_EXPERTS, MemoryUse, Op, OpKind, RawBuffer, Readback, RopeKind, TopKParams,
     Traffic, WeightType,
 };

@@ -5,7 +5,8 @@ mod common;
 
 use common::{Rng, down, down_u32, gpu, max_err, up, up_u32};
 use strata_accel::{
-    Device, DeviceOptions, ExpertFormat, ExpertSlots, Op, RopeKind, TopKParams, WeightType,
+    CacheWrite, Device, DeviceOptions, ExpertFormat, ExpertSlots, Op, RopeKind, TopKParams,
+    WeightType,
 };
 use strata_model::config::{RopeConfig, RopeScaling, RopeStyle};
 use strata_model::rope::Rope;
@@ -183,6 +184,68 @@ fn rms_norm_silu_add_match_reference() {
             .map(|i| before[i] + strata_model::ops::sigmoid(gate[i / dim]) * u[i])
             .collect();
         assert!(max_err(&down(&*dev, &gb, n), &want) < 1e-6);
+    }
+}
+
+/// Keys and values of different widths stored at an offset in one dispatch (f16) or a copy
+/// each (f32), as stored: the f16 halves rounded to nearest.
+#[test]
+fn cache_store_writes_keys_and_values_in_one_dispatch() {
+    let Some(dev) = gpu(DeviceOptions::default()) else {
+        return;
+    };
+    let mut rng = Rng::new(8);
+    let (ka, va) = (rng.vec(3 * 8), rng.vec(3 * 6));
+    for cache in [WeightType::F16, WeightType::F32] {
+        let bytes = |n: usize| (n * if cache == WeightType::F16 { 2 } else { 4 }) as u64;
+        let (kb, vb) = (up(&*dev, &ka), up(&*dev, &va));
+        let kc = dev.alloc(bytes(40), 0, "k cache").unwrap();
+        let vc = dev.alloc(bytes(30), 0, "v cache").unwrap();
+        // Rows 1 and 2 of each (row 0 is another sequence's) at position 2 of the caches.
+        let writes = [
+            CacheWrite {
+                src: &kb,
+                from: 8,
+                dst: &kc,
+                at: 16,
+                n: 16,
+            },
+            CacheWrite {
+                src: &vb,
+                from: 6,
+                dst: &vc,
+                at: 12,
+                n: 12,
+            },
+        ];
+        let before = dev.traffic();
+        dev.enqueue(&Op::CacheStore {
+            writes: &writes,
+            cache,
+        })
+        .unwrap();
+        if cache == WeightType::F16 {
+            assert_eq!(dev.traffic().since(before).dispatches, 1);
+        }
+        for (c, src, w) in [(&kc, &ka, 8), (&vc, &va, 6)] {
+            let raw = dev.download(c, 0, c.bytes()).unwrap();
+            let got: Vec<f32> = match cache {
+                WeightType::F16 => raw
+                    .chunks_exact(2)
+                    .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+                    .collect(),
+                _ => raw
+                    .chunks_exact(4)
+                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                    .collect(),
+            };
+            let stored = |v: f32| match cache {
+                WeightType::F16 => half::f16::from_f32(v).to_f32(),
+                _ => v,
+            };
+            let want: Vec<f32> = src[w..].iter().map(|&v| stored(v)).collect();
+            assert_eq!(&got[2 * w..4 * w], &want[..], "{cache:?} width {w}");
+        }
     }
 }
 
@@ -372,11 +435,13 @@ fn cache(dev: &dyn Device, v: &[f32], t: WeightType) -> (strata_accel::Buffer, V
         )
         .unwrap();
     dev.enqueue(&Op::CacheStore {
-        src: &src,
-        from: 0,
-        dst: &dst,
-        at: 0,
-        n: padded.len() as u64,
+        writes: &[CacheWrite {
+            src: &src,
+            from: 0,
+            dst: &dst,
+            at: 0,
+            n: padded.len() as u64,
+        }],
         cache: t,
     })
     .unwrap();

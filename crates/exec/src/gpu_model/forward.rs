@@ -3,7 +3,7 @@
 
 use std::ops::Range;
 
-use strata_accel::{Buffer, ExpertFormat, ExpertSlots, Op, RopeKind};
+use strata_accel::{Buffer, CacheWrite, ExpertFormat, ExpertSlots, Op, RopeKind};
 use strata_model::config::{GqaConfig, MlaConfig, MoeConfig, RopeStyle};
 use strata_model::{Decoder, LogitsWanted, Norm, Routing, SeqSpan, forward_pass};
 
@@ -420,18 +420,19 @@ impl GpuPass<'_> {
     ) -> Result<()> {
         let dev = &self.m.dev;
         for p in self.parts.iter().filter(|p| p.n > 0) {
-            let (c, at) = (&p.cache, p.cache.len);
-            for (src, dst, w) in [(a, &c.k[li], wa), (b, &c.v[li], wb)] {
-                let w = w as u64;
-                dev.enqueue(&Op::CacheStore {
-                    src,
-                    from: p.row as u64 * w,
-                    dst,
-                    at: at as u64 * w,
-                    n: p.n as u64 * w,
-                    cache: c.kv_type,
-                })?;
-            }
+            let (c, at) = (&p.cache, p.cache.len as u64);
+            let (row, n) = (p.row as u64, p.n as u64);
+            let write = |src, dst, w: usize| CacheWrite {
+                src,
+                from: row * w as u64,
+                dst,
+                at: at * w as u64,
+                n: n * w as u64,
+            };
+            dev.enqueue(&Op::CacheStore {
+                writes: &[write(a, &c.k[li], wa), write(b, &c.v[li], wb)],
+                cache: c.kv_type,
+            })?;
         }
         Ok(())
     }

@@ -9,7 +9,8 @@
 use super::WgpuDevice;
 use super::pipeline::{linear_groups, rows_groups};
 use crate::device::{
-    Buffer, ExpertFormat, ExpertSlots, MOE_GROUP_MAX_EXPERTS, Op, RopeKind, TopKParams, WeightType,
+    Buffer, CacheWrite, ExpertFormat, ExpertSlots, MOE_GROUP_MAX_EXPERTS, Op, RopeKind, TopKParams,
+    WeightType,
 };
 use crate::{Error, Result};
 
@@ -170,14 +171,7 @@ impl WgpuDevice {
                 hidden,
                 k,
             } => self.moe_combine([out, y, weights, pair_of], tokens, hidden, k),
-            Op::CacheStore {
-                src,
-                from,
-                dst,
-                at,
-                n,
-                cache,
-            } => self.cache_store((src, from), (dst, at), n, cache),
+            Op::CacheStore { writes, cache } => self.cache_store(writes, cache),
             Op::CopyColumns {
                 src,
                 src_width,
@@ -203,51 +197,64 @@ impl WgpuDevice {
         }
     }
 
-    /// [`Op::CacheStore`]: a copy for an f32 cache, the packing kernel for an f16 one.
-    fn cache_store(
-        &self,
-        (src, from): (&Buffer, u64),
-        (dst, at): (&Buffer, u64),
-        n: u64,
-        cache: WeightType,
-    ) -> Result<()> {
+    /// [`Op::CacheStore`]: a copy each for an f32 cache, the packing kernel for an f16 one,
+    /// two writes per dispatch.
+    fn cache_store(&self, writes: &[CacheWrite], cache: WeightType) -> Result<()> {
         match cache {
-            WeightType::F32 => self.copy_bytes(src, 4 * from, dst, 4 * at, 4 * n),
-            WeightType::F16 => {
-                if !at.is_multiple_of(2) || !n.is_multiple_of(2) || 2 * (at + n) > dst.bytes() {
-                    return Err(Error::Shape {
-                        op: "cache_store",
-                        message: format!(
-                            "{n} f16 values at {at} in a cache of {} bytes (both even, inside)",
-                            dst.bytes()
-                        ),
-                    });
+            WeightType::F32 => {
+                for w in writes {
+                    self.copy_bytes(w.src, 4 * w.from, w.dst, 4 * w.at, 4 * w.n)?;
                 }
-                let word = |x: u64, what: &str| {
-                    u32::try_from(x).map_err(|_| Error::Limit {
-                        what: what.into(),
-                        got: x,
-                        limit: u32::MAX as u64,
-                    })
-                };
-                let pairs = word(n / 2, "f16 pairs stored at once")?;
-                self.dispatch(
-                    "cache_store",
-                    WeightType::F32,
-                    &[
-                        pairs,
-                        word(at / 2, "cache position")?,
-                        word(from, "source position")?,
-                    ],
-                    &[
-                        self.single(src, "cache input")?,
-                        self.single(dst, "f16 cache")?,
-                    ],
-                    linear_groups(pairs as u64),
-                )
+                Ok(())
+            }
+            WeightType::F16 => {
+                for pair in writes.chunks(2) {
+                    let a = self.f16_write(&pair[0])?;
+                    // A lone write binds its buffers twice and writes nothing second.
+                    let b = match pair.get(1) {
+                        Some(w) => self.f16_write(w)?,
+                        None => F16Write { pairs: 0, ..a },
+                    };
+                    self.dispatch(
+                        "cache_store",
+                        WeightType::F32,
+                        &[a.pairs, a.at, a.from, b.pairs, b.at, b.from],
+                        &[a.src, a.dst, b.src, b.dst],
+                        linear_groups(a.pairs as u64 + b.pairs as u64),
+                    )?;
+                }
+                Ok(())
             }
             other => Err(Error::Unsupported(format!("a {} KV cache", other.name()))),
         }
+    }
+
+    /// One write into an f16 cache in the kernel's words, checked.
+    fn f16_write<'b>(&'b self, w: &'b CacheWrite) -> Result<F16Write<'b>> {
+        let (at, n) = (w.at, w.n);
+        if !at.is_multiple_of(2) || !n.is_multiple_of(2) || 2 * (at + n) > w.dst.bytes() {
+            return Err(Error::Shape {
+                op: "cache_store",
+                message: format!(
+                    "{n} f16 values at {at} in a cache of {} bytes (both even, inside)",
+                    w.dst.bytes()
+                ),
+            });
+        }
+        let word = |x: u64, what: &str| {
+            u32::try_from(x).map_err(|_| Error::Limit {
+                what: what.into(),
+                got: x,
+                limit: u32::MAX as u64,
+            })
+        };
+        Ok(F16Write {
+            src: self.single(w.src, "cache input")?,
+            dst: self.single(w.dst, "f16 cache")?,
+            pairs: word(n / 2, "f16 pairs stored at once")?,
+            at: word(at / 2, "cache position")?,
+            from: word(w.from, "source position")?,
+        })
     }
 
     /// [`Op::CopyColumns`]; `dims` is `[rows, src_width, first, width]`.
@@ -752,4 +759,15 @@ impl WgpuDevice {
             linear_groups(tokens as u64 * hidden as u64),
         )
     }
+}
+
+/// One write of [`Op::CacheStore`] into an f16 cache: its bindings, and its pairs, cache
+/// word and source element as the kernel takes them.
+#[derive(Clone, Copy)]
+struct F16Write<'b> {
+    src: &'b wgpu::Buffer,
+    dst: &'b wgpu::Buffer,
+    pairs: u32,
+    at: u32,
+    from: u32,
 }
