@@ -502,7 +502,8 @@ pub enum Op<'a> {
         /// 0: gate and up, 1: down.
         stage: u32,
     },
-    /// `out[t] += Σ_j weights[t, j] · y[pair_of[t, j]]`.
+    /// `out[t] += Σ_j weights[t, j] · y[pair_of[t, j]]`; with `norm`, each updated row's
+    /// RMSNorm too (the next layer's attention norm, in the same dispatch).
     MoeCombine {
         /// Accumulator `[tokens, hidden]`.
         out: &'a Buffer,
@@ -518,6 +519,8 @@ pub enum Op<'a> {
         hidden: u32,
         /// Choices per token.
         k: u32,
+        /// The norm's gain `[hidden]`, its output `[tokens, hidden]` and epsilon.
+        norm: Option<(&'a Buffer, &'a Buffer, f32)>,
     },
     /// Stores `writes` into KV caches held as `cache`: [`WeightType::F32`], a copy each, or
     /// [`WeightType::F16`], rounded to nearest (each write's `at` and `n` even), two writes

@@ -145,6 +145,19 @@ pub trait Decoder {
         h: &Self::Act,
         x: &mut Self::Act,
     ) -> Result<(), Self::Error>;
+    /// [`Decoder::moe`], then `x` normalised with the weight `norm` names (the next layer's
+    /// attention norm), which a backend may fuse with the MoE's last add into `x`.
+    fn moe_rms_norm(
+        &mut self,
+        layer: usize,
+        cfg: &MoeConfig,
+        h: &Self::Act,
+        x: &mut Self::Act,
+        norm: Norm,
+    ) -> Result<Self::Act, Self::Error> {
+        self.moe(layer, cfg, h, x)?;
+        self.rms_norm(x, norm)
+    }
     /// Every layer has run: the caches take the new positions.
     fn commit(&mut self) -> Result<(), Self::Error>;
     /// The rows of the final residual stream whose logits are wanted, one activation per
@@ -162,16 +175,25 @@ pub fn forward_pass<D: Decoder>(
 ) -> Result<Vec<D::Act>, D::Error> {
     let d = decoder;
     let mut x = d.embed()?;
+    // The next layer's attention input, where the step before it made it.
+    let mut next_h = None;
     for (i, layer) in graph.layers.iter().enumerate() {
-        let h = d.rms_norm(&x, Norm::Attention(i))?;
+        let h = match next_h.take() {
+            Some(h) => h,
+            None => d.rms_norm(&x, Norm::Attention(i))?,
+        };
         let a = match &layer.attention {
             AttentionConfig::Gqa(cfg) => d.gqa(i, cfg, &h)?,
             AttentionConfig::Mla(cfg) => d.mla(i, cfg, &h)?,
         };
         let h = d.add_rms_norm(&mut x, a, Norm::Ffn(i))?;
-        match &layer.ffn {
-            FfnConfig::Dense(_) => d.dense_mlp(i, &h, &mut x)?,
-            FfnConfig::Moe(cfg) => d.moe(i, cfg, &h, &mut x)?,
+        let next = (i + 1 < graph.layers.len()).then_some(Norm::Attention(i + 1));
+        match (&layer.ffn, next) {
+            (FfnConfig::Dense(_), _) => d.dense_mlp(i, &h, &mut x)?,
+            (FfnConfig::Moe(cfg), Some(norm)) => {
+                next_h = Some(d.moe_rms_norm(i, cfg, &h, &mut x, norm)?);
+            }
+            (FfnConfig::Moe(cfg), None) => d.moe(i, cfg, &h, &mut x)?,
         }
     }
     d.commit()?;
@@ -245,7 +267,13 @@ mod tests {
             FfnConfig::Dense(_) => None,
         });
         let moe = moe.expect("the tiny model has MoE layers");
-        config.layers = vec![FfnConfig::Dense(8), FfnConfig::Moe(moe)];
+        // A MoE layer followed by another (whose attention norm may come fused with the
+        // MoE's last add) and a last one.
+        config.layers = vec![
+            FfnConfig::Dense(8),
+            FfnConfig::Moe(moe.clone()),
+            FfnConfig::Moe(moe),
+        ];
         let graph = LayerGraph {
             layers: config
                 .layers
@@ -275,6 +303,11 @@ mod tests {
             "add".into(),
             "Ffn(1)".into(),
             "moe 1".into(),
+            "Attention(2)".into(),
+            format!("{attn} 2"),
+            "add".into(),
+            "Ffn(2)".into(),
+            "moe 2".into(),
             "commit".into(),
             "Final".into(),
             "head 3".into(),

@@ -269,7 +269,8 @@ impl GpuModel {
     }
 
     /// The MoE block of layer `li` with its routed experts on the device: `x += ` its
-    /// output on `hs`, with no host round trip.
+    /// output on `hs`, with no host round trip; with `norm` (a gain and an output), the
+    /// updated rows' RMSNorm too, in the last dispatch.
     #[allow(clippy::too_many_arguments)]
     fn moe_on_device(
         &self,
@@ -279,6 +280,7 @@ impl GpuModel {
         moe: &Moe,
         (slots, format): (&ExpertSlots, ExpertFormat),
         t: usize,
+        norm: Option<(&Buffer, &Buffer)>,
     ) -> Result<()> {
         let dev = &*self.dev;
         let k = moe.params.k as usize;
@@ -321,6 +323,7 @@ impl GpuModel {
             tokens: t as u32,
             hidden: h as u32,
             k: k as u32,
+            norm: norm.map(|(gain, out)| (gain, out, self.eps)),
         })?)
     }
 }
@@ -643,7 +646,8 @@ impl Decoder for GpuPass<'_> {
         match &moe.routed {
             Routed::Device { slots, format } => {
                 let on = (slots, *format);
-                self.m.moe_on_device(li, &x.buf, &hs.buf, moe, on, self.t)
+                self.m
+                    .moe_on_device(li, &x.buf, &hs.buf, moe, on, self.t, None)
             }
             Routed::Host(block) => {
                 let spans = self.spans();
@@ -653,6 +657,30 @@ impl Decoder for GpuPass<'_> {
                     .moe_on_host(&layer, &x.buf, &hs.buf, t, &spans, deferred)
             }
         }
+    }
+
+    fn moe_rms_norm(
+        &mut self,
+        li: usize,
+        cfg: &MoeConfig,
+        hs: &Rows,
+        x: &mut Rows,
+        norm: Norm,
+    ) -> Result<Rows> {
+        let m = self.m;
+        let Ffn::Moe(moe) = &m.layers[li].ffn else {
+            return Err(Self::mismatch(li, "feed-forward block"));
+        };
+        // Routed experts on the host end with their own adds: the norm comes after.
+        let Routed::Device { slots, format } = &moe.routed else {
+            self.moe(li, cfg, hs, x)?;
+            return self.rms_norm(x, norm);
+        };
+        let out = m.scratch(x.n * m.config.hidden_size, "norm output")?;
+        let fused = Some((m.norm_weight(norm), &out));
+        let on = (slots, *format);
+        m.moe_on_device(li, &x.buf, &hs.buf, moe, on, self.t, fused)?;
+        Ok(Rows { buf: out, n: x.n })
     }
 
     fn commit(&mut self) -> Result<()> {

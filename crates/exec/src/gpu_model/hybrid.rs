@@ -166,6 +166,7 @@ impl GpuModel {
                 tokens: c.tokens,
                 hidden: h as u32,
                 k: c.k,
+                norm: None,
             })?;
         }
         Ok(())

@@ -170,7 +170,8 @@ impl WgpuDevice {
                 tokens,
                 hidden,
                 k,
-            } => self.moe_combine([out, y, weights, pair_of], tokens, hidden, k),
+                norm,
+            } => self.moe_combine([out, y, weights, pair_of], [tokens, hidden, k], norm),
             Op::CacheStore { writes, cache } => self.cache_store(writes, cache),
             Op::CopyColumns {
                 src,
@@ -744,20 +745,29 @@ impl WgpuDevice {
     }
 
     /// [`Op::MoeCombine`]; `buffers` is `[out, y, weights, pair_of]`.
-    fn moe_combine(&self, buffers: [&Buffer; 4], tokens: u32, hidden: u32, k: u32) -> Result<()> {
+    fn moe_combine(
+        &self,
+        buffers: [&Buffer; 4],
+        [tokens, hidden, k]: [u32; 3],
+        norm: Option<(&Buffer, &Buffer, f32)>,
+    ) -> Result<()> {
         let [out, y, weights, pair_of] = buffers;
-        self.dispatch(
-            "moe_combine",
-            WeightType::F32,
-            &[tokens, hidden, k],
-            &[
-                self.single(out, "moe output")?,
-                self.single(y, "expert outputs")?,
-                self.single(weights, "expert weights")?,
-                self.single(pair_of, "pair index")?,
-            ],
-            linear_groups(tokens as u64 * hidden as u64),
-        )
+        let mut bound = vec![
+            self.single(out, "moe output")?,
+            self.single(y, "expert outputs")?,
+            self.single(weights, "expert weights")?,
+            self.single(pair_of, "pair index")?,
+        ];
+        let Some((gain, normed, eps)) = norm else {
+            let groups = linear_groups(tokens as u64 * hidden as u64);
+            let params = [tokens, hidden, k];
+            return self.dispatch("moe_combine", WeightType::F32, &params, &bound, groups);
+        };
+        bound.push(self.single(gain, "norm weight")?);
+        bound.push(self.single(normed, "norm output")?);
+        let params = [tokens, hidden, k, f(eps)];
+        let groups = rows_groups(tokens);
+        self.dispatch("moe_combine_norm", WeightType::F32, &params, &bound, groups)
     }
 }
 

@@ -40,6 +40,10 @@ const KERNELS: &[(&str, &str)] = &[
         "moe_combine",
         include_str!("../../shaders/moe_combine.wgsl"),
     ),
+    (
+        "moe_combine_norm",
+        include_str!("../../shaders/moe_combine_norm.wgsl"),
+    ),
     ("moe_group", include_str!("../../shaders/moe_group.wgsl")),
     (
         "cache_store",
