@@ -30,7 +30,7 @@
 //! let (x, w, out) = (dev.alloc(32, 0, "x")?, dev.alloc(16, 0, "w")?, dev.alloc(32, 0, "out")?);
 //! dev.upload(&x, 0, &bytes(&[1.0, -1.0, 1.0, -1.0, 2.0, 2.0, 2.0, 2.0]))?;
 //! dev.upload(&w, 0, &bytes(&[1.0, 2.0, 3.0, 4.0]))?;
-//! dev.enqueue(&Op::RmsNorm { x: &x, w: &w, out: &out, rows: 2, dim: 4, eps: 0.0 })?;
+//! dev.enqueue(&Op::RmsNorm { x: &x, residual: None, w: &w, out: &out, rows: 2, dim: 4, eps: 0.0 })?;
 //! dev.synchronize()?;
 //! let y: Vec<f32> = dev
 //!     .download(&out, 0, 32)?

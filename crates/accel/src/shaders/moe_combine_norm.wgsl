@@ -28,7 +28,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         out[base + c] = v;
         sq += v * v;
     }
-    let inv = 1.0 / sqrt(reduce_sum(sq, l.x) / f32(p.hidden) + p.eps);
+    let inv = rms_factor(sq, l.x, p.hidden, p.eps);
     for (var c = l.x; c < p.hidden; c += 64u) {
         normed[base + c] = out[base + c] * inv * gain[c];
     }

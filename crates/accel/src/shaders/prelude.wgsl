@@ -50,6 +50,12 @@ fn reduce_sum(v: f32, tid: u32) -> f32 {
     return r;
 }
 
+// RMSNorm's factor for a row of `dim` values whose squares this invocation summed into
+// `sum_sq` (the workgroup's 64 sums together cover the row): 1 / sqrt(mean(x^2) + eps).
+fn rms_factor(sum_sq: f32, tid: u32, dim: u32, eps: f32) -> f32 {
+    return 1.0 / sqrt(reduce_sum(sum_sq, tid) / f32(dim) + eps);
+}
+
 fn reduce_max(v: f32, tid: u32) -> f32 {
     red[tid] = v;
     workgroupBarrier();

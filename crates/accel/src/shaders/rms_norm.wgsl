@@ -1,10 +1,13 @@
-struct P { rows: u32, dim: u32, eps: f32, _a: u32 }
+struct P { rows: u32, dim: u32, eps: f32, has_residual: u32 }
 @group(0) @binding(0) var<uniform> p: P;
-@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(1) var<storage, read_write> x: array<f32>;
 @group(0) @binding(2) var<storage, read> w: array<f32>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
+// The residual added into x first, when `has_residual` (else a dummy, never read).
+@group(0) @binding(4) var<storage, read> y: array<f32>;
 
-// One workgroup per row: out = x * w / sqrt(mean(x^2) + eps).
+// One workgroup per row: x += y when there is a residual (written back), then
+// out = x * w / sqrt(mean(x^2) + eps). Each invocation reads back only the sums it wrote.
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_id) l: vec3<u32>) {
@@ -15,10 +18,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     let base = row * p.dim;
     var s = 0.0;
     for (var i = l.x; i < p.dim; i += 64u) {
-        let v = x[base + i];
+        var v = x[base + i];
+        if (p.has_residual != 0u) {
+            v += y[base + i];
+            x[base + i] = v;
+        }
         s += v * v;
     }
-    let inv = 1.0 / sqrt(reduce_sum(s, l.x) / f32(p.dim) + p.eps);
+    let inv = rms_factor(s, l.x, p.dim, p.eps);
     for (var i = l.x; i < p.dim; i += 64u) {
         out[base + i] = x[base + i] * inv * w[i];
     }

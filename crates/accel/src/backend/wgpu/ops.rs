@@ -423,24 +423,16 @@ impl WgpuDevice {
         dim: u32,
         eps: f32,
     ) -> Result<()> {
-        let mut buffers = vec![
-            self.single(x, "rms_norm input")?,
-            self.single(w, "rms_norm weight")?,
-            self.single(out, "rms_norm output")?,
-        ];
-        let kernel = match residual {
-            Some(y) => {
-                buffers.push(self.single(y, "residual")?);
-                "add_rms_norm"
-            }
-            None => "rms_norm",
-        };
-        let params = [rows, dim, f(eps)];
         self.dispatch(
-            kernel,
+            "rms_norm",
             WeightType::F32,
-            &params,
-            &buffers,
+            &[rows, dim, f(eps), residual.is_some() as u32],
+            &[
+                self.single(x, "rms_norm input")?,
+                self.single(w, "rms_norm weight")?,
+                self.single(out, "rms_norm output")?,
+                self.single_or_dummy(residual, "residual")?,
+            ],
             rows_groups(rows),
         )
     }

@@ -16,10 +16,6 @@ const KERNELS: &[(&str, &str)] = &[
     ("embed", include_str!("../../shaders/embed.wgsl")),
     ("matmul", include_str!("../../shaders/matmul.wgsl")),
     ("rms_norm", include_str!("../../shaders/rms_norm.wgsl")),
-    (
-        "add_rms_norm",
-        include_str!("../../shaders/add_rms_norm.wgsl"),
-    ),
     ("rope", include_str!("../../shaders/rope.wgsl")),
     (
         "head_norm_rope",
