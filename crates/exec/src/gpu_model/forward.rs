@@ -396,6 +396,34 @@ impl GpuPass<'_> {
         }
     }
 
+    /// Layer `li`'s MoE block: `x += ` its output on `hs`, its routed experts where they
+    /// were loaded; with `norm` (a gain and an output), the updated rows' RMSNorm in the
+    /// last add's dispatch.
+    fn moe_then(
+        &mut self,
+        li: usize,
+        hs: &Rows,
+        x: &mut Rows,
+        norm: Option<(&Buffer, &Buffer)>,
+    ) -> Result<()> {
+        let m = self.m;
+        let Ffn::Moe(moe) = &m.layers[li].ffn else {
+            return Err(Self::mismatch(li, "feed-forward block"));
+        };
+        match &moe.routed {
+            Routed::Device { slots, format } => {
+                let on = (slots, *format);
+                m.moe_on_device(li, &x.buf, &hs.buf, moe, on, self.t, norm)
+            }
+            Routed::Host(block) => {
+                let spans = self.spans();
+                let layer = HostLayer { li, moe, block };
+                let (t, deferred) = (self.t, &mut self.deferred);
+                m.moe_on_host(&layer, &x.buf, &hs.buf, t, &spans, deferred, norm)
+            }
+        }
+    }
+
     /// The batch layout, as the CPU's executors see it.
     fn spans(&self) -> Vec<SeqSpan> {
         let span = |p: &Part| SeqSpan {
@@ -640,46 +668,20 @@ impl Decoder for GpuPass<'_> {
     }
 
     fn moe(&mut self, li: usize, _: &MoeConfig, hs: &Rows, x: &mut Rows) -> Result<()> {
-        let Ffn::Moe(moe) = &self.m.layers[li].ffn else {
-            return Err(Self::mismatch(li, "feed-forward block"));
-        };
-        match &moe.routed {
-            Routed::Device { slots, format } => {
-                let on = (slots, *format);
-                self.m
-                    .moe_on_device(li, &x.buf, &hs.buf, moe, on, self.t, None)
-            }
-            Routed::Host(block) => {
-                let spans = self.spans();
-                let layer = HostLayer { li, moe, block };
-                let (t, deferred) = (self.t, &mut self.deferred);
-                self.m
-                    .moe_on_host(&layer, &x.buf, &hs.buf, t, &spans, deferred)
-            }
-        }
+        self.moe_then(li, hs, x, None)
     }
 
     fn moe_rms_norm(
         &mut self,
         li: usize,
-        cfg: &MoeConfig,
+        _: &MoeConfig,
         hs: &Rows,
         x: &mut Rows,
         norm: Norm,
     ) -> Result<Rows> {
         let m = self.m;
-        let Ffn::Moe(moe) = &m.layers[li].ffn else {
-            return Err(Self::mismatch(li, "feed-forward block"));
-        };
-        // Routed experts on the host end with their own adds: the norm comes after.
-        let Routed::Device { slots, format } = &moe.routed else {
-            self.moe(li, cfg, hs, x)?;
-            return self.rms_norm(x, norm);
-        };
         let out = m.scratch(x.n * m.config.hidden_size, "norm output")?;
-        let fused = Some((m.norm_weight(norm), &out));
-        let on = (slots, *format);
-        m.moe_on_device(li, &x.buf, &hs.buf, moe, on, self.t, fused)?;
+        self.moe_then(li, hs, x, Some((m.norm_weight(norm), &out)))?;
         Ok(Rows { buf: out, n: x.n })
     }
 

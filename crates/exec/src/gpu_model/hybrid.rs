@@ -94,7 +94,9 @@ impl GpuModel {
     /// The MoE block of `layer`, its routed experts on the host: `x += ` its output on `hs`
     /// (`[t, hidden]`, laid out as `spans`), one read back and one upload. The experts the previous MoE layer
     /// deferred (`deferred`) run on the CPU while the device works, and join this layer's
-    /// output; this layer's deferred ones take their place.
+    /// output; this layer's deferred ones take their place. With `norm` (a gain and an
+    /// output), the updated rows' RMSNorm too, in the last add's dispatch.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn moe_on_host<'a>(
         &self,
         layer: &HostLayer<'a>,
@@ -103,6 +105,7 @@ impl GpuModel {
         t: usize,
         spans: &[SeqSpan],
         deferred: &mut Option<(&'a MoeBlock, DeferredExperts)>,
+        norm: Option<(&Buffer, &Buffer)>,
     ) -> Result<()> {
         let &HostLayer { li, moe, block } = layer;
         let dev = &*self.dev;
@@ -156,8 +159,23 @@ impl GpuModel {
         }
         let up = self.scratch(t * h, "routed experts' output")?;
         dev.upload(&up, 0, &to_bytes(&y))?;
+        // The norm goes with the last add into `x`: the upload's, or the last combine's.
+        let norm = norm.map(|(gain, out)| (gain, out, self.eps));
+        if on_device.is_empty() {
+            if let Some((w, out, eps)) = norm {
+                return Ok(dev.enqueue(&Op::RmsNorm {
+                    x,
+                    residual: Some(&up),
+                    w,
+                    out,
+                    rows: t as u32,
+                    dim: h as u32,
+                    eps,
+                })?);
+            }
+        }
         self.add(x, &up, t)?;
-        for c in &on_device {
+        for (i, c) in on_device.iter().enumerate() {
             dev.enqueue(&Op::MoeCombine {
                 out: x,
                 y: &c.y,
@@ -166,7 +184,7 @@ impl GpuModel {
                 tokens: c.tokens,
                 hidden: h as u32,
                 k: c.k,
-                norm: None,
+                norm: norm.filter(|_| i + 1 == on_device.len()),
             })?;
         }
         Ok(())
