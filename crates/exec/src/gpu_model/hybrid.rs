@@ -161,18 +161,16 @@ impl GpuModel {
         dev.upload(&up, 0, &to_bytes(&y))?;
         // The norm goes with the last add into `x`: the upload's, or the last combine's.
         let norm = norm.map(|(gain, out)| (gain, out, self.eps));
-        if on_device.is_empty() {
-            if let Some((w, out, eps)) = norm {
-                return Ok(dev.enqueue(&Op::RmsNorm {
-                    x,
-                    residual: Some(&up),
-                    w,
-                    out,
-                    rows: t as u32,
-                    dim: h as u32,
-                    eps,
-                })?);
-            }
+        if let (true, Some((w, out, eps))) = (on_device.is_empty(), norm) {
+            return Ok(dev.enqueue(&Op::RmsNorm {
+                x,
+                residual: Some(&up),
+                w,
+                out,
+                rows: t as u32,
+                dim: h as u32,
+                eps,
+            })?);
         }
         self.add(x, &up, t)?;
         for (i, c) in on_device.iter().enumerate() {
