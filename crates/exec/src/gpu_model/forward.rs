@@ -39,9 +39,11 @@ impl GpuModel {
         Ok(out)
     }
 
+    /// `x` normalised with the gain `w` into a new buffer; with `residual`, `x += residual`
+    /// first, in place and in the same dispatch.
     fn rms_norm(
         &self,
-        x: &Buffer,
+        (x, residual): (&Buffer, Option<&Buffer>),
         w: &Buffer,
         rows: usize,
         dim: usize,
@@ -50,7 +52,7 @@ impl GpuModel {
         let out = self.scratch(rows * dim, "norm output")?;
         self.dev.enqueue(&Op::RmsNorm {
             x,
-            residual: None,
+            residual,
             w,
             out: &out,
             rows: rows as u32,
@@ -515,31 +517,17 @@ impl Decoder for GpuPass<'_> {
     }
 
     fn rms_norm(&mut self, x: &Rows, norm: Norm) -> Result<Rows> {
-        let m = self.m;
-        let buf = m.rms_norm(
-            &x.buf,
-            m.norm_weight(norm),
-            x.n,
-            m.config.hidden_size,
-            m.eps,
-        )?;
-        Ok(Rows { buf, n: x.n })
+        let (m, n) = (self.m, x.n);
+        let w = m.norm_weight(norm);
+        let buf = m.rms_norm((&x.buf, None), w, n, m.config.hidden_size, m.eps)?;
+        Ok(Rows { buf, n })
     }
 
     fn add_rms_norm(&mut self, x: &mut Rows, y: Rows, norm: Norm) -> Result<Rows> {
-        let m = self.m;
-        let (n, h) = (x.n, m.config.hidden_size);
-        let out = m.scratch(n * h, "norm output")?;
-        m.dev.enqueue(&Op::RmsNorm {
-            x: &x.buf,
-            residual: Some(&y.buf),
-            w: m.norm_weight(norm),
-            out: &out,
-            rows: n as u32,
-            dim: h as u32,
-            eps: m.eps,
-        })?;
-        Ok(Rows { buf: out, n })
+        let (m, n) = (self.m, x.n);
+        let w = m.norm_weight(norm);
+        let buf = m.rms_norm((&x.buf, Some(&y.buf)), w, n, m.config.hidden_size, m.eps)?;
+        Ok(Rows { buf, n })
     }
 
     fn gqa(&mut self, li: usize, cfg: &GqaConfig, hs: &Rows) -> Result<Rows> {
@@ -606,7 +594,7 @@ impl Decoder for GpuPass<'_> {
         let qb = match q_a {
             Some((q_a, norm)) => {
                 let c = m.matmul(&hs.buf, q_a, t)?;
-                let c = m.rms_norm(&c, norm, t, q_a.n, eps)?;
+                let c = m.rms_norm((&c, None), norm, t, q_a.n, eps)?;
                 m.matmul(&c, q, t)?
             }
             None => m.matmul(&hs.buf, q, t)?,
@@ -627,7 +615,7 @@ impl Decoder for GpuPass<'_> {
                 rows: t as u32,
             })?;
         }
-        let latent = m.rms_norm(&latent, kv_a_norm, t, kv_lora, eps)?;
+        let latent = m.rms_norm((&latent, None), kv_a_norm, t, kv_lora, eps)?;
         m.rope(&k_rope, pos, table, t, 1, rope, 0, None)?;
         self.append(li, (&latent, kv_lora), (&k_rope, rope))?;
         let q_w = n_heads * (nope + rope);

@@ -96,6 +96,7 @@ fn early_int8_min(ty: GgmlType) -> Option<usize> {
         _ => None,
     }
 }
+
 /// Fewest tokens for INT8 tiles on AVX-VNNI (the AVX-512 register tiles on 256-bit halves)
 /// for the types whose tiles are their blocks' integers with no bias (Q4_0, Q5_0, Q8_0,
 /// IQ4_NL, IQ4_XS). Measured with `strata bench moe --formats q4_k,q6_k,q8_0,iq4_xs --tokens
