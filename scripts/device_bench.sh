@@ -21,6 +21,7 @@
 #      again over three tiers (the same device cache above a DRAM cache of another quarter,
 #      the rest read from the file), each under a time limit, with the md5 of each output
 #      text.
+# KERNELS=0 skips step 3; the outputs and logs of step 4 end in OUT_DIR/runs.tgz.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bin=${1:?usage: scripts/device_bench.sh BIN OUT_DIR}
@@ -53,12 +54,14 @@ for shape in $shapes; do
     gen_pids+=($!)
 done
 
+if [[ ${KERNELS:-1} == 1 ]]; then
 stamp "strata bench device"
 timeout 200 "$bin" bench device ${BENCH_DEVICE_ARGS:-} 2>&1 | tee -a "$log"
 stamp "strata bench device --no-tiles (prefill through the row kernels, against the tiles above)"
 timeout 90 "$bin" bench device --no-tiles --formats q4_k --tokens 512 2>&1 | tee -a "$log"
 stamp "strata bench moe (CPU read bandwidth at one token)"
 timeout 60 "$bin" bench moe --formats q4_k --tokens 1 --min-seconds 0.3 --layers 4 2>&1 | tee -a "$log"
+fi
 
 for pid in "${gen_pids[@]}"; do
     wait "$pid" || { say "a GGUF generator failed:"; tail -5 "$runs"/make_gguf.*.log | tee -a "$log"; exit 1; }
@@ -90,3 +93,4 @@ for shape in $shapes; do
         --expert-cache "$quarter"
 done
 stamp done
+tar czf "$out/runs.tgz" -C "$(dirname "$runs")" "$(basename "$runs")"
