@@ -21,7 +21,9 @@
 #      again over three tiers (the same device cache above a DRAM cache of another quarter,
 #      the rest read from the file), each under a time limit, with the md5 of each output
 #      text.
-# KERNELS=0 skips step 3; the outputs and logs of step 4 end in OUT_DIR/runs.tgz.
+# KERNELS=0 skips step 3; RUNS="gpu ktransformers" runs only those of step 4 (of cpu gpu
+# ktransformers smoe hybrimoe smoe.three-tiers); with STRATA_GPU_PROFILE=1 each device run
+# prints its device time by kernel; the outputs and logs of step 4 end in OUT_DIR/runs.tgz.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bin=${1:?usage: scripts/device_bench.sh BIN OUT_DIR}
@@ -70,11 +72,12 @@ done
 run() {
     local name=$1
     shift
+    [[ " ${RUNS:-cpu gpu ktransformers smoe hybrimoe smoe.three-tiers} " == *" ${name#*.} "* ]] || return 0
     stamp "generate $name"
     timeout "$limit" "$bin" generate -m "$gguf" -p - -n "$tokens" --temperature 0 "$@" \
         <scripts/bench_prompt_512.txt >"$runs/text.$name" 2>"$runs/err.$name"
     local rc=$?
-    grep -v '^loading' "$runs/err.$name" | tail -3 | tee -a "$log"
+    grep -v '^loading' "$runs/err.$name" | tail -40 | tee -a "$log"
     say "exit $rc, text md5 $(md5sum <"$runs/text.$name" | cut -c1-12), $(wc -c <"$runs/text.$name") bytes"
 }
 for shape in $shapes; do

@@ -625,6 +625,12 @@ pub trait Device: Send + Sync + fmt::Debug {
     /// Submissions and transfers so far.
     fn traffic(&self) -> Traffic;
 
+    /// Device time per kernel so far, where the backend times its dispatches
+    /// (`STRATA_GPU_PROFILE=1`); `None` otherwise.
+    fn kernel_times(&self) -> Option<crate::KernelTimes> {
+        None
+    }
+
     /// A buffer of `bytes` bytes from the pool. With `granule > 0` it is split into bindings
     /// at multiples of `granule` bytes (rows or slots) when larger than the binding limit;
     /// with 0 it must fit one binding (activations, caches). Fails with

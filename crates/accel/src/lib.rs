@@ -47,6 +47,7 @@
 mod device;
 mod error;
 mod expert;
+mod profile;
 mod wtype;
 
 #[cfg(feature = "wgpu")]
@@ -62,6 +63,7 @@ pub use device::{
     Traffic, WeightType,
 };
 pub use error::{Error, Result};
+pub use profile::{KernelTime, KernelTimes};
 
 /// Every accelerator this build can use.
 pub fn devices() -> Result<Vec<DeviceInfo>> {

@@ -110,11 +110,14 @@ pub fn run(mut args: GenerateArgs) -> anyhow::Result<()> {
     // The accelerator's traffic when the first token is out (prefill done) and at the end:
     // what decoding asks of it per token.
     let traffic = || accel.as_ref().map(|d| d.traffic());
+    let kernel_times = || accel.as_ref().and_then(|d| d.kernel_times());
     let mut after_prefill = None;
+    let mut kernels_after_prefill = None;
     let mut ssd_after_prefill = None;
     let (outputs, stats) = generate_batch(&engine, std::slice::from_ref(&request), |_, text| {
         if after_prefill.is_none() {
             after_prefill = traffic();
+            kernels_after_prefill = kernel_times();
         }
         if ssd_after_prefill.is_none() {
             ssd_after_prefill = ssd.as_ref().map(|t| t.stats());
@@ -168,6 +171,13 @@ pub fn run(mut args: GenerateArgs) -> anyhow::Result<()> {
             outputs[0].tokens.len().saturating_sub(1),
         );
     }
+    if let (Some(prefill), Some(end)) = (kernels_after_prefill, kernel_times()) {
+        print_kernel_times(
+            &prefill,
+            &end.since(&prefill),
+            outputs[0].tokens.len().saturating_sub(1),
+        );
+    }
     Ok(())
 }
 
@@ -188,6 +198,44 @@ fn print_traffic(dev: &dyn strata_accel::Device, decode: strata_accel::Traffic, 
         per(decode.uploaded) / 1024.0,
         per(decode.downloaded) / 1024.0,
     );
+}
+
+/// `STRATA_GPU_PROFILE=1`'s table: each kernel's device time in prefill and per decoded
+/// token, most decode time first.
+fn print_kernel_times(
+    prefill: &strata_accel::KernelTimes,
+    decode: &strata_accel::KernelTimes,
+    tokens: usize,
+) {
+    let per = tokens.max(1) as f64;
+    eprintln!(
+        "[device time by kernel: prefill {:.2} ms, decode {:.1} us per token ({} and {} dispatches not timed)]",
+        prefill.total_ns() as f64 / 1e6,
+        decode.total_ns() as f64 / 1e3 / per,
+        prefill.untimed,
+        decode.untimed,
+    );
+    eprintln!("| kernel | prefill calls | prefill ms | decode calls/token | decode us/token |");
+    eprintln!("|---|---|---|---|---|");
+    let mut names: Vec<&str> = decode.by_time().into_iter().map(|(n, _)| n).collect();
+    names.extend(
+        prefill
+            .by_time()
+            .into_iter()
+            .map(|(n, _)| n)
+            .filter(|n| !decode.kernels.contains_key(*n)),
+    );
+    for name in names {
+        let p = prefill.kernels.get(name).copied().unwrap_or_default();
+        let d = decode.kernels.get(name).copied().unwrap_or_default();
+        eprintln!(
+            "| {name} | {} | {:.2} | {:.1} | {:.1} |",
+            p.calls,
+            p.ns as f64 / 1e6,
+            d.calls as f64 / per,
+            d.ns as f64 / 1e3 / per,
+        );
+    }
 }
 
 /// A duration as the stats line shows it: milliseconds below a second.

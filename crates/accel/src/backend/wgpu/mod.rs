@@ -16,6 +16,7 @@
 
 mod adapter;
 mod buffers;
+mod clock;
 mod ops;
 mod pipeline;
 
@@ -56,6 +57,8 @@ pub struct WgpuDevice {
     params: Mutex<pipeline::ParamArena>,
     /// Submissions and transfers so far.
     traffic: Mutex<Traffic>,
+    /// Each kernel's device time, when profiling (`STRATA_GPU_PROFILE=1`).
+    clock: Option<Mutex<clock::KernelClock>>,
     pool: Arc<Mutex<Pool>>,
     error: Arc<Mutex<Option<String>>>,
     dummy: wgpu::Buffer,
@@ -76,11 +79,23 @@ impl WgpuDevice {
         let info = adapter::info_of(opts.index, &adapter);
         let limits = adapter.limits();
         let subgroups = info.subgroups && !opts.no_subgroups;
+        let profile = std::env::var_os("STRATA_GPU_PROFILE").is_some_and(|v| v == "1");
+        if profile && !adapter.features().contains(wgpu::Features::TIMESTAMP_QUERY) {
+            return Err(Error::Device(format!(
+                "STRATA_GPU_PROFILE=1: {} cannot time kernels (no timestamp queries)",
+                info.name
+            )));
+        }
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("strata"),
             required_features: (adapter.features() & wgpu::Features::SHADER_F16)
                 | if subgroups {
                     wgpu::Features::SUBGROUP
+                } else {
+                    wgpu::Features::empty()
+                }
+                | if profile {
+                    wgpu::Features::TIMESTAMP_QUERY
                 } else {
                     wgpu::Features::empty()
                 },
@@ -108,6 +123,7 @@ impl WgpuDevice {
             usage: wgpu::BufferUsages::STORAGE,
             mapped_at_creation: false,
         });
+        let clock = profile.then(|| Mutex::new(clock::KernelClock::new(&device, &queue)));
         Ok(WgpuDevice {
             info,
             device,
@@ -121,6 +137,7 @@ impl WgpuDevice {
             binds: Mutex::default(),
             params: Mutex::default(),
             traffic: Mutex::default(),
+            clock,
             pool: Arc::new(Mutex::new(Pool::new(opts.vram_budget.unwrap_or(u64::MAX)))),
             error,
             dummy,
@@ -152,6 +169,10 @@ impl Device for WgpuDevice {
 
     fn traffic(&self) -> Traffic {
         *lock(&self.traffic)
+    }
+
+    fn kernel_times(&self) -> Option<crate::KernelTimes> {
+        self.clock.as_ref().map(|c| lock(c).totals())
     }
 
     fn alloc(&self, bytes: u64, granule: u64, label: &str) -> Result<Buffer> {

@@ -257,6 +257,23 @@ impl Pending {
         })
     }
 
+    /// A pass of its own for one dispatch, writing `timestamps` at its start and end (the
+    /// caller ends it after the dispatch).
+    fn timed_pass(
+        &mut self,
+        timestamps: Option<wgpu::ComputePassTimestampWrites<'_>>,
+    ) -> &mut wgpu::ComputePass<'static> {
+        self.pass = None;
+        let pass = self
+            .encoder
+            .begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: None,
+                timestamp_writes: timestamps,
+            })
+            .forget_lifetime();
+        self.pass.insert(pass)
+    }
+
     fn finish(mut self) -> wgpu::CommandBuffer {
         self.pass = None;
         self.encoder.finish()
@@ -338,11 +355,24 @@ impl WgpuDevice {
             return;
         }
         let start = Instant::now();
+        let mut enc = enc;
+        // The clock's lock is held until its timestamps are read, so no later submission
+        // resolves into its read buffer while that is mapped.
+        let mut clock = self.clock.as_ref().map(lock);
+        let timed = match (&mut clock, &mut enc) {
+            (Some(clock), Some(enc)) => clock.resolve(enc.encoder()),
+            _ => Vec::new(),
+        };
         lock(&self.params).write(&self.queue);
         self.queue.submit(enc.map(Pending::finish));
+        drop(pending);
         let mut traffic = lock(&self.traffic);
         traffic.submissions += 1;
         traffic.submit_ns += start.elapsed().as_nanos() as u64;
+        drop(traffic);
+        if let Some(Err(e)) = clock.map(|mut c| c.collect(&self.device, &timed)) {
+            lock(&self.error).get_or_insert(e.to_string());
+        }
     }
 
     /// Records one dispatch of `name` with a uniform of `params` words and `buffers` at
@@ -394,10 +424,18 @@ impl WgpuDevice {
             }
         };
         drop(binds);
-        let pass = pending.as_mut().expect("pending() creates it").pass();
+        let pending = pending.as_mut().expect("pending() creates it");
+        let mut clock = self.clock.as_ref().map(lock);
+        let pass = match &mut clock {
+            Some(clock) => pending.timed_pass(clock.next(format!("{name} {}", wtype.name()))),
+            None => pending.pass(),
+        };
         pass.set_pipeline(&pipeline);
         pass.set_bind_group(0, &bind, &[]);
         pass.dispatch_workgroups(groups.0, groups.1, 1);
+        if clock.is_some() {
+            pending.pass = None;
+        }
         let mut traffic = lock(&self.traffic);
         traffic.dispatches += 1;
         traffic.bind_groups += u64::from(created);
