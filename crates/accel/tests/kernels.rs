@@ -369,6 +369,9 @@ fn attention_prefill_and_decode_match_reference() {
         (70, 3, 4, 1, 70, 0),
         (5, 90, 2, 2, 16, 40),
         (3, 10, 2, 1, 256, 0),
+        // Decoding over long contexts splits them into ranges; a window empties some.
+        (2, 300, 8, 2, 128, 0),
+        (1, 1000, 4, 4, 64, 100),
     ] {
         for ct in [WeightType::F32, WeightType::F16] {
             let ctx = start + t;
@@ -442,6 +445,27 @@ fn topk_matches_cpu_router() {
         scaling_factor: 1.8,
         ..base.clone()
     });
+    // Qwen3-MoE's and DeepSeek-V3's routers: several experts per invocation.
+    let qwen3 = RouterConfig {
+        n_experts: 128,
+        top_k: 8,
+        norm_topk_prob: true,
+        ..base.clone()
+    };
+    let groups = Some(GroupLimit {
+        n_group: 8,
+        topk_group: 4,
+        group_score: GroupScore::Top2Sum,
+    });
+    let v3 = RouterConfig {
+        n_experts: 256,
+        scoring: Scoring::Sigmoid,
+        correction_bias: true,
+        groups,
+        scaling_factor: 2.5,
+        ..qwen3.clone()
+    };
+    cases.extend([qwen3, v3]);
     cases.push(RouterConfig {
         n_experts: 60,
         top_k: 4,
@@ -730,6 +754,7 @@ fn mla_attention_matches_unabsorbed_reference() {
         (9, 0, 4, 22, 12, 10, 14),
         (1, 100, 3, 70, 5, 6, 9),
         (3, 4, 2, 512, 16, 64, 8),
+        (2, 260, 2, 64, 8, 16, 8),
     ] {
         for ct in [WeightType::F32, WeightType::F16] {
             let ctx = start + t;

@@ -1,10 +1,22 @@
-struct P { n_tokens: u32, start_pos: u32, n_heads: u32, n_kv_heads: u32, hd: u32, window: u32, scale: f32, _a: u32 }
+// `span` > 0 splits the cached positions into `splits` ranges of `span` (flash decoding):
+// with `merge` = 0 each workgroup attends over one range of one row and head and writes
+// its partial softmax state to `part`; with `merge` = 1 one workgroup per row and head
+// combines those into `out`. A decoded token then keeps the device busy with
+// heads x splits workgroups instead of one per head walking the whole context.
+struct P {
+    n_tokens: u32, start_pos: u32, n_heads: u32, n_kv_heads: u32,
+    hd: u32, window: u32, scale: f32, span: u32,
+    splits: u32, merge: u32, _a: u32, _b: u32,
+}
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> q: array<f32>;
 // The caches, f32 or f16 (WTYPE): element i through load_word.
 @group(0) @binding(2) var<storage, read> kc: array<u32>;
 @group(0) @binding(3) var<storage, read> vc: array<u32>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
+// Partial states, hd + 2 values each (max score, denominator, weighted values), by row,
+// head and range.
+@group(0) @binding(5) var<storage, read_write> part: array<f32>;
 
 fn k_at(i: u32) -> f32 {
     return load_word(kc[word_index(i)], i);
@@ -32,18 +44,64 @@ fn weighted(a: f32, alpha: f32, d: u32, j0: u32, cnt: u32, stride: u32, base: u3
     return r;
 }
 
+fn put1(v: f32, d: u32, base: u32, to_part: bool) {
+    if (d < p.hd) {
+        if (to_part) {
+            part[base + d] = v;
+        } else {
+            out[base + d] = v;
+        }
+    }
+}
+
+// Writes the vec4's components, dims tid + 64 i below hd, to `part` or `out` from `base`.
+fn put4(o: vec4<f32>, base: u32, tid: u32, to_part: bool) {
+    put1(o.x, tid, base, to_part);
+    put1(o.y, tid + 64u, base, to_part);
+    put1(o.z, tid + 128u, base, to_part);
+    put1(o.w, tid + 192u, base, to_part);
+}
+
+// Combines the ranges' partial states of one row and head into its output.
+fn merge(row: u32, tid: u32, obase: u32) {
+    let stride = p.hd + 2u;
+    let first = row * p.splits * stride;
+    var mx = NEG_BIG;
+    for (var s = 0u; s < p.splits; s++) {
+        mx = max(mx, part[first + s * stride]);
+    }
+    var den = 0.0;
+    for (var s = 0u; s < p.splits; s++) {
+        den += part[first + s * stride + 1u] * exp(part[first + s * stride] - mx);
+    }
+    for (var d = tid; d < p.hd; d += 64u) {
+        var a = 0.0;
+        for (var s = 0u; s < p.splits; s++) {
+            let b = first + s * stride;
+            a += part[b + 2u + d] * exp(part[b] - mx);
+        }
+        out[obase + d] = a / den;
+    }
+}
+
 // Causal attention of one query row and head over the device KV cache (GQA: kv head =
 // head / group), 64 cached positions at a time with an online softmax, so prefill and
 // decode share one kernel and the context length is unbounded.
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l: vec3<u32>) {
-    let head = wg.x;
+    let head = wg.x % p.n_heads;
+    let split = wg.x / p.n_heads;
     let t = wg.y;
     let tid = l.x;
     let hd = p.hd;
     let kvh = head / (p.n_heads / p.n_kv_heads);
     let kv_w = p.n_kv_heads * hd;
     let qbase = t * p.n_heads * hd + head * hd;
+    let row = t * p.n_heads + head;
+    if (p.merge != 0u) {
+        merge(row, tid, qbase);
+        return;
+    }
     for (var d = tid; d < hd; d += 64u) {
         qs[d] = q[qbase + d];
     }
@@ -53,13 +111,19 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l: v
     if (p.window > 0u && pos + 1u > p.window) {
         lo = pos + 1u - p.window;
     }
+    // This workgroup's positions: lo..=last, all of them unless split into ranges.
+    var last = pos;
+    if (p.span > 0u) {
+        lo = max(lo, split * p.span);
+        last = min(pos, (split + 1u) * p.span - 1u);
+    }
     var m = NEG_BIG;
     var den = 0.0;
     var acc = vec4<f32>(0.0);
-    for (var j0 = lo; j0 <= pos; j0 += 64u) {
+    for (var j0 = lo; j0 <= last; j0 += 64u) {
         let j = j0 + tid;
         var s = NEG_BIG;
-        if (j <= pos) {
+        if (j <= last) {
             let kb = j * kv_w + kvh * hd;
             var dot = 0.0;
             for (var d = 0u; d < hd; d++) {
@@ -70,12 +134,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l: v
         let new_m = max(m, reduce_max(s, tid));
         let alpha = exp(m - new_m);
         var pr = 0.0;
-        if (j <= pos) {
+        if (j <= last) {
             pr = exp(s - new_m);
         }
         sc[tid] = pr;
         den = den * alpha + reduce_sum(pr, tid);
-        let cnt = min(64u, pos + 1u - j0);
+        let cnt = min(64u, last + 1u - j0);
         let vb = kvh * hd;
         acc = vec4<f32>(
             weighted(acc.x, alpha, tid, j0, cnt, kv_w, vb),
@@ -86,17 +150,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l: v
         m = new_m;
         workgroupBarrier();
     }
-    let o = acc / den;
-    if (tid < hd) {
-        out[qbase + tid] = o.x;
+    if (p.span == 0u) {
+        put4(acc / den, qbase, tid, false);
+        return;
     }
-    if (tid + 64u < hd) {
-        out[qbase + tid + 64u] = o.y;
+    let pbase = (row * p.splits + split) * (hd + 2u);
+    if (tid == 0u) {
+        part[pbase] = m;
+        part[pbase + 1u] = den;
     }
-    if (tid + 128u < hd) {
-        out[qbase + tid + 128u] = o.z;
-    }
-    if (tid + 192u < hd) {
-        out[qbase + tid + 192u] = o.w;
-    }
+    put4(acc, pbase + 2u, tid, true);
 }

@@ -1,4 +1,12 @@
-struct P { n_tokens: u32, start_pos: u32, n_heads: u32, l: u32, nope: u32, rd: u32, vd: u32, scale: f32 }
+// `span` > 0 splits the cached positions into `splits` ranges as attention.wgsl does: with
+// `merge` = 0 each workgroup writes one range's partial state (max score, denominator,
+// weighted latents) to `part`, with `merge` = 1 one per row and head combines them and
+// projects the latent output.
+struct P {
+    n_tokens: u32, start_pos: u32, n_heads: u32, l: u32,
+    nope: u32, rd: u32, vd: u32, scale: f32,
+    span: u32, splits: u32, merge: u32, _a: u32,
+}
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> q: array<f32>;
 // The caches, f32 or f16 (WTYPE): element i through load_word.
@@ -7,6 +15,7 @@ struct P { n_tokens: u32, start_pos: u32, n_heads: u32, l: u32, nope: u32, rd: u
 // kv_b_proj [n_heads * (nope + vd), l]: per head W_UK [nope, l] then W_UV [vd, l].
 @group(0) @binding(4) var<storage, read> wkvb: array<f32>;
 @group(0) @binding(5) var<storage, read_write> out: array<f32>;
+@group(0) @binding(6) var<storage, read_write> part: array<f32>;
 
 fn lat_at(i: u32) -> f32 {
     return load_word(lat[word_index(i)], i);
@@ -30,19 +39,44 @@ fn weighted(a: f32, alpha: f32, c: u32, j0: u32, cnt: u32) -> f32 {
     return r;
 }
 
-// Writes the latent output o (dims tid + 64 i) over q_lat in workgroup memory.
-fn put_latent(o: vec4<f32>, c0: u32) {
-    if (c0 < p.l) {
-        ql[c0] = o.x;
+fn put1(v: f32, c: u32, base: u32, to_part: bool) {
+    if (c < p.l) {
+        if (to_part) {
+            part[base + c] = v;
+        } else {
+            ql[c] = v;
+        }
     }
-    if (c0 + 64u < p.l) {
-        ql[c0 + 64u] = o.y;
+}
+
+// Writes latents o (dims c0 + 64 i) over q_lat in workgroup memory, or to `part` from base.
+fn put_latent(o: vec4<f32>, c0: u32, base: u32, to_part: bool) {
+    put1(o.x, c0, base, to_part);
+    put1(o.y, c0 + 64u, base, to_part);
+    put1(o.z, c0 + 128u, base, to_part);
+    put1(o.w, c0 + 192u, base, to_part);
+}
+
+// Combines the ranges' partial states of one row and head into the latent output, over
+// q_lat in workgroup memory.
+fn merge(row: u32, tid: u32) {
+    let stride = p.l + 2u;
+    let first = row * p.splits * stride;
+    var mx = NEG_BIG;
+    for (var s = 0u; s < p.splits; s++) {
+        mx = max(mx, part[first + s * stride]);
     }
-    if (c0 + 128u < p.l) {
-        ql[c0 + 128u] = o.z;
+    var den = 0.0;
+    for (var s = 0u; s < p.splits; s++) {
+        den += part[first + s * stride + 1u] * exp(part[first + s * stride] - mx);
     }
-    if (c0 + 192u < p.l) {
-        ql[c0 + 192u] = o.w;
+    for (var c = tid; c < p.l; c += 64u) {
+        var a = 0.0;
+        for (var s = 0u; s < p.splits; s++) {
+            let b = first + s * stride;
+            a += part[b + 2u + c] * exp(part[b] - mx);
+        }
+        ql[c] = a / den;
     }
 }
 
@@ -55,13 +89,39 @@ var<workgroup> sc: array<f32, 64>;
 // cached latents c_j, online softmax, out = W_UV (Σ p_j c_j).
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) li: vec3<u32>) {
-    let head = wg.x;
+    let head = wg.x % p.n_heads;
+    let split = wg.x / p.n_heads;
     let t = wg.y;
     let tid = li.x;
     let l = p.l;
+    let wbase = head * (p.nope + p.vd) * l;
+    let row = t * p.n_heads + head;
+    if (p.merge != 0u) {
+        merge(row, tid);
+    } else {
+        attend(t, head, row, split, tid, wbase);
+        if (p.span > 0u) {
+            return;
+        }
+    }
+    workgroupBarrier();
+    let obase = t * p.n_heads * p.vd + head * p.vd;
+    for (var vi = tid; vi < p.vd; vi += 64u) {
+        var s = 0.0;
+        let wrow = wbase + (p.nope + vi) * l;
+        for (var c = 0u; c < l; c++) {
+            s += wkvb[wrow + c] * ql[c];
+        }
+        out[obase + vi] = s;
+    }
+}
+
+// Attention of query row t and `head` (partial-state row `row`) over its cached positions (those of range `split` when
+// split): the latent output over q_lat, or the range's partial state into `part`.
+fn attend(t: u32, head: u32, row: u32, split: u32, tid: u32, wbase: u32) {
+    let l = p.l;
     let qk = p.nope + p.rd;
     let qbase = t * p.n_heads * qk + head * qk;
-    let wbase = head * (p.nope + p.vd) * l;
     for (var c = tid; c < l; c += 64u) {
         var s = 0.0;
         for (var d = 0u; d < p.nope; d++) {
@@ -74,14 +134,21 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) li: 
     }
     workgroupBarrier();
     let pos = p.start_pos + t;
+    // This workgroup's positions: first..=last, all of them unless split into ranges.
+    var first = 0u;
+    var last = pos;
+    if (p.span > 0u) {
+        first = split * p.span;
+        last = min(pos, (split + 1u) * p.span - 1u);
+    }
     var m = NEG_BIG;
     var den = 0.0;
     var lo = vec4<f32>(0.0);
     var hi = vec4<f32>(0.0);
-    for (var j0 = 0u; j0 <= pos; j0 += 64u) {
+    for (var j0 = first; j0 <= last; j0 += 64u) {
         let j = j0 + tid;
         var s = NEG_BIG;
-        if (j <= pos) {
+        if (j <= last) {
             var dot = 0.0;
             for (var c = 0u; c < l; c++) {
                 dot += ql[c] * lat_at(j * l + c);
@@ -94,12 +161,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) li: 
         let new_m = max(m, reduce_max(s, tid));
         let alpha = exp(m - new_m);
         var pr = 0.0;
-        if (j <= pos) {
+        if (j <= last) {
             pr = exp(s - new_m);
         }
         sc[tid] = pr;
         den = den * alpha + reduce_sum(pr, tid);
-        let cnt = min(64u, pos + 1u - j0);
+        let cnt = min(64u, last + 1u - j0);
         lo = vec4<f32>(
             weighted(lo.x, alpha, tid, j0, cnt),
             weighted(lo.y, alpha, tid + 64u, j0, cnt),
@@ -115,17 +182,17 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) li: 
         m = new_m;
         workgroupBarrier();
     }
-    // The latent output replaces q_lat in workgroup memory.
-    put_latent(lo / den, tid);
-    put_latent(hi / den, tid + 256u);
-    workgroupBarrier();
-    let obase = t * p.n_heads * p.vd + head * p.vd;
-    for (var vi = tid; vi < p.vd; vi += 64u) {
-        var s = 0.0;
-        let wrow = wbase + (p.nope + vi) * l;
-        for (var c = 0u; c < l; c++) {
-            s += wkvb[wrow + c] * ql[c];
-        }
-        out[obase + vi] = s;
+    if (p.span == 0u) {
+        // The latent output replaces q_lat in workgroup memory.
+        put_latent(lo / den, tid, 0u, false);
+        put_latent(hi / den, tid + 256u, 0u, false);
+        return;
     }
+    let pbase = (row * p.splits + split) * (l + 2u);
+    if (tid == 0u) {
+        part[pbase] = m;
+        part[pbase + 1u] = den;
+    }
+    put_latent(lo, tid, pbase + 2u, true);
+    put_latent(hi, tid + 256u, pbase + 2u, true);
 }

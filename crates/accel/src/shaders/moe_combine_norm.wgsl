@@ -7,9 +7,15 @@ struct P { tokens: u32, hidden: u32, k: u32, eps: f32 }
 @group(0) @binding(5) var<storage, read> gain: array<f32>;
 @group(0) @binding(6) var<storage, read_write> normed: array<f32>;
 
+// The token's expert weights and rows of `y`, read once into workgroup memory: the column
+// loop then issues its k loads of `y` back to back (a decoded token is one workgroup, so
+// its loads' latency is the kernel's time).
+var<workgroup> wk: array<f32, 64>;
+var<workgroup> rowk: array<u32, 64>;
+
 // `moe_combine.wgsl` (the same sums in the same order), then the next layer's RMSNorm of
-// each updated row into `normed`, in one pass: one workgroup per token. Each invocation
-// reads back only the values it wrote.
+// each updated row into `normed`, in one pass: one workgroup per token (k at most 64).
+// Each invocation reads back only the values it wrote.
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_id) l: vec3<u32>) {
@@ -18,11 +24,16 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         return;
     }
     let base = t * p.hidden;
+    if (l.x < p.k) {
+        wk[l.x] = weights[t * p.k + l.x];
+        rowk[l.x] = pair_of[t * p.k + l.x] * p.hidden;
+    }
+    workgroupBarrier();
     var sq = 0.0;
     for (var c = l.x; c < p.hidden; c += 64u) {
         var s = 0.0;
         for (var j = 0u; j < p.k; j++) {
-            s += weights[t * p.k + j] * y[pair_of[t * p.k + j] * p.hidden + c];
+            s += wk[j] * y[rowk[j] + c];
         }
         let v = out[base + c] + s;
         out[base + c] = v;

@@ -9,55 +9,102 @@ struct P {
 @group(0) @binding(3) var<storage, read_write> ids: array<u32>;
 @group(0) @binding(4) var<storage, read_write> weights: array<f32>;
 
-const MAX_E: u32 = 256u;
 // Below every score and below the masked value of excluded groups.
 const TAKEN: f32 = -3.4e38;
 
-// One invocation per token: scores (softmax or sigmoid), bias-corrected choice, optional
+// One token's scores, choices (scores + bias, masked and taken as the steps go), group
+// scores and kept groups: experts are spread over the workgroup, e = invocation + 64 i.
+var<workgroup> sw: array<f32, 256>;
+var<workgroup> cw: array<f32, 256>;
+var<workgroup> gsc: array<f32, 256>;
+var<workgroup> keep: array<u32, 256>;
+var<workgroup> best_v: array<f32, 64>;
+var<workgroup> best_i: array<u32, 64>;
+
+// The expert with the largest choice, ties to the lower index (0 when every one is taken),
+// as the CPU router's scan finds it: each invocation's best of its experts, then a
+// halving tree.
+fn argmax(tid: u32, n: u32) -> u32 {
+    var v = TAKEN;
+    var b = 0xffffffffu;
+    for (var e = tid; e < n; e += 64u) {
+        if (cw[e] > v) {
+            v = cw[e];
+            b = e;
+        }
+    }
+    best_v[tid] = v;
+    best_i[tid] = b;
+    workgroupBarrier();
+    for (var off = 32u; off > 0u; off >>= 1u) {
+        if (tid < off) {
+            let ov = best_v[tid + off];
+            let oi = best_i[tid + off];
+            if (ov > best_v[tid] || (ov == best_v[tid] && oi < best_i[tid])) {
+                best_v[tid] = ov;
+                best_i[tid] = oi;
+            }
+        }
+        workgroupBarrier();
+    }
+    let r = best_i[0];
+    workgroupBarrier();
+    return select(r, 0u, r == 0xffffffffu);
+}
+
+// One workgroup per token: scores (softmax or sigmoid), bias-corrected choice, optional
 // group-limited selection (max or top-2 sum per group), top-k with ties to the lower index,
-// renormalisation and scaling; the same steps as the CPU router, in the same order.
+// renormalisation and scaling; the CPU router's steps (the softmax's sums reduced in a
+// tree rather than in expert order).
 @compute @workgroup_size(64)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let t = linear_id(gid, nwg);
+fn main(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_id) li: vec3<u32>,
+) {
+    let t = wg.y * nwg.x + wg.x;
     if (t >= p.tokens) {
         return;
     }
+    let tid = li.x;
     let n = p.n_experts;
     let base = t * n;
-    var scores: array<f32, MAX_E>;
-    var choice: array<f32, MAX_E>;
     if (p.sigmoid != 0u) {
-        for (var e = 0u; e < n; e++) {
-            scores[e] = 1.0 / (1.0 + exp(-logits[base + e]));
+        for (var e = tid; e < n; e += 64u) {
+            sw[e] = 1.0 / (1.0 + exp(-logits[base + e]));
         }
     } else {
         var mx = NEG_BIG;
-        for (var e = 0u; e < n; e++) {
+        for (var e = tid; e < n; e += 64u) {
             mx = max(mx, logits[base + e]);
         }
+        mx = reduce_max(mx, tid);
         var sum = 0.0;
-        for (var e = 0u; e < n; e++) {
-            scores[e] = exp(logits[base + e] - mx);
-            sum += scores[e];
+        for (var e = tid; e < n; e += 64u) {
+            let v = exp(logits[base + e] - mx);
+            sw[e] = v;
+            sum += v;
         }
-        for (var e = 0u; e < n; e++) {
-            scores[e] /= sum;
+        sum = reduce_sum(sum, tid);
+        for (var e = tid; e < n; e += 64u) {
+            sw[e] /= sum;
         }
     }
-    for (var e = 0u; e < n; e++) {
-        choice[e] = scores[e];
+    for (var e = tid; e < n; e += 64u) {
+        var c = sw[e];
         if (p.has_bias != 0u) {
-            choice[e] += bias[e];
+            c += bias[e];
         }
+        cw[e] = c;
     }
+    workgroupBarrier();
     if (p.n_group > 1u) {
         let size = n / p.n_group;
-        var gscore: array<f32, MAX_E>;
-        for (var g = 0u; g < p.n_group; g++) {
+        for (var g = tid; g < p.n_group; g += 64u) {
             var a = NEG_BIG;
             var b = NEG_BIG;
             for (var e = g * size; e < (g + 1u) * size; e++) {
-                let v = choice[e];
+                let v = cw[e];
                 if (v > a) {
                     b = a;
                     a = v;
@@ -66,46 +113,49 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
                 }
             }
             if (p.top2 != 0u && size > 1u) {
-                gscore[g] = a + b;
+                gsc[g] = a + b;
             } else {
-                gscore[g] = a;
+                gsc[g] = a;
             }
-        }
-        var keep: array<u32, MAX_E>;
-        for (var g = 0u; g < p.n_group; g++) {
             keep[g] = 0u;
         }
-        for (var r = 0u; r < p.topk_group; r++) {
-            var best = 0u;
-            var bv = TAKEN;
-            for (var g = 0u; g < p.n_group; g++) {
-                if (keep[g] == 0u && gscore[g] > bv) {
-                    bv = gscore[g];
-                    best = g;
+        workgroupBarrier();
+        if (tid == 0u) {
+            for (var r = 0u; r < p.topk_group; r++) {
+                var best = 0u;
+                var bv = TAKEN;
+                for (var g = 0u; g < p.n_group; g++) {
+                    if (keep[g] == 0u && gsc[g] > bv) {
+                        bv = gsc[g];
+                        best = g;
+                    }
                 }
+                keep[best] = 1u;
             }
-            keep[best] = 1u;
         }
-        for (var e = 0u; e < n; e++) {
+        workgroupBarrier();
+        for (var e = tid; e < n; e += 64u) {
             if (keep[e / size] == 0u) {
-                choice[e] = NEG_BIG;
+                cw[e] = NEG_BIG;
             }
         }
+        workgroupBarrier();
+    }
+    for (var r = 0u; r < p.k; r++) {
+        let best = argmax(tid, n);
+        if (tid == 0u) {
+            cw[best] = TAKEN;
+            ids[t * p.k + r] = best;
+            weights[t * p.k + r] = sw[best];
+        }
+        workgroupBarrier();
+    }
+    if (tid != 0u) {
+        return;
     }
     var sum = 0.0;
     for (var r = 0u; r < p.k; r++) {
-        var best = 0u;
-        var bv = TAKEN;
-        for (var e = 0u; e < n; e++) {
-            if (choice[e] > bv) {
-                bv = choice[e];
-                best = e;
-            }
-        }
-        choice[best] = TAKEN;
-        ids[t * p.k + r] = best;
-        weights[t * p.k + r] = scores[best];
-        sum += scores[best];
+        sum += weights[t * p.k + r];
     }
     if (p.sigmoid != 0u) {
         sum += 1e-20;

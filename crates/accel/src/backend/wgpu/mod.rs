@@ -15,6 +15,7 @@
 //! wgpu's default of panicking.
 
 mod adapter;
+mod attention;
 mod buffers;
 mod clock;
 mod ops;
@@ -62,6 +63,8 @@ pub struct WgpuDevice {
     pool: Arc<Mutex<Pool>>,
     error: Arc<Mutex<Option<String>>>,
     dummy: wgpu::Buffer,
+    /// Attention's partial states when it splits the context (`attention`).
+    partials: Mutex<Option<wgpu::Buffer>>,
 }
 
 impl WgpuDevice {
@@ -141,6 +144,7 @@ impl WgpuDevice {
             pool: Arc::new(Mutex::new(Pool::new(opts.vram_budget.unwrap_or(u64::MAX)))),
             error,
             dummy,
+            partials: Mutex::new(None),
         })
     }
 

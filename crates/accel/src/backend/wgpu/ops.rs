@@ -480,102 +480,6 @@ impl WgpuDevice {
         self.dispatch("head_norm_rope", WeightType::F32, &params, &buffers, groups)
     }
 
-    /// [`Op::Attention`]; `buffers` is `[q, k, v, out]`, `dims` is `[n_tokens, start_pos,
-    /// n_heads, n_kv_heads, head_dim, window]`.
-    fn attention(
-        &self,
-        buffers: [&Buffer; 4],
-        cache: WeightType,
-        dims: [u32; 6],
-        scale: f32,
-    ) -> Result<()> {
-        let [q, k, v, out] = buffers;
-        let [n_tokens, _, n_heads, n_kv_heads, head_dim, _] = dims;
-        if head_dim > 256 || n_kv_heads == 0 || n_heads % n_kv_heads != 0 {
-            return Err(Error::Shape {
-                op: "attention",
-                message: format!(
-                    "head_dim {head_dim} (at most 256), {n_heads} heads over {n_kv_heads} kv heads"
-                ),
-            });
-        }
-        self.dispatch_attention(
-            "attention",
-            cache,
-            &[
-                (q, "queries"),
-                (k, "key cache"),
-                (v, "value cache"),
-                (out, "attention output"),
-            ],
-            &dims,
-            scale,
-            (n_heads, n_tokens),
-        )
-    }
-
-    /// [`Op::MlaAttention`]; `buffers` is `[q, latent, k_rope, kv_b, out]`, `dims` is
-    /// `[n_tokens, start_pos, n_heads, kv_lora, nope, rope, v_dim]`.
-    fn mla_attention(
-        &self,
-        buffers: [&Buffer; 5],
-        cache: WeightType,
-        dims: [u32; 7],
-        scale: f32,
-    ) -> Result<()> {
-        let [q, latent, k_rope, kv_b, out] = buffers;
-        let [n_tokens, _, n_heads, kv_lora, _, rope, _] = dims;
-        if kv_lora > 512 || rope > 64 {
-            return Err(Error::Shape {
-                op: "mla attention",
-                message: format!(
-                    "latent rank {kv_lora} (at most 512), rotary dims {rope} (at most 64)"
-                ),
-            });
-        }
-        self.dispatch_attention(
-            "mla_attention",
-            cache,
-            &[
-                (q, "queries"),
-                (latent, "latent cache"),
-                (k_rope, "rotary key cache"),
-                (kv_b, "kv_b_proj"),
-                (out, "attention output"),
-            ],
-            &dims,
-            scale,
-            (n_heads, n_tokens),
-        )
-    }
-
-    /// Dispatches an attention kernel over `groups` (one workgroup per head and token) for
-    /// caches stored as `cache` (the kernel's WTYPE): its uniform words are the op's `dims`
-    /// then the softmax `scale`, its bindings `buffers` in order, each one binding (named in
-    /// the error when it is not).
-    fn dispatch_attention(
-        &self,
-        kernel: &'static str,
-        cache: WeightType,
-        buffers: &[(&Buffer, &str)],
-        dims: &[u32],
-        scale: f32,
-        groups: (u32, u32),
-    ) -> Result<()> {
-        let params: Vec<u32> = dims.iter().copied().chain([f(scale)]).collect();
-        let bindings = buffers
-            .iter()
-            .map(|&(b, what)| self.single(b, what))
-            .collect::<Result<Vec<_>>>()?;
-        if !matches!(cache, WeightType::F32 | WeightType::F16) {
-            return Err(Error::Unsupported(format!(
-                "{kernel} over a {} cache",
-                cache.name()
-            )));
-        }
-        self.dispatch(kernel, cache, &params, &bindings, groups)
-    }
-
     /// [`Op::SiluMul`]: the elementwise kernel's mode 0.
     fn silu_mul(&self, x: &Buffer, y: &Buffer, n: u32) -> Result<()> {
         self.dispatch(
@@ -638,7 +542,7 @@ impl WgpuDevice {
                 self.single(ids, "expert ids")?,
                 self.single(weights, "expert weights")?,
             ],
-            linear_groups(tokens as u64),
+            rows_groups(tokens),
         )
     }
 
@@ -755,6 +659,12 @@ impl WgpuDevice {
             let params = [tokens, hidden, k];
             return self.dispatch("moe_combine", WeightType::F32, &params, &bound, groups);
         };
+        if k > 64 {
+            return Err(Error::Shape {
+                op: "moe combine with norm",
+                message: format!("{k} experts per token (at most 64)"),
+            });
+        }
         bound.push(self.single(gain, "norm weight")?);
         bound.push(self.single(normed, "norm output")?);
         let params = [tokens, hidden, k, f(eps)];
