@@ -187,11 +187,12 @@ pub fn run(mut args: GenerateArgs) -> anyhow::Result<()> {
 fn print_traffic(dev: &dyn strata_accel::Device, decode: strata_accel::Traffic, tokens: usize) {
     let per = |n: u64| n as f64 / tokens.max(1) as f64;
     eprintln!(
-        "[{}: {:.1} MiB resident; per decoded token ({tokens}): {:.1} submissions, {:.0} dispatches recorded in {:.2} ms and submitted in {:.2} ms of host time, {:.1} host round trips, {:.1} KiB up, {:.1} KiB down]",
+        "[{}: {:.1} MiB resident; per decoded token ({tokens}): {:.1} submissions, {:.0} dispatches ({:.1} new bind groups) recorded in {:.2} ms and submitted in {:.2} ms of host time, {:.1} host round trips, {:.1} KiB up, {:.1} KiB down]",
         dev.info().name,
         dev.memory().live as f64 / (1u64 << 20) as f64,
         per(decode.submissions),
         per(decode.dispatches),
+        per(decode.bind_groups),
         per(decode.record_ns) / 1e6,
         per(decode.submit_ns) / 1e6,
         per(decode.downloads),

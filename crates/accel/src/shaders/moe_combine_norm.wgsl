@@ -7,15 +7,25 @@ struct P { tokens: u32, hidden: u32, k: u32, eps: f32 }
 @group(0) @binding(5) var<storage, read> gain: array<f32>;
 @group(0) @binding(6) var<storage, read_write> normed: array<f32>;
 
-// The token's expert weights and rows of `y`, read once into workgroup memory: the column
-// loop then issues its k loads of `y` back to back (a decoded token is one workgroup, so
-// its loads' latency is the kernel's time).
+// The token's expert weights and rows of `y`, read once into workgroup memory.
 var<workgroup> wk: array<f32, 64>;
 var<workgroup> rowk: array<u32, 64>;
 
+// Adds the experts' weighted outputs to column c of the row at `base` (`moe_combine.wgsl`'s
+// sum, in routing order) and returns the new value; c past the row is left alone (0).
+fn store_combined(base: u32, c: u32, s: f32) -> f32 {
+    if (c >= p.hidden) {
+        return 0.0;
+    }
+    let v = out[base + c] + s;
+    out[base + c] = v;
+    return v;
+}
+
 // `moe_combine.wgsl` (the same sums in the same order), then the next layer's RMSNorm of
-// each updated row into `normed`, in one pass: one workgroup per token (k at most 64).
-// Each invocation reads back only the values it wrote.
+// each updated row into `normed`, in one pass: one workgroup per token (k at most 64), each
+// invocation four columns 64 apart at a time, so a decoded token's single workgroup has
+// four independent sums in flight. Each invocation reads back only the values it wrote.
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_id) l: vec3<u32>) {
@@ -29,17 +39,25 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         rowk[l.x] = pair_of[t * p.k + l.x] * p.hidden;
     }
     workgroupBarrier();
-    var sq = 0.0;
-    for (var c = l.x; c < p.hidden; c += 64u) {
-        var s = 0.0;
+    var sq = vec4<f32>(0.0);
+    for (var c = l.x; c < p.hidden; c += 256u) {
+        let cs = vec4<u32>(c, c + 64u, c + 128u, c + 192u);
+        // Columns past the row read the last one and are not stored.
+        let at = min(cs, vec4<u32>(p.hidden - 1u));
+        var s = vec4<f32>(0.0);
         for (var j = 0u; j < p.k; j++) {
-            s += wk[j] * y[rowk[j] + c];
+            let r = rowk[j];
+            s += wk[j] * vec4<f32>(y[r + at.x], y[r + at.y], y[r + at.z], y[r + at.w]);
         }
-        let v = out[base + c] + s;
-        out[base + c] = v;
+        let v = vec4<f32>(
+            store_combined(base, cs.x, s.x),
+            store_combined(base, cs.y, s.y),
+            store_combined(base, cs.z, s.z),
+            store_combined(base, cs.w, s.w),
+        );
         sq += v * v;
     }
-    let inv = rms_factor(sq, l.x, p.hidden, p.eps);
+    let inv = rms_factor(sq.x + sq.y + sq.z + sq.w, l.x, p.hidden, p.eps);
     for (var c = l.x; c < p.hidden; c += 64u) {
         normed[base + c] = out[base + c] * inv * gain[c];
     }

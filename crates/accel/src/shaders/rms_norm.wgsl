@@ -6,6 +6,20 @@ struct P { rows: u32, dim: u32, eps: f32, has_residual: u32 }
 // The residual added into x first, when `has_residual` (else a dummy, never read).
 @group(0) @binding(4) var<storage, read> y: array<f32>;
 
+// The square of element i of the row at `base` after the residual is added (written back);
+// 0 past the row.
+fn summed(base: u32, i: u32) -> f32 {
+    if (i >= p.dim) {
+        return 0.0;
+    }
+    var v = x[base + i];
+    if (p.has_residual != 0u) {
+        v += y[base + i];
+        x[base + i] = v;
+    }
+    return v * v;
+}
+
 // One workgroup per row: x += y when there is a residual (written back), then
 // out = x * w / sqrt(mean(x^2) + eps). Each invocation reads back only the sums it wrote.
 @compute @workgroup_size(64)
@@ -16,16 +30,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         return;
     }
     let base = row * p.dim;
-    var s = 0.0;
-    for (var i = l.x; i < p.dim; i += 64u) {
-        var v = x[base + i];
-        if (p.has_residual != 0u) {
-            v += y[base + i];
-            x[base + i] = v;
-        }
-        s += v * v;
+    // Four values 64 apart at a time, their loads independent: a decoded token's row is a
+    // single workgroup, whose loads' latency is the kernel's time.
+    var s = vec4<f32>(0.0);
+    for (var i = l.x; i < p.dim; i += 256u) {
+        s += vec4<f32>(summed(base, i), summed(base, i + 64u), summed(base, i + 128u),
+                       summed(base, i + 192u));
     }
-    let inv = rms_factor(s, l.x, p.dim, p.eps);
+    let inv = rms_factor(s.x + s.y + s.z + s.w, l.x, p.dim, p.eps);
     for (var i = l.x; i < p.dim; i += 64u) {
         out[base + i] = x[base + i] * inv * w[i];
     }

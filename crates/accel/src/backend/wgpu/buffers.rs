@@ -291,11 +291,7 @@ impl WgpuDevice {
         self.check()?;
         let (device, errors) = (self.device.clone(), self.error.clone());
         let read = move || -> Result<Vec<u8>> {
-            if lock(&result).is_none() {
-                device
-                    .poll(wgpu::PollType::wait_indefinitely())
-                    .map_err(|e| Error::Device(e.to_string()))?;
-            }
+            super::poll_until(&device, || lock(&result).is_some())?;
             if let Some(e) = lock(&errors).take() {
                 return Err(Error::Device(e));
             }

@@ -4,6 +4,9 @@
 //! per dispatch slow a step down, so the totals say where device time goes, not how fast a
 //! step runs unprofiled.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use crate::{Error, KernelTimes, Result};
 
 /// Timestamps a submission can hold: two per timed dispatch.
@@ -88,10 +91,10 @@ impl KernelClock {
         }
         let bytes = kernels.len() as u64 * 16;
         let slice = self.read.slice(..bytes);
-        slice.map_async(wgpu::MapMode::Read, |_| {});
-        device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| Error::Device(format!("waiting for kernel timestamps: {e}")))?;
+        let mapped = Arc::new(AtomicBool::new(false));
+        let flag = mapped.clone();
+        slice.map_async(wgpu::MapMode::Read, move |_| flag.store(true, Ordering::Release));
+        super::poll_until(device, || mapped.load(Ordering::Acquire))?;
         let view = slice
             .get_mapped_range()
             .map_err(|e| Error::Device(format!("reading kernel timestamps: {e}")))?;

@@ -24,6 +24,7 @@ mod pipeline;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 pub use adapter::enumerate;
 use buffers::Pool;
@@ -37,6 +38,31 @@ use crate::{Error, Result};
 /// consistent).
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// How long a wait for submitted work polls before it is given up as never completing.
+const POLL_LIMIT: Duration = Duration::from_secs(60);
+
+/// Polls `device` until `done()`. A poll returns once the work submitted before it has
+/// finished, but the callback saying so may still be running on another thread that polled
+/// at the same time (the hybrid executor's threads all poll), so one poll is not enough.
+fn poll_until(device: &wgpu::Device, done: impl Fn() -> bool) -> Result<()> {
+    let start = Instant::now();
+    while !done() {
+        if start.elapsed() > POLL_LIMIT {
+            return Err(Error::Device(format!(
+                "submitted work did not complete within {} s",
+                POLL_LIMIT.as_secs()
+            )));
+        }
+        device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| Error::Device(e.to_string()))?;
+        if !done() {
+            std::thread::yield_now();
+        }
+    }
+    Ok(())
 }
 
 /// One wgpu device and its queue.
@@ -218,18 +244,8 @@ impl Device for WgpuDevice {
     }
 
     fn wait(&self, event: &Event) -> Result<()> {
-        if !event.is_done() {
-            self.device
-                .poll(wgpu::PollType::wait_indefinitely())
-                .map_err(|e| Error::Device(e.to_string()))?;
-        }
-        self.check()?;
-        if !event.is_done() {
-            return Err(Error::Device(
-                "waited for submitted work that never completed".into(),
-            ));
-        }
-        Ok(())
+        poll_until(&self.device, || event.is_done())?;
+        self.check()
     }
 
     fn poll(&self) -> Result<()> {
