@@ -16,7 +16,8 @@
 #      Q4_K at 512 tokens again through the row kernels (`--no-tiles`), and
 #      `strata bench moe` at one token (the CPU's read bandwidth, for the hybrid bound);
 #   4. `strata generate` on each GGUF, the 512-token prompt scripts/bench_prompt_512.txt
-#      and 128 greedy tokens: --device cpu, gpu, hybrid with ktransformers, smoe and
+#      and 128 greedy tokens, after a first --device gpu run that compiles the kernels
+#      (its prefill is a user's first run): --device cpu, gpu, hybrid with ktransformers, smoe and
 #      hybrimoe (the last two with an expert cache of a quarter of the experts), and smoe
 #      again over three tiers (the same device cache above a DRAM cache of another quarter,
 #      the rest read from the file), each under a time limit, with the md5 of each output
@@ -87,6 +88,11 @@ for shape in $shapes; do
     # file (embedding, LM head, attention, dense and shared layers), so a quarter of
     # (file - 0.7 GB) is close.
     quarter=$(( ($(stat -c %s "$gguf") - 700000000) / 4 ))
+    # The first device run on a machine compiles every kernel (the driver caches them for
+    # later runs): its prefill shows what a user's first run costs; the runs below are warm.
+    stamp "generate $shape, first device run (8 tokens, kernels compiled)"
+    timeout "$limit" "$bin" generate -m "$gguf" -p - -n 8 --temperature 0 --device gpu \
+        <scripts/bench_prompt_512.txt 2>&1 >/dev/null | grep '^\[load' | tee -a "$log"
     run "$shape.cpu" --device cpu
     run "$shape.gpu" --device gpu
     run "$shape.ktransformers" --device hybrid --policy ktransformers

@@ -2,10 +2,12 @@
 //! own limits measured in the same run.
 //!
 //! Limits: the copy bandwidth (a buffer-to-buffer copy, bytes read plus bytes written per
-//! second, as copy bandwidths are quoted), the upload bandwidth from host memory, and the
+//! second, as copy bandwidths are quoted), the streaming bandwidth of a compute kernel
+//! (`x += y`, two reads and a write per value), the upload bandwidth from host memory, and the
 //! arithmetic peak of fused multiply-adds in f32 and f16 ([`Op::FmaPeak`]). Kernels: the
 //! quantized matrix product ([`Op::Matmul`], 1, 8 and 512 rows) at Qwen3-30B-A3B's projection
-//! shapes, as weight bytes read per second against the copy bandwidth; the grouped expert
+//! shapes, as weight bytes read per second against the copy and streaming bandwidths; the
+//! grouped expert
 //! kernel ([`Op::ExpertFfn`], both stages) at T tokens routed uniformly over a layer's
 //! experts, as TFLOPS (`6 P H I` for P token-expert pairs) against the f16 peak and expert
 //! bytes read per second.
@@ -186,9 +188,14 @@ fn u32_bytes(v: &[u32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
-/// The device's limits: copy and upload bandwidth (bytes per second) and FMA peaks (FLOPS).
+/// The device's limits: copy, streaming and upload bandwidth (bytes per second) and FMA
+/// peaks (FLOPS).
 struct Limits {
     copy: f64,
+    /// A compute kernel's streaming bandwidth (`x += y` over 96 MiB each: two reads and a
+    /// write per value), the ceiling the weight kernels are compared with: on an H200 the
+    /// copy command moved 847 GB/s where HBM moves several TB/s.
+    stream: f64,
     upload: f64,
     f32_flops: f64,
     f16_flops: Option<f64>,
@@ -201,6 +208,21 @@ fn measure_limits(dev: &dyn Device, min_seconds: f64) -> anyhow::Result<Limits> 
         dev.alloc(len, 4, "copy dst")?,
     );
     let copy_s = time_launches(dev, min_seconds, |_| Ok(dev.copy(&src, 0, &dst, 0, len)?))?.device;
+    // Each operand in one binding (lavapipe's limit is 128 MiB), together far past any
+    // GPU's last-level cache.
+    let stream_len = 96u64 << 20;
+    let (x, y) = (
+        dev.alloc(stream_len, 0, "stream x")?,
+        dev.alloc(stream_len, 0, "stream y")?,
+    );
+    let add = Op::Add {
+        x: &x,
+        y: &y,
+        gate: None,
+        n: (stream_len / 4) as u32,
+        dim: 1,
+    };
+    let stream_s = time_launches(dev, min_seconds, |_| Ok(dev.enqueue(&add)?))?.device;
     let host = vec![1u8; len as usize];
     let start = Instant::now();
     dev.wait(&dev.upload(&dst, 0, &host)?)?;
@@ -235,6 +257,7 @@ fn measure_limits(dev: &dyn Device, min_seconds: f64) -> anyhow::Result<Limits> 
     };
     Ok(Limits {
         copy: 2.0 * len as f64 / copy_s,
+        stream: 3.0 * stream_len as f64 / stream_s,
         upload: len as f64 / upload_s,
         f32_flops,
         f16_flops,
@@ -417,6 +440,7 @@ pub fn run(args: BenchDeviceArgs) -> anyhow::Result<()> {
                     "submit_us": p.time.submit * 1e6,
                     "weight_gbps": p.bytes / p.time.device / 1e9,
                     "of_copy_bw": p.bytes / p.time.device / limits.copy,
+                    "of_stream_bw": p.bytes / p.time.device / limits.stream,
                     "tflops": p.flops / p.time.device / 1e12,
                     "of_f16_peak": limits.f16_flops.map(|f| p.flops / p.time.device / f),
                 })
@@ -426,7 +450,8 @@ pub fn run(args: BenchDeviceArgs) -> anyhow::Result<()> {
             "device": info.name, "backend": info.backend, "driver": info.driver,
             "subgroups": info.subgroups, "shader_f16": info.shader_f16,
             "tiles": !args.no_tiles,
-            "copy_gbps": limits.copy / 1e9, "upload_gbps": limits.upload / 1e9,
+            "copy_gbps": limits.copy / 1e9, "stream_gbps": limits.stream / 1e9,
+            "upload_gbps": limits.upload / 1e9,
             "f32_tflops": limits.f32_flops / 1e12,
             "f16_tflops": limits.f16_flops.map(|f| f / 1e12),
             "points": rows,
@@ -446,8 +471,9 @@ pub fn run(args: BenchDeviceArgs) -> anyhow::Result<()> {
         }
     );
     println!(
-        "limits: copy {:.0} GB/s (read + write), upload {:.1} GB/s, FMA f32 {:.1} TFLOPS, f16 {}",
+        "limits: copy {:.0} GB/s (read + write), stream {:.0} GB/s (a kernel's x += y), upload {:.1} GB/s, FMA f32 {:.1} TFLOPS, f16 {}",
         limits.copy / 1e9,
+        limits.stream / 1e9,
         limits.upload / 1e9,
         limits.f32_flops / 1e12,
         limits
@@ -455,7 +481,7 @@ pub fn run(args: BenchDeviceArgs) -> anyhow::Result<()> {
             .map_or("n/a".into(), |f| format!("{:.1} TFLOPS", f / 1e12)),
     );
     println!(
-        "| kernel | type | shape | device us | host us (record + submit) | weights GB/s (of copy) | TFLOPS (of f16 peak) |"
+        "| kernel | type | shape | device us | host us (record + submit) | weights GB/s (of copy, of stream) | TFLOPS (of f16 peak) |"
     );
     println!("|---|---|---|---|---|---|---|");
     for p in &points {
@@ -465,7 +491,7 @@ pub fn run(args: BenchDeviceArgs) -> anyhow::Result<()> {
             .f16_flops
             .map_or(String::new(), |f| format!(" ({:.1}%)", 100.0 * flops / f));
         println!(
-            "| {} | {} | {} | {:.1} | {:.1} + {:.1} | {:.1} ({:.1}%) | {:.3}{of_peak} |",
+            "| {} | {} | {} | {:.1} | {:.1} + {:.1} | {:.1} ({:.1}%, {:.1}%) | {:.3}{of_peak} |",
             p.kernel,
             p.wtype.name(),
             p.shape,
@@ -474,6 +500,7 @@ pub fn run(args: BenchDeviceArgs) -> anyhow::Result<()> {
             p.time.submit * 1e6,
             gbps / 1e9,
             100.0 * gbps / limits.copy,
+            100.0 * gbps / limits.stream,
             flops / 1e12,
         );
     }

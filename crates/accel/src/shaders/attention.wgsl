@@ -37,11 +37,40 @@ fn weighted(a: f32, alpha: f32, d: u32, j0: u32, cnt: u32, stride: u32, base: u3
     if (d >= p.hd) {
         return a;
     }
-    var r = a * alpha;
-    for (var jj = 0u; jj < cnt; jj++) {
-        r += sc[jj] * v_at((j0 + jj) * stride + base + d);
+    // Four positions a step with independent loads (their latency, not bandwidth, bounds
+    // a decoded token's few workgroups), then the rest.
+    let at = j0 * stride + base + d;
+    var r4 = vec4<f32>(0.0);
+    var jj = 0u;
+    for (; jj + 4u <= cnt; jj += 4u) {
+        let v = vec4<f32>(
+            v_at(at + jj * stride),
+            v_at(at + (jj + 1u) * stride),
+            v_at(at + (jj + 2u) * stride),
+            v_at(at + (jj + 3u) * stride),
+        );
+        r4 += vec4<f32>(sc[jj], sc[jj + 1u], sc[jj + 2u], sc[jj + 3u]) * v;
+    }
+    var r = a * alpha + (r4.x + r4.y + r4.z + r4.w);
+    for (; jj < cnt; jj++) {
+        r += sc[jj] * v_at(at + jj * stride);
     }
     return r;
+}
+
+// Query row (in `qs`) . key row at `kb`: four dims a step with independent loads.
+fn q_dot_k(kb: u32) -> f32 {
+    var d4 = vec4<f32>(0.0);
+    var d = 0u;
+    for (; d + 4u <= p.hd; d += 4u) {
+        let k = vec4<f32>(k_at(kb + d), k_at(kb + d + 1u), k_at(kb + d + 2u), k_at(kb + d + 3u));
+        d4 += vec4<f32>(qs[d], qs[d + 1u], qs[d + 2u], qs[d + 3u]) * k;
+    }
+    var dot = d4.x + d4.y + d4.z + d4.w;
+    for (; d < p.hd; d++) {
+        dot += qs[d] * k_at(kb + d);
+    }
+    return dot;
 }
 
 fn put1(v: f32, d: u32, base: u32, to_part: bool) {
@@ -125,11 +154,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l: v
         var s = NEG_BIG;
         if (j <= last) {
             let kb = j * kv_w + kvh * hd;
-            var dot = 0.0;
-            for (var d = 0u; d < hd; d++) {
-                dot += qs[d] * k_at(kb + d);
-            }
-            s = dot * p.scale;
+            s = q_dot_k(kb) * p.scale;
         }
         let new_m = max(m, reduce_max(s, tid));
         let alpha = exp(m - new_m);

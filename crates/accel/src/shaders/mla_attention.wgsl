@@ -1,7 +1,8 @@
-// `span` > 0 splits the cached positions into `splits` ranges as attention.wgsl does: with
-// `merge` = 0 each workgroup writes one range's partial state (max score, denominator,
-// weighted latents) to `part`, with `merge` = 1 one per row and head combines them and
-// projects the latent output.
+// `span` > 0 splits the cached positions into `splits` ranges as attention.wgsl does: first
+// `merge` = 2 absorbs each row and head's query into latent space (q_lat, after the partial
+// states in `part`; a workgroup per 64 latent dims), then with `merge` = 0 each workgroup
+// writes one range's partial state (max score, denominator, weighted latents) to `part`,
+// and with `merge` = 1 one per row and head combines them and projects the latent output.
 struct P {
     n_tokens: u32, start_pos: u32, n_heads: u32, l: u32,
     nope: u32, rd: u32, vd: u32, scale: f32,
@@ -32,11 +33,44 @@ fn weighted(a: f32, alpha: f32, c: u32, j0: u32, cnt: u32) -> f32 {
     if (c >= p.l) {
         return a;
     }
-    var r = a * alpha;
-    for (var jj = 0u; jj < cnt; jj++) {
-        r += sc[jj] * lat_at((j0 + jj) * p.l + c);
+    // Four positions a step with independent loads, then the rest (as attention.wgsl).
+    let at = j0 * p.l + c;
+    var r4 = vec4<f32>(0.0);
+    var jj = 0u;
+    for (; jj + 4u <= cnt; jj += 4u) {
+        let v = vec4<f32>(
+            lat_at(at + jj * p.l),
+            lat_at(at + (jj + 1u) * p.l),
+            lat_at(at + (jj + 2u) * p.l),
+            lat_at(at + (jj + 3u) * p.l),
+        );
+        r4 += vec4<f32>(sc[jj], sc[jj + 1u], sc[jj + 2u], sc[jj + 3u]) * v;
+    }
+    var r = a * alpha + (r4.x + r4.y + r4.z + r4.w);
+    for (; jj < cnt; jj++) {
+        r += sc[jj] * lat_at(at + jj * p.l);
     }
     return r;
+}
+
+// q_lat (in `ql`) . latent j plus q_rope (in `qr`) . rotary key j: four dims a step with
+// independent loads.
+fn score(j: u32) -> f32 {
+    let lb = j * p.l;
+    var d4 = vec4<f32>(0.0);
+    var c = 0u;
+    for (; c + 4u <= p.l; c += 4u) {
+        let v = vec4<f32>(lat_at(lb + c), lat_at(lb + c + 1u), lat_at(lb + c + 2u), lat_at(lb + c + 3u));
+        d4 += vec4<f32>(ql[c], ql[c + 1u], ql[c + 2u], ql[c + 3u]) * v;
+    }
+    var dot = d4.x + d4.y + d4.z + d4.w;
+    for (; c < p.l; c++) {
+        dot += ql[c] * lat_at(lb + c);
+    }
+    for (var d = 0u; d < p.rd; d++) {
+        dot += qr[d] * kr_at(j * p.rd + d);
+    }
+    return dot;
 }
 
 fn put1(v: f32, c: u32, base: u32, to_part: bool) {
@@ -87,6 +121,47 @@ var<workgroup> sc: array<f32, 64>;
 // Multi-head latent attention of one query row and head in latent space (DeepSeek's
 // weight absorption): q_lat = W_UKᵀ q_nope, scores q_lat . c_j + q_rope . k_rope_j over the
 // cached latents c_j, online softmax, out = W_UV (Σ p_j c_j).
+// Where row `row`'s q_lat starts in `part` when split: after every partial state.
+fn q_lat_at(row: u32) -> u32 {
+    return p.n_tokens * p.n_heads * p.splits * (p.l + 2u) + row * p.l;
+}
+
+// q_lat = W_UKᵀ q_nope for latent dim c of query row t and `head` (weights from `wbase`).
+fn absorbed(t: u32, head: u32, c: u32, wbase: u32) -> f32 {
+    let qbase = t * p.n_heads * (p.nope + p.rd) + head * (p.nope + p.rd);
+    var s4 = vec4<f32>(0.0);
+    var d = 0u;
+    for (; d + 4u <= p.nope; d += 4u) {
+        let w = vec4<f32>(
+            wkvb[wbase + d * p.l + c],
+            wkvb[wbase + (d + 1u) * p.l + c],
+            wkvb[wbase + (d + 2u) * p.l + c],
+            wkvb[wbase + (d + 3u) * p.l + c],
+        );
+        s4 += vec4<f32>(q[qbase + d], q[qbase + d + 1u], q[qbase + d + 2u], q[qbase + d + 3u]) * w;
+    }
+    var s = s4.x + s4.y + s4.z + s4.w;
+    for (; d < p.nope; d++) {
+        s += q[qbase + d] * wkvb[wbase + d * p.l + c];
+    }
+    return s;
+}
+
+// W_UV row at `wrow` . the latent output (over q_lat in `ql`): four dims a step.
+fn project(wrow: u32) -> f32 {
+    var s4 = vec4<f32>(0.0);
+    var c = 0u;
+    for (; c + 4u <= p.l; c += 4u) {
+        let w = vec4<f32>(wkvb[wrow + c], wkvb[wrow + c + 1u], wkvb[wrow + c + 2u], wkvb[wrow + c + 3u]);
+        s4 += w * vec4<f32>(ql[c], ql[c + 1u], ql[c + 2u], ql[c + 3u]);
+    }
+    var s = s4.x + s4.y + s4.z + s4.w;
+    for (; c < p.l; c++) {
+        s += wkvb[wrow + c] * ql[c];
+    }
+    return s;
+}
+
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) li: vec3<u32>) {
     let head = wg.x % p.n_heads;
@@ -96,6 +171,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) li: 
     let l = p.l;
     let wbase = head * (p.nope + p.vd) * l;
     let row = t * p.n_heads + head;
+    if (p.merge == 2u) {
+        // wg.x / n_heads is the block of 64 latent dims here.
+        let c = split * 64u + tid;
+        if (c < l) {
+            part[q_lat_at(row) + c] = absorbed(t, head, c, wbase);
+        }
+        return;
+    }
     if (p.merge != 0u) {
         merge(row, tid);
     } else {
@@ -107,12 +190,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) li: 
     workgroupBarrier();
     let obase = t * p.n_heads * p.vd + head * p.vd;
     for (var vi = tid; vi < p.vd; vi += 64u) {
-        var s = 0.0;
-        let wrow = wbase + (p.nope + vi) * l;
-        for (var c = 0u; c < l; c++) {
-            s += wkvb[wrow + c] * ql[c];
-        }
-        out[obase + vi] = s;
+        out[obase + vi] = project(wbase + (p.nope + vi) * l);
     }
 }
 
@@ -123,11 +201,11 @@ fn attend(t: u32, head: u32, row: u32, split: u32, tid: u32, wbase: u32) {
     let qk = p.nope + p.rd;
     let qbase = t * p.n_heads * qk + head * qk;
     for (var c = tid; c < l; c += 64u) {
-        var s = 0.0;
-        for (var d = 0u; d < p.nope; d++) {
-            s += q[qbase + d] * wkvb[wbase + d * l + c];
+        if (p.span > 0u) {
+            ql[c] = part[q_lat_at(row) + c];
+        } else {
+            ql[c] = absorbed(t, head, c, wbase);
         }
-        ql[c] = s;
     }
     for (var d = tid; d < p.rd; d += 64u) {
         qr[d] = q[qbase + p.nope + d];
@@ -149,14 +227,7 @@ fn attend(t: u32, head: u32, row: u32, split: u32, tid: u32, wbase: u32) {
         let j = j0 + tid;
         var s = NEG_BIG;
         if (j <= last) {
-            var dot = 0.0;
-            for (var c = 0u; c < l; c++) {
-                dot += ql[c] * lat_at(j * l + c);
-            }
-            for (var d = 0u; d < p.rd; d++) {
-                dot += qr[d] * kr_at(j * p.rd + d);
-            }
-            s = dot * p.scale;
+            s = score(j) * p.scale;
         }
         let new_m = max(m, reduce_max(s, tid));
         let alpha = exp(m - new_m);

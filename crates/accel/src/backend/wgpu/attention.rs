@@ -11,7 +11,8 @@ use crate::{Error, Result};
 const ROWS_WITHOUT_SPLIT: u32 = 512;
 
 /// Partial states (row x head x range) one split dispatch may write: bounds the scratch
-/// buffer at 8,192 x (512 + 2) f32 (16.8 MB, MLA's latent width).
+/// buffer at 8,192 x (512 + 2) f32 (16.8 MB at MLA's latent width, plus 1 MB of MLA's
+/// queries in latent space).
 const MAX_PARTIAL_STATES: u32 = 8192;
 
 /// Positions per range at the finest split (a workgroup's chunk).
@@ -66,6 +67,7 @@ impl WgpuDevice {
             &dims,
             scale,
             head_dim,
+            false,
         )
     }
 
@@ -101,14 +103,16 @@ impl WgpuDevice {
             &dims,
             scale,
             kv_lora,
+            true,
         )
     }
 
     /// Dispatches an attention kernel for caches stored as `cache` (the kernel's WTYPE):
     /// its uniform words are the op's `dims` (`n_tokens, start_pos, n_heads` first), the
-    /// softmax `scale`, then the split's span, ranges and merge flag; its bindings `buffers`
-    /// in order (each one binding, named in the error when it is not) and the partial
-    /// states of `width` accumulated values per row, head and range.
+    /// softmax `scale`, then the split's span, ranges and pass (0 ranges, 1 merge, 2 MLA's
+    /// query absorption); its bindings `buffers` in order (each one binding, named in the
+    /// error when it is not) and the partial states of `width` accumulated values per row,
+    /// head and range, then (`latent`: MLA) each row and head's query in latent space.
     fn dispatch_attention(
         &self,
         kernel: &'static str,
@@ -117,6 +121,7 @@ impl WgpuDevice {
         dims: &[u32],
         scale: f32,
         width: u32,
+        latent: bool,
     ) -> Result<()> {
         if !matches!(cache, WeightType::F32 | WeightType::F16) {
             return Err(Error::Unsupported(format!(
@@ -146,8 +151,19 @@ impl WgpuDevice {
                 (n_heads, n_tokens),
             );
         };
-        let part = self.partials(u64::from(rows * splits * (width + 2)) * 4);
+        let q_lat = if latent { rows * width } else { 0 };
+        let part = self.partials(u64::from(rows * splits * (width + 2) + q_lat) * 4);
         bindings.push(&part);
+        if latent {
+            let blocks = width.div_ceil(64);
+            self.dispatch(
+                kernel,
+                cache,
+                &words(span, splits, 2),
+                &bindings,
+                (n_heads * blocks, n_tokens),
+            )?;
+        }
         self.dispatch(
             kernel,
             cache,

@@ -93,7 +93,9 @@ impl KernelClock {
         let slice = self.read.slice(..bytes);
         let mapped = Arc::new(AtomicBool::new(false));
         let flag = mapped.clone();
-        slice.map_async(wgpu::MapMode::Read, move |_| flag.store(true, Ordering::Release));
+        slice.map_async(wgpu::MapMode::Read, move |_| {
+            flag.store(true, Ordering::Release)
+        });
         super::poll_until(device, || mapped.load(Ordering::Acquire))?;
         let view = slice
             .get_mapped_range()
