@@ -35,6 +35,15 @@ fn split_plan(rows: u32, n_heads: u32, ctx: u32, max_groups: u32) -> Option<(u32
     Some((span, ctx.div_ceil(span)))
 }
 
+/// What an attention kernel accumulates per row and head, and so the width of its partial
+/// states: values (GQA, `head_dim` of them) or latents (MLA, `kv_lora`; split, MLA absorbs
+/// each query into latent space in a pass of its own first).
+#[derive(Clone, Copy)]
+enum Accumulates {
+    Values(u32),
+    Latents(u32),
+}
+
 impl WgpuDevice {
     /// [`Op::Attention`]; `buffers` is `[q, k, v, out]`, `dims` is `[n_tokens, start_pos,
     /// n_heads, n_kv_heads, head_dim, window]`.
@@ -66,8 +75,7 @@ impl WgpuDevice {
             ],
             &dims,
             scale,
-            head_dim,
-            false,
+            Accumulates::Values(head_dim),
         )
     }
 
@@ -102,8 +110,7 @@ impl WgpuDevice {
             ],
             &dims,
             scale,
-            kv_lora,
-            true,
+            Accumulates::Latents(kv_lora),
         )
     }
 
@@ -111,8 +118,8 @@ impl WgpuDevice {
     /// its uniform words are the op's `dims` (`n_tokens, start_pos, n_heads` first), the
     /// softmax `scale`, then the split's span, ranges and pass (0 ranges, 1 merge, 2 MLA's
     /// query absorption); its bindings `buffers` in order (each one binding, named in the
-    /// error when it is not) and the partial states of `width` accumulated values per row,
-    /// head and range, then (`latent`: MLA) each row and head's query in latent space.
+    /// error when it is not) and the scratch of partial states (what it `accumulates` per
+    /// row, head and range, then for MLA each row and head's query in latent space).
     fn dispatch_attention(
         &self,
         kernel: &'static str,
@@ -120,8 +127,7 @@ impl WgpuDevice {
         buffers: &[(&Buffer, &str)],
         dims: &[u32],
         scale: f32,
-        width: u32,
-        latent: bool,
+        accumulates: Accumulates,
     ) -> Result<()> {
         if !matches!(cache, WeightType::F32 | WeightType::F16) {
             return Err(Error::Unsupported(format!(
@@ -151,10 +157,13 @@ impl WgpuDevice {
                 (n_heads, n_tokens),
             );
         };
-        let q_lat = if latent { rows * width } else { 0 };
+        let (width, q_lat) = match accumulates {
+            Accumulates::Values(w) => (w, 0),
+            Accumulates::Latents(w) => (w, rows * w),
+        };
         let part = self.partials(u64::from(rows * splits * (width + 2) + q_lat) * 4);
         bindings.push(&part);
-        if latent {
+        if q_lat > 0 {
             let blocks = width.div_ceil(64);
             self.dispatch(
                 kernel,
