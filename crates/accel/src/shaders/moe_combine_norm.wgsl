@@ -58,7 +58,21 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         sq += v * v;
     }
     let inv = rms_factor(sq.x + sq.y + sq.z + sq.w, l.x, p.hidden, p.eps);
-    for (var c = l.x; c < p.hidden; c += 64u) {
-        normed[base + c] = out[base + c] * inv * gain[c];
+    for (var c = l.x; c < p.hidden; c += 256u) {
+        // The four loads first, then the stores (past the row: the last value, not stored).
+        let cs = vec4<u32>(c, c + 64u, c + 128u, c + 192u);
+        let at = min(cs, vec4<u32>(p.hidden - 1u));
+        let v = vec4<f32>(out[base + at.x], out[base + at.y], out[base + at.z], out[base + at.w]);
+        let o = v * inv * vec4<f32>(gain[at.x], gain[at.y], gain[at.z], gain[at.w]);
+        put_normed(base, cs.x, o.x);
+        put_normed(base, cs.y, o.y);
+        put_normed(base, cs.z, o.z);
+        put_normed(base, cs.w, o.w);
+    }
+}
+
+fn put_normed(base: u32, c: u32, v: f32) {
+    if (c < p.hidden) {
+        normed[base + c] = v;
     }
 }

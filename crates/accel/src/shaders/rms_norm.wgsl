@@ -38,7 +38,21 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
                        summed(base, i + 192u));
     }
     let inv = rms_factor(s.x + s.y + s.z + s.w, l.x, p.dim, p.eps);
-    for (var i = l.x; i < p.dim; i += 64u) {
-        out[base + i] = x[base + i] * inv * w[i];
+    for (var i = l.x; i < p.dim; i += 256u) {
+        // The four loads first, then the stores (past the row: the last value, not stored).
+        let i4 = vec4<u32>(i, i + 64u, i + 128u, i + 192u);
+        let at = min(i4, vec4<u32>(p.dim - 1u));
+        let xv = vec4<f32>(x[base + at.x], x[base + at.y], x[base + at.z], x[base + at.w]);
+        let o = xv * inv * vec4<f32>(w[at.x], w[at.y], w[at.z], w[at.w]);
+        put(base, i4.x, o.x);
+        put(base, i4.y, o.y);
+        put(base, i4.z, o.z);
+        put(base, i4.w, o.w);
+    }
+}
+
+fn put(base: u32, i: u32, v: f32) {
+    if (i < p.dim) {
+        out[base + i] = v;
     }
 }
