@@ -133,47 +133,6 @@ pub struct MemoryUse {
     pub budget: u64,
 }
 
-/// What the host has asked of a device since it was opened: the figures behind "host
-/// round trips and submissions per token".
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Traffic {
-    /// Submissions of recorded work to the device's queue.
-    pub submissions: u64,
-    /// Downloads: each one a host round trip (the host waits for the device's result).
-    pub downloads: u64,
-    /// Bytes uploaded from the host.
-    pub uploaded: u64,
-    /// Bytes downloaded to the host.
-    pub downloaded: u64,
-    /// Kernel dispatches recorded.
-    pub dispatches: u64,
-    /// Bind groups created for them (the others reused one).
-    pub bind_groups: u64,
-    /// Host time spent recording them, in nanoseconds: what a step costs the CPU before the
-    /// device starts on it.
-    pub record_ns: u64,
-    /// Host time spent finishing the recorded commands and submitting them, in nanoseconds:
-    /// where wgpu tracks every dispatch's buffers, places the barriers and encodes the
-    /// driver's commands (on an H100 most of a decoded token's time, 11-82 us a dispatch).
-    pub submit_ns: u64,
-}
-
-impl Traffic {
-    /// What happened between `earlier` and `self`.
-    pub fn since(self, earlier: Traffic) -> Traffic {
-        Traffic {
-            submissions: self.submissions - earlier.submissions,
-            downloads: self.downloads - earlier.downloads,
-            uploaded: self.uploaded - earlier.uploaded,
-            downloaded: self.downloaded - earlier.downloaded,
-            dispatches: self.dispatches - earlier.dispatches,
-            bind_groups: self.bind_groups - earlier.bind_groups,
-            record_ns: self.record_ns - earlier.record_ns,
-            submit_ns: self.submit_ns - earlier.submit_ns,
-        }
-    }
-}
-
 /// A backend's buffer behind a [`Buffer`] handle.
 pub trait RawBuffer: Any + Send + Sync + fmt::Debug {
     /// For the backend to recover its own type.
@@ -623,12 +582,20 @@ pub trait Device: Send + Sync + fmt::Debug {
     fn memory(&self) -> MemoryUse;
 
     /// Submissions and transfers so far.
-    fn traffic(&self) -> Traffic;
+    fn traffic(&self) -> crate::Traffic;
 
     /// Device time per kernel so far, where the backend times its dispatches
     /// (`STRATA_GPU_PROFILE=1`); `None` otherwise.
     fn kernel_times(&self) -> Option<crate::KernelTimes> {
         None
+    }
+
+    /// Compiles, in parallel, the kernels a model whose weights are stored as `weights`
+    /// will dispatch, so its first step does not pay for them (a GPU driver compiles each
+    /// kernel on first use, ~60 ms each on an H200 with a cold cache). Kernels that fail
+    /// to compile are left for their first use to report.
+    fn prepare_kernels(&self, weights: &[WeightType]) {
+        let _ = weights;
     }
 
     /// A buffer of `bytes` bytes from the pool. With `granule > 0` it is split into bindings

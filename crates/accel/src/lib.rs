@@ -60,10 +60,10 @@ use std::sync::Arc;
 pub use device::{
     Buffer, CacheWrite, Device, DeviceInfo, DeviceOptions, Event, ExpertFormat, ExpertSlots,
     MOE_GROUP_MAX_EXPERTS, MemoryUse, Op, OpKind, RawBuffer, Readback, RopeKind, TopKParams,
-    Traffic, WeightType,
+    WeightType,
 };
 pub use error::{Error, Result};
-pub use profile::{KernelTime, KernelTimes};
+pub use profile::{KernelTime, KernelTimes, Traffic};
 
 /// Every accelerator this build can use.
 pub fn devices() -> Result<Vec<DeviceInfo>> {

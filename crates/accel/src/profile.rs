@@ -1,4 +1,5 @@
-//! Device time per kernel, for finding where a step's time goes on a real GPU.
+//! What a device did: the host's traffic with it ([`Traffic`]) and device time per kernel
+//! ([`KernelTimes`]), for finding where a step's time goes on a real GPU.
 //!
 //! A backend that can time its dispatches (`STRATA_GPU_PROFILE=1` with the wgpu backend:
 //! timestamp queries around each dispatch) adds up each kernel's calls and device time;
@@ -6,6 +7,51 @@
 //! part of a run between two readings (prefill, decode).
 
 use std::collections::BTreeMap;
+
+/// What the host has asked of a device since it was opened: the figures behind "host
+/// round trips and submissions per token".
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Traffic {
+    /// Submissions of recorded work to the device's queue.
+    pub submissions: u64,
+    /// Downloads: each one a host round trip (the host waits for the device's result).
+    pub downloads: u64,
+    /// Bytes uploaded from the host.
+    pub uploaded: u64,
+    /// Bytes downloaded to the host.
+    pub downloaded: u64,
+    /// Kernel dispatches recorded.
+    pub dispatches: u64,
+    /// Bind groups created for them (the others reused one).
+    pub bind_groups: u64,
+    /// Host time spent recording them, in nanoseconds: what a step costs the CPU before the
+    /// device starts on it.
+    pub record_ns: u64,
+    /// Host time spent finishing the recorded commands and submitting them, in nanoseconds:
+    /// where wgpu tracks every dispatch's buffers, places the barriers and encodes the
+    /// driver's commands (on an H100 most of a decoded token's time, 11-82 us a dispatch).
+    pub submit_ns: u64,
+    /// Kernels compiled (a GPU driver compiles each one on its first use unless
+    /// [`crate::Device::prepare_kernels`] compiled it ahead).
+    pub compiled: u64,
+}
+
+impl Traffic {
+    /// What happened between `earlier` and `self`.
+    pub fn since(self, earlier: Traffic) -> Traffic {
+        Traffic {
+            submissions: self.submissions - earlier.submissions,
+            downloads: self.downloads - earlier.downloads,
+            uploaded: self.uploaded - earlier.uploaded,
+            downloaded: self.downloaded - earlier.downloaded,
+            dispatches: self.dispatches - earlier.dispatches,
+            bind_groups: self.bind_groups - earlier.bind_groups,
+            record_ns: self.record_ns - earlier.record_ns,
+            submit_ns: self.submit_ns - earlier.submit_ns,
+            compiled: self.compiled - earlier.compiled,
+        }
+    }
+}
 
 /// A kernel's dispatches and their device time.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

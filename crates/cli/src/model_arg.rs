@@ -553,6 +553,7 @@ impl DeviceArgs {
         };
         let dev = strata_accel::open(&strata_accel::DeviceOptions::default())?;
         let mut gpu = strata_exec::GpuModel::load_hybrid(dev, dir, load)?;
+        gpu.prepare_kernels();
         let tier = SsdTier::new(&gpu.host_moe_blocks(), &file, ssd)
             .with_context(|| format!("--expert-cache on {}", file.display()))?;
         let tier = Arc::new(tier);

@@ -308,7 +308,8 @@ impl HybridOptions {
 /// ([`GpuModel::load_hybrid`]: attention, dense and shared weights, routers and LM head on
 /// the device, the routed experts on the host as `load` says) with a hybrid executor behind
 /// the routed experts that runs `opts`'s policy, priced for the model's shape and the
-/// experts' storage, on the same device; returns both, the executor for its statistics.
+/// experts' storage, on the same device, its kernels compiled; returns both, the executor
+/// for its statistics.
 /// The executor copies experts from `dir` ([`HostExperts`]), through the DRAM expert cache
 /// when `opts.expert_cache` asks for one (three tiers: [`HybridExecutor::host_tier`]).
 pub fn load_hybrid(
@@ -318,6 +319,7 @@ pub fn load_hybrid(
 ) -> Result<(GpuModel, Arc<HybridExecutor>)> {
     let dev = strata_accel::open(&strata_accel::DeviceOptions::default())?;
     let mut gpu = GpuModel::load_hybrid(dev.clone(), dir, load)?;
+    gpu.prepare_kernels();
     let shape = model_shape(&gpu.config)?;
     let mut policy_options = opts.policy_options.clone();
     policy_options.check(opts.policy, &shape)?;

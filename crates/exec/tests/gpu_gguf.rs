@@ -115,6 +115,28 @@ on_device! {
     q3_k_as_f16_on_the_device => "q3_k", 6.0, 1e-2;
 }
 
+/// After [`GpuModel::prepare_kernels`], a 160-token prefill (through the tiled kernels) and a decoded
+/// token compile no kernel: the prepared set covers what the model dispatches.
+#[test]
+fn prepared_kernels_cover_prefill_and_decode() {
+    let Some(dev) = default_gpu() else { return };
+    let path = fixtures().join("qwen3_moe_k.q4_k.gguf");
+    let gpu = GpuModel::load(dev.clone(), &path).unwrap();
+    gpu.prepare_kernels();
+    let prepared = dev.traffic().compiled;
+    assert!(prepared > 0);
+    let seq = &sequences()[0];
+    let prompt: Vec<u32> = (0..160).map(|i| seq[i % seq.len()]).collect();
+    let mut cache = gpu.new_cache(prompt.len() + 1).unwrap();
+    gpu.forward(&prompt, &mut cache).unwrap();
+    gpu.forward(&prompt[..1], &mut cache).unwrap();
+    assert_eq!(
+        dev.traffic().compiled,
+        prepared,
+        "kernels compiled after preparing"
+    );
+}
+
 /// The hybrid executor's uploads: an expert of a GGUF goes to the device as the file's
 /// blocks of its three matrices (gate, up and down of `*_exps`), nothing widened.
 #[test]

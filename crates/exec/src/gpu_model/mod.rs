@@ -24,6 +24,7 @@ mod backend;
 mod forward;
 mod hybrid;
 
+use std::cell::RefCell;
 use std::path::Path;
 use std::sync::{Arc, RwLock};
 
@@ -191,6 +192,8 @@ pub struct GpuModel {
     /// The hybrid executor behind the host experts when it runs on this model's device: it
     /// reads each MoE layer's input where it is and leaves its outputs there.
     beside: Option<Arc<HybridExecutor>>,
+    /// How its weights are stored on the device.
+    weight_types: Vec<WeightType>,
 }
 
 fn to_bytes(v: &[f32]) -> Vec<u8> {
@@ -232,6 +235,8 @@ struct Loader<'a> {
     /// FP8 block size (`quantization_config.weight_block_size`): FP8 tensors are read
     /// with their `weight_scale_inv` scales applied.
     fp8_block: Option<[usize; 2]>,
+    /// The weight types uploaded so far (the kernels to prepare).
+    types: RefCell<Vec<WeightType>>,
 }
 
 impl<'a> Loader<'a> {
@@ -262,6 +267,10 @@ impl<'a> Loader<'a> {
             .dev
             .alloc(bytes.len() as u64, wtype.row_granule(k), label)?;
         self.dev.upload(&b, 0, bytes)?;
+        let mut types = self.types.borrow_mut();
+        if !types.contains(&wtype) {
+            types.push(wtype);
+        }
         Ok(b)
     }
 
@@ -408,7 +417,8 @@ impl GpuModel {
     }
 
     /// [`GpuModel::load`] onto the first accelerator, its allocations held within
-    /// `vram_budget` bytes when given (`--device gpu`, `strata.LLM(device='gpu')`).
+    /// `vram_budget` bytes when given (`--device gpu`, `strata.LLM(device='gpu')`), its
+    /// kernels compiled ([`GpuModel::prepare_kernels`]).
     /// A model that does not fit the budget is refused with what its weights take there
     /// and what to do instead.
     pub fn load_on_first_device(path: &Path, vram_budget: Option<u64>) -> Result<GpuModel> {
@@ -417,7 +427,11 @@ impl GpuModel {
             ..Default::default()
         })?;
         let (config, src) = open(path)?;
-        match GpuModel::from_source(dev, config, &src) {
+        let loaded = GpuModel::from_source(dev, config, &src);
+        if let Ok(gpu) = &loaded {
+            gpu.prepare_kernels();
+        }
+        match loaded {
             Err(Error::Accel(strata_accel::Error::OutOfBudget { budget, .. })) => {
                 let (need, file) = device_weight_bytes(&src);
                 let size = |b: u64| match b {
@@ -463,6 +477,7 @@ impl GpuModel {
             dev: &*dev,
             src,
             fp8_block: config.fp8_block,
+            types: RefCell::new(Vec::new()),
         };
         let h = config.hidden_size;
         let v = config.vocab_size;
@@ -532,6 +547,7 @@ impl GpuModel {
             Head::Own => Some(ld.matrix(&MatrixSpec::new(names::LM_HEAD, v, h, false), false)?),
         };
         dev.synchronize()?;
+        let weight_types = ld.types.into_inner();
         let even = graph.layers().iter().all(|l| {
             let (a, b) = l.attention.cache_widths();
             a % 2 == 0 && b % 2 == 0
@@ -554,7 +570,14 @@ impl GpuModel {
             dev,
             tap: RwLock::new(None),
             beside: None,
+            weight_types,
         })
+    }
+
+    /// Compiles the kernels this model dispatches, on every core
+    /// ([`Device::prepare_kernels`]), so its first request does not wait for them.
+    pub fn prepare_kernels(&self) {
+        self.dev.prepare_kernels(&self.weight_types);
     }
 
     /// The device the model runs on.

@@ -30,9 +30,9 @@ pub use adapter::enumerate;
 use buffers::Pool;
 
 use crate::device::{
-    Buffer, Device, DeviceInfo, DeviceOptions, Event, MemoryUse, Op, Readback, Traffic, WeightType,
+    Buffer, Device, DeviceInfo, DeviceOptions, Event, MemoryUse, Op, Readback, WeightType,
 };
-use crate::{Error, Result};
+use crate::{Error, Result, Traffic};
 
 /// Locks `m`, recovering the data of a poisoned lock (every critical section leaves it
 /// consistent).
@@ -199,6 +199,10 @@ impl Device for WgpuDevice {
 
     fn traffic(&self) -> Traffic {
         *lock(&self.traffic)
+    }
+
+    fn prepare_kernels(&self, weights: &[WeightType]) {
+        self.prepare(weights);
     }
 
     fn kernel_times(&self) -> Option<crate::KernelTimes> {

@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::MutexGuard;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use super::{WgpuDevice, lock};
@@ -306,18 +307,28 @@ const BIND_CACHE_MAX: usize = 16_384;
 
 impl WgpuDevice {
     fn pipeline(&self, name: &'static str, wtype: WeightType) -> Result<wgpu::ComputePipeline> {
-        let mut cache = lock(&self.pipelines);
-        if let Some(p) = cache.get(&(name, wtype)) {
+        if let Some(p) = lock(&self.pipelines).get(&(name, wtype)) {
             return Ok(p.clone());
         }
+        // Compiled outside the cache's lock, so kernels compile in parallel (`prepare`).
+        let p = self.compile(name, wtype)?;
+        self.check()?;
+        Ok(lock(&self.pipelines)
+            .entry((name, wtype))
+            .or_insert(p)
+            .clone())
+    }
+
+    fn compile(&self, name: &'static str, wtype: WeightType) -> Result<wgpu::ComputePipeline> {
         let src = source(name, wtype, self.subgroups)?;
+        lock(&self.traffic).compiled += 1;
         let module = self
             .device
             .create_shader_module(wgpu::ShaderModuleDescriptor {
                 label: Some(name),
                 source: wgpu::ShaderSource::Wgsl(src.into()),
             });
-        let p = self
+        Ok(self
             .device
             .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                 label: Some(name),
@@ -326,10 +337,51 @@ impl WgpuDevice {
                 entry_point: Some("main"),
                 compilation_options: Default::default(),
                 cache: None,
-            });
-        self.check()?;
-        cache.insert((name, wtype), p.clone());
-        Ok(p)
+            }))
+    }
+
+    /// [`crate::Device::prepare_kernels`]: every block kernel for each weight type (and f32
+    /// and f16), the other kernels for f32 and f16 (the KV cache's type), compiled on every
+    /// core. Each compiles inside an error scope of its thread: a failure stays there, for
+    /// the kernel's first use to report.
+    pub(super) fn prepare(&self, weights: &[WeightType]) {
+        let floats = [WeightType::F32, WeightType::F16];
+        let mut types = floats.to_vec();
+        for &t in weights {
+            if !types.contains(&t) {
+                types.push(t);
+            }
+        }
+        let mut wanted: Vec<(&'static str, WeightType)> = BLOCK_KERNELS
+            .iter()
+            .flat_map(|&(name, ..)| types.iter().map(move |&t| (name, t)))
+            .chain(
+                KERNELS
+                    .iter()
+                    .flat_map(|&(name, _)| floats.iter().map(move |&t| (name, t))),
+            )
+            .collect();
+        wanted.retain(|k| !lock(&self.pipelines).contains_key(k));
+        let next = AtomicUsize::new(0);
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(wanted.len());
+        std::thread::scope(|s| {
+            for _ in 0..threads {
+                s.spawn(|| {
+                    while let Some(&(name, wtype)) =
+                        wanted.get(next.fetch_add(1, Ordering::Relaxed))
+                    {
+                        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+                        let compiled = self.compile(name, wtype);
+                        let failed = pollster::block_on(scope.pop()).is_some();
+                        if let (Ok(p), false) = (compiled, failed) {
+                            lock(&self.pipelines).entry((name, wtype)).or_insert(p);
+                        }
+                    }
+                });
+            }
+        });
     }
 
     /// The pending commands, created on first use.
