@@ -23,7 +23,8 @@
 #      the rest read from the file), each under a time limit, with the md5 of each output
 #      text.
 # KERNELS=0 skips step 3; RUNS="gpu ktransformers" runs only those of step 4 (of cpu gpu
-# ktransformers smoe hybrimoe smoe.three-tiers); with STRATA_GPU_PROFILE=1 each device run
+# ktransformers ktransformers.spin gpu.spin smoe hybrimoe smoe.three-tiers; the .spin runs
+# with STRATA_GPU_SPIN_US=1000); with STRATA_GPU_PROFILE=1 each device run
 # prints its device time by kernel; the outputs and logs of step 4 end in OUT_DIR/runs.tgz.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -73,7 +74,7 @@ done
 run() {
     local name=$1
     shift
-    [[ " ${RUNS:-cpu gpu ktransformers smoe hybrimoe smoe.three-tiers} " == *" ${name#*.} "* ]] || return 0
+    [[ " ${RUNS:-cpu gpu ktransformers ktransformers.spin gpu.spin smoe hybrimoe smoe.three-tiers} " == *" ${name#*.} "* ]] || return 0
     stamp "generate $name"
     timeout "$limit" "$bin" generate -m "$gguf" -p - -n "$tokens" --temperature 0 "$@" \
         <scripts/bench_prompt_512.txt >"$runs/text.$name" 2>"$runs/err.$name"
@@ -96,6 +97,10 @@ for shape in $shapes; do
     run "$shape.cpu" --device cpu
     run "$shape.gpu" --device gpu
     run "$shape.ktransformers" --device hybrid --policy ktransformers
+    # The same with waits polling for a millisecond before they block (13 round trips a
+    # token), and --device gpu's one.
+    STRATA_GPU_SPIN_US=1000 run "$shape.ktransformers.spin" --device hybrid --policy ktransformers
+    STRATA_GPU_SPIN_US=1000 run "$shape.gpu.spin" --device gpu
     run "$shape.smoe" --device hybrid --policy smoe --vram-budget "$quarter"
     run "$shape.hybrimoe" --device hybrid --policy hybrimoe --vram-budget "$quarter"
     run "$shape.smoe.three-tiers" --device hybrid --policy smoe --vram-budget "$quarter" \

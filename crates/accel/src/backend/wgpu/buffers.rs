@@ -289,9 +289,9 @@ impl WgpuDevice {
             flag.store(true, Ordering::Release);
         });
         self.check()?;
-        let (device, errors) = (self.device.clone(), self.error.clone());
+        let (device, errors, spin) = (self.device.clone(), self.error.clone(), self.spin);
         let read = move || -> Result<Vec<u8>> {
-            super::poll_until(&device, || lock(&result).is_some())?;
+            super::poll_until(&device, spin, || lock(&result).is_some())?;
             if let Some(e) = lock(&errors).take() {
                 return Err(Error::Device(e));
             }

@@ -6,6 +6,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use crate::{Error, KernelTimes, Result};
 
@@ -96,7 +97,7 @@ impl KernelClock {
         slice.map_async(wgpu::MapMode::Read, move |_| {
             flag.store(true, Ordering::Release)
         });
-        super::poll_until(device, || mapped.load(Ordering::Acquire))?;
+        super::poll_until(device, Duration::ZERO, || mapped.load(Ordering::Acquire))?;
         let view = slice
             .get_mapped_range()
             .map_err(|e| Error::Device(format!("reading kernel timestamps: {e}")))?;

@@ -43,11 +43,20 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// How long a wait for submitted work polls before it is given up as never completing.
 const POLL_LIMIT: Duration = Duration::from_secs(60);
 
-/// Polls `device` until `done()`. A poll returns once the work submitted before it has
-/// finished, but the callback saying so may still be running on another thread that polled
-/// at the same time (the hybrid executor's threads all poll), so one poll is not enough.
-fn poll_until(device: &wgpu::Device, done: impl Fn() -> bool) -> Result<()> {
+/// Polls `device` until `done()`, first without blocking for `spin` (a blocking wait
+/// sleeps until the driver wakes it: `STRATA_GPU_SPIN_US` trades a busy core for that
+/// wake-up, for the hybrid layout's round trips), then blocking. A poll returns once the
+/// work submitted before it has finished, but the callback saying so may still be running
+/// on another thread that polled at the same time (the hybrid executor's threads all
+/// poll), so one poll is not enough.
+fn poll_until(device: &wgpu::Device, spin: Duration, done: impl Fn() -> bool) -> Result<()> {
     let start = Instant::now();
+    while !done() && start.elapsed() < spin {
+        device
+            .poll(wgpu::PollType::Poll)
+            .map_err(|e| Error::Device(e.to_string()))?;
+        std::hint::spin_loop();
+    }
     while !done() {
         if start.elapsed() > POLL_LIMIT {
             return Err(Error::Device(format!(
@@ -91,6 +100,8 @@ pub struct WgpuDevice {
     dummy: wgpu::Buffer,
     /// Attention's partial states when it splits the context (`attention`).
     partials: Mutex<Option<wgpu::Buffer>>,
+    /// How long a wait polls without blocking first (`STRATA_GPU_SPIN_US`, default 0).
+    spin: Duration,
 }
 
 impl WgpuDevice {
@@ -109,6 +120,14 @@ impl WgpuDevice {
         let limits = adapter.limits();
         let subgroups = info.subgroups && !opts.no_subgroups;
         let profile = std::env::var_os("STRATA_GPU_PROFILE").is_some_and(|v| v == "1");
+        let spin = match std::env::var("STRATA_GPU_SPIN_US") {
+            Ok(us) => Duration::from_micros(us.parse().map_err(|_| {
+                Error::Device(format!(
+                    "STRATA_GPU_SPIN_US={us}: not a number of microseconds"
+                ))
+            })?),
+            Err(_) => Duration::ZERO,
+        };
         if profile && !adapter.features().contains(wgpu::Features::TIMESTAMP_QUERY) {
             return Err(Error::Device(format!(
                 "STRATA_GPU_PROFILE=1: {} cannot time kernels (no timestamp queries)",
@@ -171,6 +190,7 @@ impl WgpuDevice {
             error,
             dummy,
             partials: Mutex::new(None),
+            spin,
         })
     }
 
@@ -248,7 +268,7 @@ impl Device for WgpuDevice {
     }
 
     fn wait(&self, event: &Event) -> Result<()> {
-        poll_until(&self.device, || event.is_done())?;
+        poll_until(&self.device, self.spin, || event.is_done())?;
         self.check()
     }
 
