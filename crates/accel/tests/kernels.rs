@@ -371,6 +371,12 @@ fn attention_prefill_and_decode_match_reference() {
         // Decoding over long contexts splits them into ranges; a window empties some.
         (2, 300, 8, 2, 128, 0),
         (1, 1000, 4, 4, 64, 100),
+        // Prefill's tiled kernel: 16 rows a workgroup, a partial last block, an offset, a
+        // window, heads of 16 to 128.
+        (40, 0, 4, 2, 64, 0),
+        (33, 100, 2, 1, 128, 0),
+        (20, 30, 2, 2, 16, 20),
+        (16, 0, 8, 8, 32, 0),
     ] {
         for ct in [WeightType::F32, WeightType::F16] {
             let ctx = start + t;

@@ -18,6 +18,15 @@ const MAX_PARTIAL_STATES: u32 = 8192;
 /// Positions per range at the finest split (a workgroup's chunk).
 const MIN_SPAN: u32 = 64;
 
+/// Query rows per workgroup of the tiled prefill kernel (`attention_tiles.wgsl`), which
+/// takes heads whose width is a multiple of 16 up to 128 from that many rows on.
+const TILE_ROWS: u32 = 16;
+
+/// Whether attention over `n_tokens` rows of `head_dim` takes the tiled prefill kernel.
+fn tiled(n_tokens: u32, head_dim: u32) -> bool {
+    n_tokens >= TILE_ROWS && head_dim.is_multiple_of(16) && head_dim <= 128
+}
+
 /// The ranges of flash decoding over `ctx` cached positions for `rows` rows x heads: `(span,
 /// splits)`, or `None` to run unsplit.
 fn split_plan(rows: u32, n_heads: u32, ctx: u32, max_groups: u32) -> Option<(u32, u32)> {
@@ -44,6 +53,17 @@ enum Accumulates {
     Latents(u32),
 }
 
+/// Fails unless the caches are f32 or f16, which the attention kernels read.
+fn check_cache(cache: WeightType, kernel: &str) -> Result<()> {
+    if matches!(cache, WeightType::F32 | WeightType::F16) {
+        return Ok(());
+    }
+    Err(Error::Unsupported(format!(
+        "{kernel} over a {} cache",
+        cache.name()
+    )))
+}
+
 impl WgpuDevice {
     /// [`Op::Attention`]; `buffers` is `[q, k, v, out]`, `dims` is `[n_tokens, start_pos,
     /// n_heads, n_kv_heads, head_dim, window]`.
@@ -55,7 +75,7 @@ impl WgpuDevice {
         scale: f32,
     ) -> Result<()> {
         let [q, k, v, out] = buffers;
-        let [_, _, n_heads, n_kv_heads, head_dim, _] = dims;
+        let [n_tokens, _, n_heads, n_kv_heads, head_dim, _] = dims;
         if head_dim > 256 || n_kv_heads == 0 || n_heads % n_kv_heads != 0 {
             return Err(Error::Shape {
                 op: "attention",
@@ -63,6 +83,22 @@ impl WgpuDevice {
                     "head_dim {head_dim} (at most 256), {n_heads} heads over {n_kv_heads} kv heads"
                 ),
             });
+        }
+        if tiled(n_tokens, head_dim) {
+            let bindings = [
+                self.single(q, "queries")?,
+                self.single(k, "key cache")?,
+                self.single(v, "value cache")?,
+                self.single(out, "attention output")?,
+            ];
+            check_cache(cache, "attention")?;
+            let words: Vec<u32> = dims
+                .iter()
+                .copied()
+                .chain([scale.to_bits(), 0, 0, 0])
+                .collect();
+            let groups = (n_heads, n_tokens.div_ceil(TILE_ROWS));
+            return self.dispatch("attention_tiles", cache, &words, &bindings, groups);
         }
         self.dispatch_attention(
             "attention",
@@ -129,12 +165,7 @@ impl WgpuDevice {
         scale: f32,
         accumulates: Accumulates,
     ) -> Result<()> {
-        if !matches!(cache, WeightType::F32 | WeightType::F16) {
-            return Err(Error::Unsupported(format!(
-                "{kernel} over a {} cache",
-                cache.name()
-            )));
-        }
+        check_cache(cache, kernel)?;
         let mut bindings = buffers
             .iter()
             .map(|&(b, what)| self.single(b, what))

@@ -24,6 +24,10 @@ const KERNELS: &[(&str, &str)] = &[
     ),
     ("attention", include_str!("../../shaders/attention.wgsl")),
     (
+        "attention_tiles",
+        include_str!("../../shaders/attention_tiles.wgsl"),
+    ),
+    (
         "mla_attention",
         include_str!("../../shaders/mla_attention.wgsl"),
     ),
