@@ -29,6 +29,25 @@ fn kv4(at: u32) -> vec4<f32> {
     return vec4<f32>(kv[at], kv[at + 1u], kv[at + 2u], kv[at + 3u]);
 }
 
+// The step's `cnt` cached rows of kv head `kvh` from position j0, keys or values, into
+// `kv` (rows past cnt as zeros).
+fn stage_rows(keys: bool, tid: u32, j0: u32, cnt: u32, kvh: u32) {
+    let kv_w = p.n_kv_heads * p.hd;
+    for (var i = tid; i < BK * p.hd; i += 64u) {
+        let jj = i / p.hd;
+        var v = 0.0;
+        if (jj < cnt) {
+            let at = (j0 + jj) * kv_w + kvh * p.hd + i % p.hd;
+            if (keys) {
+                v = load_word(kc[word_index(at)], at);
+            } else {
+                v = load_word(vc[word_index(at)], at);
+            }
+        }
+        kv[i] = v;
+    }
+}
+
 // Dims of the i-th vec4 of invocation part `part`: part * 4 + 16 i, so the four parts of a
 // query interleave over every group of 16 dims (hd is a multiple of 16).
 fn dim0(part: u32, i: u32) -> u32 {
@@ -96,9 +115,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l: v
     let qi = tid / 4u;
     let part = tid % 4u;
     let nq = min(BQ, p.n_tokens - t0);
-    let hd = p.hd;
     let kvh = head / (p.n_heads / p.n_kv_heads);
-    let kv_w = p.n_kv_heads * hd;
     let row = t0 + qi;
     let live = qi < nq;
     let q0 = q4(row, head, part, 0u, live);
@@ -129,15 +146,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l: v
     var a7 = vec4<f32>(0.0);
     for (var j0 = lo; j0 <= last; j0 += BK) {
         let cnt = min(BK, last + 1u - j0);
-        for (var i = tid; i < BK * hd; i += 64u) {
-            let jj = i / hd;
-            var v = 0.0;
-            if (jj < cnt) {
-                v = load_word(kc[word_index((j0 + jj) * kv_w + kvh * hd + i % hd)],
-                              (j0 + jj) * kv_w + kvh * hd + i % hd);
-            }
-            kv[i] = v;
-        }
+        stage_rows(true, tid, j0, cnt, kvh);
         workgroupBarrier();
         for (var jj = 0u; jj < BK; jj++) {
             part_s[(qi * 4u + part) * BK + jj] = partial_dot(q0, q1, q2, q3, q4v, q5, q6, q7, part, jj);
@@ -170,15 +179,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l: v
             alpha_s[tid] = alpha;
         }
         workgroupBarrier();
-        for (var i = tid; i < BK * hd; i += 64u) {
-            let jj = i / hd;
-            var v = 0.0;
-            if (jj < cnt) {
-                v = load_word(vc[word_index((j0 + jj) * kv_w + kvh * hd + i % hd)],
-                              (j0 + jj) * kv_w + kvh * hd + i % hd);
-            }
-            kv[i] = v;
-        }
+        stage_rows(false, tid, j0, cnt, kvh);
         workgroupBarrier();
         let alpha = alpha_s[qi];
         a0 = accumulate(a0, alpha, part, 0u, qi, cnt);
