@@ -23,9 +23,10 @@
 #      the rest read from the file), each under a time limit, with the md5 of each output
 #      text.
 # KERNELS=0 skips step 3; RUNS="gpu ktransformers" runs only those of step 4 (of cpu gpu
-# ktransformers ktransformers.spin gpu.spin smoe hybrimoe smoe.three-tiers; the .spin runs
-# with STRATA_GPU_SPIN_US=1000); with STRATA_GPU_PROFILE=1 each device run
-# prints its device time by kernel; the outputs and logs of step 4 end in OUT_DIR/runs.tgz.
+# ktransformers ktransformers.spin gpu.spin gpu.profile ktransformers.profile smoe hybrimoe
+# smoe.three-tiers; the .spin runs with STRATA_GPU_SPIN_US=1000, the .profile runs with
+# STRATA_GPU_PROFILE=1, which prints device time by kernel); the outputs and logs of step 4
+# end in OUT_DIR/runs.tgz.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bin=${1:?usage: scripts/device_bench.sh BIN OUT_DIR}
@@ -74,7 +75,8 @@ done
 run() {
     local name=$1
     shift
-    [[ " ${RUNS:-cpu gpu ktransformers ktransformers.spin gpu.spin smoe hybrimoe smoe.three-tiers} " == *" ${name#*.} "* ]] || return 0
+    local all="cpu gpu ktransformers ktransformers.spin gpu.spin gpu.profile ktransformers.profile"
+    [[ " ${RUNS:-$all smoe hybrimoe smoe.three-tiers} " == *" ${name#*.} "* ]] || return 0
     stamp "generate $name"
     timeout "$limit" "$bin" generate -m "$gguf" -p - -n "$tokens" --temperature 0 "$@" \
         <scripts/bench_prompt_512.txt >"$runs/text.$name" 2>"$runs/err.$name"
@@ -89,8 +91,9 @@ for shape in $shapes; do
     # file (embedding, LM head, attention, dense and shared layers), so a quarter of
     # (file - 0.7 GB) is close.
     quarter=$(( ($(stat -c %s "$gguf") - 700000000) / 4 ))
-    # The first device run on a machine compiles every kernel (the driver caches them for
-    # later runs): its prefill shows what a user's first run costs; the runs below are warm.
+    # The first device run on a machine compiles every kernel (at load, on every core:
+    # Device::prepare_kernels; the driver caches them for later runs): its load and prefill
+    # show what a user's first run costs; the runs below are warm.
     stamp "generate $shape, first device run (8 tokens, kernels compiled)"
     timeout "$limit" "$bin" generate -m "$gguf" -p - -n 8 --temperature 0 --device gpu \
         <scripts/bench_prompt_512.txt 2>&1 >/dev/null | grep '^\[load' | tee -a "$log"
@@ -101,6 +104,9 @@ for shape in $shapes; do
     # token), and --device gpu's one.
     STRATA_GPU_SPIN_US=1000 run "$shape.ktransformers.spin" --device hybrid --policy ktransformers
     STRATA_GPU_SPIN_US=1000 run "$shape.gpu.spin" --device gpu
+    # Device time by kernel, prefill and per decoded token (slower while on).
+    STRATA_GPU_PROFILE=1 run "$shape.gpu.profile" --device gpu
+    STRATA_GPU_PROFILE=1 run "$shape.ktransformers.profile" --device hybrid --policy ktransformers
     run "$shape.smoe" --device hybrid --policy smoe --vram-budget "$quarter"
     run "$shape.hybrimoe" --device hybrid --policy hybrimoe --vram-budget "$quarter"
     run "$shape.smoe.three-tiers" --device hybrid --policy smoe --vram-budget "$quarter" \
