@@ -53,17 +53,6 @@ enum Accumulates {
     Latents(u32),
 }
 
-/// Fails unless the caches are f32 or f16, which the attention kernels read.
-fn check_cache(cache: WeightType, kernel: &str) -> Result<()> {
-    if matches!(cache, WeightType::F32 | WeightType::F16) {
-        return Ok(());
-    }
-    Err(Error::Unsupported(format!(
-        "{kernel} over a {} cache",
-        cache.name()
-    )))
-}
-
 impl WgpuDevice {
     /// [`Op::Attention`]; `buffers` is `[q, k, v, out]`, `dims` is `[n_tokens, start_pos,
     /// n_heads, n_kv_heads, head_dim, window]`.
@@ -75,7 +64,7 @@ impl WgpuDevice {
         scale: f32,
     ) -> Result<()> {
         let [q, k, v, out] = buffers;
-        let [n_tokens, _, n_heads, n_kv_heads, head_dim, _] = dims;
+        let [_, _, n_heads, n_kv_heads, head_dim, _] = dims;
         if head_dim > 256 || n_kv_heads == 0 || n_heads % n_kv_heads != 0 {
             return Err(Error::Shape {
                 op: "attention",
@@ -83,22 +72,6 @@ impl WgpuDevice {
                     "head_dim {head_dim} (at most 256), {n_heads} heads over {n_kv_heads} kv heads"
                 ),
             });
-        }
-        if tiled(n_tokens, head_dim) {
-            let bindings = [
-                self.single(q, "queries")?,
-                self.single(k, "key cache")?,
-                self.single(v, "value cache")?,
-                self.single(out, "attention output")?,
-            ];
-            check_cache(cache, "attention")?;
-            let words: Vec<u32> = dims
-                .iter()
-                .copied()
-                .chain([scale.to_bits(), 0, 0, 0])
-                .collect();
-            let groups = (n_heads, n_tokens.div_ceil(TILE_ROWS));
-            return self.dispatch("attention_tiles", cache, &words, &bindings, groups);
         }
         self.dispatch_attention(
             "attention",
@@ -153,7 +126,8 @@ impl WgpuDevice {
     /// Dispatches an attention kernel for caches stored as `cache` (the kernel's WTYPE):
     /// its uniform words are the op's `dims` (`n_tokens, start_pos, n_heads` first), the
     /// softmax `scale`, then the split's span, ranges and pass (0 ranges, 1 merge, 2 MLA's
-    /// query absorption); its bindings `buffers` in order (each one binding, named in the
+    /// query absorption). Prefill's rows of values go to the tiled kernel instead
+    /// ([`tiled`]). Its bindings: `buffers` in order (each one binding, named in the
     /// error when it is not) and the scratch of partial states (what it `accumulates` per
     /// row, head and range, then for MLA each row and head's query in latent space).
     fn dispatch_attention(
@@ -165,7 +139,12 @@ impl WgpuDevice {
         scale: f32,
         accumulates: Accumulates,
     ) -> Result<()> {
-        check_cache(cache, kernel)?;
+        if !matches!(cache, WeightType::F32 | WeightType::F16) {
+            return Err(Error::Unsupported(format!(
+                "{kernel} over a {} cache",
+                cache.name()
+            )));
+        }
         let mut bindings = buffers
             .iter()
             .map(|&(b, what)| self.single(b, what))
@@ -175,6 +154,12 @@ impl WgpuDevice {
             let tail = [scale.to_bits(), span, splits, merge];
             dims.iter().copied().chain(tail).collect()
         };
+        if let Accumulates::Values(head_dim) = accumulates
+            && tiled(n_tokens, head_dim)
+        {
+            let groups = (n_heads, n_tokens.div_ceil(TILE_ROWS));
+            return self.dispatch("attention_tiles", cache, &words(0, 0, 0), &bindings, groups);
+        }
         let rows = n_heads * n_tokens;
         let max_groups = self.device.limits().max_compute_workgroups_per_dimension;
         let Some((span, splits)) = split_plan(rows, n_heads, start_pos + n_tokens, max_groups)
