@@ -147,6 +147,16 @@ impl Vnni for AvxVnni {
         unsafe { [_mm256_loadu_si256(p.cast()), _mm256_setzero_si256()] }
     }
     #[inline(always)]
+    unsafe fn load16(self, p: *const u8) -> Self::I {
+        // SAFETY: see the impl; 16 readable bytes (caller).
+        unsafe {
+            [
+                _mm256_zextsi128_si256(_mm_loadu_si128(p.cast())),
+                _mm256_setzero_si256(),
+            ]
+        }
+    }
+    #[inline(always)]
     unsafe fn loadf(self, p: *const f32) -> Self::F {
         // SAFETY: see the impl; 16 readable f32 (caller).
         unsafe { [_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8))] }
@@ -380,6 +390,23 @@ impl Vnni for AvxVnni {
     fn cvt(self, a: Self::I) -> Self::F {
         // SAFETY: see the impl.
         unsafe { halves!(_mm256_cvtepi32_ps, a) }
+    }
+    #[inline(always)]
+    fn cvtph(self, a: Self::I) -> Self::F {
+        // SAFETY: see the impl (F16C).
+        unsafe {
+            [
+                _mm256_cvtph_ps(_mm256_castsi256_si128(a[0])),
+                _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(a[0])),
+            ]
+        }
+    }
+    #[inline(always)]
+    fn lane<const L: usize>(self, a: Self::F) -> Self::F {
+        // SAFETY: see the impl.
+        let v =
+            unsafe { _mm256_permutevar8x32_ps(a[(L % 16) / 8], _mm256_set1_epi32((L % 8) as i32)) };
+        [v, v]
     }
     #[inline(always)]
     fn splatf(self, v: f32) -> Self::F {

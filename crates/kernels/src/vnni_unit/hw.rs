@@ -66,6 +66,11 @@ impl Vnni for Avx512Vnni {
         unsafe { _mm512_zextsi256_si512(_mm256_loadu_si256(p.cast())) }
     }
     #[inline(always)]
+    unsafe fn load16(self, p: *const u8) -> __m512i {
+        // SAFETY: see the impl; 16 readable bytes (caller); the rest is zeroed.
+        unsafe { _mm512_zextsi128_si512(_mm_loadu_si128(p.cast())) }
+    }
+    #[inline(always)]
     unsafe fn loadf(self, p: *const f32) -> __m512 {
         // SAFETY: see the impl; 16 readable f32 (caller), unaligned load.
         unsafe { _mm512_loadu_ps(p) }
@@ -232,6 +237,16 @@ impl Vnni for Avx512Vnni {
     fn cvt(self, a: __m512i) -> __m512 {
         // SAFETY: see the impl.
         unsafe { _mm512_cvtepi32_ps(a) }
+    }
+    #[inline(always)]
+    fn cvtph(self, a: __m512i) -> __m512 {
+        // SAFETY: see the impl.
+        unsafe { _mm512_cvtph_ps(_mm512_castsi512_si256(a)) }
+    }
+    #[inline(always)]
+    fn lane<const L: usize>(self, a: __m512) -> __m512 {
+        // SAFETY: see the impl.
+        unsafe { _mm512_permutexvar_ps(_mm512_set1_epi32((L % 16) as i32), a) }
     }
     #[inline(always)]
     fn splat32(self, v: u32) -> __m512i {

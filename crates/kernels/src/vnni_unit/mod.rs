@@ -56,6 +56,11 @@ pub(crate) trait Vnni: Copy {
     /// # Safety
     /// `p .. p + 32` must be readable.
     unsafe fn load_low32(self, p: *const u8) -> Self::I;
+    /// The 16 bytes at `p` in bytes 0-15, zeros above.
+    ///
+    /// # Safety
+    /// `p .. p + 16` must be readable.
+    unsafe fn load16(self, p: *const u8) -> Self::I;
     /// The 16 f32 at `p`.
     ///
     /// # Safety
@@ -141,6 +146,10 @@ pub(crate) trait Vnni: Copy {
     fn f16(self, bits: u16) -> f32;
     /// i32 lanes converted to f32, rounding to nearest even.
     fn cvt(self, a: Self::I) -> Self::F;
+    /// The 16 f16 in bytes 0-31 as f32 lanes (`vcvtph2ps`; exact).
+    fn cvtph(self, a: Self::I) -> Self::F;
+    /// Every lane takes lane `L` of `a` (`vpermps`).
+    fn lane<const L: usize>(self, a: Self::F) -> Self::F;
     /// Every lane `v`.
     fn splatf(self, v: f32) -> Self::F;
     /// `a` in lanes 0-7, `b` in lanes 8-15.
@@ -278,6 +287,11 @@ impl Vnni for Soft {
         let lo = unsafe { read::<32>(p) };
         Bytes(std::array::from_fn(|i| if i < 32 { lo[i] } else { 0 }))
     }
+    unsafe fn load16(self, p: *const u8) -> Bytes {
+        // SAFETY: the caller's guarantee.
+        let lo = unsafe { read::<16>(p) };
+        Bytes(std::array::from_fn(|i| if i < 16 { lo[i] } else { 0 }))
+    }
     unsafe fn loadf(self, p: *const f32) -> [f32; 16] {
         // SAFETY: the caller's guarantee.
         std::array::from_fn(|l| unsafe { p.add(l).read_unaligned() })
@@ -414,6 +428,12 @@ impl Vnni for Soft {
     }
     fn cvt(self, a: Bytes) -> [f32; 16] {
         std::array::from_fn(|l| a.i32(l) as f32)
+    }
+    fn cvtph(self, a: Bytes) -> [f32; 16] {
+        std::array::from_fn(|l| half::f16::from_bits(a.i16(l) as u16).to_f32())
+    }
+    fn lane<const L: usize>(self, a: [f32; 16]) -> [f32; 16] {
+        [a[L % 16]; 16]
     }
     fn splatf(self, v: f32) -> [f32; 16] {
         [v; 16]

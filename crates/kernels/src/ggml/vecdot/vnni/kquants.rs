@@ -10,25 +10,67 @@ use super::{RowKernel, Tokens, f16_at};
 use crate::ggml::GgmlType;
 use crate::vnni_unit::{Vnni, halves16, runs16};
 
-/// The eight 6-bit scales and eight mins of a Q4_K / Q5_K block from its 12 packed bytes
-/// (ggml's `get_scale_min_k4`), each as eight bytes of a u64.
-///
-/// Bytes 0-3 hold scales 0-3 in their low 6 bits, bytes 4-7 mins 0-3; bytes 8-11 hold scales
-/// 4-7 (low nibble) and mins 4-7 (high nibble), whose top 2 bits are the top bits of bytes
-/// 0-3 and 4-7.
-#[inline(always)]
-fn k4_scales(b: &[u8]) -> (u64, u64) {
-    const LOW6: u32 = 0x3f3f_3f3f;
-    const LOW4: u32 = 0x0f0f_0f0f;
-    const LOW2: u32 = 0x0303_0303;
-    let w = |i: usize| u32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]]);
-    let (w0, w1, w2) = (w(0), w(1), w(2));
-    let scales_hi = (w2 & LOW4) | (((w0 >> 6) & LOW2) << 4);
-    let mins_hi = ((w2 >> 4) & LOW4) | (((w1 >> 6) & LOW2) << 4);
-    (
-        u64::from(w0 & LOW6) | u64::from(scales_hi) << 32,
-        u64::from(w1 & LOW6) | u64::from(mins_hi) << 32,
-    )
+/// A byte pattern repeated in each 128-bit lane (a constant operand of `shufb`, `and`).
+const fn lanes128(b: [u8; 16]) -> [u8; 64] {
+    let mut o = [0u8; 64];
+    let mut i = 0;
+    while i < 64 {
+        o[i] = b[i % 16];
+        i += 1;
+    }
+    o
+}
+
+/// The header of a Q4_K / Q5_K block (`d`, `dmin` and 12 bytes of 6-bit scales and mins,
+/// ggml's `get_scale_min_k4`) as its 32-bit words `[d|dmin, w0, w1, w2]`: scales 0-3 are the
+/// low 6 bits of `w0`'s bytes, mins 0-3 of `w1`'s; scales 4-7 are `w2`'s low nibbles with the
+/// top bits of `w0`'s bytes above, mins 4-7 its high nibbles with `w1`'s top bits. Decoded in
+/// one register (eight operations, a block's scalar unpacking took about twenty) to the
+/// words `[mins 4-7, scales 0-3, mins 0-3, scales 4-7]`, one byte each.
+mod header {
+    use super::lanes128;
+
+    /// Words `[w2, w0, w1, w2]`: each low part in place.
+    pub(super) const LOW_WORDS: [u8; 64] =
+        lanes128([12, 13, 14, 15, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]);
+    /// Word 0 shifted by 4 in its u16 lanes (the high nibbles of `w2`), the rest by 0.
+    pub(super) const LOW_SHIFT: [u8; 64] =
+        lanes128([4, 0, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+    /// Four bits of word 0 and 3, six of words 1 and 2.
+    pub(super) const LOW_MASK: [u8; 64] = lanes128([
+        0x0f, 0x0f, 0x0f, 0x0f, 0x3f, 0x3f, 0x3f, 0x3f, 0x3f, 0x3f, 0x3f, 0x3f, 0x0f, 0x0f, 0x0f,
+        0x0f,
+    ]);
+    /// Words `[w1, 0, 0, w0]`: the top two bits of each byte, shifted down by 2 to bits 4-5.
+    pub(super) const TOP_WORDS: [u8; 64] = lanes128([
+        8, 9, 10, 11, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 4, 5, 6, 7,
+    ]);
+
+    /// The i16 lane (after zero extension) holding the scale of sub-block `k`.
+    pub(super) const fn scale(k: u16) -> u16 {
+        if k < 4 { 4 + k } else { 8 + k }
+    }
+
+    /// The i16 lane holding the min of sub-block `k`.
+    pub(super) const fn min(k: u16) -> u16 {
+        if k < 4 { 8 + k } else { k - 4 }
+    }
+
+    /// Each min twice (i16 lanes 0-15, matching the activations' sums per 16); lanes 16-31
+    /// pick a zero lane.
+    pub(super) const fn pick_mins() -> [u8; 64] {
+        let mut b = [0u8; 64];
+        let mut l = 0;
+        while l < 32 {
+            b[2 * l] = if l < 16 {
+                min((l / 2) as u16) as u8
+            } else {
+                16
+            };
+            l += 1;
+        }
+        b
+    }
 }
 
 /// Q4_K: `{f16 d, dmin; u8 scales[12]; u8 qs[128]}`, value `d · sc · q - dmin · m` per
@@ -73,25 +115,51 @@ unsafe fn k4<U: Vnni, const N: usize, const FIVE: bool>(
     // The low half of a chunk's register takes the low nibbles of its 32 bytes, the high
     // half the high nibbles: values 64c .. 64c + 64 in order.
     let nibble_shift = u.bytes(halves16(0, 4));
-    // Sub-blocks 2c and 2c + 1 in the two halves: the scale to pick (i16 lane of the
-    // scales), and for Q5_K the bit of `qh` that holds their fifth bits.
-    const SUB: [[u8; 64]; 4] = [runs16(0, 16), runs16(2, 16), runs16(4, 16), runs16(6, 16)];
+    // Sub-blocks 2c and 2c + 1 in the two halves: the scale to pick from the decoded header,
+    // and for Q5_K the bits of `qh` that hold their fifth bits.
+    const SCALE: [[u8; 64]; 4] = {
+        let s = header::scale;
+        [
+            halves16(s(0), s(1)),
+            halves16(s(2), s(3)),
+            halves16(s(4), s(5)),
+            halves16(s(6), s(7)),
+        ]
+    };
+    const QH: [[u8; 64]; 4] = [runs16(0, 16), runs16(2, 16), runs16(4, 16), runs16(6, 16)];
     // No closures over unit operations here: one compiled apart would call each instruction.
-    let sub = [
-        u.bytes(SUB[0]),
-        u.bytes(SUB[1]),
-        u.bytes(SUB[2]),
-        u.bytes(SUB[3]),
+    let scale = [
+        u.bytes(SCALE[0]),
+        u.bytes(SCALE[1]),
+        u.bytes(SCALE[2]),
+        u.bytes(SCALE[3]),
     ];
-    // Each min (i16 lanes 8-15) twice, matching the activations' sums per 16; lanes 16-31
-    // meet zero sums.
-    let pick_mins = u.bytes(runs16(8, 2));
+    let qh_shift = [
+        u.bytes(QH[0]),
+        u.bytes(QH[1]),
+        u.bytes(QH[2]),
+        u.bytes(QH[3]),
+    ];
+    let (low_words, low_shift, low_mask, top_words, top_mask) = (
+        u.bytes(header::LOW_WORDS),
+        u.bytes(header::LOW_SHIFT),
+        u.bytes(header::LOW_MASK),
+        u.bytes(header::TOP_WORDS),
+        u.splat8(0x30),
+    );
+    let pick_mins = u.bytes(header::pick_mins());
+    // The scales' and the mins' terms in two sums: each block's two dependent FMAs were one
+    // chain.
     let mut acc = [u.splatf(0.0); N];
+    let mut acc_mins = [u.splatf(0.0); N];
     for (i, x) in row.chunks_exact(block).enumerate() {
-        let (d, dmin) = (f16_at(u, x, 0), f16_at(u, x, 2));
-        let (sc, mins) = k4_scales(&x[4..16]);
-        // i16 lanes 0-7: scales, 8-15: mins.
-        let sm = u.zext8to16(u.u64x2(sc, mins));
+        // SAFETY: the header is the block's first 16 bytes.
+        let h = unsafe { u.load16(x.as_ptr()) };
+        let low = u.and(u.srlv16(u.shufb(h, low_words), low_shift), low_mask);
+        let top = u.and(u.srli16::<2>(u.shufb(h, top_words)), top_mask);
+        let sm = u.zext8to16(u.or(low, top));
+        // Lanes 0 and 1: d and dmin.
+        let dd = u.cvtph(h);
         let mins16 = u.permw(pick_mins, sm);
         let qh = if FIVE {
             // SAFETY: Q5_K's bytes 16..48 lie within its 176-byte block.
@@ -107,9 +175,9 @@ unsafe fn k4<U: Vnni, const N: usize, const FIVE: bool>(
             let q = unsafe { u.load_dup32(x.as_ptr().add(qs + 32 * c)) };
             let mut v = u.and(u.srlv16(q, nibble_shift), m4);
             if FIVE {
-                v = u.or(v, u.slli16::<4>(u.and(u.srlv16(qh, sub[c]), one)));
+                v = u.or(v, u.slli16::<4>(u.and(u.srlv16(qh, qh_shift[c]), one)));
             }
-            let s = u.permw(sub[c], sm);
+            let s = u.permw(scale[c], sm);
             for j in 0..N {
                 // SAFETY: block `i` of the row lies within the rows of `xt` (caller).
                 let xv = unsafe { xt.load_x(u, j, 256 * i + 64 * c) };
@@ -117,16 +185,16 @@ unsafe fn k4<U: Vnni, const N: usize, const FIVE: bool>(
             }
         }
         for j in 0..N {
-            let dx = xt.s[j][8 * i];
+            let ddx = u.mulf(dd, u.splatf(xt.s[j][8 * i]));
             let sumi = u.add32(sumi[0][j], sumi[1][j]);
             // SAFETY: as above.
             let ms = u.dpwssd(u.zero(), unsafe { xt.load_isums(u, j, i) }, mins16);
-            acc[j] = u.fmadd(u.cvt(sumi), u.splatf(d * dx), acc[j]);
-            acc[j] = u.fmadd(u.cvt(ms), u.splatf(-(dmin * dx)), acc[j]);
+            acc[j] = u.fmadd(u.cvt(sumi), u.lane::<0>(ddx), acc[j]);
+            acc_mins[j] = u.fmadd(u.cvt(ms), u.lane::<1>(ddx), acc_mins[j]);
         }
     }
     for j in 0..N {
-        out[j] = u.hsum(acc[j]);
+        out[j] = u.hsum(u.fmadd(acc_mins[j], u.splatf(-1.0), acc[j]));
     }
 }
 
@@ -156,8 +224,8 @@ impl RowKernel for Q6K {
         let mut acc = [u.splatf(0.0); N];
         for (i, x) in row.chunks_exact(210).enumerate() {
             let d = f16_at(u, x, 208);
-            let word = |at: usize| u64::from_le_bytes(x[at..at + 8].try_into().expect("8 bytes"));
-            let sc = u.sext8to16(u.u64x2(word(192), word(200)));
+            // SAFETY: the scales are bytes 192..208 of the 210-byte block.
+            let sc = u.sext8to16(unsafe { u.load16(x.as_ptr().add(192)) });
             // The halves in two sums, as for Q4_K.
             let mut sumi = [[u.zero(); N]; 2];
             for h in 0..2 {

@@ -58,6 +58,7 @@ unsafe fn all_ops<U: Vnni>(
                 by(u.load_dup16x2(a.as_ptr().add(5), b.as_ptr().add(48))),
             ),
             ("load_low32", by(u.load_low32(b.as_ptr().add(1)))),
+            ("load16", by(u.load16(a.as_ptr().add(9)))),
             ("load_f2x8", fl(u.load_f2x8(f.as_ptr().add(3)))),
             ("loadf", fl(u.loadf(f.as_ptr()))),
         ]
@@ -110,6 +111,8 @@ unsafe fn all_ops<U: Vnni>(
                 .to_vec(),
         ),
         ("cvt", fl(u.cvt(x))),
+        ("cvtph", fl(u.cvtph(x))),
+        ("lane", fl(u.lane::<11>(fv))),
         ("splatf", fl(u.splatf(f[1]))),
         ("f2x8", fl(u.f2x8(f[2], f[5]))),
         ("addf", fl(u.addf(fv, u.cvt(x)))),
