@@ -232,6 +232,10 @@ impl Vnni for AvxVnni {
         unsafe { halves!(_mm256_or_si256, a, b) }
     }
     #[inline(always)]
+    fn and_or(self, a: Self::I, mask: Self::I, b: Self::I) -> Self::I {
+        self.or(self.and(a, mask), b)
+    }
+    #[inline(always)]
     fn srlv16(self, a: Self::I, counts: Self::I) -> Self::I {
         [srlv16_half(a[0], counts[0]), srlv16_half(a[1], counts[1])]
     }

@@ -133,6 +133,11 @@ impl Vnni for Avx512Vnni {
         unsafe { _mm512_or_si512(a, b) }
     }
     #[inline(always)]
+    fn and_or(self, a: __m512i, mask: __m512i, b: __m512i) -> __m512i {
+        // SAFETY: see the impl. 0xea: the truth table of `(a & mask) | b`.
+        unsafe { _mm512_ternarylogic_epi32::<0xea>(a, mask, b) }
+    }
+    #[inline(always)]
     fn srlv16(self, a: __m512i, counts: __m512i) -> __m512i {
         // SAFETY: see the impl.
         unsafe { _mm512_srlv_epi16(a, counts) }

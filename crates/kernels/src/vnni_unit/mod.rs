@@ -99,6 +99,8 @@ pub(crate) trait Vnni: Copy {
     fn and(self, a: Self::I, b: Self::I) -> Self::I;
     /// Bitwise or.
     fn or(self, a: Self::I, b: Self::I) -> Self::I;
+    /// `(a & mask) | b`, bitwise (one `vpternlogd`).
+    fn and_or(self, a: Self::I, mask: Self::I, b: Self::I) -> Self::I;
     /// Each u16 lane of `a` shifted right (logical) by the u16 lane of `counts` (`vpsrlvw`).
     fn srlv16(self, a: Self::I, counts: Self::I) -> Self::I;
     /// Each u16 lane of `a` shifted left by `S` (`vpsllw`).
@@ -339,6 +341,9 @@ impl Vnni for Soft {
     }
     fn or(self, a: Bytes, b: Bytes) -> Bytes {
         a.map8(|i, x| x | b.0[i])
+    }
+    fn and_or(self, a: Bytes, mask: Bytes, b: Bytes) -> Bytes {
+        a.map8(|i, x| (x & mask.0[i]) | b.0[i])
     }
     fn srlv16(self, a: Bytes, counts: Bytes) -> Bytes {
         a.map16(|l, x| {

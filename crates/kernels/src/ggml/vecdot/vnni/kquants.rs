@@ -173,9 +173,12 @@ unsafe fn k4<U: Vnni, const N: usize, const FIVE: bool>(
         for c in 0..4 {
             // SAFETY: bytes qs + 32 c .. qs + 32 c + 32 lie within the block.
             let q = unsafe { u.load_dup32(x.as_ptr().add(qs + 32 * c)) };
-            let mut v = u.and(u.srlv16(q, nibble_shift), m4);
+            let v;
             if FIVE {
-                v = u.or(v, u.slli16::<4>(u.and(u.srlv16(qh, qh_shift[c]), one)));
+                let fifth = u.slli16::<4>(u.and(u.srlv16(qh, qh_shift[c]), one));
+                v = u.and_or(u.srlv16(q, nibble_shift), m4, fifth);
+            } else {
+                v = u.and(u.srlv16(q, nibble_shift), m4);
             }
             let s = u.permw(scale[c], sm);
             for j in 0..N {
@@ -209,11 +212,12 @@ impl RowKernel for Q6K {
 
     #[inline(always)]
     unsafe fn row<U: Vnni, const N: usize>(u: U, row: &[u8], xt: &Tokens<N>, out: &mut [f32; N]) {
-        let (m4, m2) = (u.splat8(0x0f), u.splat8(0x03));
+        let (m4, top_bits) = (u.splat8(0x0f), u.splat8(0x30));
         let fours = u.bytes(halves16(4, 4));
-        // `qh` bits of values 0-63 of a half (low register half: bits 0-1, high: 2-3) and of
-        // values 64-127 (4-5, 6-7).
-        let qh_shift = [u.bytes(halves16(0, 2)), u.bytes(halves16(4, 6))];
+        // The `qh` bits of a value brought to bits 4-5 of its byte by a right shift of 0
+        // (low register half) or 2 (high half): values 64-127 of a half hold bits 4-5 and
+        // 6-7 there, values 0-63 bits 0-1 and 2-3, shifted left by 4 first.
+        let qh_shift = u.bytes(halves16(0, 2));
         // The scale of each pair sum: sub-block `8 half + 4 part + l / 8`.
         const PICK: [[[u8; 64]; 2]; 2] =
             [[runs16(0, 8), runs16(4, 8)], [runs16(8, 8), runs16(12, 8)]];
@@ -236,11 +240,11 @@ impl RowKernel for Q6K {
                         u.load_dup32(x.as_ptr().add(128 + 32 * h)),
                     )
                 };
-                let top0 = u.slli16::<4>(u.and(u.srlv16(qh, qh_shift[0]), m2));
-                let top1 = u.slli16::<4>(u.and(u.srlv16(qh, qh_shift[1]), m2));
+                let top0 = u.and(u.srlv16(u.slli16::<4>(qh), qh_shift), top_bits);
+                let top1 = u.and(u.srlv16(qh, qh_shift), top_bits);
                 let parts = [
-                    u.or(u.and(ql, m4), top0),
-                    u.or(u.and(u.srlv16(ql, fours), m4), top1),
+                    u.and_or(ql, m4, top0),
+                    u.and_or(u.srlv16(ql, fours), m4, top1),
                 ];
                 for (p, v) in parts.into_iter().enumerate() {
                     let s = u.permw(pick[h][p], sc);

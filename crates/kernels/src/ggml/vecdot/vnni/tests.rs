@@ -81,6 +81,7 @@ unsafe fn all_ops<U: Vnni>(
         ("bytes_where", by(u.bytes_where(wa))),
         ("and", by(u.and(x, y))),
         ("or", by(u.or(x, y))),
+        ("and_or", by(u.and_or(x, y, u.bytes(*b)))),
         ("srlv16", by(u.srlv16(x, counts))),
         ("slli16", by(u.slli16::<4>(x))),
         ("srli16", by(u.srli16::<4>(x))),
