@@ -173,13 +173,12 @@ unsafe fn k4<U: Vnni, const N: usize, const FIVE: bool>(
         for c in 0..4 {
             // SAFETY: bytes qs + 32 c .. qs + 32 c + 32 lie within the block.
             let q = unsafe { u.load_dup32(x.as_ptr().add(qs + 32 * c)) };
-            let v;
-            if FIVE {
+            let v = if FIVE {
                 let fifth = u.slli16::<4>(u.and(u.srlv16(qh, qh_shift[c]), one));
-                v = u.and_or(u.srlv16(q, nibble_shift), m4, fifth);
+                u.and_or(u.srlv16(q, nibble_shift), m4, fifth)
             } else {
-                v = u.and(u.srlv16(q, nibble_shift), m4);
-            }
+                u.and(u.srlv16(q, nibble_shift), m4)
+            };
             let s = u.permw(scale[c], sm);
             for j in 0..N {
                 // SAFETY: block `i` of the row lies within the rows of `xt` (caller).
