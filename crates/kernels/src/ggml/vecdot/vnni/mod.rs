@@ -145,8 +145,10 @@ unsafe fn all_rows<U: Vnni, K: RowKernel>(
             // The row after next into L1 while this one computes: the hardware prefetchers
             // alone left decode waiting on DRAM.
             if let Some(ahead) = src.get((r + PREFETCH_ROWS) * rb..(r + PREFETCH_ROWS + 1) * rb) {
-                for line in ahead.chunks(64) {
-                    u.prefetch(line.as_ptr());
+                // By offset, not `chunks(64)`: its last-chunk length cost a compare and a move
+                // per line.
+                for off in (0..rb).step_by(64) {
+                    u.prefetch(ahead.as_ptr().wrapping_add(off));
                 }
             }
             let mut o = [0.0f32; N];
