@@ -186,16 +186,6 @@ impl Vnni for AvxVnni {
         unsafe { self.load(b.as_ptr()) }
     }
     #[inline(always)]
-    fn u64x2(self, lo: u64, hi: u64) -> Self::I {
-        // SAFETY: see the impl.
-        unsafe {
-            [
-                _mm256_set_epi64x(0, 0, hi as i64, lo as i64),
-                _mm256_setzero_si256(),
-            ]
-        }
-    }
-    #[inline(always)]
     fn splat8(self, v: u8) -> Self::I {
         // SAFETY: see the impl.
         let v = unsafe { _mm256_set1_epi8(v as i8) };

@@ -101,11 +101,6 @@ impl Vnni for Avx512Vnni {
         unsafe { _mm512_loadu_si512(b.as_ptr().cast()) }
     }
     #[inline(always)]
-    fn u64x2(self, lo: u64, hi: u64) -> __m512i {
-        // SAFETY: see the impl.
-        unsafe { _mm512_zextsi128_si512(_mm_set_epi64x(hi as i64, lo as i64)) }
-    }
-    #[inline(always)]
     fn splat8(self, v: u8) -> __m512i {
         // SAFETY: see the impl.
         unsafe { _mm512_set1_epi8(v as i8) }

@@ -84,8 +84,6 @@ pub(crate) trait Vnni: Copy {
 
     /// The 64 bytes `b`.
     fn bytes(self, b: [u8; 64]) -> Self::I;
-    /// `lo` in bytes 0-7, `hi` in bytes 8-15 (little-endian), zeros above.
-    fn u64x2(self, lo: u64, hi: u64) -> Self::I;
     /// Every byte `v`.
     fn splat8(self, v: u8) -> Self::I;
     /// Every i32 lane `v` (`vpbroadcastd`).
@@ -175,6 +173,17 @@ pub(crate) trait Vnni: Copy {
     /// The bits of `m`.
     #[cfg(test)]
     fn mask_bits(self, m: Self::M) -> u64;
+}
+
+/// 16 bytes repeated in each 128-bit lane (a constant operand of `shufb` or a mask).
+pub(crate) const fn lanes128(b: [u8; 16]) -> [u8; 64] {
+    let mut o = [0u8; 64];
+    let mut i = 0;
+    while i < 64 {
+        o[i] = b[i % 16];
+        i += 1;
+    }
+    o
 }
 
 /// 64 bytes of 32 u16 lanes: `lo` in lanes 0-15, `hi` in 16-31 (a constant operand).
@@ -314,12 +323,6 @@ impl Vnni for Soft {
     fn prefetch(self, _: *const u8) {}
     fn bytes(self, b: [u8; 64]) -> Bytes {
         Bytes(b)
-    }
-    fn u64x2(self, lo: u64, hi: u64) -> Bytes {
-        let mut o = Bytes([0; 64]);
-        o.0[..8].copy_from_slice(&lo.to_le_bytes());
-        o.0[8..16].copy_from_slice(&hi.to_le_bytes());
-        o
     }
     fn splat8(self, v: u8) -> Bytes {
         Bytes([v; 64])

@@ -22,10 +22,19 @@ const KERNELS: &[(&str, &str)] = &[
         "head_norm_rope",
         include_str!("../../shaders/head_norm_rope.wgsl"),
     ),
-    ("attention", include_str!("../../shaders/attention.wgsl")),
+    (
+        "attention",
+        concat!(
+            include_str!("../../shaders/attention_io.wgsl"),
+            include_str!("../../shaders/attention.wgsl"),
+        ),
+    ),
     (
         "attention_tiles",
-        include_str!("../../shaders/attention_tiles.wgsl"),
+        concat!(
+            include_str!("../../shaders/attention_io.wgsl"),
+            include_str!("../../shaders/attention_tiles.wgsl"),
+        ),
     ),
     (
         "mla_attention",

@@ -10,17 +10,6 @@ use super::{RowKernel, Tokens, f16_at};
 use crate::ggml::GgmlType;
 use crate::vnni_unit::{Vnni, halves16, runs16};
 
-/// A byte pattern repeated in each 128-bit lane (a constant operand of `shufb`, `and`).
-const fn lanes128(b: [u8; 16]) -> [u8; 64] {
-    let mut o = [0u8; 64];
-    let mut i = 0;
-    while i < 64 {
-        o[i] = b[i % 16];
-        i += 1;
-    }
-    o
-}
-
 /// The header of a Q4_K / Q5_K block (`d`, `dmin` and 12 bytes of 6-bit scales and mins,
 /// ggml's `get_scale_min_k4`) as its 32-bit words `[d|dmin, w0, w1, w2]`: scales 0-3 are the
 /// low 6 bits of `w0`'s bytes, mins 0-3 of `w1`'s; scales 4-7 are `w2`'s low nibbles with the
@@ -28,7 +17,7 @@ const fn lanes128(b: [u8; 16]) -> [u8; 64] {
 /// one register (eight operations, a block's scalar unpacking took about twenty) to the
 /// words `[mins 4-7, scales 0-3, mins 0-3, scales 4-7]`, one byte each.
 mod header {
-    use super::lanes128;
+    use crate::vnni_unit::lanes128;
 
     /// Words `[w2, w0, w1, w2]`: each low part in place.
     pub(super) const LOW_WORDS: [u8; 64] =

@@ -93,8 +93,8 @@ impl LowBits for Q2K {
 
     #[inline(always)]
     fn scales<U: Vnni>(u: U, x: &[u8]) -> (U::I, U::F, f32) {
-        let word = |at: usize| u64::from_le_bytes(x[at..at + 8].try_into().expect("8 bytes"));
-        let v = u.u64x2(word(0), word(8));
+        // SAFETY: the scales are bytes 0..16 of the 84-byte block.
+        let v = unsafe { u.load16(x[..16].as_ptr()) };
         let (d, dmin) = (f16_at(u, x, 80), f16_at(u, x, 82));
         let m4 = u.splat8(0x0f);
         let mins = u.cvt(u.zext8to32(u.and(u.srlv16(v, u.bytes(halves16(4, 4))), m4)));
@@ -144,8 +144,8 @@ impl LowBits for Q3K {
             let hi = (s[8 + k % 4] >> (2 * (k / 4))) & 3;
             (lo | (hi << 4)).wrapping_sub(32)
         });
-        let word = |at: usize| u64::from_le_bytes(sc[at..at + 8].try_into().expect("8 bytes"));
-        let v = u.u64x2(word(0), word(8));
+        // SAFETY: `sc` is 16 bytes.
+        let v = unsafe { u.load16(sc.as_ptr()) };
         let d = f16_at(u, x, 108);
         // The -4 offset of every value, as a term per 16: -4 d sc_u against Σ x.
         let offsets = u.mulf(u.cvt(u.sext8to32(v)), u.splatf(-4.0 * d));

@@ -75,7 +75,6 @@ unsafe fn all_ops<U: Vnni>(
             .collect(),
     ));
     ops.extend([
-        ("u64x2", by(u.u64x2(wa, wb))),
         ("splat8", by(u.splat8(a[0]))),
         ("splat32", by(u.splat32(wa as u32 ^ (wb as u32)))),
         ("bytes_where", by(u.bytes_where(wa))),
