@@ -5,6 +5,7 @@
 
 use half::bf16;
 
+use crate::attention::scores;
 use crate::vector::dot;
 
 /// Output columns computed by one task: small enough to balance, large enough to amortise.
@@ -34,16 +35,13 @@ pub fn matmul_f32_ref(x: &[f32], w: &[f32], out: &mut [f32], m: usize, n: usize,
     }
 }
 
-/// Parallel f32 matmul over blocks of output columns.
+/// Parallel f32 matmul over blocks of output columns, each block the scores of the rows of
+/// `x` against rows of `w` ([`scores`]'s register tiles: a MoE router's 128 rows at 512
+/// tokens took 3.7% of a prefill as one dot product per pair).
 pub fn matmul_f32(x: &[f32], w: &[f32], out: &mut [f32], m: usize, n: usize, k: usize) {
     check(x.len(), w.len(), out.len(), m, n, k);
     matmul_blocks(out, m, n, |j0, j1, block| {
-        for i in 0..m {
-            let xi = &x[i * k..(i + 1) * k];
-            for j in j0..j1 {
-                block[i * (j1 - j0) + j - j0] = dot(xi, &w[j * k..(j + 1) * k]);
-            }
-        }
+        scores(x, m, &w[j0 * k..j1 * k], k, j1 - j0, block);
     });
 }
 

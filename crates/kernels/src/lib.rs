@@ -52,6 +52,7 @@
 
 #![deny(missing_docs)]
 
+pub mod attention;
 mod buf;
 mod error;
 pub mod gemm;

@@ -17,6 +17,7 @@ use crate::names::AttentionNames;
 use crate::ops::{parallel_map, rms_norm, softmax};
 use crate::rope::Rope;
 use crate::tensors::{AttentionTensors, MatrixSpec, TensorSpec};
+use strata_kernels::attention as blocks;
 use strata_kernels::vector::{axpy_rows, axpy_rows2, dot, dot_rows, dot_rows2};
 
 /// Where each sequence of a batch sits in the flattened rows.
@@ -165,8 +166,8 @@ fn apply_rope_rows(x: &mut [f32], positions: &[usize], stride: usize, offset: us
 /// waiting a ninth of the time).
 const ROWS_PER_TASK: usize = 32;
 
-/// One attention task: query rows `rows` of span `span` for `n` heads from `head` on (two
-/// where they read the same cache rows: one pass over the rows serves both).
+/// One attention task: query rows `rows` of span `span` for `n` heads from `head` on (heads
+/// that read the same cache rows: one pass over the rows serves them all).
 #[derive(Clone)]
 struct HeadTask {
     span: usize,
@@ -175,14 +176,10 @@ struct HeadTask {
     rows: Range<usize>,
 }
 
-/// The attention tasks of a batch: every span's rows in chunks, for every head, or every
-/// pair of heads when `paired`.
-fn head_tasks(spans: &[SeqSpan], n_heads: usize, paired: bool) -> Vec<HeadTask> {
-    let n = if paired && n_heads.is_multiple_of(2) {
-        2
-    } else {
-        1
-    };
+/// The attention tasks of a batch: every span's rows in chunks, for every `n` heads (`n`
+/// divides `n_heads`).
+fn head_tasks(spans: &[SeqSpan], n_heads: usize, n: usize) -> Vec<HeadTask> {
+    debug_assert!(n > 0 && n_heads.is_multiple_of(n));
     let mut tasks = Vec::new();
     for (span, s) in spans.iter().enumerate() {
         for head in (0..n_heads).step_by(n) {
@@ -254,6 +251,69 @@ fn by_key_blocks(keys: &[Range<usize>], heads: usize, mut f: impl FnMut(usize, R
         }
         b = e;
     }
+}
+
+/// Cache rows per block of a GQA task: a block's keys, values and scores stay in L2 while all
+/// the task's queries pass over it (at 128 values a head, 64 KiB of keys and of values).
+const KEY_BLOCK: usize = 128;
+
+/// One key head's keys and values in a layer cache: row `j` at `j * stride`.
+struct KvBlocks<'a> {
+    keys: &'a [f32],
+    values: &'a [f32],
+    stride: usize,
+}
+
+/// Softmax attention of `group` query heads per row (`qs`: `[rows x group, d]`, already
+/// scaled) over the cache positions each row sees (`keys[row]`). The positions go in blocks of
+/// [`KEY_BLOCK`] aligned to the cache, each row keeping a running maximum and sum (its
+/// weighted sums rescaled when the maximum grows), so a row's result does not depend on the
+/// other rows of its task. Returns `[rows x group, d]`.
+fn attend(qs: &[f32], group: usize, keys: &[Range<usize>], cache: &KvBlocks) -> Vec<f32> {
+    let nq = keys.len() * group;
+    let d = qs.len().checked_div(nq).unwrap_or(0);
+    let lo = keys.iter().map(|k| k.start).min().unwrap_or(0);
+    let hi = keys.iter().map(|k| k.end).max().unwrap_or(0);
+    let mut out = vec![0.0f32; nq * d];
+    let mut max = vec![f32::NEG_INFINITY; nq];
+    let mut sum = vec![0.0f32; nq];
+    let mut block = vec![0.0f32; nq * KEY_BLOCK];
+    let mut b = lo - lo % KEY_BLOCK;
+    while b < hi {
+        let js = b.max(lo)..(b + KEY_BLOCK).min(hi);
+        let (nb, at) = (js.len(), js.start * cache.stride);
+        let s = &mut block[..nq * nb];
+        blocks::scores(qs, nq, &cache.keys[at..], cache.stride, nb, s);
+        for (i, row) in s.chunks_exact_mut(nb).enumerate() {
+            // The row's positions within the block (empty when it sees none of them).
+            let k = &keys[i / group];
+            let v0 = k.start.clamp(js.start, js.end) - js.start;
+            let v1 = k.end.clamp(js.start, js.end) - js.start;
+            row[..v0].fill(0.0);
+            row[v1..].fill(0.0);
+            if v0 == v1 {
+                continue;
+            }
+            let seen = &mut row[v0..v1];
+            let m = seen.iter().copied().fold(max[i], f32::max);
+            // The sums so far in units of the new maximum (zero before the first block).
+            let rescale = blocks::exp(max[i] - m);
+            sum[i] = sum[i] * rescale + blocks::exp_shifted(seen, m);
+            if rescale != 1.0 {
+                out[i * d..(i + 1) * d]
+                    .iter_mut()
+                    .for_each(|o| *o *= rescale);
+            }
+            max[i] = m;
+        }
+        blocks::mix(s, nq, &cache.values[at..], cache.stride, nb, &mut out);
+        b += KEY_BLOCK;
+    }
+    for (o, &s) in out.chunks_exact_mut(d.max(1)).zip(&sum) {
+        let inv = if s > 0.0 { 1.0 / s } else { 0.0 };
+        o.iter_mut().for_each(|v| *v *= inv);
+    }
+    out
 }
 
 /// `scores[q][at] = qs[q] · rows[..]`: the scores of one or two query heads against the same
@@ -339,47 +399,27 @@ impl Gqa {
         }
         let caches: &[&mut LayerCache] = caches;
         let group = n_heads / n_kv_heads;
-        // Heads in pairs when both of a pair read the same key head.
-        let tasks = head_tasks(spans, n_heads, group.is_multiple_of(2));
+        // One task per key head: its `group` query heads read the same keys and values.
+        let tasks = head_tasks(spans, n_heads, group);
         let outs = parallel_map(tasks.len(), |i| {
-            let HeadTask {
-                span,
-                head,
-                n,
-                rows,
-            } = tasks[i].clone();
-            let (cache, span) = (&caches[span], &spans[span]);
-            let kv_head = head / group;
-            let keys = key_ranges(span, &rows, sliding_window);
-            let qs: Vec<Vec<&[f32]>> = rows
-                .clone()
-                .map(|r| {
-                    let at = (span.row + r) * n_heads * hd + head * hd;
-                    q[at..at + n * hd].chunks_exact(hd).collect()
-                })
-                .collect();
-            let (k_rows, v_rows) = (&cache.a()[kv_head * hd..], &cache.b()[kv_head * hd..]);
-            let mut probs: Vec<Vec<Vec<f32>>> =
-                keys.iter().map(|k| vec![vec![0.0; k.len()]; n]).collect();
-            by_key_blocks(&keys, n, |r, js| {
-                let at = js.start - keys[r].start..js.end - keys[r].start;
-                scores_of(&qs[r], &k_rows[js.start * kv_w..], kv_w, &mut probs[r], at);
-            });
-            for p in probs.iter_mut().flatten() {
-                p.iter_mut().for_each(|v| *v *= scale);
-                softmax(p);
+            let task = &tasks[i];
+            let (cache, span) = (&caches[task.span], &spans[task.span]);
+            // The task's queries, scaled, `[rows x group, hd]`: the heads of a key head are
+            // side by side in `q`.
+            let width = group * hd;
+            let mut qs = Vec::with_capacity(task.rows.len() * width);
+            for r in task.rows.clone() {
+                let at = (span.row + r) * n_heads * hd + task.head * hd;
+                qs.extend(q[at..at + width].iter().map(|v| v * scale));
             }
-            let width = n * hd;
-            let mut sums = vec![0.0f32; rows.len() * width];
-            by_key_blocks(&keys, n, |r, js| {
-                let at = js.start - keys[r].start..js.end - keys[r].start;
-                let s = &mut sums[r * width..(r + 1) * width];
-                mix_rows(&probs[r], at, &v_rows[js.start * kv_w..], kv_w, s);
-            });
-            // Added to the output once, as `axpy_rows` adds its sum.
-            let mut out = vec![0.0f32; rows.len() * width];
-            out.iter_mut().zip(&sums).for_each(|(o, s)| *o += s);
-            out
+            let keys = key_ranges(span, &task.rows, sliding_window);
+            let at = task.head / group * hd;
+            let cache = KvBlocks {
+                keys: &cache.a()[at..],
+                values: &cache.b()[at..],
+                stride: kv_w,
+            };
+            attend(&qs, group, &keys, &cache)
         });
         let attn = scatter_heads(outs, &tasks, spans, n_heads, hd, t);
         self.o.forward(&attn, t)
@@ -443,7 +483,8 @@ impl Mla {
         let caches: &[&mut LayerCache] = caches;
         let (l, rd, vd) = (kv_lora, rope_dim, v_dim);
         // Every head reads the same latents: heads in pairs.
-        let tasks = head_tasks(spans, n_heads, true);
+        let pair = if n_heads.is_multiple_of(2) { 2 } else { 1 };
+        let tasks = head_tasks(spans, n_heads, pair);
         let outs = parallel_map(tasks.len(), |i| {
             let HeadTask {
                 span,
