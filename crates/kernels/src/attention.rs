@@ -225,8 +225,9 @@ mod x86 {
     /// Bytes of cache rows a kernel keeps in L1 (of 32-48 KiB) while all queries pass.
     const L1_BYTES: usize = 8 * 1024;
 
-    /// [`super::scores`] in 4 x 4 register tiles of sixteen-lane sums; edge tiles repeat their
-    /// last query or key (computed, not stored), so every pair sees the same operations.
+    /// [`super::scores`] in register tiles of sixteen pairs (4 queries x 4 keys; the last one
+    /// to three queries as 2 x 8 or 1 x 16) of sixteen-lane sums; edge tiles repeat their last
+    /// key (computed, not stored), so every pair sees the same operations.
     ///
     /// # Safety
     /// AVX-512 F must be available; `d` is a multiple of 16 and the shapes were checked.
@@ -242,41 +243,68 @@ mod x86 {
     ) {
         // Keys in runs that stay in L1 while every query passes over them (from L2 every
         // tile's four keys were a load per FMA).
-        let run = (L1_BYTES / (4 * d).max(1)).next_multiple_of(4).max(4);
+        let run = (L1_BYTES / (4 * d).max(1)).next_multiple_of(16).max(16);
         for r0 in (0..nk).step_by(run) {
-            for i0 in (0..nq).step_by(4) {
-                let qi: [usize; 4] = std::array::from_fn(|i| (i0 + i).min(nq - 1) * d);
-                for j0 in (r0..nk.min(r0 + run)).step_by(4) {
-                    let kj: [usize; 4] = std::array::from_fn(|j| (j0 + j).min(nk - 1) * stride);
-                    let mut acc = [_mm512_setzero_ps(); 16];
-                    for c in (0..d).step_by(16) {
-                        // SAFETY: query rows below `nq` and key rows below `nk` hold `d` values
-                        // each within their slices (checked by the caller), `c + 16 <= d`.
-                        let (qv, kv): ([__m512; 4], [__m512; 4]) = unsafe {
-                            (
-                                std::array::from_fn(|i| _mm512_loadu_ps(q.as_ptr().add(qi[i] + c))),
-                                std::array::from_fn(|j| {
-                                    _mm512_loadu_ps(keys.as_ptr().add(kj[j] + c))
-                                }),
-                            )
-                        };
-                        for i in 0..4 {
-                            for j in 0..4 {
-                                acc[4 * i + j] = _mm512_fmadd_ps(qv[i], kv[j], acc[4 * i + j]);
-                            }
-                        }
+            let keys_run = r0..nk.min(r0 + run);
+            let mut i0 = 0;
+            while i0 < nq {
+                // SAFETY: as this function; the tile's queries lie below `nq`.
+                i0 += unsafe {
+                    match nq - i0 {
+                        4.. => score_tiles::<4, 4>(q, i0, d, keys, stride, nk, &keys_run, out),
+                        2 | 3 => score_tiles::<2, 8>(q, i0, d, keys, stride, nk, &keys_run, out),
+                        _ => score_tiles::<1, 16>(q, i0, d, keys, stride, nk, &keys_run, out),
                     }
-                    let mut sums = [0.0f32; 16];
-                    // SAFETY: `sums` holds 16 floats.
-                    unsafe { _mm512_storeu_ps(sums.as_mut_ptr(), lane_sums(acc)) };
-                    for i in 0..4.min(nq - i0) {
-                        for j in 0..4.min(nk - j0) {
-                            out[(i0 + i) * nk + j0 + j] = sums[4 * i + j];
-                        }
+                };
+            }
+        }
+    }
+
+    /// Queries `i0 .. i0 + MQ` against the keys of `run` in tiles of `NK`; returns `MQ`.
+    ///
+    /// # Safety
+    /// As [`scores`]; `i0 + MQ <= nq`.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn score_tiles<const MQ: usize, const NK: usize>(
+        q: &[f32],
+        i0: usize,
+        d: usize,
+        keys: &[f32],
+        stride: usize,
+        nk: usize,
+        run: &std::ops::Range<usize>,
+        out: &mut [f32],
+    ) -> usize {
+        const { assert!(MQ * NK == 16) };
+        for j0 in run.clone().step_by(NK) {
+            let kj: [usize; NK] = std::array::from_fn(|j| (j0 + j).min(nk - 1) * stride);
+            let mut acc = [_mm512_setzero_ps(); 16];
+            for c in (0..d).step_by(16) {
+                // SAFETY: query rows `i0 .. i0 + MQ` and key rows below `nk` hold `d` values
+                // each within their slices (checked by the caller), `c + 16 <= d`.
+                let (qv, kv): ([__m512; MQ], [__m512; NK]) = unsafe {
+                    (
+                        std::array::from_fn(|i| _mm512_loadu_ps(q.as_ptr().add((i0 + i) * d + c))),
+                        std::array::from_fn(|j| _mm512_loadu_ps(keys.as_ptr().add(kj[j] + c))),
+                    )
+                };
+                for i in 0..MQ {
+                    for j in 0..NK {
+                        acc[NK * i + j] = _mm512_fmadd_ps(qv[i], kv[j], acc[NK * i + j]);
                     }
                 }
             }
+            let mut sums = [0.0f32; 16];
+            // SAFETY: `sums` holds 16 floats.
+            unsafe { _mm512_storeu_ps(sums.as_mut_ptr(), lane_sums(acc)) };
+            for i in 0..MQ {
+                let n = NK.min(nk - j0);
+                out[(i0 + i) * nk + j0..][..n].copy_from_slice(&sums[NK * i..][..n]);
+            }
         }
+        MQ
     }
 
     /// Lane `v` of the result: the sum of `acc[v]`'s sixteen lanes, as `(e0 + e2) + (e1 + e3)`
