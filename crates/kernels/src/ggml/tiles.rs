@@ -313,6 +313,8 @@ pub(crate) fn block(
             data..data + scales,
         )
         .expect("the tile holds exactly its layout");
+        // The values of types with mins are never negative: stored as they are.
+        let view = if biased { view.unsigned() } else { view };
         micro::run_block(kernel, &view, a, tokens.clone(), 0..strips, &mut out, ldo);
         if biased {
             // SAFETY: every bit pattern is a valid f32; the biases follow the scales, 64-byte

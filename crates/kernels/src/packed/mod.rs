@@ -160,6 +160,9 @@ pub struct PackedMatrix {
     pub(crate) data: PackedBytes,
     /// `[strip][group][16]`.
     pub(crate) scales: PackedScales,
+    /// What the stored integers exceed the values by ([`micro::offset`] of the kind, or 0
+    /// for the INT8 tiles of values that are never negative: [`PackedMatrix::unsigned`]).
+    pub(crate) offset: i32,
 }
 
 /// Bytes that stay at one address, unchanged, for as long as their owner lives: a read-only
@@ -384,7 +387,18 @@ impl PackedMatrix {
             strip_bytes: l.strip_bytes,
             data,
             scales,
+            offset: micro::offset(l.kind),
         }
+    }
+
+    /// The same INT8 matrix with its integers stored as they are (`q`, not `q + 128`): the
+    /// tiles of ggml types whose values are never negative (`q` in 0..32), whose sums then
+    /// need no offset correction (10% of the Q4_K tile kernel's time on an Ice Lake,
+    /// 2026-11-30).
+    pub(crate) fn unsigned(mut self) -> Self {
+        debug_assert_eq!(self.kind, Kind::Int8, "unsigned storage is an INT8 form");
+        self.offset = 0;
+        self
     }
 
     /// A matrix over bytes stored by [`PackedMatrix::data_bytes`] and
@@ -526,7 +540,7 @@ impl PackedMatrix {
         let strip = &self.data.as_slice()[s * self.strip_bytes..(s + 1) * self.strip_bytes];
         let quad = p / 4;
         if self.kind == Kind::Int8 {
-            return i32::from(strip[quad * LINE + c * 4 + p % 4]) - 128;
+            return i32::from(strip[quad * LINE + c * 4 + p % 4]) - self.offset;
         }
         let b = strip[(quad / 2) * LINE + c * 4 + p % 4];
         let q = if quad.is_multiple_of(2) {

@@ -44,7 +44,8 @@ pub(super) fn strips<'a>(
 /// Writes the INT8 tile lines of one strip of Q4_K rows: `rows` rows (at most 16; the rest
 /// of the strip is the stored zero) of `blocks` blocks of `block` bytes in `src`, into `dst`
 /// (64 lines per block). Each 64-`k` chunk of a row is 32 bytes of nibbles (low: the first
-/// sub-block, high: the second), unpacked to `q ^ 0x80` and transposed with the other rows'.
+/// sub-block, high: the second), unpacked to `q` (the tile is unsigned, its zero 0) and
+/// transposed with the other rows'.
 ///
 /// # Safety
 /// AVX-512 F/BW/VL must be available.
@@ -58,20 +59,19 @@ pub(super) unsafe fn q4_k_strip(
 ) {
     let row_bytes = blocks * block;
     assert!(rows <= 16 && src.len() >= rows * row_bytes && dst.len() >= blocks * 64 * 64);
-    let (nib, flip) = (_mm256_set1_epi8(0x0f), _mm512_set1_epi8(i8::MIN));
+    let nib = _mm256_set1_epi8(0x0f);
     for b in 0..blocks {
         for p in 0..4 {
             let r: [__m512i; 16] = std::array::from_fn(|c| {
                 if c >= rows {
-                    return flip;
+                    return _mm512_setzero_si512();
                 }
                 let at = c * row_bytes + b * block + 16 + 32 * p;
                 // SAFETY: 32 bytes at `at` lie within row `c`'s block `b` (checked above).
                 let qs = unsafe { _mm256_loadu_si256(src.as_ptr().add(at).cast()) };
                 let lo = _mm256_and_si256(qs, nib);
                 let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(qs), nib);
-                let v = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
-                _mm512_xor_si512(v, flip)
+                _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
             });
             // SAFETY: the caller checked the features; the 16 lines from `64 b + 16 p`
             // lie within `dst` (checked above).

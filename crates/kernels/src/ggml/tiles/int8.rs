@@ -1,5 +1,7 @@
 //! INT8 tiles: a tile of ggml rows written as packed `Int8 { group: Some(32) }` (values
-//! `q + 128`, lines of 16 rows x 4 `k`, a scale per row and 32 `k`).
+//! `q + 128`, lines of 16 rows x 4 `k`, a scale per row and 32 `k`); the [`biased`] types'
+//! values, never negative, as they are (`q`: the matrix is `unsigned`, and its sums need no
+//! offset correction).
 //!
 //! Types whose values are `d · q + m` per 32 with one `d`, one `m` and `q` in int8 (Q4_0,
 //! Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, IQ4_NL, IQ4_XS: [`exact`]) are stored as they are, with
@@ -162,7 +164,8 @@ pub(crate) fn requantize(v: &[f32; GROUP], out: &mut [u8; GROUP]) -> f32 {
 
 /// Writes `w` as a packed INT8 tile: values into `bytes`, scales (`[strip][group][16]`) into
 /// `scales` and, for a [`biased`] type, the group biases (`[group][n_pad]`) into `bias`.
-/// Padding rows and columns are zero (stored 128) with scale and bias zero.
+/// Padding rows and columns are zero (stored 128, or 0 for a [`biased`] type) with scale and
+/// bias zero.
 pub(super) fn fill(
     w: Rows<'_>,
     bytes: &mut [u8],
@@ -236,6 +239,9 @@ pub(super) fn fill_body<const AVX512: bool, const AVX2: bool>(
     let groups = k_pad / GROUP;
     let decoded = has_fast_kernel(w.ty);
     let (exact, biased) = (exact(w.ty), biased(w.ty));
+    // What turns a decoded `q` into its stored byte: `q + 128`, or `q` itself for the
+    // unsigned tiles of biased types.
+    let flip = if biased { 0 } else { 0x80 };
     #[cfg(target_arch = "x86_64")]
     if AVX512 && w.ty == GgmlType::Q4_K && k == k_pad {
         // The commonest expert type of MoE releases, decoded straight from its blocks.
@@ -252,7 +258,8 @@ pub(super) fn fill_body<const AVX512: bool, const AVX2: bool>(
         return;
     }
     // An exact type whose rows fill whole lines is transposed straight from its decoded
-    // values (`q ^ 0x80` is the stored byte): no copy of the tile in between.
+    // values (`q ^ 0x80` is the stored byte, `q` for a biased type): no copy of the tile in
+    // between.
     let direct = decoded && exact && k == k_pad;
     if decoded {
         let rows = if direct { n_pad } else { nr };
@@ -267,7 +274,7 @@ pub(super) fn fill_body<const AVX512: bool, const AVX2: bool>(
         dequantize_row(w.ty, w.bytes, &mut s.f).expect("validated at construction");
     }
     // 1. The scales and biases (padding zero) and, unless `direct`, every row as stored
-    // bytes, `k_pad` apart (padding 128, the stored zero).
+    // bytes, `k_pad` apart (padding the stored zero).
     scales.fill(0.0);
     if biased {
         bias[..groups * n_pad].fill(0.0);
@@ -290,7 +297,7 @@ pub(super) fn fill_body<const AVX512: bool, const AVX2: bool>(
         }
     } else {
         s.b.clear();
-        s.b.resize(n_pad * k_pad, 128);
+        s.b.resize(n_pad * k_pad, flip);
     }
     for r in (0..nr).filter(|_| !direct) {
         let row = &mut s.b[r * k_pad..(r + 1) * k_pad];
@@ -332,7 +339,7 @@ pub(super) fn fill_body<const AVX512: bool, const AVX2: bool>(
             sc[g * STRIP + c] = if decoded && exact {
                 let q = &s.q[at..at + GROUP];
                 for (b, &q) in qb.iter_mut().zip(q) {
-                    *b = (q as u8) ^ 0x80;
+                    *b = (q as u8) ^ flip;
                 }
                 if biased {
                     bias[g * n_pad + r] = s.m[at / UNIT];
@@ -363,7 +370,7 @@ pub(super) fn fill_body<const AVX512: bool, const AVX2: bool>(
         // SAFETY: i8 and u8 have the same size and alignment, and every bit pattern is valid.
         (
             unsafe { std::slice::from_raw_parts(s.q.as_ptr().cast(), s.q.len()) },
-            0x80,
+            flip,
         )
     } else {
         (&s.b, 0)

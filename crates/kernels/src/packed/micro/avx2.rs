@@ -270,7 +270,8 @@ unsafe fn flush<const MR: usize, const NS: usize>(
 /// As [`block_impl`]; `t` covers `MR` valid rows and `NS` valid strips.
 #[target_feature(enable = "avx2,fma")]
 unsafe fn int8_tile<const MR: usize, const NS: usize>(t: &Tile, it: &IntTile) {
-    let flip = _mm256_set1_epi8(-128);
+    // The stored byte less the offset: `q + 128` flipped, or an unsigned matrix's `q`.
+    let flip = _mm256_set1_epi8(if it.pm.offset == 0 { 0 } else { i8::MIN });
     let ones = _mm256_set1_epi16(1);
     let mut accf = [[[_mm256_setzero_ps(); 2]; NS]; MR];
     let mut f = 0;

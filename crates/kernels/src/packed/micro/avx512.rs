@@ -450,12 +450,16 @@ fn start_span<U: Vnni, const MR: usize, const NS: usize>(
     let mut xs = [u.splatf(0.0); MR];
     for i in 0..MR {
         let r = it.row0 + i;
+        xs[i] = u.splatf(it.act.scale[r * stride + col]);
+        // Values stored without an offset start from zero.
+        if it.pm.offset == 0 {
+            continue;
+        }
         let corr = correction(it.pm, it.act, r, f0, it.fs);
         let corr = u.splat32(corr.wrapping_neg() as u32);
         for acc in acc[i].iter_mut() {
             *acc = corr;
         }
-        xs[i] = u.splatf(it.act.scale[r * stride + col]);
     }
     (acc, xs)
 }

@@ -223,7 +223,7 @@ pub(crate) fn correction(
     let s: i32 = a.xsum[u0..u0 + span / crate::packed::XSUM_UNIT]
         .iter()
         .sum();
-    offset(w.kind) * s
+    w.offset * s
 }
 
 /// `f32` to BF16 bits, rounding to nearest even; NaN stays NaN (quiet bit set). Bit-identical
