@@ -6,9 +6,9 @@
 //! head, times the rows of a task, against a block of cache rows), so the fast paths are
 //! register tiles: 4 queries x 4 keys of scores per pass over the head's values (each key
 //! loaded once for four queries, each query once for four keys), 4 queries x 64 values of
-//! weighted sums per pass over the cache rows. One query against the cache at a time
-//! ([`crate::vector::dot_rows`]) reloads every key for every query and sums each pair's lanes
-//! alone: a 512-token prefill spent 14% of its time there (2026-11-30, Ice Lake).
+//! weighted sums per pass over the cache rows. One or two queries against the cache at a
+//! time ([`crate::vector::dot_rows2`]) reload every key for every pair of queries and sum each
+//! pair's lanes alone: a 512-token prefill spent 14% of its time there (2026-11-30, Ice Lake).
 //!
 //! [`mix`] gives the same bits on every path (each value's sum is one chain of fused
 //! multiply-adds in key order, as [`crate::vector::axpy_rows2`]'s); so does [`exp_shifted`]
@@ -42,7 +42,9 @@ fn scores_on(
 ) {
     let d = check_block("scores", q.len(), nq, keys.len(), stride, nk);
     assert_eq!(out.len(), nq * nk, "scores of {nq} x {nk}");
-    if nq == 0 || nk == 0 {
+    if d == 0 || nk == 0 {
+        // Empty rows: every score is the empty sum.
+        out.fill(0.0);
         return;
     }
     #[cfg(target_arch = "x86_64")]
@@ -84,7 +86,7 @@ fn mix_on(
 ) {
     let d = check_block("mix", out.len(), nq, values.len(), stride, nk);
     assert_eq!(p.len(), nq * nk, "weights of {nq} x {nk}");
-    if nq == 0 || nk == 0 {
+    if nq == 0 || nk == 0 || d == 0 {
         return;
     }
     #[cfg(target_arch = "x86_64")]

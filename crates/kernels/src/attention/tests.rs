@@ -118,6 +118,22 @@ fn exp_is_accurate_and_the_same_on_every_path() {
     }
 }
 
+/// Empty blocks: no queries, no keys, or rows of no values (a `k = 0` gemm).
+#[test]
+fn empty_blocks_give_empty_sums_on_every_path() {
+    for isa in Isa::available() {
+        let mut out = vec![f32::NAN; 6];
+        scores_on(isa, &[], 2, &[], 0, 3, &mut out);
+        assert_eq!(out, [0.0; 6], "{isa:?}");
+        scores_on(isa, &[1.0; 32], 2, &[], 16, 0, &mut []);
+        scores_on(isa, &[], 0, &[1.0; 16], 16, 1, &mut []);
+        let mut sums = [2.0f32; 4];
+        mix_on(isa, &[], 2, &[], 2, 0, &mut sums);
+        mix_on(isa, &[0.5; 3], 3, &[], 0, 1, &mut []);
+        assert_eq!(sums, [2.0; 4], "{isa:?}");
+    }
+}
+
 /// A block whose last key would end past the cache is refused, naming the shape.
 #[test]
 #[should_panic(expected = "scores: 3 rows of 16 values, 20 apart, need 56 values, got 55")]
