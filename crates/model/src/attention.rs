@@ -564,3 +564,6 @@ impl Mla {
         self.o.forward(&attn, t)
     }
 }
+
+#[cfg(test)]
+mod tests;
