@@ -1,16 +1,5 @@
 use super::*;
-
-/// Deterministic values in [-1, 1).
-fn values(n: usize, seed: &mut u64) -> Vec<f32> {
-    (0..n)
-        .map(|_| {
-            *seed = seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
+use crate::packed::tests::rand_vec;
 
 const SHAPES: [(usize, usize, usize); 9] = [
     (3, 70, 128),
@@ -31,8 +20,8 @@ fn scores_match_plain_sums_on_every_path() {
     let mut seed = 7;
     for (nq, nk, d) in SHAPES {
         let stride = d + 5;
-        let q = values(nq * d, &mut seed);
-        let keys = values(nk * stride, &mut seed);
+        let q = rand_vec(nq * d, &mut seed);
+        let keys = rand_vec(nk * stride, &mut seed);
         for isa in Isa::available() {
             let mut out = vec![f32::NAN; nq * nk];
             scores_on(isa, &q, nq, &keys, stride, nk, &mut out);
@@ -66,9 +55,9 @@ fn mix_is_one_fused_chain_per_value_on_every_path() {
     let mut seed = 11;
     for (nq, nk, d) in SHAPES.into_iter().chain([(5, 6, 150), (4, 2, 80)]) {
         let stride = d + 3;
-        let p = values(nq * nk, &mut seed);
-        let v = values(nk * stride, &mut seed);
-        let start = values(nq * d, &mut seed);
+        let p = rand_vec(nq * nk, &mut seed);
+        let v = rand_vec(nk * stride, &mut seed);
+        let start = rand_vec(nq * d, &mut seed);
         let mut want = start.clone();
         for i in 0..nq {
             for c in 0..d {
@@ -103,7 +92,7 @@ fn exp_is_accurate_and_the_same_on_every_path() {
     assert_eq!(exp(0.0), 1.0);
     let mut seed = 3;
     for n in [0, 1, 15, 16, 17, 64, 100] {
-        let x: Vec<f32> = values(n, &mut seed).iter().map(|v| v * 40.0).collect();
+        let x: Vec<f32> = rand_vec(n, &mut seed).iter().map(|v| v * 80.0).collect();
         let shift = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let mut want = x.clone();
         let want_sum = exp_shifted_ref(&mut want, shift);
