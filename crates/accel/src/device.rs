@@ -604,8 +604,11 @@ pub trait Device: Send + Sync + fmt::Debug {
     /// [`crate::Error::OutOfBudget`] past the budget.
     fn alloc(&self, bytes: u64, granule: u64, label: &str) -> Result<Buffer>;
 
-    /// Copies `data` into `buf` at `offset` without waiting for it to land: the returned
-    /// event completes when it has. Kernels issued later see the data.
+    /// Copies `data` into `buf` at `offset` without waiting for it to land, in order with
+    /// the work recorded around it: kernels recorded before do not see the data, kernels
+    /// recorded after do. A backend may send it with the next [`Device::submit`] rather than
+    /// submit it alone; the returned event completes when it has landed ([`Device::wait`]
+    /// on it submits what it needs).
     fn upload(&self, buf: &Buffer, offset: u64, data: &[u8]) -> Result<Event>;
 
     /// Starts reading `len` bytes of `buf` from `offset`, after all work issued before,
@@ -631,7 +634,8 @@ pub trait Device: Send + Sync + fmt::Debug {
     /// Records a kernel launch; it runs at the next [`Device::submit`].
     fn enqueue(&self, op: &Op<'_>) -> Result<()>;
 
-    /// Sends recorded work to the device; the event completes when it has run.
+    /// Sends recorded work to the device (nothing when none is recorded); the event
+    /// completes when all work sent so far has run.
     fn submit(&self) -> Result<Event>;
 
     /// Blocks until `event` completes.

@@ -301,3 +301,42 @@ fn download_is_async_and_ordered_with_later_kernels() {
     dev.wait(&after).unwrap();
     assert_ne!(down(&*dev, &b, 1000), v, "the later kernel ran");
 }
+
+/// Uploads between kernels are recorded with them: they cost no submission of their own,
+/// the work before an upload does not see its bytes and the work after does; waiting on an
+/// upload's event sends it. An upload past the staging belt's size (weights at load) is
+/// submitted at once, still after the work recorded before it.
+#[test]
+fn uploads_go_with_the_next_submission_in_order() {
+    let Some(dev) = default_gpu() else { return };
+    let n = 1000usize;
+    let bytes = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+    let first: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    let second: Vec<f32> = (0..n).map(|i| -(i as f32)).collect();
+    let x = up(&*dev, &first);
+    dev.wait(&dev.submit().unwrap()).unwrap();
+    let (a, b) = (up(&*dev, &first), up(&*dev, &first));
+    let before = dev.traffic();
+    dev.copy(&x, 0, &a, 0, 4 * n as u64).unwrap();
+    let landed = dev.upload(&x, 0, &bytes(&second)).unwrap();
+    dev.copy(&x, 0, &b, 0, 4 * n as u64).unwrap();
+    // A buffer of a ragged length, written whole.
+    let ragged = dev.alloc(7, 0, "ragged").unwrap();
+    dev.upload(&ragged, 0, &[1, 2, 3, 4, 5, 6, 7]).unwrap();
+    assert_eq!(dev.traffic().since(before).submissions, 0);
+    dev.wait(&landed).unwrap();
+    assert_eq!(dev.traffic().since(before).submissions, 1);
+    assert_eq!(down(&*dev, &a, n), first, "the copy before the upload");
+    assert_eq!(down(&*dev, &b, n), second, "the copy after the upload");
+    assert_eq!(dev.download(&ragged, 0, 7).unwrap(), [1, 2, 3, 4, 5, 6, 7]);
+
+    let big = 40usize << 20;
+    let weights = dev.alloc(big as u64, 4, "big upload").unwrap();
+    let pattern: Vec<u8> = (0..big).map(|i| (i % 251) as u8).collect();
+    dev.copy(&x, 0, &a, 0, 4 * n as u64).unwrap();
+    let before = dev.traffic();
+    dev.upload(&weights, 0, &pattern).unwrap();
+    assert_eq!(dev.traffic().since(before).submissions, 2);
+    let got = dev.download(&weights, big as u64 - 4096, 4096).unwrap();
+    assert_eq!(got, pattern[big - 4096..]);
+}

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use common::default_gpu;
-use strata_accel::{Device, WeightType};
+use strata_accel::{Device, Traffic, WeightType};
 use strata_exec::{
     ExecOptions, GpuModel, HostExperts, HybridExecutor, PolicyKind, PolicyOptions, SsdOptions,
     SsdTier, build_policy, cost_model, install, model_shape, ssd_min_budget,
@@ -58,8 +58,8 @@ fn run_cpu(model: &Model, prompt: &[u32], next: &[u32]) -> Vec<f32> {
 }
 
 /// What the device computes for the same steps (f32 cache: the kernels' own error), and
-/// the host round trips of the decode steps.
-fn run_gpu(model: &GpuModel, prompt: &[u32], next: &[u32]) -> (Vec<f32>, u64) {
+/// the device traffic of the decode steps.
+fn run_gpu(model: &GpuModel, prompt: &[u32], next: &[u32]) -> (Vec<f32>, Traffic) {
     let len = prompt.len() + next.len();
     let mut cache = model.new_cache_as(len, WeightType::F32).unwrap();
     let mut out = model.forward(prompt, &mut cache).unwrap();
@@ -71,7 +71,7 @@ fn run_gpu(model: &GpuModel, prompt: &[u32], next: &[u32]) -> (Vec<f32>, u64) {
                 .unwrap(),
         );
     }
-    (out, model.device().traffic().since(before).downloads)
+    (out, model.device().traffic().since(before))
 }
 
 fn rel_err(got: &[f32], want: &[f32]) -> f32 {
@@ -110,12 +110,23 @@ fn hybrid_layout_matches_cpu_on_every_fixture() {
         let opts = LoadOptions::from(Precision::F32);
         let gpu = GpuModel::load_hybrid(dev.clone(), &dir, opts).unwrap();
         assert!(gpu.experts_on_host(), "{name}");
-        let (got, round_trips) = run_gpu(&gpu, &PROMPT, &NEXT);
+        let (got, traffic) = run_gpu(&gpu, &PROMPT, &NEXT);
+        let round_trips = traffic.downloads;
         let e = rel_err(&got, &want);
         println!("{name}: hybrid layout, max rel err {e:.2e}");
         assert!(e <= 1e-3, "{name}: error {e:.2e} > 1e-3");
-        let budget = NEXT.len() as u64 * (moe_layers(&gpu) + 1);
-        assert_eq!(round_trips, budget, "{name}: host round trips in decode");
+        let (steps, layers) = (NEXT.len() as u64, moe_layers(&gpu));
+        assert_eq!(
+            round_trips,
+            steps * (layers + 1),
+            "{name}: host round trips in decode"
+        );
+        // A MoE layer submits its routing's readback and, after it, the shared experts'
+        // work; uploads go with the next submission.
+        assert!(
+            traffic.submissions <= steps * (2 * layers + 1),
+            "{name}: submissions in decode: {traffic:?}"
+        );
     }
 }
 
@@ -192,7 +203,8 @@ fn hybrid_layout_runs_the_executors_policies() {
         Backend::set_routing_tap(&gpu, Some(seen.clone()));
         cpu.set_routing_tap(Some(cpu_seen.clone()));
         let want = run_cpu(&cpu, &PROMPT, &NEXT);
-        let (got, round_trips) = run_gpu(&gpu, &PROMPT, &NEXT);
+        let (got, traffic) = run_gpu(&gpu, &PROMPT, &NEXT);
+        let round_trips = traffic.downloads;
         // The policies see the router's best 2k candidates, as on the CPU.
         let candidates = seen.0.lock().unwrap().clone();
         assert!(!candidates.is_empty(), "{policy}");
@@ -215,10 +227,21 @@ fn hybrid_layout_runs_the_executors_policies() {
             assert!(stats.deferred_experts > 0, "{policy}: {stats}");
             assert_eq!(stats.gpu_pairs, 0, "{policy}: {stats}");
             assert_eq!(round_trips, steps * (layers + 1), "{policy}");
+            // The fixture has no shared experts: the readback is the layer's one submission.
+            assert!(
+                traffic.submissions <= steps * (layers + 1),
+                "{policy}: submissions in decode: {traffic:?}"
+            );
         } else {
             assert!(stats.gpu_pairs > 0, "{policy}: {stats}");
             // The device's experts read their input where it is and stay there.
             assert_eq!(round_trips, steps * (layers + 1), "{policy}");
+            // Uploads of missed experts go with the device's round: about one submission
+            // each per layer, where each upload alone submitted twice.
+            assert!(
+                traffic.submissions <= steps * (3 * layers + 1),
+                "{policy}: submissions in decode: {traffic:?}"
+            );
         }
     }
 }
@@ -241,7 +264,8 @@ fn hybrid_layout_defers_the_devices_experts() {
     let exec = executor_with(&dev, &dir, &gpu, build, None);
     gpu.set_hybrid_executor(Some(exec.clone()));
     let want = run_cpu(&cpu, &PROMPT, &NEXT);
-    let (got, round_trips) = run_gpu(&gpu, &PROMPT, &NEXT);
+    let (got, traffic) = run_gpu(&gpu, &PROMPT, &NEXT);
+    let round_trips = traffic.downloads;
     let stats = exec.stats();
     let e = rel_err(&got, &want);
     println!("deferred on the device: error {e:.2e}, {stats}");
@@ -293,7 +317,8 @@ fn three_tiers_equal_the_mapped_file() {
             let exec = executor_with(&dev, &path, &gpu, build, tier.clone());
             gpu.keep_candidates(true);
             gpu.set_hybrid_executor(Some(exec.clone()));
-            let (logits, round_trips) = run_gpu(&gpu, &prompt, &next);
+            let (logits, traffic) = run_gpu(&gpu, &prompt, &next);
+            let round_trips = traffic.downloads;
             (logits, round_trips, exec.stats(), tier)
         };
         let (want, _, plain, _) = run(false);
@@ -468,7 +493,8 @@ fn hybrid_layout_runs_the_ssd_tier() {
     };
     let tier = Arc::new(SsdTier::new(&gpu.host_moe_blocks(), &path, &opts).unwrap());
     gpu.set_executor(Some(tier.clone()));
-    let (got, round_trips) = run_gpu(&gpu, &prompt, &next);
+    let (got, traffic) = run_gpu(&gpu, &prompt, &next);
+    let round_trips = traffic.downloads;
     let stats = tier.stats();
     println!("ssd tier under the hybrid layout: {stats}");
     assert!(stats.misses > 0, "{stats}");

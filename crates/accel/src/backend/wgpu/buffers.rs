@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
-use super::{WgpuDevice, lock};
+use super::{STAGED_MAX, WgpuDevice, lock};
 use crate::device::{Buffer, Event, RawBuffer, Readback};
 use crate::{Error, Result};
 
@@ -222,8 +222,12 @@ impl WgpuDevice {
         ))
     }
 
-    /// Writes `data` at `offset`; the caller submits.
-    pub(super) fn write(&self, buf: &Buffer, offset: u64, data: &[u8]) -> Result<()> {
+    /// [`crate::Device::upload`]: up to [`STAGED_MAX`] bytes are copied into the staging
+    /// belt and recorded in the pending encoder, in order with the work around them, and
+    /// land with its submission (a cache miss's expert or a token's inputs cost no
+    /// submission of their own); larger writes (weights at load) submit the pending work,
+    /// then themselves, so their staging memory is released as they land.
+    pub(super) fn write(&self, buf: &Buffer, offset: u64, data: &[u8]) -> Result<Event> {
         if !offset.is_multiple_of(4) {
             return Err(Error::Shape {
                 op: "upload",
@@ -231,23 +235,48 @@ impl WgpuDevice {
             });
         }
         let r = self.raw(buf)?;
+        let pieces = self.pieces(buf, offset, data.len() as u64)?;
+        lock(&self.traffic).uploaded += data.len() as u64;
+        // Only the tail of a buffer can be ragged; its chunk has padding room.
+        let padded = |part: &[u8]| {
+            let mut v = part.to_vec();
+            v.resize(part.len().next_multiple_of(4), 0);
+            v
+        };
+        let (event, flag) = Event::new();
+        if data.len() as u64 <= STAGED_MAX {
+            let mut pending = self.pending();
+            let enc = pending.as_mut().expect("pending() creates it").encoder();
+            let mut belt = lock(&self.staging);
+            let mut done = 0usize;
+            for (c, off, n) in pieces {
+                let part = &data[done..done + n as usize];
+                let size =
+                    wgpu::BufferSize::new(n.next_multiple_of(4)).expect("pieces are not empty");
+                let mut view = belt.write_buffer(enc, &r.chunks[c], off, size);
+                match n % 4 {
+                    0 => view.copy_from_slice(part),
+                    _ => view.copy_from_slice(&padded(part)),
+                }
+                done += n as usize;
+            }
+            lock(&self.landing).push(flag);
+            return Ok(event);
+        }
         // Work recorded before this upload must not see its bytes: send it first.
         self.submit_pending(false);
-        lock(&self.traffic).uploaded += data.len() as u64;
         let mut done = 0usize;
-        for (c, off, n) in self.pieces(buf, offset, data.len() as u64)? {
+        for (c, off, n) in pieces {
             let part = &data[done..done + n as usize];
-            if n % 4 == 0 {
-                self.queue.write_buffer(&r.chunks[c], off, part);
-            } else {
-                // Only the tail of a buffer can be ragged; its chunk has padding room.
-                let mut padded = part.to_vec();
-                padded.resize(part.len().next_multiple_of(4), 0);
-                self.queue.write_buffer(&r.chunks[c], off, &padded);
+            match n % 4 {
+                0 => self.queue.write_buffer(&r.chunks[c], off, part),
+                _ => self.queue.write_buffer(&r.chunks[c], off, &padded(part)),
             }
             done += n as usize;
         }
-        Ok(())
+        lock(&self.landing).push(flag);
+        self.submit_pending(true);
+        Ok(event)
     }
 
     /// [`crate::Device::download_async`].

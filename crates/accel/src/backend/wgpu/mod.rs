@@ -22,7 +22,7 @@ mod ops;
 mod pipeline;
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -39,6 +39,11 @@ use crate::{Error, Result, Traffic};
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
+
+/// The largest upload recorded through the staging belt (bigger ones, weights at load,
+/// are written and submitted at once); also the belt's chunk size, so a DeepSeek-V3
+/// expert in Q4_K (25 MB) is one staged copy.
+const STAGED_MAX: u64 = 32 << 20;
 
 /// How long a wait for submitted work polls before it is given up as never completing.
 const POLL_LIMIT: Duration = Duration::from_secs(60);
@@ -88,6 +93,10 @@ pub struct WgpuDevice {
     tiles: bool,
     pipelines: Mutex<HashMap<(&'static str, WeightType), wgpu::ComputePipeline>>,
     pending: Mutex<Option<pipeline::Pending>>,
+    /// Host-visible memory the pending encoder copies uploads from.
+    staging: Mutex<wgpu::util::StagingBelt>,
+    /// The events of uploads that land with the next submission.
+    landing: Mutex<Vec<Arc<AtomicBool>>>,
     binds: Mutex<pipeline::BindCache>,
     /// The uniform words of the pending encoder's dispatches.
     params: Mutex<pipeline::ParamArena>,
@@ -171,6 +180,7 @@ impl WgpuDevice {
             usage: wgpu::BufferUsages::STORAGE,
             mapped_at_creation: false,
         });
+        let staging = Mutex::new(wgpu::util::StagingBelt::new(device.clone(), STAGED_MAX));
         let clock = profile.then(|| Mutex::new(clock::KernelClock::new(&device, &queue)));
         Ok(WgpuDevice {
             info,
@@ -182,6 +192,8 @@ impl WgpuDevice {
             tiles: !opts.no_tiles,
             pipelines: Mutex::new(HashMap::new()),
             pending: Mutex::new(None),
+            staging,
+            landing: Mutex::default(),
             binds: Mutex::default(),
             params: Mutex::default(),
             traffic: Mutex::default(),
@@ -234,8 +246,9 @@ impl Device for WgpuDevice {
     }
 
     fn upload(&self, buf: &Buffer, offset: u64, data: &[u8]) -> Result<Event> {
-        self.write(buf, offset, data)?;
-        self.submit()
+        let event = self.write(buf, offset, data)?;
+        self.check()?;
+        Ok(event)
     }
 
     fn download_async(&self, buf: &Buffer, offset: u64, len: u64) -> Result<Readback> {
@@ -259,7 +272,7 @@ impl Device for WgpuDevice {
     }
 
     fn submit(&self) -> Result<Event> {
-        self.submit_pending(true);
+        self.submit_pending(false);
         let (event, flag) = Event::new();
         self.queue
             .on_submitted_work_done(move || flag.store(true, Ordering::Release));
@@ -268,6 +281,10 @@ impl Device for WgpuDevice {
     }
 
     fn wait(&self, event: &Event) -> Result<()> {
+        // An upload's event lands with the submission after it: send that first.
+        if !event.is_done() && !lock(&self.landing).is_empty() {
+            self.submit_pending(false);
+        }
         poll_until(&self.device, self.spin, || event.is_done())?;
         self.check()
     }

@@ -428,8 +428,20 @@ impl WgpuDevice {
             (Some(clock), Some(enc)) => clock.resolve(enc.encoder()),
             _ => Vec::new(),
         };
+        if let Some(enc) = &mut enc {
+            // The belt's chunks return for reuse once this submission has copied from them.
+            lock(&self.staging).finish_and_recall_on_submit(enc.encoder());
+        }
         lock(&self.params).write(&self.queue);
         self.queue.submit(enc.map(Pending::finish));
+        let landed = std::mem::take(&mut *lock(&self.landing));
+        if !landed.is_empty() {
+            self.queue.on_submitted_work_done(move || {
+                for flag in &landed {
+                    flag.store(true, Ordering::Release);
+                }
+            });
+        }
         drop(pending);
         let mut traffic = lock(&self.traffic);
         traffic.submissions += 1;
