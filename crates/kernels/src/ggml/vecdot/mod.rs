@@ -25,13 +25,36 @@ use super::dot::Q8Rows;
 pub(crate) type BlockDot =
     fn(src: &[u8], n_rows: usize, a: &Q8Rows, tokens: Range<usize>, tile: &mut [f32]);
 
-/// Rows ahead of the one computing whose bytes the row-dot kernels prefetch into L1. Measured
-/// with `strata bench moe --formats q4_k,q6_k,q8_0 --tokens 1,4 --layers 4` on a 2-core Xeon
-/// (2026-11-27): VNNI kernels, 2 rows ahead against none 1.03-1.39x, 4 against 2 0.85-1.20x
-/// (Q4_K, Q6_K better); AVX2 kernels (`STRATA_KERNEL=avx2`), 4 against none 1.18-1.75x. Not
-/// yet measured on AMD CPUs.
+/// Sequential runs a task's rows are read in, interleaved row by row ([`row_order`]): a
+/// core's hardware prefetchers follow several streams at once, and one stream per thread
+/// under-reads DRAM. On a 2-core Xeon (Ice Lake-SP, 2026-11-30) one thread summed 10.9 GB/s
+/// from one stream and 15.0 from four; the Q4_K kernel at one token, one thread, 128-row
+/// tasks from DRAM (`q4_k_row_dot_timing`, alternating builds) read 6.5-8.0 GB/s in one run
+/// (4 rows prefetched ahead) and 7.6-9.2 in four (1 row ahead in each; 2 ahead and 8 runs no
+/// better). Not yet measured on AMD CPUs.
 #[cfg(any(target_arch = "x86_64", test))]
-pub(crate) const PREFETCH_ROWS: usize = 4;
+const ROW_STREAMS: usize = 4;
+
+/// Rows ahead of the one computing, within its run, whose bytes the row-dot kernels prefetch
+/// into L1: with [`ROW_STREAMS`] runs, as far ahead in time as 4 rows of one run, the
+/// distance measured best on one run (`strata bench moe --formats q4_k,q6_k,q8_0 --tokens
+/// 1,4 --layers 4` on a 2-core Xeon, 2026-11-27: VNNI kernels 2 rows against none
+/// 1.03-1.39x, 4 against 2 0.85-1.20x; AVX2 kernels 4 against none 1.18-1.75x).
+#[cfg(any(target_arch = "x86_64", test))]
+const PREFETCH_ROWS: usize = 1;
+
+/// The rows of a task of `n` rows in the order the row-dot kernels compute them: each with
+/// the row to prefetch while it computes, if any.
+#[cfg(any(target_arch = "x86_64", test))]
+fn row_order(n: usize) -> impl Iterator<Item = (usize, Option<usize>)> {
+    let per = n.div_ceil(ROW_STREAMS);
+    (0..per).flat_map(move |i| {
+        (0..ROW_STREAMS).filter_map(move |s| {
+            let (r, end) = (s * per + i, ((s + 1) * per).min(n));
+            (r < end).then(|| (r, Some(r + PREFETCH_ROWS).filter(|&a| a < end)))
+        })
+    })
+}
 
 /// Up to four tokens' activation rows, resolved once for all rows of a task: int8 values,
 /// scales per 32, and per 16 `s · Σ q` and `Σ q`, of tokens `t .. t + N`. The AVX2 and
@@ -152,6 +175,25 @@ mod tests {
     use super::*;
     use crate::ggml::GgmlMatrix;
     use crate::ggml::test_util::random_blocks;
+
+    /// Every row once, in interleaved runs, each prefetching a later row of its own run.
+    #[test]
+    fn row_order_visits_every_row_once() {
+        for n in [0, 1, 3, 4, 5, 7, 128, 130] {
+            let order: Vec<(usize, Option<usize>)> = row_order(n).collect();
+            let mut rows: Vec<usize> = order.iter().map(|&(r, _)| r).collect();
+            rows.sort_unstable();
+            assert_eq!(rows, (0..n).collect::<Vec<_>>(), "n {n}");
+            let per = n.div_ceil(ROW_STREAMS);
+            for &(r, ahead) in &order {
+                if let Some(a) = ahead {
+                    assert_eq!((a, a / per), (r + PREFETCH_ROWS, r / per), "n {n}");
+                }
+            }
+        }
+        let runs: Vec<usize> = row_order(8).map(|(r, _)| r).collect();
+        assert_eq!(runs, [0, 2, 4, 6, 1, 3, 5, 7]);
+    }
 
     /// Each in-register kernel against the general integer path (the same integer sums),
     /// on random blocks, 1 to 7 tokens.

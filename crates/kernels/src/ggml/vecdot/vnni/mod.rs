@@ -14,7 +14,7 @@
 
 use std::ops::Range;
 
-use super::{GgmlType, PREFETCH_ROWS, Q8Rows, Tokens};
+use super::{GgmlType, Q8Rows, Tokens, row_order};
 #[cfg(target_arch = "x86_64")]
 use crate::vnni_unit::Avx512Vnni;
 use crate::vnni_unit::Vnni;
@@ -141,19 +141,19 @@ unsafe fn all_rows<U: Vnni, K: RowKernel>(
         tile: &mut [f32],
     ) {
         let n_rows = src.len() / rb;
-        for (r, row) in src.chunks_exact(rb).enumerate() {
-            // The row after next into L1 while this one computes: the hardware prefetchers
-            // alone left decode waiting on DRAM.
-            if let Some(ahead) = src.get((r + PREFETCH_ROWS) * rb..(r + PREFETCH_ROWS + 1) * rb) {
+        for (r, ahead) in row_order(n_rows) {
+            // The next row of this run into L1 while this one computes: the hardware
+            // prefetchers alone left decode waiting on DRAM.
+            if let Some(a) = ahead {
                 // By offset, not `chunks(64)`: its last-chunk length cost a compare and a move
                 // per line.
                 for off in (0..rb).step_by(64) {
-                    u.prefetch(ahead.as_ptr().wrapping_add(off));
+                    u.prefetch(src.as_ptr().wrapping_add(a * rb + off));
                 }
             }
             let mut o = [0.0f32; N];
-            // SAFETY: the caller's guarantees.
-            unsafe { K::row(u, row, xt, &mut o) };
+            // SAFETY: the caller's guarantees (`row_order` yields rows below `n_rows`).
+            unsafe { K::row(u, &src[r * rb..(r + 1) * rb], xt, &mut o) };
             for (j, v) in o.iter().enumerate() {
                 tile[j * n_rows + r] = *v;
             }
