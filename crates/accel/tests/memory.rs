@@ -340,3 +340,50 @@ fn uploads_go_with_the_next_submission_in_order() {
     let got = dev.download(&weights, big as u64 - 4096, 4096).unwrap();
     assert_eq!(got, pattern[big - 4096..]);
 }
+
+/// Attention's partial states when a decoded token splits the context come from the pool:
+/// within the device budget, refused by name past it.
+#[test]
+fn attention_scratch_counts_against_the_budget() {
+    let Some((ok, scratch)) = split_attention_within(1 << 20) else {
+        return;
+    };
+    ok.unwrap();
+    assert!(
+        scratch > 0,
+        "the partial states were not taken from the pool"
+    );
+    let (refused, _) = split_attention_within(300 << 10).unwrap();
+    let msg = refused.unwrap_err().to_string();
+    assert!(msg.contains("attention partial states"), "{msg}");
+}
+
+/// One decoded token's attention over 1,024 positions (split into ranges) on a device of
+/// `budget` bytes: its result and the bytes it took from the pool.
+fn split_attention_within(budget: u64) -> Option<(Result<(), Error>, u64)> {
+    let dev = gpu(DeviceOptions {
+        vram_budget: Some(budget),
+        ..DeviceOptions::default()
+    })?;
+    let mut rng = Rng::new(5);
+    let (ctx, heads, hd) = (1024usize, 8usize, 64usize);
+    let q = up(&*dev, &rng.vec(heads * hd));
+    let kv = up(&*dev, &rng.vec(ctx * hd));
+    let out = dev.alloc((heads * hd * 4) as u64, 0, "out").unwrap();
+    let before = dev.memory().live;
+    let r = dev.enqueue(&Op::Attention {
+        cache: WeightType::F32,
+        q: &q,
+        k: &kv,
+        v: &kv,
+        out: &out,
+        n_tokens: 1,
+        start_pos: (ctx - 1) as u32,
+        n_heads: heads as u32,
+        n_kv_heads: 1,
+        head_dim: hd as u32,
+        window: 0,
+        scale: 0.125,
+    });
+    Some((r, dev.memory().live - before))
+}

@@ -177,7 +177,7 @@ impl WgpuDevice {
             Accumulates::Values(w) => (w, 0),
             Accumulates::Latents(w) => (w, rows * w),
         };
-        let part = self.partials(u64::from(rows * splits * (width + 2) + q_lat) * 4);
+        let part = self.partials(u64::from(rows * splits * (width + 2) + q_lat) * 4)?;
         bindings.push(&part);
         if q_lat > 0 {
             let blocks = width.div_ceil(64);
@@ -205,24 +205,23 @@ impl WgpuDevice {
         )
     }
 
-    /// The scratch buffer of attention's partial states, at least `bytes` long. Later
-    /// dispatches reuse it (the queue orders them after the earlier ones' reads); a larger
-    /// one replaces it, the old one kept alive by wgpu while recorded commands use it.
-    fn partials(&self, bytes: u64) -> wgpu::Buffer {
+    /// The scratch buffer of attention's partial states, at least `bytes` long, from the
+    /// pool (within the device budget, like every other scratch buffer). Later dispatches
+    /// reuse it (the queue orders them after the earlier ones' reads); a larger one replaces
+    /// it, the old one kept alive by wgpu while recorded commands use it.
+    fn partials(&self, bytes: u64) -> Result<wgpu::Buffer> {
         let mut slot = super::lock(&self.partials);
-        match &*slot {
-            Some(b) if b.size() >= bytes => b.clone(),
-            _ => {
-                let b = self.device.create_buffer(&wgpu::BufferDescriptor {
-                    label: Some("attention partial states"),
-                    size: bytes.next_power_of_two(),
-                    usage: wgpu::BufferUsages::STORAGE,
-                    mapped_at_creation: false,
-                });
-                *slot = Some(b.clone());
-                b
-            }
+        if let Some(b) = &*slot
+            && b.bytes() >= bytes
+        {
+            return Ok(self.single(b, "attention partial states")?.clone());
         }
+        // The smaller one goes back to the pool first, so that it counts once.
+        *slot = None;
+        let b = self.alloc_buffer(bytes.next_power_of_two(), 0, "attention partial states")?;
+        let raw = self.single(&b, "attention partial states")?.clone();
+        *slot = Some(b);
+        Ok(raw)
     }
 }
 

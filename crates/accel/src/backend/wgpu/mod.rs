@@ -108,7 +108,7 @@ pub struct WgpuDevice {
     error: Arc<Mutex<Option<String>>>,
     dummy: wgpu::Buffer,
     /// Attention's partial states when it splits the context (`attention`).
-    partials: Mutex<Option<wgpu::Buffer>>,
+    partials: Mutex<Option<Buffer>>,
     /// How long a wait polls without blocking first (`STRATA_GPU_SPIN_US`, default 0).
     spin: Duration,
 }
