@@ -432,62 +432,113 @@ unsafe fn add_sums<const MR: usize, const NS: usize>(t: &Tile, acc: &[[__m512; N
     }
 }
 
-/// The activation scales of a flush span's rows, and its accumulators at its start: minus
-/// each row's offset correction, so the span's sums come out corrected (wrapping i32 adds:
-/// the same bits as subtracting after), one instruction per accumulator fewer in the flush.
+/// Where a register tile's scales lie, found once per tile and stepped span by span: an index
+/// computed per span (two divisions and a bounds-checked slice per scale) made the flush
+/// about twice its arithmetic.
+struct SpanScales {
+    /// Activation scale of the tile's first row for the current span; row `i`'s is `i *
+    /// xs_row` further.
+    xs: *const f32,
+    xs_row: usize,
+    /// Spans per activation scale, and spans left before the next one.
+    xs_spans: usize,
+    xs_left: usize,
+    /// The 16 weight scales of the tile's first strip for the current span; strip `s`'s are
+    /// `s * ws_strip` further, the next span's `ws_step` further.
+    ws: *const f32,
+    ws_strip: usize,
+    ws_step: usize,
+}
+
+impl SpanScales {
+    /// The scales of a tile of `mr` rows and `ns` strips over `klen` `k` (`t`), every one
+    /// checked to lie within the scale arrays.
+    fn new(it: &IntTile, mr: usize, ns: usize, klen: usize) -> Self {
+        let (a, w) = (it.act, it.pm);
+        let (xs_row, col) = a.scale_column(it.k0);
+        let spans = klen.div_ceil(it.fs);
+        let xs_spans = (a.scale_group / it.fs).max(1);
+        let last_col = col + (spans - 1) / xs_spans;
+        assert!((it.row0 + mr - 1) * xs_row + last_col < a.scale.len());
+        let g = it.k0 / w.group;
+        let ws_step = if spans > 1 { STRIP } else { 0 };
+        let ws_strip = w.groups * STRIP;
+        let ws_first = (it.strip0 * w.groups + g) * STRIP;
+        assert!(ws_first + (ns - 1) * ws_strip + (spans - 1) * ws_step + STRIP <= w.scales.len());
+        Self {
+            // SAFETY: within the slices (asserted above).
+            xs: unsafe { a.scale.as_ptr().add(it.row0 * xs_row + col) },
+            xs_row,
+            xs_spans,
+            // A tile may start inside an activation scale's `k`.
+            xs_left: xs_spans - (it.k0 % a.scale_group / it.fs).min(xs_spans - 1),
+            // SAFETY: as above.
+            ws: unsafe { w.scales.as_ptr().add(ws_first) },
+            ws_strip,
+            ws_step,
+        }
+    }
+
+    /// Moves on to the next span's scales; past the last span the pointers may point past
+    /// their arrays (never read).
+    #[inline(always)]
+    fn step(&mut self) {
+        self.ws = self.ws.wrapping_add(self.ws_step);
+        self.xs_left -= 1;
+        if self.xs_left == 0 {
+            self.xs_left = self.xs_spans;
+            self.xs = self.xs.wrapping_add(1);
+        }
+    }
+}
+
+/// A flush span's accumulators at its start: minus each row's offset correction, so the span's
+/// sums come out corrected (wrapping i32 adds: the same bits as subtracting after), one
+/// instruction per accumulator fewer in the flush. Values stored without an offset start from
+/// zero.
 ///
-/// Plain loops, and the scales' place found once: an `array::from_fn` here was compiled as
-/// a call without the unit's features (10% of a Q4_K prefill's samples on an Ice Lake), and
-/// [`Activations::scale_at`] divides twice per row.
+/// Plain loops: an `array::from_fn` here was compiled as a call without the unit's features
+/// (10% of a Q4_K prefill's samples on an Ice Lake).
 #[inline(always)]
 fn start_span<U: Vnni, const MR: usize, const NS: usize>(
     u: U,
     it: &IntTile,
     f0: usize,
-) -> ([[U::I; NS]; MR], [U::F; MR]) {
-    let (stride, col) = it.act.scale_column(f0);
+) -> [[U::I; NS]; MR] {
     let mut acc = [[u.zero(); NS]; MR];
-    let mut xs = [u.splatf(0.0); MR];
-    for i in 0..MR {
-        let r = it.row0 + i;
-        xs[i] = u.splatf(it.act.scale[r * stride + col]);
-        // Values stored without an offset start from zero.
-        if it.pm.offset == 0 {
-            continue;
-        }
-        let corr = correction(it.pm, it.act, r, f0, it.fs);
-        let corr = u.splat32(corr.wrapping_neg() as u32);
-        for acc in acc[i].iter_mut() {
-            *acc = corr;
-        }
+    if it.pm.offset == 0 {
+        return acc;
     }
-    (acc, xs)
+    for (i, acc) in acc.iter_mut().enumerate() {
+        let corr = correction(it.pm, it.act, it.row0 + i, f0, it.fs);
+        acc.fill(u.splat32(corr.wrapping_neg() as u32));
+    }
+    acc
 }
 
 /// Converts the corrected i32 sums of one flush span to f32 and accumulates them with the
-/// scales (`xs`: the rows' activation scales, from [`start_span`]).
+/// span's scales, then steps `sc` to the next span.
 #[inline(always)]
 fn flush<U: Vnni, const MR: usize, const NS: usize>(
     u: U,
     acc: &[[U::I; NS]; MR],
-    xs: &[U::F; MR],
+    sc: &mut SpanScales,
     accf: &mut [[U::F; NS]; MR],
-    it: &IntTile,
-    f0: usize,
 ) {
-    let w = it.pm;
-    let g = f0 / w.group;
-    let mut scv = [u.splatf(0.0); NS];
-    for (s, scv) in scv.iter_mut().enumerate() {
-        let sc = &w.scales[((it.strip0 + s) * w.groups + g) * STRIP..][..STRIP];
-        // SAFETY: `sc` holds 16 floats.
-        *scv = unsafe { u.loadf(sc.as_ptr()) };
+    let mut ws = [u.splatf(0.0); NS];
+    for (s, ws) in ws.iter_mut().enumerate() {
+        // SAFETY: strip `s`'s 16 scales of this span lie within the weight scales
+        // (`SpanScales::new` checked every span's).
+        *ws = unsafe { u.loadf(sc.ws.add(s * sc.ws_strip)) };
     }
     for i in 0..MR {
+        // SAFETY: row `i`'s scale of this span lies within the activation scales (as above).
+        let xs = u.splatf(unsafe { *sc.xs.add(i * sc.xs_row) });
         for s in 0..NS {
-            accf[i][s] = u.fmadd(u.cvt(acc[i][s]), u.mulf(scv[s], xs[i]), accf[i][s]);
+            accf[i][s] = u.fmadd(u.cvt(acc[i][s]), u.mulf(ws[s], xs), accf[i][s]);
         }
     }
+    sc.step();
 }
 
 /// Adds the tile's sums into the output.
@@ -549,10 +600,11 @@ unsafe fn int8_tile<U: Vnni, const MR: usize, const NS: usize, const PF: bool>(
     it: &IntTile,
 ) {
     let mut accf = [[u.splatf(0.0); NS]; MR];
+    let mut sc = SpanScales::new(it, MR, NS, t.klen);
     let mut next_pf = t.pf_phase;
     let mut f = 0;
     while f < t.klen {
-        let (mut acc, xs) = start_span::<_, MR, NS>(u, it, it.k0 + f);
+        let mut acc = start_span::<_, MR, NS>(u, it, it.k0 + f);
         for q in f / 4..(f + it.fs) / 4 {
             if PF {
                 t.prefetch::<_, NS>(u, t.klen / 4, q, &mut next_pf);
@@ -570,7 +622,7 @@ unsafe fn int8_tile<U: Vnni, const MR: usize, const NS: usize, const PF: bool>(
                 }
             }
         }
-        flush(u, &acc, &xs, &mut accf, it, it.k0 + f);
+        flush(u, &acc, &mut sc, &mut accf);
         f += it.fs;
     }
     // SAFETY: as this function.
@@ -587,10 +639,11 @@ unsafe fn int4_tile<U: Vnni, const MR: usize, const NS: usize, const PF: bool>(
 ) {
     let nib = u.splat8(0x0f);
     let mut accf = [[u.splatf(0.0); NS]; MR];
+    let mut sc = SpanScales::new(it, MR, NS, t.klen);
     let mut next_pf = t.pf_phase;
     let mut f = 0;
     while f < t.klen {
-        let (mut acc, xs) = start_span::<_, MR, NS>(u, it, it.k0 + f);
+        let mut acc = start_span::<_, MR, NS>(u, it, it.k0 + f);
         for l in f / 8..(f + it.fs) / 8 {
             if PF {
                 t.prefetch::<_, NS>(u, t.klen / 8, l, &mut next_pf);
@@ -615,7 +668,7 @@ unsafe fn int4_tile<U: Vnni, const MR: usize, const NS: usize, const PF: bool>(
                 }
             }
         }
-        flush(u, &acc, &xs, &mut accf, it, it.k0 + f);
+        flush(u, &acc, &mut sc, &mut accf);
         f += it.fs;
     }
     // SAFETY: as this function.
