@@ -60,8 +60,19 @@ pub(super) unsafe fn q4_k_strip(
     let row_bytes = blocks * block;
     assert!(rows <= 16 && src.len() >= rows * row_bytes && dst.len() >= blocks * 64 * 64);
     let nib = _mm256_set1_epi8(0x0f);
+    // The next strip's rows (the 16 after these, contiguous) are fetched into L2 while this
+    // one is transposed, a share of their lines per step: an expert's blocks come from DRAM,
+    // and sixteen rows read side by side were too many streams for the hardware prefetcher.
+    let next = src.as_ptr().wrapping_add(rows * row_bytes);
+    let next_lines = rows * row_bytes / 64;
+    let per_step = next_lines.div_ceil(4 * blocks);
     for b in 0..blocks {
         for p in 0..4 {
+            let first = (4 * b + p) * per_step;
+            for line in first..(first + per_step).min(next_lines) {
+                // A prefetch does not fault: past the matrix's end it fetches nothing useful.
+                _mm_prefetch::<_MM_HINT_T1>(next.wrapping_add(64 * line).cast());
+            }
             let r: [__m512i; 16] = std::array::from_fn(|c| {
                 if c >= rows {
                     return _mm512_setzero_si512();
