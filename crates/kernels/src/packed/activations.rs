@@ -27,6 +27,10 @@ pub(crate) struct Activations {
     pub(crate) scale_group: usize,
     /// `[m_pad, k_pad / XSUM_UNIT]` sums of the int8 values (integer formats).
     pub(crate) xsum: Vec<i32>,
+    /// `[m_pad, k_pad / XSUM_UNIT]` each unit's scale times its sum (int8 with a scale per
+    /// unit, else empty): what a k-quant tile's bias per group is multiplied by, computed
+    /// once here rather than again for every 64 output columns.
+    pub(crate) scaled_sum: Vec<f32>,
 }
 
 impl Activations {
@@ -132,6 +136,15 @@ impl Activations {
                 }
             }
         }
+        let scaled_sum = if grouped {
+            scale
+                .iter()
+                .zip(&xsum)
+                .map(|(&s, &x)| s * x as f32)
+                .collect()
+        } else {
+            Vec::new()
+        };
         Self {
             k_pad,
             elem,
@@ -141,6 +154,7 @@ impl Activations {
             scale,
             scale_group,
             xsum,
+            scaled_sum,
         }
     }
 

@@ -104,14 +104,10 @@ fn add_bias_body(
     assert!(a.scale_group == GROUP && GROUP == XSUM_UNIT && n_pad <= TILE_ROWS);
     let bias = &bias[..groups * n_pad];
     for (j, t) in tokens.enumerate() {
-        let (scale, xsum) = (
-            &a.scale[t * groups..(t + 1) * groups],
-            &a.xsum[t * groups..(t + 1) * groups],
-        );
+        let sums = &a.scaled_sum[t * groups..(t + 1) * groups];
         // A whole tile's width at a fixed size, so the loop below unrolls into registers.
         let mut acc = [0.0f32; TILE_ROWS];
-        for ((b, &sc), &xs) in bias.chunks_exact(n_pad).zip(scale).zip(xsum) {
-            let s = sc * xs as f32;
+        for (b, &s) in bias.chunks_exact(n_pad).zip(sums) {
             for (acc, &b) in acc.iter_mut().zip(b) {
                 *acc += s * b;
             }
@@ -444,7 +440,7 @@ pub(super) mod x86 {
         let n = tokens.len();
         assert!(a.scale_group == GROUP && GROUP == XSUM_UNIT && bias.len() >= groups * n_pad);
         assert!(matches!(n_pad, 32 | 64) && (n == 0 || out.len() >= (n - 1) * ldo + n_pad));
-        assert!(a.scale.len() >= tokens.end * groups && a.xsum.len() >= tokens.end * groups);
+        assert!(a.scaled_sum.len() >= tokens.end * groups);
         let mut j = 0;
         while j < n {
             let mr = (n - j).min(4);
@@ -490,8 +486,10 @@ pub(super) mod x86 {
                 _mm512_loadu_ps(bias.as_ptr().add(g * n_pad + 16 * s))
             });
             for (i, acc) in acc.iter_mut().enumerate() {
-                let at = (t0 + i) * groups + g;
-                let sum = _mm512_set1_ps(a.scale[at] * a.xsum[at] as f32);
+                // SAFETY: token `t0 + i`'s group `g` lies within `scaled_sum` (checked by
+                // the caller).
+                let sum =
+                    _mm512_set1_ps(unsafe { *a.scaled_sum.as_ptr().add((t0 + i) * groups + g) });
                 for s in 0..NS {
                     acc[s] = _mm512_fmadd_ps(b[s], sum, acc[s]);
                 }
