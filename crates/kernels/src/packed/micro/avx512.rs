@@ -479,17 +479,14 @@ impl SpanPlan {
 /// about twice its arithmetic.
 struct SpanScales {
     /// Activation scale of the tile's first row for the current span; row `i`'s is `i *
-    /// xs_row` further.
+    /// plan.xs_row` further.
     xs: *const f32,
-    xs_row: usize,
-    /// Spans per activation scale, and spans left before the next one.
-    xs_spans: usize,
+    /// Spans left before the next activation scale.
     xs_left: usize,
     /// The 16 weight scales of the tile's first strip for the current span; strip `s`'s are
-    /// `s * ws_strip` further, the next span's `ws_step` further.
+    /// `s * plan.ws_strip` further, the next span's `plan.ws_step` further.
     ws: *const f32,
-    ws_strip: usize,
-    ws_step: usize,
+    plan: SpanPlan,
 }
 
 impl SpanScales {
@@ -497,7 +494,7 @@ impl SpanScales {
     /// scale arrays.
     #[inline(always)]
     fn new(it: &IntTile, mr: usize, ns: usize) -> Self {
-        let (a, w, p) = (it.act, it.pm, &it.plan);
+        let (a, w, p) = (it.act, it.pm, it.plan);
         let last_col = p.xs_col + (p.spans - 1 + p.xs_spans - p.xs_left) / p.xs_spans;
         assert!((it.row0 + mr - 1) * p.xs_row + last_col < a.scale.len());
         let ws_first = (it.strip0 * w.groups + p.group) * STRIP;
@@ -506,13 +503,10 @@ impl SpanScales {
         Self {
             // SAFETY: within the slices (asserted above).
             xs: unsafe { a.scale.as_ptr().add(it.row0 * p.xs_row + p.xs_col) },
-            xs_row: p.xs_row,
-            xs_spans: p.xs_spans,
             xs_left: p.xs_left,
             // SAFETY: as above.
             ws: unsafe { w.scales.as_ptr().add(ws_first) },
-            ws_strip: p.ws_strip,
-            ws_step: p.ws_step,
+            plan: p,
         }
     }
 
@@ -520,10 +514,10 @@ impl SpanScales {
     /// their arrays (never read).
     #[inline(always)]
     fn step(&mut self) {
-        self.ws = self.ws.wrapping_add(self.ws_step);
+        self.ws = self.ws.wrapping_add(self.plan.ws_step);
         self.xs_left -= 1;
         if self.xs_left == 0 {
-            self.xs_left = self.xs_spans;
+            self.xs_left = self.plan.xs_spans;
             self.xs = self.xs.wrapping_add(1);
         }
     }
@@ -566,11 +560,11 @@ fn flush<U: Vnni, const MR: usize, const NS: usize>(
     for (s, ws) in ws.iter_mut().enumerate() {
         // SAFETY: strip `s`'s 16 scales of this span lie within the weight scales
         // (`SpanScales::new` checked every span's).
-        *ws = unsafe { u.loadf(sc.ws.add(s * sc.ws_strip)) };
+        *ws = unsafe { u.loadf(sc.ws.add(s * sc.plan.ws_strip)) };
     }
     for i in 0..MR {
         // SAFETY: row `i`'s scale of this span lies within the activation scales (as above).
-        let xs = u.splatf(unsafe { *sc.xs.add(i * sc.xs_row) });
+        let xs = u.splatf(unsafe { *sc.xs.add(i * sc.plan.xs_row) });
         for s in 0..NS {
             accf[i][s] = u.fmadd(u.cvt(acc[i][s]), u.mulf(ws[s], xs), accf[i][s]);
         }
