@@ -316,9 +316,11 @@ impl GgmlMatrix {
         match form {
             Form::Q8(block) => Input::Q8(Q8Rows::quantize(self.k, block, m, row)),
             Form::F32 => Input::F32((0..m).flat_map(|r| row(r).iter().copied()).collect()),
-            Form::Tiles(kernel, fmt) => {
-                Input::Tiles(tiles::activations(self.k, m, kernel, fmt, row), kernel, fmt)
-            }
+            Form::Tiles(kernel, fmt) => Input::Tiles(
+                tiles::activations(self.ty, self.k, m, kernel, fmt, row),
+                kernel,
+                fmt,
+            ),
         }
     }
 

@@ -43,9 +43,9 @@ pub fn tile_path(
     tokens: usize,
 ) -> Option<(crate::Isa, crate::PackedFormat)> {
     tiles::tile_for(isa, tokens, ty).map(|(kernel, fmt)| match kernel {
-        crate::packed::micro::Kernel::Isa(on) => (on, fmt.packed()),
+        crate::packed::micro::Kernel::Isa(on) => (on, fmt.packed(ty)),
         #[cfg(test)]
-        _ => (isa, fmt.packed()),
+        _ => (isa, fmt.packed(ty)),
     })
 }
 

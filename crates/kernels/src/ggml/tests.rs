@@ -86,8 +86,8 @@ pub(super) fn bf16_twin(w: &GgmlMatrix, x: &[f32], m: usize) -> Vec<f32> {
     out
 }
 
-/// The INT8 tile path's twin: `x` quantized per token, `W` as the INT8 tile holds it (exact
-/// or requantized per 32 from the reference dequantizer's values), summed in f32.
+/// The INT8 tile path's twin: `x` quantized per 32, `W` as the INT8 tile holds it (exact or
+/// requantized per 32 from the reference dequantizer's values), summed in f32.
 pub(super) fn int8_twin(w: &GgmlMatrix, x: &[f32], m: usize) -> Vec<f32> {
     use super::tiles::int8;
     let (n, k) = (w.n(), w.k());
@@ -110,6 +110,7 @@ pub(super) fn int8_twin(w: &GgmlMatrix, x: &[f32], m: usize) -> Vec<f32> {
         k_pad,
         m,
         crate::packed::micro::Kernel::Isa(Isa::Portable),
+        int8::group(w.ty()),
         |r| &x[r * k..(r + 1) * k],
     );
     let xq: Vec<f32> = (0..m)

@@ -8,8 +8,8 @@
 //! row-dot work per cycle. Decoding a 64-row tile costs one pass over its blocks and is shared
 //! by every token of the call, so it fades as tokens grow.
 //!
-//! On AVX-512, types whose values an INT8 tile with a scale per 32 holds exactly
-//! (`int8::exact`) decode to it: `vpdpbusd` does twice the multiplies of `vdpbf16ps`, and a
+//! On AVX-512, types whose values an INT8 tile with a scale per 32 (per 16 for Q6_K and Q3_K)
+//! holds exactly (`int8::exact`) decode to it: `vpdpbusd` does twice the multiplies of `vdpbf16ps`, and a
 //! tile decodes faster. AMX and the other types take BF16 tiles ([`tile_for`]). On AVX-VNNI
 //! without AVX-512 the INT8 tiles run on 256-bit halves (from fewer tokens for the types
 //! stored as plain integers than for those with biases); the other types and plain AVX2 keep
@@ -85,6 +85,15 @@ pub(crate) const INT8_MIN_TOKENS_Q4_K: usize = 8;
 /// 0.188-0.189 (1.5-1.7x at 16); Q5_0 level at 16 (0.176-0.184 against 0.183-0.187), IQ4_XS
 /// behind (0.200-0.260 against 0.179-0.190), so those keep [`INT8_MIN_TOKENS_AVX512`].
 pub(crate) const INT8_MIN_TOKENS_Q8_0: usize = 16;
+/// The same for Q6_K, whose INT8 tile (a scale per 16, flushed twice as often as Q4_K's) is
+/// decoded in registers from its blocks. Measured with `strata bench moe --formats q6_k
+/// --tokens 64,128,256,512,1024 --layers 4` (`STRATA_GGML_TILES=int8,1` against
+/// `int8,1000000000`) on the 2-core Ice Lake Xeon with AVX-512 VNNI (2026-11-30,
+/// docs/benchmarks.md), two alternating rounds, seconds per call at 4 / 8 / 16 / 32 / 64
+/// tokens per expert: tiles 0.051-0.052 / 0.065-0.069 / 0.094-0.095 / 0.142-0.152 /
+/// 0.253-0.267, the VNNI row-dot kernels 0.042-0.044 / 0.072-0.078 / 0.138-0.149 /
+/// 0.259-0.263 / 0.501-0.542.
+pub(crate) const INT8_MIN_TOKENS_Q6_K: usize = 8;
 
 /// Fewest tokens from which `ty` takes AVX-512 INT8 tiles below the general thresholds (on
 /// AMX, until its BF16 tiles take over): the types whose tiles decode cheaply enough to
@@ -92,6 +101,7 @@ pub(crate) const INT8_MIN_TOKENS_Q8_0: usize = 16;
 fn early_int8_min(ty: GgmlType) -> Option<usize> {
     match ty {
         GgmlType::Q4_K => Some(INT8_MIN_TOKENS_Q4_K),
+        GgmlType::Q6_K => Some(INT8_MIN_TOKENS_Q6_K),
         GgmlType::Q8_0 => Some(INT8_MIN_TOKENS_Q8_0),
         _ => None,
     }
@@ -108,13 +118,15 @@ fn early_int8_min(ty: GgmlType) -> Option<usize> {
 /// against 0.169-0.189 / 0.589-0.803 / 1.46-1.47.
 pub(crate) const INT8_MIN_TOKENS_AVX_VNNI: usize = 32;
 /// The same for the types with biases (the `d · q + m` types Q4_K, Q5_K, Q4_1, Q5_1, whose
-/// fill also unpacks and writes biases), and for the types requantized per 32 (Q6_K, Q2_K,
-/// Q3_K) when INT8 tiles are forced (by default they keep their row-dot kernels here): at 32
-/// and 64 tokens per expert Q4_K's tiles were level with its AVX2 row-dot kernel (0.413-0.417 /
-/// 0.741-0.782 s against 0.335-0.426 / 0.78-0.90), at 128 and 256 1.95-1.98x (1.019 / 2.009
-/// against 2.023 / 3.911 s); Q5_K 2.12-2.35x there; Q6_K (its requantization's maximum
-/// vectorised) level at 64 (0.89-1.03 against 0.96-1.06 s), 1.33-1.78x at 128 and 256 (1.24-1.61
-/// / 2.49 against 2.14 / 4.42 s). Q2_K and Q3_K were not measured.
+/// fill also unpacks and writes biases), for those with a scale per 16 (Q6_K, Q3_K: flushed
+/// twice as often; as INT8 tiles with a scale per 16, not yet measured on AVX-VNNI), and for
+/// the types requantized per 32 (Q2_K) when INT8 tiles are forced (by default they keep their
+/// row-dot kernels here): at 32 and 64 tokens per expert Q4_K's tiles were level with its
+/// AVX2 row-dot kernel (0.413-0.417 / 0.741-0.782 s against 0.335-0.426 / 0.78-0.90), at 128
+/// and 256 1.95-1.98x (1.019 / 2.009 against 2.023 / 3.911 s); Q5_K 2.12-2.35x there; Q6_K
+/// then requantized per 32 (its requantization's maximum vectorised) level at 64 (0.89-1.03
+/// against 0.96-1.06 s), 1.33-1.78x at 128 and 256 (1.24-1.61 / 2.49 against 2.14 / 4.42 s).
+/// Q2_K and Q3_K were not measured.
 pub(crate) const INT8_MIN_TOKENS_AVX_VNNI_OTHERS: usize = 128;
 
 /// What a tile is decoded to.
@@ -127,19 +139,19 @@ pub(crate) enum TileFormat {
 }
 
 impl TileFormat {
-    /// The packed format the tile is written in.
-    pub(crate) fn packed(self) -> PackedFormat {
+    /// The packed format a tile of `ty` is written in.
+    pub(crate) fn packed(self, ty: GgmlType) -> PackedFormat {
         match self {
             TileFormat::Bf16 => PackedFormat::Bf16,
             TileFormat::Int8 => PackedFormat::Int8 {
-                group: Some(int8::GROUP),
+                group: Some(int8::group(ty)),
             },
         }
     }
 
-    /// The packed layout of `n` rows of `k` values.
-    fn layout(self, n: usize, k: usize) -> PackedLayout {
-        PackedLayout::new(self.packed(), n, k).expect("tile groups are valid")
+    /// The packed layout of `n` rows of `k` values of `ty`.
+    fn layout(self, ty: GgmlType, n: usize, k: usize) -> PackedLayout {
+        PackedLayout::sizes(self.packed(ty), n, k)
     }
 }
 
@@ -175,11 +187,11 @@ pub(crate) fn tile_for(isa: Isa, m: usize, ty: GgmlType) -> Option<(Kernel, Tile
     }
     // AMX keeps BF16: `tdpbsud` with a scale per 32 flushes its four accumulator tiles per 32
     // `k`, and the flush, not the multiply, sets the speed (see `INT8_MIN_TOKENS_AMX`).
-    // INT8 tiles only for the types they hold exactly: requantizing per 32 (Q6_K, Q2_K, Q3_K)
-    // is a second rounding llama.cpp does not make, and cost the Q6_K fixture its top-1
-    // agreement with llama.cpp (0.864 against the row-dot kernels' 0.977, on an Ice Lake).
-    // Those take BF16 tiles on AVX-512 and the row-dot kernels below it (the AVX2 "BF16"
-    // kernel is f32 FMA).
+    // INT8 tiles only for the types they hold exactly: requantizing per 32 (Q2_K, and Q6_K
+    // before its tiles had a scale per 16) is a second rounding llama.cpp does not make, and
+    // cost the Q6_K fixture its top-1 agreement with llama.cpp (0.864 against the row-dot
+    // kernels' 0.977, on an Ice Lake). Those take BF16 tiles on AVX-512 and the row-dot
+    // kernels below it (the AVX2 "BF16" kernel is f32 FMA).
     let fmt = fmt.unwrap_or(if int8::exact(ty) && isa < Isa::Amx {
         TileFormat::Int8
     } else {
@@ -191,11 +203,13 @@ pub(crate) fn tile_for(isa: Isa, m: usize, ty: GgmlType) -> Option<(Kernel, Tile
         (Isa::Amx, TileFormat::Int8) => Some(INT8_MIN_TOKENS_AMX),
         (Isa::Avx512, TileFormat::Bf16) => Some(TILE_MIN_TOKENS_AVX512),
         (Isa::Avx512, TileFormat::Int8) => Some(INT8_MIN_TOKENS_AVX512),
-        (Isa::AvxVnni, TileFormat::Int8) => Some(if int8::exact(ty) && !int8::biased(ty) {
-            INT8_MIN_TOKENS_AVX_VNNI
-        } else {
-            INT8_MIN_TOKENS_AVX_VNNI_OTHERS
-        }),
+        (Isa::AvxVnni, TileFormat::Int8) => Some(
+            if int8::exact(ty) && !int8::biased(ty) && int8::group(ty) == int8::GROUP {
+                INT8_MIN_TOKENS_AVX_VNNI
+            } else {
+                INT8_MIN_TOKENS_AVX_VNNI_OTHERS
+            },
+        ),
         // AVX2 without AVX-VNNI: `vpmaddubsw` tiles were 0.9-1.4x its row-dot kernels at 32-64
         // tokens per expert on the Xeon (Q8_0, IQ4_XS; Q4_K and Q6_K slower), not measured on
         // an AVX2-only CPU: they run only when forced.
@@ -214,19 +228,20 @@ pub(crate) struct Rows<'a> {
     pub bytes: &'a [u8],
 }
 
-/// `m` activation rows of `k` values converted for tiles in `fmt` (BF16, or int8 with a scale
-/// per token), padded for `kernel`.
+/// `m` activation rows of `k` values converted for tiles of `ty` in `fmt` (BF16, or int8 with
+/// a scale per 32 and sums per weight scale), padded for `kernel`.
 pub(crate) fn activations<'x>(
+    ty: GgmlType,
     k: usize,
     m: usize,
     kernel: Kernel,
     fmt: TileFormat,
     row: impl Fn(usize) -> &'x [f32],
 ) -> Activations {
-    let k_pad = fmt.layout(1, k).k_pad;
+    let k_pad = fmt.layout(ty, 1, k).k_pad;
     match fmt {
         TileFormat::Bf16 => Activations::bf16(k_pad, m, kernel, row),
-        TileFormat::Int8 => Activations::int8_grouped(k_pad, m, kernel, row),
+        TileFormat::Int8 => Activations::int8_grouped(k_pad, m, kernel, int8::group(ty), row),
     }
 }
 
@@ -266,67 +281,95 @@ pub(crate) fn block(
     tokens: Range<usize>,
     mut emit: impl FnMut(usize, &[f32]),
 ) {
-    let (nr, k) = (w.n, w.k);
-    let layout = fmt.layout(nr, k);
-    debug_assert!(nr <= TILE_ROWS && a.k_pad == layout.k_pad);
-    let (data, scales) = (layout.data_bytes, layout.scales * 4);
+    let layout = fmt.layout(w.ty, w.n, w.k);
+    debug_assert!(w.n <= TILE_ROWS && a.k_pad == layout.k_pad);
     let strips = layout.n_pad / STRIP;
     let ldo = strips * STRIP;
     let mut out = vec![0.0f32; tokens.len() * ldo];
-    // INT8 tiles of types with mins keep them after the scales, one per row and group as
-    // well; the micro-kernels do not see them.
-    let biased = fmt == TileFormat::Int8 && int8::biased(w.ty);
-    let bias = if biased { scales } else { 0 };
-    with_tile(data + scales + bias, |tile| {
-        {
-            let bytes = Arc::get_mut(tile)
-                .expect("no view of the tile outlives its task")
-                .0
-                .as_mut_slice();
-            let (values, rest) = bytes[..data + scales + bias].split_at_mut(data);
-            match fmt {
-                TileFormat::Bf16 => {
-                    fill(w, values, &layout);
-                    // BF16 kernels read no scales; zero them rather than leave another
-                    // tile's bytes.
-                    rest.fill(0);
-                }
-                TileFormat::Int8 => {
-                    // SAFETY: every bit pattern is a valid f32; the scales start 64-byte
-                    // aligned (an aligned buffer, `data` a multiple of 64), so nothing is left
-                    // in the unaligned head.
-                    let (head, floats, _) = unsafe { rest.align_to_mut::<f32>() };
-                    assert!(
-                        head.is_empty() && floats.len() == layout.scales * (1 + biased as usize)
-                    );
-                    let (sc, bias) = floats.split_at_mut(layout.scales);
-                    int8::fill(w, values, sc, bias, &layout);
-                }
-            }
-        }
-        let view = PackedMatrix::from_stored(
-            tile.clone(),
-            fmt.packed(),
-            nr,
-            k,
-            0..data,
-            data..data + scales,
-        )
-        .expect("the tile holds exactly its layout");
-        // The values of types with mins are never negative: stored as they are.
-        let view = if biased { view.unsigned() } else { view };
+    with_tile(tile_bytes(w, fmt, &layout), |tile| {
+        let view = decode(w, fmt, &layout, tile);
         micro::run_block(kernel, &view, a, tokens.clone(), 0..strips, &mut out, ldo);
-        if biased {
-            // SAFETY: every bit pattern is a valid f32; the biases follow the scales, 64-byte
-            // aligned, so the whole slice is the aligned middle part.
-            let (_, floats, _) =
-                unsafe { tile.0.as_slice()[data + scales..][..bias].align_to::<f32>() };
-            int8::add_bias(&mut out, ldo, floats, layout.n_pad, a, tokens.clone());
+        if let Some(bias) = tile_bias(w, fmt, &layout, tile) {
+            int8::add_bias(&mut out, ldo, bias, layout.n_pad, a, tokens.clone());
         }
     });
     for (j, t) in tokens.enumerate() {
-        emit(t, &out[j * ldo..j * ldo + nr]);
+        emit(t, &out[j * ldo..j * ldo + w.n]);
     }
+}
+
+/// Bytes of a tile of `w` in `fmt`: values, scales and, for INT8 tiles of types with mins,
+/// as many biases after the scales (one per row and group; the micro-kernels do not see
+/// them).
+fn tile_bytes(w: Rows<'_>, fmt: TileFormat, layout: &PackedLayout) -> usize {
+    let biased = fmt == TileFormat::Int8 && int8::biased(w.ty);
+    layout.data_bytes + layout.scales * 4 * (1 + usize::from(biased))
+}
+
+/// Decodes `w` into `tile` (at least [`tile_bytes`] long) in `fmt` and views it as a packed
+/// matrix (`layout`).
+fn decode(
+    w: Rows<'_>,
+    fmt: TileFormat,
+    layout: &PackedLayout,
+    tile: &mut Arc<TileBytes>,
+) -> PackedMatrix {
+    let (data, scales) = (layout.data_bytes, layout.scales * 4);
+    let len = tile_bytes(w, fmt, layout);
+    let bytes = Arc::get_mut(tile)
+        .expect("no view of the tile outlives its task")
+        .0
+        .as_mut_slice();
+    let (values, rest) = bytes[..len].split_at_mut(data);
+    match fmt {
+        TileFormat::Bf16 => {
+            fill(w, values, layout);
+            // BF16 kernels read no scales; zero them rather than leave another tile's bytes.
+            rest.fill(0);
+        }
+        TileFormat::Int8 => {
+            // SAFETY: every bit pattern is a valid f32; the scales start 64-byte aligned (an
+            // aligned buffer, `data` a multiple of 64), so nothing is left in the unaligned
+            // head.
+            let (head, floats, _) = unsafe { rest.align_to_mut::<f32>() };
+            assert!(head.is_empty() && floats.len() * 4 == len - data);
+            let (sc, bias) = floats.split_at_mut(layout.scales);
+            int8::fill(w, values, sc, bias, layout);
+        }
+    }
+    let view = PackedMatrix::over_bytes(
+        tile.clone(),
+        fmt.packed(w.ty),
+        *layout,
+        w.n,
+        w.k,
+        0..data,
+        data..data + scales,
+    )
+    .expect("the tile holds exactly its layout");
+    // The values of types with mins are never negative: stored as they are.
+    if fmt == TileFormat::Int8 && int8::biased(w.ty) {
+        view.unsigned()
+    } else {
+        view
+    }
+}
+
+/// The biases of a decoded INT8 tile of a type with mins (`None` for other tiles).
+fn tile_bias<'t>(
+    w: Rows<'_>,
+    fmt: TileFormat,
+    layout: &PackedLayout,
+    tile: &'t TileBytes,
+) -> Option<&'t [f32]> {
+    if fmt != TileFormat::Int8 || !int8::biased(w.ty) {
+        return None;
+    }
+    let at = layout.data_bytes + layout.scales * 4;
+    // SAFETY: every bit pattern is a valid f32; the biases follow the scales, 64-byte aligned,
+    // so the whole slice is the aligned middle part.
+    let (_, floats, _) = unsafe { tile.0.as_slice()[at..][..layout.scales * 4].align_to::<f32>() };
+    Some(floats)
 }
 
 /// Writes `w` as packed BF16 strips into `bytes` (`layout`): line `p / 2` of a

@@ -25,11 +25,14 @@ pub(crate) struct Activations {
     /// `k` per scale: `k_pad` (one per token) or [`XSUM_UNIT`]. Integer kernels flush at
     /// least this often when it is smaller than a row (see [`Activations::scale_at`]).
     pub(crate) scale_group: usize,
-    /// `[m_pad, k_pad / XSUM_UNIT]` sums of the int8 values (integer formats).
+    /// `k` per sum of `xsum`: [`XSUM_UNIT`], or 16 for the INT8 tiles of the types with a
+    /// scale per 16 (Q6_K, Q3_K), whose flushes subtract the offset of half a unit.
+    pub(crate) xsum_unit: usize,
+    /// `[m_pad, k_pad / xsum_unit]` sums of the int8 values (integer formats).
     pub(crate) xsum: Vec<i32>,
-    /// `[m_pad, k_pad / XSUM_UNIT]` each unit's scale times its sum (int8 with a scale per
-    /// unit, else empty): what a k-quant tile's bias per group is multiplied by, computed
-    /// once here rather than again for every 64 output columns.
+    /// `[m_pad, k_pad / xsum_unit]` each unit's scale times its sum (int8 with a scale per
+    /// [`XSUM_UNIT`], else empty): what a k-quant tile's bias per group is multiplied by,
+    /// computed once here rather than again for every 64 output columns.
     pub(crate) scaled_sum: Vec<f32>,
 }
 
@@ -42,7 +45,7 @@ impl Activations {
         kernel: Kernel,
         row: impl Fn(usize) -> &'x [f32],
     ) -> Self {
-        Self::convert(w.kind, w.k_pad, m, kernel, false, row)
+        Self::convert(w.kind, w.k_pad, m, kernel, None, row)
     }
 
     /// Converts `m` rows to BF16 for matrices of `k_pad` columns (a multiple of 32), padded
@@ -53,20 +56,26 @@ impl Activations {
         kernel: Kernel,
         row: impl Fn(usize) -> &'x [f32],
     ) -> Self {
-        Self::convert(Kind::Bf16, k_pad, m, kernel, false, row)
+        Self::convert(Kind::Bf16, k_pad, m, kernel, None, row)
     }
 
-    /// Converts `m` rows to int8 with a scale per [`XSUM_UNIT`] values for matrices of `k_pad`
-    /// columns (a multiple of 64) with weight scales per [`XSUM_UNIT`], padded for `kernel`:
-    /// the activations of weights decoded into INT8 tiles on the fly. A scale per 32 keeps an
-    /// outlier channel from coarsening the whole token; the kernels flush per 32 anyway.
+    /// Converts `m` rows to int8 with a scale per [`XSUM_UNIT`] values and sums per
+    /// `xsum_unit` (32 or 16) for matrices of `k_pad` columns (a multiple of 64) with weight
+    /// scales per `xsum_unit`, padded for `kernel`: the activations of weights decoded into
+    /// INT8 tiles on the fly. A scale per 32 keeps an outlier channel from coarsening the
+    /// whole token; the kernels flush at least per 32 anyway.
     pub(crate) fn int8_grouped<'x>(
         k_pad: usize,
         m: usize,
         kernel: Kernel,
+        xsum_unit: usize,
         row: impl Fn(usize) -> &'x [f32],
     ) -> Self {
-        Self::convert(Kind::Int8, k_pad, m, kernel, true, row)
+        assert!(
+            matches!(xsum_unit, 16 | 32),
+            "activation sums per {xsum_unit}"
+        );
+        Self::convert(Kind::Int8, k_pad, m, kernel, Some(xsum_unit), row)
     }
 
     /// The scale of row `r` at `k = f0`.
@@ -83,12 +92,14 @@ impl Activations {
         (self.k_pad / self.scale_group, f0 / self.scale_group)
     }
 
+    /// `grouped`: a scale per [`XSUM_UNIT`] and sums per the given unit, else one scale per
+    /// token and sums per [`XSUM_UNIT`].
     fn convert<'x>(
         kind: Kind,
         k_pad: usize,
         m: usize,
         kernel: Kernel,
-        grouped: bool,
+        grouped: Option<usize>,
         row: impl Fn(usize) -> &'x [f32],
     ) -> Self {
         let m_pad = if kernel.uses_tiles() {
@@ -106,9 +117,11 @@ impl Activations {
             k_pad * elem
         };
         let mut data = AlignedBuf::zeroed(m_pad * lda);
-        let units = k_pad / XSUM_UNIT;
-        let scale_group = if grouped { XSUM_UNIT } else { k_pad };
-        let mut scale = vec![0.0f32; m_pad * (k_pad / scale_group)];
+        let xsum_unit = grouped.unwrap_or(XSUM_UNIT);
+        let units = k_pad / xsum_unit;
+        let scale_group = if grouped.is_some() { XSUM_UNIT } else { k_pad };
+        let scales = k_pad / scale_group;
+        let mut scale = vec![0.0f32; m_pad * scales];
         let mut xsum = vec![0i32; m_pad * units];
         let bytes = data.as_mut_slice();
         for r in 0..m {
@@ -125,22 +138,23 @@ impl Activations {
                 micro::to_bf16(x, dst16);
             } else {
                 let sums = &mut xsum[r * units..(r + 1) * units];
-                if grouped {
+                if grouped.is_some() {
                     let (src, dst) = (x.chunks(XSUM_UNIT), dst.chunks_mut(XSUM_UNIT));
-                    let sc = &mut scale[r * units..(r + 1) * units];
-                    for (((x, d), s), sc) in src.zip(dst).zip(sums.chunks_mut(1)).zip(sc) {
-                        *sc = micro::quantize_i8(x, &mut d[..x.len()], s);
+                    let sums = sums.chunks_mut(XSUM_UNIT / xsum_unit);
+                    let sc = &mut scale[r * scales..(r + 1) * scales];
+                    for (((x, d), s), sc) in src.zip(dst).zip(sums).zip(sc) {
+                        *sc = micro::quantize_i8(x, &mut d[..x.len()], s, xsum_unit);
                     }
                 } else {
-                    scale[r] = micro::quantize_i8(x, &mut dst[..x.len()], sums);
+                    scale[r] = micro::quantize_i8(x, &mut dst[..x.len()], sums, xsum_unit);
                 }
             }
         }
-        let scaled_sum = if grouped {
-            scale
-                .iter()
-                .zip(&xsum)
-                .map(|(&s, &x)| s * x as f32)
+        let scaled_sum = if grouped.is_some() {
+            let per_scale = XSUM_UNIT / xsum_unit;
+            xsum.iter()
+                .enumerate()
+                .map(|(u, &x)| scale[u / per_scale] * x as f32)
                 .collect()
         } else {
             Vec::new()
@@ -153,6 +167,7 @@ impl Activations {
             data,
             scale,
             scale_group,
+            xsum_unit,
             xsum,
             scaled_sum,
         }

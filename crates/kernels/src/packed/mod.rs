@@ -287,6 +287,13 @@ impl PackedLayout {
     /// The layout of an `[n, k]` matrix packed in `fmt`.
     pub fn new(fmt: PackedFormat, n: usize, k: usize) -> Result<Self, KernelError> {
         fmt.validate("packed layout")?;
+        Ok(Self::sizes(fmt, n, k))
+    }
+
+    /// [`PackedLayout::new`] without checking the group: also the INT8 tiles with a scale per
+    /// 16 of the ggml types that have one (their activations carry sums per 16; not a
+    /// format a model is packed or stored in).
+    pub(crate) fn sizes(fmt: PackedFormat, n: usize, k: usize) -> Self {
         let (kind, k_align, group) = match fmt {
             PackedFormat::Bf16 => (Kind::Bf16, 32, None),
             PackedFormat::Int8 { group } => (Kind::Int8, group.unwrap_or(64).max(64), group),
@@ -302,7 +309,7 @@ impl PackedLayout {
             Kind::Int8 => k_pad * STRIP,
             Kind::Int4 => k_pad * STRIP / 2,
         };
-        Ok(Self {
+        Self {
             kind,
             n_pad,
             k_pad,
@@ -311,7 +318,7 @@ impl PackedLayout {
             strip_bytes,
             data_bytes: strips * strip_bytes,
             scales: strips * groups * STRIP,
-        })
+        }
     }
 }
 
@@ -414,6 +421,21 @@ impl PackedMatrix {
         data: std::ops::Range<usize>,
         scales: std::ops::Range<usize>,
     ) -> Result<Self, KernelError> {
+        let l = PackedLayout::new(fmt, n, k)?;
+        Self::over_bytes(owner, fmt, l, n, k, data, scales)
+    }
+
+    /// [`PackedMatrix::from_stored`] in layout `l` (of `fmt`, `[n, k]`), its group unchecked:
+    /// the ggml tiles' views.
+    pub(crate) fn over_bytes(
+        owner: Arc<dyn StableBytes>,
+        fmt: PackedFormat,
+        l: PackedLayout,
+        n: usize,
+        k: usize,
+        data: std::ops::Range<usize>,
+        scales: std::ops::Range<usize>,
+    ) -> Result<Self, KernelError> {
         const OP: &str = "stored packed matrix";
         if cfg!(target_endian = "big") {
             return Err(KernelError::Mismatch {
@@ -421,7 +443,6 @@ impl PackedMatrix {
                 what: "stored scales are little-endian and this machine is big-endian".into(),
             });
         }
-        let l = PackedLayout::new(fmt, n, k)?;
         let bytes = owner.stable_bytes();
         let region = |what: &str, r: &std::ops::Range<usize>, want: usize| {
             let err = |why: String| KernelError::Mismatch {

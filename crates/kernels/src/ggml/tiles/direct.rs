@@ -1,5 +1,5 @@
-//! The commonest expert types of MoE releases (Q4_K, and Q6_K for BF16 tiles) decoded into
-//! tiles straight from their blocks on AVX-512: a strip's 16 rows of one chunk of `k` are
+//! The commonest expert types of MoE releases (Q4_K and Q6_K) decoded into tiles straight
+//! from their blocks on AVX-512: a strip's 16 rows of one chunk of `k` are
 //! unpacked in registers and transposed into the tile's lines, with no decoded copy of the
 //! tile in between (the generic fills go through `unpack`'s rows). Each is tested bit for bit
 //! against the generic fill.
@@ -87,6 +87,123 @@ pub(super) unsafe fn q4_k_strip(
             // SAFETY: the caller checked the features; the 16 lines from `64 b + 16 p`
             // lie within `dst` (checked above).
             unsafe { transpose16_regs(r, &mut dst[(64 * b + 16 * p) * 64..]) };
+        }
+    }
+}
+
+/// Writes the INT8 tile lines of one strip of Q6_K rows (as [`q4_k_strip`] takes them; 64
+/// lines per block): each value's stored byte `q - 32 + 128` (rows past `rows` the stored
+/// zero, 128), its scale per 16 left to [`q6_k_strip_scales`]. Each 64-`k` chunk of a row is 64 bytes of `ql` nibbles (low for the
+/// chunk at the start of a half, high for the next) with two bits per value from the half's 32
+/// `qh` bytes (bits `2c` for quarter `c`).
+///
+/// # Safety
+/// AVX-512 F/BW/VL must be available.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
+pub(super) unsafe fn q6_k_strip(
+    src: &[u8],
+    rows: usize,
+    blocks: usize,
+    block: usize,
+    dst: &mut [u8],
+) {
+    let row_bytes = blocks * block;
+    assert!(rows <= 16 && src.len() >= rows * row_bytes && block >= 210);
+    assert!(dst.len() >= blocks * 64 * 64);
+    let (nib, two, zero) = (
+        _mm512_set1_epi8(0x0f),
+        _mm512_set1_epi8(0x03),
+        _mm512_set1_epi8(96),
+    );
+    // As in `q4_k_strip`: the next strip's rows are fetched into L2 a share per step.
+    let next = src.as_ptr().wrapping_add(rows * row_bytes);
+    let next_lines = rows * row_bytes / 64;
+    let per_step = next_lines.div_ceil(4 * blocks);
+    for b in 0..blocks {
+        for p in 0..4 {
+            let first = (4 * b + p) * per_step;
+            for line in first..(first + per_step).min(next_lines) {
+                // A prefetch does not fault: past the matrix's end it fetches nothing useful.
+                _mm_prefetch::<_MM_HINT_T1>(next.wrapping_add(64 * line).cast());
+            }
+            // Chunk `p` is quarters `2 (p % 2)` and `2 (p % 2) + 1` of half `p / 2`: the
+            // lower 32 bytes take `qh` bits `4 (p % 2)`, the upper `4 (p % 2) + 2`.
+            let (h, pair) = (p / 2, p % 2);
+            let qh_shift = _mm512_inserti64x4::<1>(
+                _mm512_set1_epi16(4 * pair as i16),
+                _mm256_set1_epi16(4 * pair as i16 + 2),
+            );
+            let r: [__m512i; 16] = std::array::from_fn(|c| {
+                if c >= rows {
+                    return _mm512_set1_epi8(-128);
+                }
+                let x = c * row_bytes + b * block;
+                // SAFETY: 64 bytes of `ql` at `64 h` and 32 of `qh` at `128 + 32 h` lie within
+                // row `c`'s block `b` (checked above).
+                let (ql, qh) = unsafe {
+                    (
+                        _mm512_loadu_si512(src.as_ptr().add(x + 64 * h).cast()),
+                        _mm256_loadu_si256(src.as_ptr().add(x + 128 + 32 * h).cast()),
+                    )
+                };
+                let low = if pair == 0 {
+                    ql
+                } else {
+                    _mm512_srli_epi16::<4>(ql)
+                };
+                let qh = _mm512_srlv_epi16(_mm512_broadcast_i64x4(qh), qh_shift);
+                let high = _mm512_slli_epi16::<4>(_mm512_and_si512(qh, two));
+                let q = _mm512_or_si512(_mm512_and_si512(low, nib), high);
+                _mm512_add_epi8(q, zero)
+            });
+            // SAFETY: the caller checked the features; the 16 lines from `64 b + 16 p`
+            // lie within `dst` (checked above).
+            unsafe { transpose16_regs(r, &mut dst[(64 * b + 16 * p) * 64..]) };
+        }
+    }
+}
+
+/// The scales per 16 (`d · sc`, as `unpack` computes them) of one strip of Q6_K rows (as
+/// [`q6_k_strip`] takes them) into `scales`, the strip's `[group][16]`, 16 rows at a time in
+/// the lanes; lanes past `rows` get zero.
+///
+/// # Safety
+/// AVX-512 F/BW/VL and F16C must be available.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+pub(super) unsafe fn q6_k_strip_scales(
+    src: &[u8],
+    rows: usize,
+    blocks: usize,
+    block: usize,
+    scales: &mut [f32],
+) {
+    let row_bytes = blocks * block;
+    assert!(rows <= 16 && src.len() >= rows * row_bytes && block >= 210);
+    assert!(scales.len() >= blocks * 16 * 16);
+    let mask: __mmask16 = if rows == 16 { !0 } else { (1 << rows) - 1 };
+    let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    let at = _mm512_mullo_epi32(lanes, _mm512_set1_epi32(row_bytes as i32));
+    for b in 0..blocks {
+        // SAFETY: the lanes below `rows` read 4 bytes at 192, 196, 200, 204 and 206 of row
+        // `c`'s block `b` (checked above); masked lanes read nothing.
+        let [s0, s1, s2, s3, dw] = [192, 196, 200, 204, 206].map(|off| unsafe {
+            let base = src.as_ptr().add(b * block + off);
+            _mm512_mask_i32gather_epi32::<1>(_mm512_setzero_si512(), mask, at, base.cast())
+        });
+        // `d` is the f16 at 208: the upper half of the word at 206.
+        let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(dw)));
+        for (j, v) in [s0, s1, s2, s3].into_iter().enumerate() {
+            for i in 0..4 {
+                // Byte `i` of each lane, sign-extended.
+                let sc = _mm512_srai_epi32::<24>(_mm512_sllv_epi32(
+                    v,
+                    _mm512_set1_epi32(24 - 8 * i as i32),
+                ));
+                let s = _mm512_maskz_mul_ps(mask, d, _mm512_cvtepi32_ps(sc));
+                // SAFETY: group `16 b + 4 j + i` of the strip's scales lies within `scales`
+                // (checked above).
+                unsafe { _mm512_storeu_ps(scales.as_mut_ptr().add(16 * (16 * b + 4 * j + i)), s) };
+            }
         }
     }
 }

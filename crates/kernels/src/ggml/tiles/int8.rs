@@ -33,13 +33,26 @@ use crate::packed::XSUM_UNIT;
 /// Q4_K / Q5_K / IQ4_XS.
 pub(crate) const GROUP: usize = 32;
 
-/// Whether `ty`'s decoded values are `d · q + m` with one `d` and one `m` per [`GROUP`], so
+/// `k` per scale of the INT8 tiles of the types with a scale per 16 and no mins (Q6_K, Q3_K):
+/// stored exactly, flushed twice as often.
+const GROUP_16: usize = 16;
+
+/// `k` per scale of `ty`'s INT8 tiles.
+pub(crate) fn group(ty: GgmlType) -> usize {
+    if matches!(ty, GgmlType::Q6_K | GgmlType::Q3_K) {
+        GROUP_16
+    } else {
+        GROUP
+    }
+}
+
+/// Whether `ty`'s decoded values are `d · q + m` with one `d` and one `m` per [`group`], so
 /// that the tile stores them exactly (`m` as the group's bias).
 pub(crate) fn exact(ty: GgmlType) -> bool {
     use GgmlType::*;
     matches!(
         ty,
-        Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q4_K | Q5_K | IQ4_NL | IQ4_XS
+        Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q4_K | Q5_K | IQ4_NL | IQ4_XS | Q6_K | Q3_K
     )
 }
 
@@ -101,7 +114,9 @@ fn add_bias_body(
     tokens: Range<usize>,
 ) {
     let groups = a.k_pad / GROUP;
-    assert!(a.scale_group == GROUP && GROUP == XSUM_UNIT && n_pad <= TILE_ROWS);
+    assert!(
+        a.scale_group == GROUP && a.xsum_unit == GROUP && GROUP == XSUM_UNIT && n_pad <= TILE_ROWS
+    );
     let bias = &bias[..groups * n_pad];
     for (j, t) in tokens.enumerate() {
         let sums = &a.scaled_sum[t * groups..(t + 1) * groups];
@@ -232,7 +247,8 @@ pub(super) fn fill_body<const AVX512: bool, const AVX2: bool>(
     layout: &PackedLayout,
 ) {
     let (k, k_pad, nr, n_pad) = (w.k, layout.k_pad, w.n, layout.n_pad);
-    let groups = k_pad / GROUP;
+    let group = group(w.ty);
+    let groups = k_pad / group;
     let decoded = has_fast_kernel(w.ty);
     let (exact, biased) = (exact(w.ty), biased(w.ty));
     // What turns a decoded `q` into its stored byte: `q + 128`, or `q` itself for the
@@ -249,6 +265,19 @@ pub(super) fn fill_body<const AVX512: bool, const AVX2: bool>(
             unsafe {
                 direct::q4_k_strip(src, rows, blocks, block, st.dst);
                 direct::q4_k_strip_scales(src, rows, blocks, block, sc, bias, st.r0, n_pad);
+            }
+        }
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if AVX512 && w.ty == GgmlType::Q6_K && k == k_pad {
+        // The down projections of the Q4_K_M files' every other layer.
+        let (blocks, block, strips) = direct::strips(w, bytes, layout.strip_bytes);
+        for (st, sc) in strips.zip(scales.chunks_exact_mut(groups * STRIP)) {
+            // SAFETY: as for Q4_K above.
+            unsafe {
+                direct::q6_k_strip(st.src, st.rows, blocks, block, st.dst);
+                direct::q6_k_strip_scales(st.src, st.rows, blocks, block, sc);
             }
         }
         return;
@@ -276,17 +305,17 @@ pub(super) fn fill_body<const AVX512: bool, const AVX2: bool>(
         bias[..groups * n_pad].fill(0.0);
     }
     if direct {
-        // Both units of a group share `d` and `m`: the first unit's.
-        let units = k / UNIT;
+        // The units of a group share `d` and `m`: the first unit's.
+        let (units, per_group) = (k / UNIT, group / UNIT);
         let rows = s.d.chunks_exact(units).zip(s.m.chunks_exact(units));
         for (r, (d, m)) in rows.enumerate().take(nr) {
             let (strip, c) = (r / STRIP, r % STRIP);
             let sc = &mut scales[strip * groups * STRIP..][..groups * STRIP];
-            for (sc, d) in sc.chunks_exact_mut(STRIP).zip(d.chunks_exact(2)) {
+            for (sc, d) in sc.chunks_exact_mut(STRIP).zip(d.chunks_exact(per_group)) {
                 sc[c] = d[0];
             }
             if biased {
-                for (b, m) in bias.chunks_exact_mut(n_pad).zip(m.chunks_exact(2)) {
+                for (b, m) in bias.chunks_exact_mut(n_pad).zip(m.chunks_exact(per_group)) {
                     b[r] = m[0];
                 }
             }
@@ -326,14 +355,13 @@ pub(super) fn fill_body<const AVX512: bool, const AVX2: bool>(
         }
         // `k` is a whole number of blocks of 32 or 256 (or of 1 for the float types): a
         // group lies within `k` or within the padding, except a float type's last.
-        for (g, qb) in row[..k.next_multiple_of(GROUP)]
-            .chunks_exact_mut(GROUP)
+        for (g, qb) in row[..k.next_multiple_of(group)]
+            .chunks_exact_mut(group)
             .enumerate()
         {
-            let qb: &mut [u8; GROUP] = qb.try_into().expect("whole groups");
-            let (p0, at) = (g * GROUP, r * k + g * GROUP);
+            let (p0, at) = (g * group, r * k + g * group);
             sc[g * STRIP + c] = if decoded && exact {
-                let q = &s.q[at..at + GROUP];
+                let q = &s.q[at..at + group];
                 for (b, &q) in qb.iter_mut().zip(q) {
                     *b = (q as u8) ^ flip;
                 }
@@ -342,6 +370,8 @@ pub(super) fn fill_body<const AVX512: bool, const AVX2: bool>(
                 }
                 s.d[at / UNIT]
             } else {
+                // Requantized types have groups of [`GROUP`].
+                let qb: &mut [u8; GROUP] = qb.try_into().expect("whole groups");
                 let mut v = [0.0f32; GROUP];
                 if decoded {
                     let u = at / UNIT;
@@ -414,7 +444,7 @@ pub(super) mod x86 {
     use std::arch::x86_64::*;
     use std::ops::Range;
 
-    use super::{Activations, GROUP, XSUM_UNIT};
+    use super::{Activations, GROUP};
 
     /// [`transpose16`] or [`transpose16_avx2`]: `(src, stride, flip, dst)`.
     pub(super) type Transpose = unsafe fn(&[u8], usize, u8, &mut [u8]);
@@ -438,7 +468,7 @@ pub(super) mod x86 {
     ) {
         let groups = a.k_pad / GROUP;
         let n = tokens.len();
-        assert!(a.scale_group == GROUP && GROUP == XSUM_UNIT && bias.len() >= groups * n_pad);
+        assert!(a.scale_group == GROUP && a.xsum_unit == GROUP && bias.len() >= groups * n_pad);
         assert!(matches!(n_pad, 32 | 64) && (n == 0 || out.len() >= (n - 1) * ldo + n_pad));
         assert!(a.scaled_sum.len() >= tokens.end * groups);
         let mut j = 0;

@@ -80,19 +80,28 @@ fn tiles_are_taken_for_many_tokens_on_avx512_amx_and_for_exact_types_on_avx_vnni
     if forced() != (None, None) {
         return; // STRATA_GGML_TILES set: the choice is the environment's.
     }
-    // Q6_K: an INT8 tile would requantize it per 32, so BF16 tiles where there are any.
+    // Q6_K: INT8 tiles with a scale per 16 on AVX-512 (on AMX until its BF16 tiles take
+    // over), from few tokens; on AVX-VNNI from the threshold of the types flushed more often.
     let w = matrix(GgmlType::Q6_K, 64, 256, &mut 1);
-    for (isa, min) in [
-        (Isa::Avx512, TILE_MIN_TOKENS_AVX512),
-        (Isa::Amx, TILE_MIN_TOKENS_AMX),
-    ] {
-        assert_eq!(
-            w.form(isa, min),
-            Form::Tiles(Kernel::Isa(isa), TileFormat::Bf16)
-        );
-        assert_eq!(w.form(isa, min - 1), Form::Q8(256));
+    let avx512_int8 = Form::Tiles(Kernel::Isa(Isa::Avx512), TileFormat::Int8);
+    for isa in [Isa::Avx512, Isa::Amx] {
+        assert_eq!(w.form(isa, INT8_MIN_TOKENS_Q6_K), avx512_int8);
+        assert_eq!(w.form(isa, INT8_MIN_TOKENS_Q6_K - 1), Form::Q8(256));
     }
-    for isa in [Isa::Portable, Isa::Avx2, Isa::AvxVnni] {
+    assert_eq!(w.form(Isa::Avx512, 4096), avx512_int8);
+    assert_eq!(
+        w.form(Isa::Amx, TILE_MIN_TOKENS_AMX),
+        Form::Tiles(Kernel::Isa(Isa::Amx), TileFormat::Bf16)
+    );
+    assert_eq!(
+        w.form(Isa::AvxVnni, INT8_MIN_TOKENS_AVX_VNNI_OTHERS),
+        Form::Tiles(Kernel::Isa(Isa::AvxVnni), TileFormat::Int8)
+    );
+    assert_eq!(
+        w.form(Isa::AvxVnni, INT8_MIN_TOKENS_AVX_VNNI_OTHERS - 1),
+        Form::Q8(256)
+    );
+    for isa in [Isa::Portable, Isa::Avx2] {
         assert_eq!(w.form(isa, 4096), Form::Q8(256));
     }
     // AVX-VNNI: INT8 tiles, from fewer tokens for the types stored as plain integers.
@@ -221,8 +230,8 @@ fn int8_tiles_match_their_twin_on_random_shapes() {
     }
 }
 
-/// The direct fills (AVX-512: Q4_K's INT8 and BF16 tiles, Q6_K's BF16 tiles, unpacked and
-/// transposed in registers) write the same tiles, scales and biases as the generic fills, on
+/// The direct fills (AVX-512: Q4_K's and Q6_K's INT8 and BF16 tiles, unpacked and transposed
+/// in registers) write the same tiles, scales and biases as the generic fills, on
 /// ragged row counts.
 #[test]
 fn direct_fills_equal_the_generic_fills() {
@@ -241,7 +250,7 @@ fn direct_fills_equal_the_generic_fills() {
                 k,
                 bytes: wm.bytes(),
             };
-            let bf16 = TileFormat::Bf16.layout(n, k);
+            let bf16 = TileFormat::Bf16.layout(ty, n, k);
             let fill_bf16 = |direct: bool| {
                 let mut bytes = vec![7u8; bf16.data_bytes];
                 if direct {
@@ -255,7 +264,7 @@ fn direct_fills_equal_the_generic_fills() {
                 fill_bf16(false) == fill_bf16(true),
                 "{ty} {n} rows: BF16 tiles differ"
             );
-            let layout = TileFormat::Int8.layout(n, k);
+            let layout = TileFormat::Int8.layout(ty, n, k);
             let fill = |direct: bool| {
                 let mut bytes = vec![7u8; layout.data_bytes];
                 let (mut sc, mut bias) = (vec![7.0f32; layout.scales], vec![7.0f32; layout.scales]);
@@ -304,7 +313,7 @@ fn avx2_int8_fills_equal_the_scalar_fills() {
                 k,
                 bytes: wm.bytes(),
             };
-            let layout = TileFormat::Int8.layout(n, k);
+            let layout = TileFormat::Int8.layout(ty, n, k);
             let fill = |avx2: bool| {
                 let mut bytes = vec![7u8; layout.data_bytes];
                 let (mut sc, mut bias) = (vec![7.0f32; layout.scales], vec![7.0f32; layout.scales]);
@@ -422,16 +431,9 @@ fn tile_fill_and_kernel_timing() {
             bytes: wm.bytes(),
         };
         for fmt in FORMATS {
-            let layout = fmt.layout(n, k);
-            let mut buf = AlignedBuf::zeroed(layout.data_bytes + layout.scales * 4);
-            let (mut sc, mut bias) = (vec![0.0f32; layout.scales], vec![0.0f32; layout.scales]);
-            let fill_s = time(&mut || {
-                let bytes = &mut buf.as_mut_slice()[..layout.data_bytes];
-                match fmt {
-                    TileFormat::Bf16 => fill(w, bytes, &layout),
-                    TileFormat::Int8 => int8::fill(w, bytes, &mut sc, &mut bias, &layout),
-                }
-            });
+            let layout = fmt.layout(ty, n, k);
+            let mut tile = Arc::new(TileBytes(AlignedBuf::zeroed(tile_bytes(w, fmt, &layout))));
+            let fill_s = time(&mut || drop(decode(w, fmt, &layout, &mut tile)));
             let (mut q, mut d, mut mm) = (
                 vec![0i8; n * k],
                 vec![0.0; n * k / 16],
@@ -452,16 +454,14 @@ fn tile_fill_and_kernel_timing() {
                 fill_s * 1e6,
                 unpack_s * 1e6
             );
-            let view = match fmt {
-                TileFormat::Bf16 => PackedMatrix::pack(&wm.dequantize(), n, k, fmt.packed()),
-                TileFormat::Int8 => PackedMatrix::pack(&wm.dequantize(), n, k, fmt.packed()),
-            }
-            .expect("packs");
+            // The kernel alone, on the tile as decoded (the biases of types with mins not
+            // added).
+            let view = decode(w, fmt, &layout, &mut tile);
             for isa in Isa::available().into_iter().filter(|&i| i >= Isa::Avx512) {
                 let kernel = Kernel::Isa(isa);
                 for m in [32usize, 256, 512] {
                     let x = rand_x(m * k, &mut 5);
-                    let a = activations(k, m, kernel, fmt, |r| &x[r * k..(r + 1) * k]);
+                    let a = activations(ty, k, m, kernel, fmt, |r| &x[r * k..(r + 1) * k]);
                     let mut out = vec![0.0f32; m * n];
                     let s = time(&mut || {
                         micro::run_block(kernel, &view, &a, 0..m, 0..4, &mut out, n);

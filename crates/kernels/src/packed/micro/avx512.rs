@@ -19,7 +19,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::{correction, flush_span};
+use super::flush_span;
 use crate::packed::{Activations, Kind, LINE, PackedMatrix, STRIP};
 use crate::vnni_unit::{Avx512Vnni, AvxVnni, Vnni};
 
@@ -141,7 +141,6 @@ struct IntTile<'a> {
     act: &'a Activations,
     row0: usize,
     strip0: usize,
-    k0: usize,
     fs: usize,
     plan: SpanPlan,
 }
@@ -325,7 +324,6 @@ fn for_each_tile(
                 act: a,
                 row0: r,
                 strip0: sg,
-                k0: ks.start,
                 fs,
                 plan,
             };
@@ -454,6 +452,10 @@ struct SpanPlan {
     /// span).
     ws_strip: usize,
     ws_step: usize,
+    /// Activation sums per row, the block's first span's first, and sums per span.
+    xsum_row: usize,
+    xsum_col: usize,
+    xsum_span: usize,
 }
 
 impl SpanPlan {
@@ -461,6 +463,7 @@ impl SpanPlan {
         let (xs_row, xs_col) = a.scale_column(ks.start);
         let spans = ks.len().div_ceil(fs);
         let xs_spans = (a.scale_group / fs).max(1);
+        assert!(fs.is_multiple_of(a.xsum_unit) && ks.start.is_multiple_of(a.xsum_unit));
         Self {
             xs_row,
             xs_col,
@@ -470,6 +473,9 @@ impl SpanPlan {
             group: ks.start / w.group,
             ws_strip: w.groups * STRIP,
             ws_step: if spans > 1 { STRIP } else { 0 },
+            xsum_row: a.k_pad / a.xsum_unit,
+            xsum_col: ks.start / a.xsum_unit,
+            xsum_span: fs / a.xsum_unit,
         }
     }
 }
@@ -486,6 +492,9 @@ struct SpanScales {
     /// The 16 weight scales of the tile's first strip for the current span; strip `s`'s are
     /// `s * plan.ws_strip` further, the next span's `plan.ws_step` further.
     ws: *const f32,
+    /// The first row's activation sums of the current span; row `i`'s are `i *
+    /// plan.xsum_row` further.
+    xsum: *const i32,
     plan: SpanPlan,
 }
 
@@ -500,12 +509,17 @@ impl SpanScales {
         let ws_first = (it.strip0 * w.groups + p.group) * STRIP;
         let ws_last = ws_first + (ns - 1) * p.ws_strip + (p.spans - 1) * p.ws_step;
         assert!(ws_last + STRIP <= w.scales.len());
+        let xsum_first = it.row0 * p.xsum_row + p.xsum_col;
+        let xsum_end = xsum_first + (mr - 1) * p.xsum_row + p.spans * p.xsum_span;
+        assert!(xsum_end <= a.xsum.len());
         Self {
             // SAFETY: within the slices (asserted above).
             xs: unsafe { a.scale.as_ptr().add(it.row0 * p.xs_row + p.xs_col) },
             xs_left: p.xs_left,
             // SAFETY: as above.
             ws: unsafe { w.scales.as_ptr().add(ws_first) },
+            // SAFETY: as above.
+            xsum: unsafe { a.xsum.as_ptr().add(xsum_first) },
             plan: p,
         }
     }
@@ -515,6 +529,7 @@ impl SpanScales {
     #[inline(always)]
     fn step(&mut self) {
         self.ws = self.ws.wrapping_add(self.plan.ws_step);
+        self.xsum = self.xsum.wrapping_add(self.plan.xsum_span);
         self.xs_left -= 1;
         if self.xs_left == 0 {
             self.xs_left = self.plan.xs_spans;
@@ -534,15 +549,20 @@ impl SpanScales {
 fn start_span<U: Vnni, const MR: usize, const NS: usize>(
     u: U,
     it: &IntTile,
-    f0: usize,
+    sc: &SpanScales,
 ) -> [[U::I; NS]; MR] {
     let mut acc = [[u.zero(); NS]; MR];
     if it.pm.offset == 0 {
         return acc;
     }
     for (i, acc) in acc.iter_mut().enumerate() {
-        let corr = correction(it.pm, it.act, it.row0 + i, f0, it.fs);
-        acc.fill(u.splat32(corr.wrapping_neg() as u32));
+        let mut sum = 0i32;
+        for j in 0..sc.plan.xsum_span {
+            // SAFETY: row `i`'s sums of this span lie within the activation sums
+            // (`SpanScales::new` checked every span's).
+            sum += unsafe { *sc.xsum.add(i * sc.plan.xsum_row + j) };
+        }
+        acc.fill(u.splat32((it.pm.offset * sum).wrapping_neg() as u32));
     }
     acc
 }
@@ -635,7 +655,7 @@ unsafe fn int8_tile<U: Vnni, const MR: usize, const NS: usize, const PF: bool>(
     let mut next_pf = t.pf_phase;
     let mut f = 0;
     while f < t.klen {
-        let mut acc = start_span::<_, MR, NS>(u, it, it.k0 + f);
+        let mut acc = start_span::<_, MR, NS>(u, it, &sc);
         for q in f / 4..(f + it.fs) / 4 {
             if PF {
                 t.prefetch::<_, NS>(u, t.klen / 4, q, &mut next_pf);
@@ -674,7 +694,7 @@ unsafe fn int4_tile<U: Vnni, const MR: usize, const NS: usize, const PF: bool>(
     let mut next_pf = t.pf_phase;
     let mut f = 0;
     while f < t.klen {
-        let mut acc = start_span::<_, MR, NS>(u, it, it.k0 + f);
+        let mut acc = start_span::<_, MR, NS>(u, it, &sc);
         for l in f / 8..(f + it.fs) / 8 {
             if PF {
                 t.prefetch::<_, NS>(u, t.klen / 8, l, &mut next_pf);

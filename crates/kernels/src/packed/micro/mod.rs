@@ -218,11 +218,9 @@ pub(crate) fn correction(
     f0: usize,
     span: usize,
 ) -> i32 {
-    let units = a.k_pad / crate::packed::XSUM_UNIT;
-    let u0 = r * units + f0 / crate::packed::XSUM_UNIT;
-    let s: i32 = a.xsum[u0..u0 + span / crate::packed::XSUM_UNIT]
-        .iter()
-        .sum();
+    let units = a.k_pad / a.xsum_unit;
+    let u0 = r * units + f0 / a.xsum_unit;
+    let s: i32 = a.xsum[u0..u0 + span / a.xsum_unit].iter().sum();
     w.offset * s
 }
 
@@ -273,7 +271,7 @@ fn to_bf16_ref(src: &[f32], dst: &mut [u16]) {
 }
 
 #[inline(always)]
-fn quantize_i8_body(src: &[f32], dst: &mut [u8], xsum: &mut [i32]) -> f32 {
+fn quantize_i8_body(src: &[f32], dst: &mut [u8], xsum: &mut [i32], unit: usize) -> f32 {
     // |v| ordered as its bit pattern without the sign; NaN counts as zero. Sixteen lanes of
     // running maxima, so that the loop vectorises.
     let abs_bits = |v: &f32| {
@@ -293,8 +291,8 @@ fn quantize_i8_body(src: &[f32], dst: &mut [u8], xsum: &mut [i32]) -> f32 {
     let scale = if amax > 0.0 { amax / 127.0 } else { 1.0 };
     let inv = 1.0 / scale;
     for ((d, s), sum) in dst
-        .chunks_mut(crate::packed::XSUM_UNIT)
-        .zip(src.chunks(crate::packed::XSUM_UNIT))
+        .chunks_mut(unit)
+        .zip(src.chunks(unit))
         .zip(xsum.iter_mut())
     {
         let mut acc = 0i32;
@@ -318,25 +316,25 @@ fn quantize_i8_body(src: &[f32], dst: &mut [u8], xsum: &mut [i32]) -> f32 {
 /// AVX-512 F/BW must be available.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn quantize_i8_avx512(src: &[f32], dst: &mut [u8], xsum: &mut [i32]) -> f32 {
-    quantize_i8_body(src, dst, xsum)
+unsafe fn quantize_i8_avx512(src: &[f32], dst: &mut [u8], xsum: &mut [i32], unit: usize) -> f32 {
+    quantize_i8_body(src, dst, xsum, unit)
 }
 
 /// Quantizes one token row to int8 with one symmetric scale (`amax / 127`, round to nearest
-/// even): writes the values to `dst`, the sums of each [`crate::packed::XSUM_UNIT`] values to
-/// `xsum`, and returns the scale.
-pub(crate) fn quantize_i8(src: &[f32], dst: &mut [u8], xsum: &mut [i32]) -> f32 {
+/// even): writes the values to `dst`, the sums of each `unit` values to `xsum`, and returns
+/// the scale.
+pub(crate) fn quantize_i8(src: &[f32], dst: &mut [u8], xsum: &mut [i32], unit: usize) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if Isa::selected() >= Isa::Avx512 {
         // SAFETY: AVX-512 F/BW were detected.
-        return unsafe { quantize_i8_avx512(src, dst, xsum) };
+        return unsafe { quantize_i8_avx512(src, dst, xsum, unit) };
     }
-    quantize_i8_body(src, dst, xsum)
+    quantize_i8_body(src, dst, xsum, unit)
 }
 
 /// Plain reference for [`quantize_i8`].
 #[cfg(test)]
-fn quantize_i8_ref(src: &[f32], dst: &mut [u8], xsum: &mut [i32]) -> f32 {
+fn quantize_i8_ref(src: &[f32], dst: &mut [u8], xsum: &mut [i32], unit: usize) -> f32 {
     let amax = src
         .iter()
         .filter(|v| !v.is_nan())
@@ -345,7 +343,7 @@ fn quantize_i8_ref(src: &[f32], dst: &mut [u8], xsum: &mut [i32]) -> f32 {
     for (p, v) in src.iter().enumerate() {
         let q = ((v / scale).round_ties_even() as i32).clamp(-127, 127);
         dst[p] = q as i8 as u8;
-        xsum[p / crate::packed::XSUM_UNIT] += q;
+        xsum[p / unit] += q;
     }
     scale
 }
@@ -487,7 +485,10 @@ mod tests {
     #[test]
     fn int8_quantization_matches_reference() {
         let mut seed = 9;
-        for len in [0usize, 1, 31, 32, 33, 100, 257] {
+        for (len, unit) in [0usize, 1, 31, 32, 33, 100, 257]
+            .into_iter()
+            .flat_map(|len| [(len, 16), (len, 32)])
+        {
             let mut src = rand_vec(len, &mut seed);
             if len > 3 {
                 src[2] = f32::NAN;
@@ -495,15 +496,19 @@ mod tests {
             if len == 100 {
                 src[7] = f32::INFINITY;
             }
-            let units = len.div_ceil(crate::packed::XSUM_UNIT);
+            let units = len.div_ceil(unit);
             let (mut d1, mut d2) = (vec![0u8; len], vec![0u8; len]);
             let (mut s1, mut s2) = (vec![0i32; units], vec![0i32; units]);
-            let a = quantize_i8(&src, &mut d1, &mut s1);
-            let b = quantize_i8_ref(&src, &mut d2, &mut s2);
-            assert_eq!((a, &d1, &s1), (b, &d2, &s2), "length {len}");
+            let a = quantize_i8(&src, &mut d1, &mut s1, unit);
+            let b = quantize_i8_ref(&src, &mut d2, &mut s2, unit);
+            assert_eq!(
+                (a, &d1, &s1),
+                (b, &d2, &s2),
+                "length {len}, sums per {unit}"
+            );
         }
         let zeros = [0.0f32; 5];
-        assert_eq!(quantize_i8(&zeros, &mut [0; 5], &mut [0]), 1.0);
+        assert_eq!(quantize_i8(&zeros, &mut [0; 5], &mut [0], 32), 1.0);
     }
 
     #[test]
