@@ -1,23 +1,27 @@
 //! INT8 tiles: a tile of ggml rows written as packed `Int8 { group: Some(32) }` (values
-//! `q + 128`, lines of 16 rows x 4 `k`, a scale per row and 32 `k`); the [`biased`] types'
-//! values, never negative, as they are (`q`: the matrix is `unsigned`, and its sums need no
-//! offset correction).
+//! `q + 128`, lines of 16 rows x 4 `k`, a scale per row and 32 `k`; per 16 `k` for Q6_K and
+//! Q3_K, see [`group`]); the [`biased`] types' values, never negative, as they are (`q`: the
+//! matrix is `unsigned`, and its sums need no offset correction).
 //!
-//! Types whose values are `d · q + m` per 32 with one `d`, one `m` and `q` in int8 (Q4_0,
-//! Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, IQ4_NL, IQ4_XS: [`exact`]) are stored as they are, with
-//! `d` as the group scale and `m` as the group's bias (`bias`), which multiplies the group's
-//! activation sum outside the micro-kernels ([`add_bias`]): the tile holds the weights
-//! exactly, and decoding it is a copy and a transpose. The others (scales per 16, F16...)
-//! are decoded to f32 and requantized per 32 symmetrically (`amax / 127`, round to nearest
-//! even), an error of at most `amax / 254` per weight, well under the 2- to 6-bit formats' own
-//! steps. Q4_K requantized per 32 took 64 us per 64x2048 tile on a Xeon core, 70% of the
-//! tile's time at 32 tokens (2026-11-27); stored exactly and decoded in registers (`q4_k`),
-//! 6-7 us (2026-11-28, docs/benchmarks.md).
+//! Types whose values are `d · q + m` per group with one `d`, one `m` and `q` in int8 (Q4_0,
+//! Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, IQ4_NL, IQ4_XS per 32; Q6_K, Q3_K per 16 with no `m`:
+//! [`exact`]) are stored as they are, with `d` as the group scale and `m` as the group's bias
+//! (`bias`), which multiplies the group's activation sum outside the micro-kernels
+//! ([`add_bias`]): the tile holds the weights exactly, and decoding it is a copy and a
+//! transpose. The others (Q2_K, F16...) are decoded to f32 and requantized per 32
+//! symmetrically (`amax / 127`, round to nearest even), an error of at most `amax / 254` per
+//! weight, under the 2- to 6-bit formats' own steps but a second rounding. Q4_K requantized
+//! per 32 took 64 us per 64x2048 tile on a Xeon core, 70% of the tile's time at 32 tokens
+//! (2026-11-27); stored exactly and decoded in registers (`q4_k`), 6-7 us (2026-11-28,
+//! docs/benchmarks.md). Q6_K requantized per 32 cost a fixture its top-1 agreement with
+//! llama.cpp; stored exactly with a scale per 16 its tile flushes twice as often (about 0.7x
+//! Q4_K's rate on an Ice Lake core, 2026-11-30) and still runs 2x the BF16 tiles there.
 //!
 //! The activations get a scale per 32 too (`Activations::int8_grouped`): with one per token,
 //! four outlier channels at 64x the rest gave 6.6e-2 relative RMS error on Q4_K against 2.0e-3
 //! for BF16 tiles; with one per 32, 1.05e-2 (the row-dot kernels' scale per 256: 3.0e-2).
-//! The kernels flush per weight group of 32 anyway, so the extra scales cost a load per flush.
+//! The kernels flush per weight group of 32 (or 16) anyway, so the extra scales cost a load
+//! per flush. Their sums are kept per group, for the offset correction of each flush.
 
 use std::ops::Range;
 
