@@ -139,12 +139,8 @@ impl Activations {
             } else {
                 let sums = &mut xsum[r * units..(r + 1) * units];
                 if grouped.is_some() {
-                    let (src, dst) = (x.chunks(XSUM_UNIT), dst.chunks_mut(XSUM_UNIT));
-                    let sums = sums.chunks_mut(XSUM_UNIT / xsum_unit);
                     let sc = &mut scale[r * scales..(r + 1) * scales];
-                    for (((x, d), s), sc) in src.zip(dst).zip(sums).zip(sc) {
-                        *sc = micro::quantize_i8(x, &mut d[..x.len()], s, xsum_unit);
-                    }
+                    micro::quantize_i8_groups(x, &mut dst[..x.len()], sc, sums, xsum_unit);
                 } else {
                     scale[r] = micro::quantize_i8(x, &mut dst[..x.len()], sums, xsum_unit);
                 }

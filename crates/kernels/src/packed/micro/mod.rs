@@ -332,6 +332,54 @@ pub(crate) fn quantize_i8(src: &[f32], dst: &mut [u8], xsum: &mut [i32], unit: u
     quantize_i8_body(src, dst, xsum, unit)
 }
 
+#[inline(always)]
+fn quantize_i8_groups_body(
+    src: &[f32],
+    dst: &mut [u8],
+    scales: &mut [f32],
+    xsum: &mut [i32],
+    unit: usize,
+) {
+    let group = crate::packed::XSUM_UNIT;
+    let groups = src.chunks(group).zip(dst.chunks_mut(group));
+    for (((x, d), s), sc) in groups.zip(xsum.chunks_mut(group / unit)).zip(scales) {
+        *sc = quantize_i8_body(x, &mut d[..x.len()], s, unit);
+    }
+}
+
+/// # Safety
+/// AVX-512 F/BW must be available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn quantize_i8_groups_avx512(
+    src: &[f32],
+    dst: &mut [u8],
+    scales: &mut [f32],
+    xsum: &mut [i32],
+    unit: usize,
+) {
+    quantize_i8_groups_body(src, dst, scales, xsum, unit);
+}
+
+/// [`quantize_i8`] of each [`crate::packed::XSUM_UNIT`] values of a token row: one scale per
+/// group into `scales`, the sums of each `unit` values into `xsum`. One call per row, so that
+/// the groups' loop is compiled with the CPU's features around it (a call per group of 32
+/// was 4.7% of a 512-token prefill on an Ice Lake).
+pub(crate) fn quantize_i8_groups(
+    src: &[f32],
+    dst: &mut [u8],
+    scales: &mut [f32],
+    xsum: &mut [i32],
+    unit: usize,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if Isa::selected() >= Isa::Avx512 {
+        // SAFETY: AVX-512 F/BW were detected.
+        return unsafe { quantize_i8_groups_avx512(src, dst, scales, xsum, unit) };
+    }
+    quantize_i8_groups_body(src, dst, scales, xsum, unit);
+}
+
 /// Plain reference for [`quantize_i8`].
 #[cfg(test)]
 fn quantize_i8_ref(src: &[f32], dst: &mut [u8], xsum: &mut [i32], unit: usize) -> f32 {
@@ -509,6 +557,22 @@ mod tests {
         }
         let zeros = [0.0f32; 5];
         assert_eq!(quantize_i8(&zeros, &mut [0; 5], &mut [0], 32), 1.0);
+        // A row in groups of 32, a ragged last group: each group as quantized alone.
+        for unit in [16, 32] {
+            let mut src = rand_vec(100, &mut seed);
+            src[40] = f32::NAN;
+            src[70] *= 1e4;
+            let (mut d1, mut d2) = (vec![0u8; 100], vec![0u8; 100]);
+            let (mut s1, mut s2) = (vec![0i32; 100usize.div_ceil(unit)], vec![0; 0]);
+            let (mut sc1, mut sc2) = (vec![0.0f32; 4], vec![0.0f32; 0]);
+            quantize_i8_groups(&src, &mut d1, &mut sc1, &mut s1, unit);
+            for (x, d) in src.chunks(32).zip(d2.chunks_mut(32)) {
+                let mut sums = vec![0i32; x.len().div_ceil(unit)];
+                sc2.push(quantize_i8_ref(x, d, &mut sums, unit));
+                s2.extend(sums);
+            }
+            assert_eq!((sc1, d1, s1), (sc2, d2, s2), "sums per {unit}");
+        }
     }
 
     #[test]
