@@ -19,6 +19,7 @@ use crate::{Isa, KernelError, parallel_for};
 
 use super::GgmlMatrix;
 use super::matrix::{Form, Input};
+use super::scratch::{Buffer, with_buffer};
 
 /// (expert, token) rows per wave: bounds the intermediate buffers of a long prompt.
 const WAVE_ROWS: usize = 2048;
@@ -245,81 +246,85 @@ fn run_wave(
         (gi, ui)
     });
 
-    // 2. SiLU(gate) · up into `mid: [rows_total, inter]`.
-    let mut mid = vec![0.0f32; rows_total * inter];
-    {
-        let mid_w = SharedMut::new(&mut mid);
-        let list = tasks(segs, inter, |s| {
-            let (g, u, _) = expert(s);
-            let [gf, uf, _] = forms[s];
-            let rows = g.row_block(isa, gf).min(u.row_block(isa, uf));
-            (rows, gf.token_chunk().min(uf.token_chunk()))
-        });
-        parallel_for(list.len(), |i| {
-            let task = &list[i];
-            let (g, u, _) = expert(task.s);
-            let (gi, ui) = &x_in[task.s];
-            let nr = task.rows.len();
-            let mut gate = vec![0.0f32; task.tokens.len() * nr];
-            g.block(isa, gi, task.rows.clone(), task.tokens.clone(), |t, v| {
-                let j = t - task.tokens.start;
-                gate[j * nr..(j + 1) * nr].copy_from_slice(v);
+    // 2. SiLU(gate) · up into `mid: [rows_total, inter]` (every element written).
+    with_buffer(Buffer::Mid, rows_total * inter, |mid| {
+        {
+            let mid_w = SharedMut::new(mid);
+            let list = tasks(segs, inter, |s| {
+                let (g, u, _) = expert(s);
+                let [gf, uf, _] = forms[s];
+                let rows = g.row_block(isa, gf).min(u.row_block(isa, uf));
+                (rows, gf.token_chunk().min(uf.token_chunk()))
             });
-            u.block(
-                isa,
-                ui.as_ref().unwrap_or(gi),
-                task.rows.clone(),
-                task.tokens.clone(),
-                |t, v| {
-                    let j = t - task.tokens.start;
-                    let row = row0[task.s] + t;
-                    // SAFETY: this task alone writes these columns of this row.
-                    let dst = unsafe { mid_w.part(row * inter + task.rows.start, nr) };
-                    micro::silu_mul(&gate[j * nr..(j + 1) * nr], v, dst);
-                },
-            );
-        });
-    }
+            parallel_for(list.len(), |i| {
+                let task = &list[i];
+                let (g, u, _) = expert(task.s);
+                let (gi, ui) = &x_in[task.s];
+                let nr = task.rows.len();
+                with_buffer(Buffer::Gate, task.tokens.len() * nr, |gate| {
+                    g.block(isa, gi, task.rows.clone(), task.tokens.clone(), |t, v| {
+                        let j = t - task.tokens.start;
+                        gate[j * nr..(j + 1) * nr].copy_from_slice(v);
+                    });
+                    u.block(
+                        isa,
+                        ui.as_ref().unwrap_or(gi),
+                        task.rows.clone(),
+                        task.tokens.clone(),
+                        |t, v| {
+                            let j = t - task.tokens.start;
+                            let row = row0[task.s] + t;
+                            // SAFETY: this task alone writes these columns of this row.
+                            let dst = unsafe { mid_w.part(row * inter + task.rows.start, nr) };
+                            micro::silu_mul(&gate[j * nr..(j + 1) * nr], v, dst);
+                        },
+                    );
+                });
+            });
+        }
 
-    // 3. The intermediate rows converted for down; 4. down into `y: [rows_total, h]`.
-    let m_in: Vec<Input> = convert_all(segs.len(), |s| {
-        let base = row0[s] * inter;
-        expert(s).2.input(forms[s][2], segs[s].rows.len(), |r| {
-            &mid[base + r * inter..][..inter]
-        })
-    });
-    let mut y = vec![0.0f32; rows_total * h];
-    {
-        let y_w = SharedMut::new(&mut y);
-        let list = tasks(segs, h, |s| {
-            let df = forms[s][2];
-            (expert(s).2.row_block(isa, df), df.token_chunk())
+        // 3. The intermediate rows converted for down; 4. down into `y: [rows_total, h]`
+        // (every element written).
+        let m_in: Vec<Input> = convert_all(segs.len(), |s| {
+            let base = row0[s] * inter;
+            expert(s).2.input(forms[s][2], segs[s].rows.len(), |r| {
+                &mid[base + r * inter..][..inter]
+            })
         });
-        parallel_for(list.len(), |i| {
-            let task = &list[i];
-            let d = expert(task.s).2;
-            d.block(
-                isa,
-                &m_in[task.s],
-                task.rows.clone(),
-                task.tokens.clone(),
-                |t, v| {
-                    let row = row0[task.s] + t;
-                    // SAFETY: this task alone writes these columns of this row.
-                    let dst = unsafe { y_w.part(row * h + task.rows.start, v.len()) };
-                    dst.copy_from_slice(v);
-                },
-            );
-        });
-    }
+        with_buffer(Buffer::Down, rows_total * h, |y| {
+            {
+                let y_w = SharedMut::new(y);
+                let list = tasks(segs, h, |s| {
+                    let df = forms[s][2];
+                    (expert(s).2.row_block(isa, df), df.token_chunk())
+                });
+                parallel_for(list.len(), |i| {
+                    let task = &list[i];
+                    let d = expert(task.s).2;
+                    d.block(
+                        isa,
+                        &m_in[task.s],
+                        task.rows.clone(),
+                        task.tokens.clone(),
+                        |t, v| {
+                            let row = row0[task.s] + t;
+                            // SAFETY: this task alone writes these columns of this row.
+                            let dst = unsafe { y_w.part(row * h + task.rows.start, v.len()) };
+                            dst.copy_from_slice(v);
+                        },
+                    );
+                });
+            }
 
-    // 5. Weighted combine, each token's experts in batch order.
-    let pieces = segs.iter().enumerate().map(|(s, seg)| {
-        let rows = seg.rows.clone();
-        let y = &y[row0[s] * h..row0[s + 1] * h];
-        (&seg.batch.tokens[rows.clone()], &seg.batch.weights[rows], y)
+            // 5. Weighted combine, each token's experts in batch order.
+            let pieces = segs.iter().enumerate().map(|(s, seg)| {
+                let rows = seg.rows.clone();
+                let y = &y[row0[s] * h..row0[s + 1] * h];
+                (&seg.batch.tokens[rows.clone()], &seg.batch.weights[rows], y)
+            });
+            combine(pieces, h, out);
+        });
     });
-    combine(pieces, h, out);
 }
 
 /// `out[t] += w · y` for every row of `pieces` (tokens, weights, unweighted output rows

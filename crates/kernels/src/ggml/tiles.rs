@@ -30,7 +30,7 @@ use crate::isa::Isa;
 use crate::packed::micro::{self, Kernel};
 use crate::packed::{Activations, LINE, PackedFormat, PackedLayout, STRIP, StableBytes};
 
-use super::scratch::{Scratch, with_scratch};
+use super::scratch::{Buffer, Scratch, with_buffer, with_scratch};
 use super::unpack::{UNIT, unpack_rows};
 use super::{GgmlType, dequantize_row, has_fast_kernel};
 
@@ -285,17 +285,20 @@ pub(crate) fn block(
     debug_assert!(w.n <= TILE_ROWS && a.k_pad == layout.k_pad);
     let strips = layout.n_pad / STRIP;
     let ldo = strips * STRIP;
-    let mut out = vec![0.0f32; tokens.len() * ldo];
-    with_tile(tile_bytes(w, fmt, &layout), |tile| {
-        let view = decode(w, fmt, &layout, tile);
-        micro::run_block(kernel, &view, a, tokens.clone(), 0..strips, &mut out, ldo);
-        if let Some(bias) = tile_bias(w, fmt, &layout, tile) {
-            int8::add_bias(&mut out, ldo, bias, layout.n_pad, a, tokens.clone());
+    with_buffer(Buffer::TileOut, tokens.len() * ldo, |out| {
+        // The kernels add their sums into `out`.
+        out.fill(0.0);
+        with_tile(tile_bytes(w, fmt, &layout), |tile| {
+            let view = decode(w, fmt, &layout, tile);
+            micro::run_block(kernel, &view, a, tokens.clone(), 0..strips, out, ldo);
+            if let Some(bias) = tile_bias(w, fmt, &layout, tile) {
+                int8::add_bias(out, ldo, bias, layout.n_pad, a, tokens.clone());
+            }
+        });
+        for (j, t) in tokens.enumerate() {
+            emit(t, &out[j * ldo..j * ldo + w.n]);
         }
     });
-    for (j, t) in tokens.enumerate() {
-        emit(t, &out[j * ldo..j * ldo + w.n]);
-    }
 }
 
 /// Bytes of a tile of `w` in `fmt`: values, scales and, for INT8 tiles of types with mins,
