@@ -41,6 +41,38 @@ pub(super) fn strips<'a>(
     (blocks, block, it)
 }
 
+/// The next strip's rows (the 16 after a strip's, contiguous), fetched into L2 while a strip
+/// is transposed, a share of their lines per step: an expert's blocks come from DRAM, and
+/// sixteen rows read side by side were too many streams for the hardware prefetcher.
+struct NextStrip {
+    next: *const u8,
+    lines: usize,
+    per_step: usize,
+}
+
+impl NextStrip {
+    /// For a strip of `bytes` bytes from the start of `src`, transposed in `steps` steps.
+    fn new(src: &[u8], bytes: usize, steps: usize) -> Self {
+        let lines = bytes / 64;
+        Self {
+            next: src.as_ptr().wrapping_add(bytes),
+            lines,
+            per_step: lines.div_ceil(steps.max(1)),
+        }
+    }
+
+    /// Fetches step `step`'s share.
+    #[inline(always)]
+    fn fetch(&self, step: usize) {
+        let first = step * self.per_step;
+        for line in first..(first + self.per_step).min(self.lines) {
+            // A prefetch does not fault: past the matrix's end it fetches nothing useful.
+            // SAFETY: SSE is part of x86-64.
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(self.next.wrapping_add(64 * line).cast()) };
+        }
+    }
+}
+
 /// Writes the INT8 tile lines of one strip of Q4_K rows: `rows` rows (at most 16; the rest
 /// of the strip is the stored zero) of `blocks` blocks of `block` bytes in `src`, into `dst`
 /// (64 lines per block). Each 64-`k` chunk of a row is 32 bytes of nibbles (low: the first
@@ -60,19 +92,10 @@ pub(super) unsafe fn q4_k_strip(
     let row_bytes = blocks * block;
     assert!(rows <= 16 && src.len() >= rows * row_bytes && dst.len() >= blocks * 64 * 64);
     let nib = _mm256_set1_epi8(0x0f);
-    // The next strip's rows (the 16 after these, contiguous) are fetched into L2 while this
-    // one is transposed, a share of their lines per step: an expert's blocks come from DRAM,
-    // and sixteen rows read side by side were too many streams for the hardware prefetcher.
-    let next = src.as_ptr().wrapping_add(rows * row_bytes);
-    let next_lines = rows * row_bytes / 64;
-    let per_step = next_lines.div_ceil(4 * blocks);
+    let next = NextStrip::new(src, rows * row_bytes, 4 * blocks);
     for b in 0..blocks {
         for p in 0..4 {
-            let first = (4 * b + p) * per_step;
-            for line in first..(first + per_step).min(next_lines) {
-                // A prefetch does not fault: past the matrix's end it fetches nothing useful.
-                _mm_prefetch::<_MM_HINT_T1>(next.wrapping_add(64 * line).cast());
-            }
+            next.fetch(4 * b + p);
             let r: [__m512i; 16] = std::array::from_fn(|c| {
                 if c >= rows {
                     return _mm512_setzero_si512();
@@ -93,9 +116,9 @@ pub(super) unsafe fn q4_k_strip(
 
 /// Writes the INT8 tile lines of one strip of Q6_K rows (as [`q4_k_strip`] takes them; 64
 /// lines per block): each value's stored byte `q - 32 + 128` (rows past `rows` the stored
-/// zero, 128), its scale per 16 left to [`q6_k_strip_scales`]. Each 64-`k` chunk of a row is 64 bytes of `ql` nibbles (low for the
-/// chunk at the start of a half, high for the next) with two bits per value from the half's 32
-/// `qh` bytes (bits `2c` for quarter `c`).
+/// zero, 128), its scale per 16 left to [`q6_k_strip_scales`]. Each 64-`k` chunk of a row is
+/// 64 bytes of `ql` nibbles (low for the chunk at the start of a half, high for the next) with
+/// two bits per value from the half's 32 `qh` bytes (bits `2c` for quarter `c`).
 ///
 /// # Safety
 /// AVX-512 F/BW/VL must be available.
@@ -115,17 +138,10 @@ pub(super) unsafe fn q6_k_strip(
         _mm512_set1_epi8(0x03),
         _mm512_set1_epi8(96),
     );
-    // As in `q4_k_strip`: the next strip's rows are fetched into L2 a share per step.
-    let next = src.as_ptr().wrapping_add(rows * row_bytes);
-    let next_lines = rows * row_bytes / 64;
-    let per_step = next_lines.div_ceil(4 * blocks);
+    let next = NextStrip::new(src, rows * row_bytes, 4 * blocks);
     for b in 0..blocks {
         for p in 0..4 {
-            let first = (4 * b + p) * per_step;
-            for line in first..(first + per_step).min(next_lines) {
-                // A prefetch does not fault: past the matrix's end it fetches nothing useful.
-                _mm_prefetch::<_MM_HINT_T1>(next.wrapping_add(64 * line).cast());
-            }
+            next.fetch(4 * b + p);
             // Chunk `p` is quarters `2 (p % 2)` and `2 (p % 2) + 1` of half `p / 2`: the
             // lower 32 bytes take `qh` bits `4 (p % 2)`, the upper `4 (p % 2) + 2`.
             let (h, pair) = (p / 2, p % 2);
