@@ -301,12 +301,17 @@ pub(crate) fn block(
     });
 }
 
+/// Whether a tile of `w` in `fmt` has biases: an INT8 tile of a type with mins, whose values
+/// are stored unsigned.
+fn has_bias(w: Rows<'_>, fmt: TileFormat) -> bool {
+    fmt == TileFormat::Int8 && int8::biased(w.ty)
+}
+
 /// Bytes of a tile of `w` in `fmt`: values, scales and, for INT8 tiles of types with mins,
 /// as many biases after the scales (one per row and group; the micro-kernels do not see
 /// them).
 fn tile_bytes(w: Rows<'_>, fmt: TileFormat, layout: &PackedLayout) -> usize {
-    let biased = fmt == TileFormat::Int8 && int8::biased(w.ty);
-    layout.data_bytes + layout.scales * 4 * (1 + usize::from(biased))
+    layout.data_bytes + layout.scales * 4 * (1 + usize::from(has_bias(w, fmt)))
 }
 
 /// Decodes `w` into `tile` (at least [`tile_bytes`] long) in `fmt` and views it as a packed
@@ -351,7 +356,7 @@ fn decode(
     )
     .expect("the tile holds exactly its layout");
     // The values of types with mins are never negative: stored as they are.
-    if fmt == TileFormat::Int8 && int8::biased(w.ty) {
+    if has_bias(w, fmt) {
         view.unsigned()
     } else {
         view
@@ -365,7 +370,7 @@ fn tile_bias<'t>(
     layout: &PackedLayout,
     tile: &'t TileBytes,
 ) -> Option<&'t [f32]> {
-    if fmt != TileFormat::Int8 || !int8::biased(w.ty) {
+    if !has_bias(w, fmt) {
         return None;
     }
     let at = layout.data_bytes + layout.scales * 4;
