@@ -172,8 +172,9 @@ impl Peaks {
         match (isa, bf16) {
             (Isa::Amx, true) => self.amx_bf16,
             (Isa::Amx, false) => self.amx_int8,
-            // Without AVX-512 BF16 (no `vdpbf16ps` peak) the BF16 tiles run on f32 FMA.
-            (Isa::Avx512, true) => self.avx512_bf16.or(self.avx512_fma),
+            // The BF16 tiles run on `vdpbf16ps` only where it beats f32 FMA.
+            (Isa::Avx512, true) if strata_kernels::isa::bf16_dot_on_dpbf16() => self.avx512_bf16,
+            (Isa::Avx512, true) => self.avx512_fma,
             (Isa::Avx512, false) => self.avx512_vnni,
             (Isa::Avx2 | Isa::AvxVnni, true) => self.avx2_fma,
             (Isa::Avx2, false) => self.avx2_int8,

@@ -32,8 +32,8 @@ pub enum Isa {
     /// AVX2 with AVX-VNNI (`vpdpbusd` on 256-bit registers).
     AvxVnni,
     /// AVX-512 F/BW/VL with VNNI (`vpdpbusd`), and BF16 (`vdpbf16ps`) where the CPU has it
-    /// ([`has_avx512_bf16`]: Zen 4 and 5, Sapphire Rapids on; not Ice Lake or Cascade Lake,
-    /// whose packed BF16 weights run on f32 FMA).
+    /// and runs it faster than f32 FMA ([`bf16_dot_on_dpbf16`]: Zen 4 and 5; Intel's cores,
+    /// and those without it such as Ice Lake, run packed BF16 weights on f32 FMA).
     Avx512,
     /// AMX tiles (`tdpbf16ps`, `tdpbsud`); implies [`Isa::Avx512`] with BF16.
     Amx,
@@ -160,6 +160,29 @@ pub(crate) fn has_avx512_bf16() -> bool {
         *HAS.get_or_init(|| {
             std::arch::is_x86_feature_detected!("avx512f")
                 && std::arch::is_x86_feature_detected!("avx512bf16")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// Whether the AVX-512 BF16 micro-kernels multiply on `vdpbf16ps` rather than on f32 FMA
+/// (two FMAs per BF16 pair): where the CPU has it and issues it faster than FMA. AMD's cores
+/// (Zen 4) run one 512-bit `vdpbf16ps` per cycle, twice their f32 FMA rate; Intel's one every
+/// other cycle, half of theirs. Measured (docs/benchmarks.md, research/machine.md): on an
+/// Emerald Rapids Xeon without AMX (2026-11-30) peaks of 0.162 TFLOPS against 0.333 on two
+/// threads, and one 64x2048 BF16 tile at 76-82 GOPS on `vdpbf16ps` against 99-108 on FMA.
+/// Decided by vendor, not by a timing at start-up, so that a run's results do not depend on
+/// the host's load.
+pub fn bf16_dot_on_dpbf16() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static FAST: OnceLock<bool> = OnceLock::new();
+        *FAST.get_or_init(|| {
+            let leaf0 = std::arch::x86_64::__cpuid(0);
+            // "AuthenticAMD" in EBX, EDX, ECX.
+            let amd = (leaf0.ebx, leaf0.edx, leaf0.ecx) == (0x6874_7541, 0x6974_6e65, 0x444d_4163);
+            has_avx512_bf16() && amd
         })
     }
     #[cfg(not(target_arch = "x86_64"))]

@@ -37,6 +37,9 @@ pub(crate) fn kernels() -> Vec<Kernel> {
     if Isa::Avx512.is_available() {
         v.push(Kernel::Avx512Fma);
     }
+    if Kernel::Avx512Dpbf16.is_available() {
+        v.push(Kernel::Avx512Dpbf16);
+    }
     v
 }
 

@@ -13,8 +13,8 @@
 //! ([`crate::vnni_unit::Vnni`]): the CPU's AVX-512 unit here, its AVX-VNNI unit on CPUs
 //! without AVX-512 ([`block_avx_vnni`]: 2 tokens x 2 strips, the tile whose accumulators fit
 //! the 16 ymm registers as two halves each), the software unit in tests ([`block_soft`]), so
-//! that they run on every machine. The BF16 tile is AVX-512 only, on `vdpbf16ps` or, where
-//! the CPU lacks AVX-512 BF16, on f32 FMA.
+//! that they run on every machine. The BF16 tile is AVX-512 only, on `vdpbf16ps` where the
+//! CPU runs it faster than f32 FMA ([`crate::isa::bf16_dot_on_dpbf16`]), else on FMA.
 
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -34,7 +34,7 @@ pub(super) fn block(
     ldo: usize,
 ) {
     let unit = Avx512Vnni::detect().expect("AVX-512 VNNI");
-    let dpbf16 = crate::isa::has_avx512_bf16();
+    let dpbf16 = crate::isa::bf16_dot_on_dpbf16();
     // SAFETY: the unit exists, so the features this function enables were detected, and
     // `dpbf16` only where the CPU has AVX-512 BF16; `run_block` checked that rows, strips and
     // `ks` lie within the activations and the packed matrix and that `out` holds
@@ -42,10 +42,13 @@ pub(super) fn block(
     unsafe { block_impl(unit, dpbf16, w, a, rows, strips, ks, out, ldo) }
 }
 
-/// [`block`] with BF16 weights on f32 FMA, as CPUs without AVX-512 BF16 run them, so that the
-/// tests check that path on every AVX-512 machine.
+/// [`block`] with BF16 weights on `vdpbf16ps` if `dpbf16` (the CPU must have AVX-512 BF16),
+/// else on f32 FMA, whichever the CPU's own path takes, so that the tests check both where
+/// they can run.
 #[cfg(test)]
-pub(super) fn block_fma_bf16(
+#[allow(clippy::too_many_arguments)]
+pub(super) fn block_bf16_on(
+    dpbf16: bool,
     w: &PackedMatrix,
     a: &Activations,
     rows: Range<usize>,
@@ -55,8 +58,9 @@ pub(super) fn block_fma_bf16(
     ldo: usize,
 ) {
     let unit = Avx512Vnni::detect().expect("AVX-512 VNNI");
-    // SAFETY: as in `block`, without `vdpbf16ps`.
-    unsafe { block_impl(unit, false, w, a, rows, strips, ks, out, ldo) }
+    assert!(!dpbf16 || crate::isa::has_avx512_bf16(), "no AVX-512 BF16");
+    // SAFETY: as in `block`; AVX-512 BF16 is available if `dpbf16` (asserted).
+    unsafe { block_impl(unit, dpbf16, w, a, rows, strips, ks, out, ldo) }
 }
 
 /// [`block`] for INT8 and INT4 weights on AVX-VNNI (AVX2 CPUs with the VEX `vpdpbusd`).

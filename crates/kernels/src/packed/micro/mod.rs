@@ -69,9 +69,14 @@ pub(crate) enum Kernel {
     /// run the portable kernel: the unit has no BF16 dot product).
     #[cfg(test)]
     VnniSoft,
-    /// The AVX-512 path with BF16 weights on f32 FMA, as CPUs without AVX-512 BF16 run it.
+    /// The AVX-512 path with BF16 weights on f32 FMA, as CPUs without AVX-512 BF16 and Intel's
+    /// cores run it.
     #[cfg(test)]
     Avx512Fma,
+    /// The AVX-512 path with BF16 weights on `vdpbf16ps`, as AMD's cores run it (needs AVX-512
+    /// BF16).
+    #[cfg(test)]
+    Avx512Dpbf16,
 }
 
 impl Kernel {
@@ -83,18 +88,20 @@ impl Kernel {
             #[cfg(test)]
             Kernel::AmxSoft => true,
             #[cfg(test)]
-            Kernel::VnniSoft | Kernel::Avx512Fma => false,
+            Kernel::VnniSoft | Kernel::Avx512Fma | Kernel::Avx512Dpbf16 => false,
         }
     }
 
     /// Whether this machine can run it.
-    fn is_available(self) -> bool {
+    pub(crate) fn is_available(self) -> bool {
         match self {
             Kernel::Isa(isa) => isa.is_available(),
             #[cfg(test)]
             Kernel::AmxSoft | Kernel::VnniSoft => true,
             #[cfg(test)]
             Kernel::Avx512Fma => Isa::Avx512.is_available(),
+            #[cfg(test)]
+            Kernel::Avx512Dpbf16 => Isa::Avx512.is_available() && crate::isa::has_avx512_bf16(),
         }
     }
 }
@@ -186,7 +193,10 @@ pub(crate) fn run_block(
                 avx512::block(w, a, rows, strips, ks.clone(), out, ldo)
             }
             #[cfg(all(test, target_arch = "x86_64"))]
-            Kernel::Avx512Fma => avx512::block_fma_bf16(w, a, rows, strips, ks.clone(), out, ldo),
+            Kernel::Avx512Fma | Kernel::Avx512Dpbf16 => {
+                let dpbf16 = kernel == Kernel::Avx512Dpbf16;
+                avx512::block_bf16_on(dpbf16, w, a, rows, strips, ks.clone(), out, ldo)
+            }
             #[cfg(all(test, target_arch = "x86_64"))]
             Kernel::VnniSoft if w.kind != Kind::Bf16 => {
                 avx512::block_soft(w, a, rows, strips, ks.clone(), out, ldo)
