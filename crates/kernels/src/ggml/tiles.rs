@@ -95,6 +95,14 @@ pub(crate) const INT8_MIN_TOKENS_Q8_0: usize = 16;
 /// 0.259-0.263 / 0.501-0.542.
 pub(crate) const INT8_MIN_TOKENS_Q6_K: usize = 8;
 
+/// The same for Q3_K (a scale per 16, decoded by the generic fill). Measured with `strata
+/// bench moe --formats q3_k --tokens 64,128,256,512` (`STRATA_GGML_TILES=int8,1` against
+/// `int8,1000000000`) on a 2-core Emerald Rapids Xeon with AVX-512 VNNI (2026-11-30,
+/// docs/benchmarks.md), two alternating rounds, seconds per call at 4 / 8 / 16 / 32 tokens
+/// per expert: tiles 0.108-0.109 / 0.117-0.127 / 0.142-0.143 / 0.180-0.183, the VNNI row-dot
+/// kernels 0.049-0.051 / 0.096-0.098 / 0.191-0.199 / 0.379-0.385.
+pub(crate) const INT8_MIN_TOKENS_Q3_K: usize = 16;
+
 /// Fewest tokens from which `ty` takes AVX-512 INT8 tiles below the general thresholds (on
 /// AMX, until its BF16 tiles take over): the types whose tiles decode cheaply enough to
 /// repay them at a few tokens per expert.
@@ -103,31 +111,28 @@ fn early_int8_min(ty: GgmlType) -> Option<usize> {
         GgmlType::Q4_K => Some(INT8_MIN_TOKENS_Q4_K),
         GgmlType::Q6_K => Some(INT8_MIN_TOKENS_Q6_K),
         GgmlType::Q8_0 => Some(INT8_MIN_TOKENS_Q8_0),
+        GgmlType::Q3_K => Some(INT8_MIN_TOKENS_Q3_K),
         _ => None,
     }
 }
 
-/// Fewest tokens for INT8 tiles on AVX-VNNI (the AVX-512 register tiles on 256-bit halves)
-/// for the types whose tiles are their blocks' integers with no bias (Q4_0, Q5_0, Q8_0,
-/// IQ4_NL, IQ4_XS). Measured with `strata bench moe --formats q4_k,q6_k,q8_0,iq4_xs --tokens
-/// 64,128,256,512,1024` (`STRATA_KERNEL=avxvnni`, `STRATA_GGML_TILES=int8,1` against
-/// `int8,1000000000`) on the 2-vCPU Xeon with AMX (2026-11-29, docs/benchmarks.md), seconds
-/// per call against the AVX2 row-dot kernels at 8 / 32 / 64 tokens per expert, with the
-/// AVX2 transpose in the fill: Q8_0 0.145-0.180 / 0.305-0.427 / 0.526-0.701 against
-/// 0.158-0.180 / 0.558-0.647 / 1.17-1.26, IQ4_XS 0.238-0.325 / 0.511-0.614 / 0.801-1.045
-/// against 0.169-0.189 / 0.589-0.803 / 1.46-1.47.
+/// Fewest tokens for INT8 tiles on AVX-VNNI (the AVX-512 register tiles on 256-bit halves,
+/// filled by the generic decoder) for the types their tiles hold exactly. Measured with
+/// `strata bench moe` (`STRATA_KERNEL=avxvnni`, `STRATA_GGML_TILES=int8,1` against
+/// `int8,1000000000`, so against the AVX2 row-dot kernels) on a 2-core Emerald Rapids Xeon
+/// (2026-11-30, docs/benchmarks.md), two alternating rounds, at 16 / 32 / 64 tokens per
+/// expert: Q4_K 1.03-1.13x / 1.38-1.40x / 1.6-1.9x, Q5_K 1.06-1.13x / 1.47-1.51x /
+/// 1.72-1.94x, Q6_K 0.93-1.19x / 1.31-1.48x / 1.62-1.80x (at 8, 0.81-0.86x). Earlier, on a
+/// Xeon with AMX (2026-11-29): Q8_0 and IQ4_XS 1.2-2.2x from 32; Q4_K level at 32 and 64
+/// before its flush read scales without divisions (`SpanScales`).
 pub(crate) const INT8_MIN_TOKENS_AVX_VNNI: usize = 32;
-/// The same for the types with biases (the `d · q + m` types Q4_K, Q5_K, Q4_1, Q5_1, whose
-/// fill also unpacks and writes biases), for those with a scale per 16 (Q6_K, Q3_K: flushed
-/// twice as often; as INT8 tiles with a scale per 16, not yet measured on AVX-VNNI), and for
-/// the types requantized per 32 (Q2_K) when INT8 tiles are forced (by default they keep their
-/// row-dot kernels here): at 32 and 64 tokens per expert Q4_K's tiles were level with its
-/// AVX2 row-dot kernel (0.413-0.417 / 0.741-0.782 s against 0.335-0.426 / 0.78-0.90), at 128
-/// and 256 1.95-1.98x (1.019 / 2.009 against 2.023 / 3.911 s); Q5_K 2.12-2.35x there; Q6_K
-/// then requantized per 32 (its requantization's maximum vectorised) level at 64 (0.89-1.03
-/// against 0.96-1.06 s), 1.33-1.78x at 128 and 256 (1.24-1.61 / 2.49 against 2.14 / 4.42 s).
-/// Q2_K and Q3_K were not measured.
-pub(crate) const INT8_MIN_TOKENS_AVX_VNNI_OTHERS: usize = 128;
+/// The same for Q3_K, whose tiles won from 8 tokens per expert there: 1.17-1.28x at 8
+/// (0.131-0.140 s against 0.163-0.167), 1.7x at 16, 2.2-2.5x at 32; at 4, 0.5-0.6x.
+pub(crate) const INT8_MIN_TOKENS_AVX_VNNI_Q3_K: usize = 8;
+/// The same for the types requantized per 32 (Q2_K), when INT8 tiles are forced (by default
+/// they keep their row-dot kernels here): Q6_K, when it was requantized so (2026-11-29, the
+/// Xeon with AMX), was level at 64 tokens per expert and 1.33-1.78x at 128 and 256.
+pub(crate) const INT8_MIN_TOKENS_AVX_VNNI_REQUANTIZED: usize = 128;
 
 /// What a tile is decoded to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -203,13 +208,11 @@ pub(crate) fn tile_for(isa: Isa, m: usize, ty: GgmlType) -> Option<(Kernel, Tile
         (Isa::Amx, TileFormat::Int8) => Some(INT8_MIN_TOKENS_AMX),
         (Isa::Avx512, TileFormat::Bf16) => Some(TILE_MIN_TOKENS_AVX512),
         (Isa::Avx512, TileFormat::Int8) => Some(INT8_MIN_TOKENS_AVX512),
-        (Isa::AvxVnni, TileFormat::Int8) => Some(
-            if int8::exact(ty) && !int8::biased(ty) && int8::group(ty) == int8::GROUP {
-                INT8_MIN_TOKENS_AVX_VNNI
-            } else {
-                INT8_MIN_TOKENS_AVX_VNNI_OTHERS
-            },
-        ),
+        (Isa::AvxVnni, TileFormat::Int8) => Some(match ty {
+            GgmlType::Q3_K => INT8_MIN_TOKENS_AVX_VNNI_Q3_K,
+            _ if int8::exact(ty) => INT8_MIN_TOKENS_AVX_VNNI,
+            _ => INT8_MIN_TOKENS_AVX_VNNI_REQUANTIZED,
+        }),
         // AVX2 without AVX-VNNI: `vpmaddubsw` tiles were 0.9-1.4x its row-dot kernels at 32-64
         // tokens per expert on the Xeon (Q8_0, IQ4_XS; Q4_K and Q6_K slower), not measured on
         // an AVX2-only CPU: they run only when forced.

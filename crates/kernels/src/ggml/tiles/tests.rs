@@ -84,7 +84,7 @@ fn tiles_are_taken_for_many_tokens_on_avx512_amx_and_for_exact_types_on_avx_vnni
         return; // STRATA_GGML_TILES set: the choice is the environment's.
     }
     // Q6_K: INT8 tiles with a scale per 16 on AVX-512 (on AMX until its BF16 tiles take
-    // over), from few tokens; on AVX-VNNI from the threshold of the types flushed more often.
+    // over), from few tokens; on AVX-VNNI from the threshold of every exact type.
     let w = matrix(GgmlType::Q6_K, 64, 256, &mut 1);
     let avx512_int8 = Form::Tiles(Kernel::Isa(Isa::Avx512), TileFormat::Int8);
     for isa in [Isa::Avx512, Isa::Amx] {
@@ -97,17 +97,18 @@ fn tiles_are_taken_for_many_tokens_on_avx512_amx_and_for_exact_types_on_avx_vnni
         Form::Tiles(Kernel::Isa(Isa::Amx), TileFormat::Bf16)
     );
     assert_eq!(
-        w.form(Isa::AvxVnni, INT8_MIN_TOKENS_AVX_VNNI_OTHERS),
+        w.form(Isa::AvxVnni, INT8_MIN_TOKENS_AVX_VNNI),
         Form::Tiles(Kernel::Isa(Isa::AvxVnni), TileFormat::Int8)
     );
     assert_eq!(
-        w.form(Isa::AvxVnni, INT8_MIN_TOKENS_AVX_VNNI_OTHERS - 1),
+        w.form(Isa::AvxVnni, INT8_MIN_TOKENS_AVX_VNNI - 1),
         Form::Q8(256)
     );
     for isa in [Isa::Portable, Isa::Avx2] {
         assert_eq!(w.form(isa, 4096), Form::Q8(256));
     }
-    // AVX-VNNI: INT8 tiles, from fewer tokens for the types stored as plain integers.
+    // AVX-VNNI: INT8 tiles for every exact type from one threshold; Q3_K from fewer tokens,
+    // the types requantized per 32 only when forced.
     let avx_vnni = Form::Tiles(Kernel::Isa(Isa::AvxVnni), TileFormat::Int8);
     let q8_0 = matrix(GgmlType::Q8_0, 64, 256, &mut 1);
     assert_eq!(q8_0.form(Isa::AvxVnni, INT8_MIN_TOKENS_AVX_VNNI), avx_vnni);
@@ -116,15 +117,23 @@ fn tiles_are_taken_for_many_tokens_on_avx512_amx_and_for_exact_types_on_avx_vnni
         Form::Q8(32)
     );
     assert_eq!(q8_0.form(Isa::Avx2, 4096), Form::Q8(32));
+    let q3_k = matrix(GgmlType::Q3_K, 64, 256, &mut 1);
+    let (vnni_min, avx512_min) = (INT8_MIN_TOKENS_AVX_VNNI_Q3_K, INT8_MIN_TOKENS_Q3_K);
+    assert_eq!(q3_k.form(Isa::AvxVnni, vnni_min), avx_vnni);
+    assert_eq!(q3_k.form(Isa::AvxVnni, vnni_min - 1), Form::Q8(32));
+    let avx512_int8_q3_k = Form::Tiles(Kernel::Isa(Isa::Avx512), TileFormat::Int8);
+    for isa in [Isa::Avx512, Isa::Amx] {
+        assert_eq!(q3_k.form(isa, avx512_min), avx512_int8_q3_k);
+        assert_eq!(q3_k.form(isa, avx512_min - 1), Form::Q8(32));
+    }
+    let q2_k = matrix(GgmlType::Q2_K, 64, 256, &mut 1);
+    assert!(!matches!(q2_k.form(Isa::AvxVnni, 4096), Form::Tiles(..)));
     // Q4_K takes AVX-512 INT8 tiles from fewer tokens, on AMX until its BF16 tiles take over.
     let q4_k = matrix(GgmlType::Q4_K, 64, 256, &mut 1);
     let int8 = Form::Tiles(Kernel::Isa(Isa::Avx512), TileFormat::Int8);
+    assert_eq!(q4_k.form(Isa::AvxVnni, INT8_MIN_TOKENS_AVX_VNNI), avx_vnni);
     assert_eq!(
-        q4_k.form(Isa::AvxVnni, INT8_MIN_TOKENS_AVX_VNNI_OTHERS),
-        avx_vnni
-    );
-    assert_eq!(
-        q4_k.form(Isa::AvxVnni, INT8_MIN_TOKENS_AVX_VNNI_OTHERS - 1),
+        q4_k.form(Isa::AvxVnni, INT8_MIN_TOKENS_AVX_VNNI - 1),
         Form::Q8(256)
     );
     for isa in [Isa::Avx512, Isa::Amx] {
