@@ -1,5 +1,5 @@
-//! `strata devices`: every accelerator this build can use, with its limits and the
-//! operations it runs (`--json` for scripts).
+//! `strata devices`: the CPU's kernel path and memory, and every accelerator this build can
+//! use, with its limits and the operations it runs (`--json` for scripts).
 
 use clap::Args;
 
@@ -13,6 +13,28 @@ pub struct DevicesArgs {
 
 fn mib(b: u64) -> String {
     format!("{:.0} MiB", b as f64 / (1u64 << 20) as f64)
+}
+
+/// The CPU's model name (`/proc/cpuinfo`, Linux), if it can be read.
+fn cpu_name() -> Option<String> {
+    let info = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("model name"))?;
+    Some(line.split_once(':')?.1.trim().to_owned())
+}
+
+/// The CPU as the kernels see it.
+fn cpu_json() -> serde_json::Value {
+    use strata_kernels::Isa;
+    let (int8, bf16) = strata_kernels::isa::units();
+    serde_json::json!({
+        "name": cpu_name(),
+        "threads": strata_kernels::num_threads(),
+        "kernels": Isa::selected().name(),
+        "available": Isa::available().iter().map(|i| i.name()).collect::<Vec<_>>(),
+        "int8_unit": int8,
+        "bf16_unit": bf16,
+        "memory_available": strata_model::memory::available_bytes(),
+    })
 }
 
 pub fn run(args: DevicesArgs) -> anyhow::Result<()> {
@@ -40,12 +62,33 @@ pub fn run(args: DevicesArgs) -> anyhow::Result<()> {
             Err(_) => Vec::new(),
         };
         let out = serde_json::json!({
+            "cpu": cpu_json(),
             "devices": list,
             "error": found.as_ref().err().map(|e| e.to_string()),
         });
         outln!("{}", serde_json::to_string_pretty(&out)?)?;
         return Ok(());
     }
+    let cpu = cpu_json();
+    let text = |k: &str| cpu[k].as_str().unwrap_or("unknown").to_owned();
+    outln!("cpu  {} ({} threads)", text("name"), cpu["threads"])?;
+    let available: Vec<&str> = cpu["available"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|v| v.as_str()).collect())
+        .unwrap_or_default();
+    outln!(
+        "  kernels      {} (available: {}; `STRATA_KERNEL` picks one)",
+        text("kernels"),
+        available.join(" ")
+    )?;
+    outln!("  int8         {}", text("int8_unit"))?;
+    outln!("  bf16         {}", text("bf16_unit"))?;
+    outln!(
+        "  memory       {} available",
+        cpu["memory_available"]
+            .as_u64()
+            .map_or("unknown".to_string(), mib)
+    )?;
     match found {
         Err(e) => outln!("no accelerator: {e}")?,
         Ok(devs) => {

@@ -184,6 +184,32 @@ fn devices_prints_no_wayland_error() {
     assert!(!stderr(&o).contains("XDG_RUNTIME_DIR"), "{}", stderr(&o));
 }
 
+/// `strata devices` starts with the CPU: the kernel path it runs (as `STRATA_KERNEL` forces
+/// it), the units that path multiplies on, and the memory available.
+#[test]
+fn devices_describes_the_cpu_path() {
+    let o = strata()
+        .args(["devices", "--json"])
+        .env("STRATA_KERNEL", "portable")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let cpu = &doc["cpu"];
+    assert_eq!(cpu["kernels"], "portable", "{doc}");
+    assert_eq!(cpu["int8_unit"], "portable Rust", "{doc}");
+    assert!(cpu["threads"].as_u64().is_some_and(|t| t >= 1), "{doc}");
+    let available = cpu["available"].as_array().unwrap();
+    assert!(available.iter().any(|v| v == "portable"), "{doc}");
+    let text = strata().arg("devices").output().unwrap();
+    let text = String::from_utf8_lossy(&text.stdout).into_owned();
+    assert!(text.starts_with("cpu  "), "{text}");
+    assert!(
+        text.contains("\n  kernels ") && text.contains("\n  memory "),
+        "{text}"
+    );
+}
+
 /// Sends one HTTP/1.1 request and returns the whole response.
 fn http(port: u16, method: &str, path: &str, body: &str) -> String {
     let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();

@@ -153,7 +153,7 @@ pub(crate) fn has_avx_vnni() -> bool {
 /// Whether the CPU has AVX-512 F and BF16 (`vdpbf16ps`, `vcvtne2ps2bf16`), whatever the
 /// selected path: the packed BF16 kernels and fills use them where it does, f32 FMA and
 /// integer rounding where it does not.
-pub(crate) fn has_avx512_bf16() -> bool {
+pub fn has_avx512_bf16() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         static HAS: OnceLock<bool> = OnceLock::new();
@@ -187,6 +187,29 @@ pub fn bf16_dot_on_dpbf16() -> bool {
     }
     #[cfg(not(target_arch = "x86_64"))]
     false
+}
+
+/// What the kernels multiply on with the selected path, per kind of weight, in words (for
+/// `strata devices`): `(int8, bf16)`, the units of the integer forms (GGUF blocks, packed
+/// INT8/INT4) and of BF16 weights (and the GGUF types without an integer form).
+pub fn units() -> (&'static str, &'static str) {
+    let bf16_avx512 = if bf16_dot_on_dpbf16() {
+        "AVX-512 BF16 (vdpbf16ps)"
+    } else if has_avx512_bf16() {
+        "AVX-512 f32 FMA (this vendor's vdpbf16ps runs at half the FMA rate)"
+    } else {
+        "AVX-512 f32 FMA (no AVX-512 BF16)"
+    };
+    match Isa::selected() {
+        Isa::Amx => (
+            "AMX (tdpbsud) and AVX-512 VNNI (vpdpbusd)",
+            "AMX (tdpbf16ps) from 32 tokens per call",
+        ),
+        Isa::Avx512 => ("AVX-512 VNNI (vpdpbusd)", bf16_avx512),
+        Isa::AvxVnni => ("AVX-VNNI (vpdpbusd, 256-bit)", "AVX2 f32 FMA"),
+        Isa::Avx2 => ("AVX2 (vpmaddubsw)", "AVX2 f32 FMA"),
+        Isa::Portable => ("portable Rust", "portable Rust"),
+    }
 }
 
 /// CPUID AMX-BF16/TILE/INT8 bits and XCR0 tile-state bits.
