@@ -1,4 +1,5 @@
-//! The commonest expert types of MoE releases (Q4_K and Q6_K) decoded into tiles straight
+//! The commonest expert types of MoE releases (Q4_K, Q6_K, and Q3_K of the 3-bit files)
+//! decoded into tiles straight
 //! from their blocks on AVX-512: a strip's 16 rows of one chunk of `k` are
 //! unpacked in registers and transposed into the tile's lines, with no decoded copy of the
 //! tile in between (the generic fills go through `unpack`'s rows). Each is tested bit for bit
@@ -175,6 +176,121 @@ pub(super) unsafe fn q6_k_strip(
             // SAFETY: the caller checked the features; the 16 lines from `64 b + 16 p`
             // lie within `dst` (checked above).
             unsafe { transpose16_regs(r, &mut dst[(64 * b + 16 * p) * 64..]) };
+        }
+    }
+}
+
+/// Writes the INT8 tile lines of one strip of Q3_K rows (as [`q4_k_strip`] takes them; 64
+/// lines per block): each value's stored byte `q + 128` (rows past `rows` the stored zero,
+/// 128), its scale per 16 left to [`q3_k_strip_scales`]. Value `l` of quarter `c` of half `h`
+/// is bits `2c` of `qs[32 h + l]` (`qs` at byte 32), minus 4 where bit `4 h + c` of
+/// `hmask[l]` (bytes 0-31) is clear; each 64-`k` chunk is two quarters of one half.
+///
+/// # Safety
+/// AVX-512 F/BW/VL must be available.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
+pub(super) unsafe fn q3_k_strip(
+    src: &[u8],
+    rows: usize,
+    blocks: usize,
+    block: usize,
+    dst: &mut [u8],
+) {
+    let row_bytes = blocks * block;
+    assert!(rows <= 16 && src.len() >= rows * row_bytes && block >= 110);
+    assert!(dst.len() >= blocks * 64 * 64);
+    let (two, one, zero) = (
+        _mm512_set1_epi8(0x03),
+        _mm512_set1_epi8(0x01),
+        _mm512_set1_epi8(124),
+    );
+    let next = NextStrip::new(src, rows * row_bytes, 4 * blocks);
+    for b in 0..blocks {
+        for p in 0..4 {
+            next.fetch(4 * b + p);
+            // Chunk `p` is quarters `2 (p % 2)` (lower 32 bytes) and `2 (p % 2) + 1` (upper)
+            // of half `p / 2`.
+            let (h, c) = (p / 2, 2 * (p % 2));
+            let pair = |lo: usize| {
+                _mm512_inserti64x4::<1>(
+                    _mm512_set1_epi16(lo as i16),
+                    _mm256_set1_epi16(lo as i16 + 1),
+                )
+            };
+            let (q_shift, h_shift) = (_mm512_slli_epi16::<1>(pair(c)), pair(4 * h + c));
+            let r: [__m512i; 16] = std::array::from_fn(|row| {
+                if row >= rows {
+                    return _mm512_set1_epi8(-128);
+                }
+                let x = row * row_bytes + b * block;
+                // SAFETY: 32 bytes of `hmask` at 0 and of `qs` at `32 + 32 h` lie within row
+                // `row`'s block `b` (checked above).
+                let (hm, qs) = unsafe {
+                    (
+                        _mm256_loadu_si256(src.as_ptr().add(x).cast()),
+                        _mm256_loadu_si256(src.as_ptr().add(x + 32 + 32 * h).cast()),
+                    )
+                };
+                let low = _mm512_srlv_epi16(_mm512_broadcast_i64x4(qs), q_shift);
+                let high = _mm512_srlv_epi16(_mm512_broadcast_i64x4(hm), h_shift);
+                let high = _mm512_slli_epi16::<2>(_mm512_and_si512(high, one));
+                let q = _mm512_or_si512(_mm512_and_si512(low, two), high);
+                _mm512_add_epi8(q, zero)
+            });
+            // SAFETY: the caller checked the features; the 16 lines from `64 b + 16 p`
+            // lie within `dst` (checked above).
+            unsafe { transpose16_regs(r, &mut dst[(64 * b + 16 * p) * 64..]) };
+        }
+    }
+}
+
+/// The scales per 16 (`d · (sc - 32)`, as `unpack` computes them) of one strip of Q3_K rows
+/// (as [`q3_k_strip`] takes them) into `scales`, the strip's `[group][16]`, 16 rows at a time
+/// in the lanes; lanes past `rows` get zero. Scale `u`'s low four bits are nibble `u / 8` of
+/// byte `u % 8` of the 12 scale bytes (at 96), its top two bits are bits `2 (u / 4)` of byte
+/// `8 + u % 4`.
+///
+/// # Safety
+/// AVX-512 F/BW/VL and F16C must be available.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+pub(super) unsafe fn q3_k_strip_scales(
+    src: &[u8],
+    rows: usize,
+    blocks: usize,
+    block: usize,
+    scales: &mut [f32],
+) {
+    let row_bytes = blocks * block;
+    assert!(rows <= 16 && src.len() >= rows * row_bytes && block >= 110);
+    assert!(scales.len() >= blocks * 16 * 16);
+    let mask: __mmask16 = if rows == 16 { !0 } else { (1 << rows) - 1 };
+    let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    let at = _mm512_mullo_epi32(lanes, _mm512_set1_epi32(row_bytes as i32));
+    let (nibble, two_bits, bias) = (
+        _mm512_set1_epi32(0x0f),
+        _mm512_set1_epi32(0x03),
+        _mm512_set1_epi32(32),
+    );
+    for b in 0..blocks {
+        // SAFETY: the lanes below `rows` read 4 bytes at 96, 100, 104 and 106 of row `c`'s
+        // block `b` (checked above); masked lanes read nothing.
+        let [w0, w1, w2, dw] = [96, 100, 104, 106].map(|off| unsafe {
+            let base = src.as_ptr().add(b * block + off);
+            _mm512_mask_i32gather_epi32::<1>(_mm512_setzero_si512(), mask, at, base.cast())
+        });
+        // `d` is the f16 at 108: the upper half of the word at 106.
+        let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(dw)));
+        for u in 0..16 {
+            let low_word = if u % 8 < 4 { w0 } else { w1 };
+            let low_shift = _mm512_set1_epi32((8 * (u % 4) + 4 * (u / 8)) as i32);
+            let high_shift = _mm512_set1_epi32((8 * (u % 4) + 2 * (u / 4)) as i32);
+            let low = _mm512_and_si512(_mm512_srlv_epi32(low_word, low_shift), nibble);
+            let high = _mm512_and_si512(_mm512_srlv_epi32(w2, high_shift), two_bits);
+            let sc = _mm512_sub_epi32(_mm512_or_si512(low, _mm512_slli_epi32::<4>(high)), bias);
+            let s = _mm512_maskz_mul_ps(mask, d, _mm512_cvtepi32_ps(sc));
+            // SAFETY: group `16 b + u` of the strip's scales lies within `scales` (checked
+            // above).
+            unsafe { _mm512_storeu_ps(scales.as_mut_ptr().add(16 * (16 * b + u)), s) };
         }
     }
 }

@@ -286,6 +286,19 @@ pub(super) fn fill_body<const AVX512: bool, const AVX2: bool>(
         }
         return;
     }
+    #[cfg(target_arch = "x86_64")]
+    if AVX512 && w.ty == GgmlType::Q3_K && k == k_pad {
+        // The experts of the Q3_K_M files, as Q6_K.
+        let (blocks, block, strips) = direct::strips(w, bytes, layout.strip_bytes);
+        for (st, sc) in strips.zip(scales.chunks_exact_mut(groups * STRIP)) {
+            // SAFETY: as for Q4_K above.
+            unsafe {
+                direct::q3_k_strip(st.src, st.rows, blocks, block, st.dst);
+                direct::q3_k_strip_scales(st.src, st.rows, blocks, block, sc);
+            }
+        }
+        return;
+    }
     // An exact type whose rows fill whole lines is transposed straight from its decoded
     // values (`q ^ 0x80` is the stored byte, `q` for a biased type): no copy of the tile in
     // between.
