@@ -8,11 +8,11 @@
 //! row-dot work per cycle. Decoding a 64-row tile costs one pass over its blocks and is shared
 //! by every token of the call, so it fades as tokens grow.
 //!
-//! On AVX-512, types whose values an INT8 tile with a scale per 32 (per 16 for Q6_K and Q3_K)
-//! holds exactly (`int8::exact`) decode to it: `vpdpbusd` does twice the multiplies of `vdpbf16ps`, and a
-//! tile decodes faster. AMX and the other types take BF16 tiles ([`tile_for`]). On AVX-VNNI
-//! without AVX-512 the INT8 tiles run on 256-bit halves (from fewer tokens for the types
-//! stored as plain integers than for those with biases); the other types and plain AVX2 keep
+//! On AVX-512, types whose values an INT8 tile with a scale per 32 (per 16 for Q6_K, Q3_K and
+//! Q2_K) holds exactly (`int8::exact`: every type with a block decoder) decode to it:
+//! `vpdpbusd` does twice the multiplies of `vdpbf16ps`, and a tile decodes faster. AMX and the
+//! other types (F16, BF16, the grid i-quants) take BF16 tiles ([`tile_for`]). On AVX-VNNI
+//! without AVX-512 the INT8 tiles run on 256-bit halves; the other types and plain AVX2 keep
 //! their row-dot kernels. `STRATA_GGML_TILES=int8` forces INT8 tiles on every type, the
 //! others requantized per 32.
 //!
@@ -102,6 +102,12 @@ pub(crate) const INT8_MIN_TOKENS_Q6_K: usize = 8;
 /// per expert: tiles 0.108-0.109 / 0.117-0.127 / 0.142-0.143 / 0.180-0.183, the VNNI row-dot
 /// kernels 0.049-0.051 / 0.096-0.098 / 0.191-0.199 / 0.379-0.385.
 pub(crate) const INT8_MIN_TOKENS_Q3_K: usize = 16;
+/// The same for Q2_K (a scale and a min per 16, stored exactly since 2026-11-30; before, its
+/// tiles requantized it per 32, so it kept the row-dot kernels below 128 tokens). Measured as
+/// Q3_K, the same day and host: tiles 0.089-0.090 / 0.098-0.107 / 0.121-0.133 / 0.165-0.177 /
+/// 0.246-0.262 s at 4 / 8 / 16 / 32 / 64 tokens per expert, the VNNI row-dot kernels
+/// 0.043-0.045 / 0.086-0.090 / 0.170-0.174 / 0.337-0.339 / 0.672-0.699.
+pub(crate) const INT8_MIN_TOKENS_Q2_K: usize = 16;
 
 /// Fewest tokens from which `ty` takes AVX-512 INT8 tiles below the general thresholds (on
 /// AMX, until its BF16 tiles take over): the types whose tiles decode cheaply enough to
@@ -112,6 +118,7 @@ fn early_int8_min(ty: GgmlType) -> Option<usize> {
         GgmlType::Q6_K => Some(INT8_MIN_TOKENS_Q6_K),
         GgmlType::Q8_0 => Some(INT8_MIN_TOKENS_Q8_0),
         GgmlType::Q3_K => Some(INT8_MIN_TOKENS_Q3_K),
+        GgmlType::Q2_K => Some(INT8_MIN_TOKENS_Q2_K),
         _ => None,
     }
 }
@@ -122,16 +129,18 @@ fn early_int8_min(ty: GgmlType) -> Option<usize> {
 /// `int8,1000000000`, so against the AVX2 row-dot kernels) on a 2-core Emerald Rapids Xeon
 /// (2026-11-30, docs/benchmarks.md), two alternating rounds, at 16 / 32 / 64 tokens per
 /// expert: Q4_K 1.03-1.13x / 1.38-1.40x / 1.6-1.9x, Q5_K 1.06-1.13x / 1.47-1.51x /
-/// 1.72-1.94x, Q6_K 0.93-1.19x / 1.31-1.48x / 1.62-1.80x (at 8, 0.81-0.86x). Earlier, on a
+/// 1.72-1.94x, Q6_K 0.93-1.19x / 1.31-1.48x / 1.62-1.80x (at 8, 0.81-0.86x), Q2_K (stored
+/// exactly) 1.16-1.33x / 1.52-1.70x at 16 / 32 (at 8, 0.86-0.93x). Earlier, on a
 /// Xeon with AMX (2026-11-29): Q8_0 and IQ4_XS 1.2-2.2x from 32; Q4_K level at 32 and 64
 /// before its flush read scales without divisions (`SpanScales`).
 pub(crate) const INT8_MIN_TOKENS_AVX_VNNI: usize = 32;
 /// The same for Q3_K, whose tiles won from 8 tokens per expert there: 1.17-1.28x at 8
 /// (0.131-0.140 s against 0.163-0.167), 1.7x at 16, 2.2-2.5x at 32; at 4, 0.5-0.6x.
 pub(crate) const INT8_MIN_TOKENS_AVX_VNNI_Q3_K: usize = 8;
-/// The same for the types requantized per 32 (Q2_K), when INT8 tiles are forced (by default
-/// they keep their row-dot kernels here): Q6_K, when it was requantized so (2026-11-29, the
-/// Xeon with AMX), was level at 64 tokens per expert and 1.33-1.78x at 128 and 256.
+/// The same for the types requantized per 32 (F16, BF16, the grid i-quants) when INT8 tiles
+/// are forced (by default they keep their own kernels here): Q6_K, when it was requantized so
+/// (2026-11-29, the Xeon with AMX), was level at 64 tokens per expert and 1.33-1.78x at 128
+/// and 256.
 pub(crate) const INT8_MIN_TOKENS_AVX_VNNI_REQUANTIZED: usize = 128;
 
 /// What a tile is decoded to.
@@ -192,11 +201,11 @@ pub(crate) fn tile_for(isa: Isa, m: usize, ty: GgmlType) -> Option<(Kernel, Tile
     }
     // AMX keeps BF16: `tdpbsud` with a scale per 32 flushes its four accumulator tiles per 32
     // `k`, and the flush, not the multiply, sets the speed (see `INT8_MIN_TOKENS_AMX`).
-    // INT8 tiles only for the types they hold exactly: requantizing per 32 (Q2_K, and Q6_K
-    // before its tiles had a scale per 16) is a second rounding llama.cpp does not make, and
-    // cost the Q6_K fixture its top-1 agreement with llama.cpp (0.864 against the row-dot
-    // kernels' 0.977, on an Ice Lake). Those take BF16 tiles on AVX-512 and the row-dot
-    // kernels below it (the AVX2 "BF16" kernel is f32 FMA).
+    // INT8 tiles only for the types they hold exactly: requantizing per 32 (as Q6_K and Q2_K
+    // were before their tiles had scales per 16) is a second rounding llama.cpp does not make,
+    // and cost the Q6_K fixture its top-1 agreement with llama.cpp (0.864 against the row-dot
+    // kernels' 0.977, on an Ice Lake). The float and grid types take BF16 tiles on AVX-512
+    // and their own kernels below it (the AVX2 "BF16" kernel is f32 FMA).
     let fmt = fmt.unwrap_or(if int8::exact(ty) && isa < Isa::Amx {
         TileFormat::Int8
     } else {

@@ -4,17 +4,18 @@
 //! matrix is `unsigned`, and its sums need no offset correction).
 //!
 //! Types whose values are `d · q + m` per group with one `d`, one `m` and `q` in int8 (Q4_0,
-//! Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, IQ4_NL, IQ4_XS per 32; Q6_K, Q3_K per 16 with no `m`:
-//! [`exact`]) are stored as they are, with `d` as the group scale and `m` as the group's bias
-//! (`bias`), which multiplies the group's activation sum outside the micro-kernels
-//! ([`add_bias`]): the tile holds the weights exactly, and decoding it is a copy and a
-//! transpose. The others (Q2_K, F16...) are decoded to f32 and requantized per 32
+//! Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, IQ4_NL, IQ4_XS per 32; Q6_K, Q3_K per 16 with no `m`,
+//! Q2_K per 16 with one: [`exact`], every type with a block decoder) are stored as they are,
+//! with `d` as the group scale and `m` as the group's bias (`bias`), which multiplies the
+//! group's activation sum outside the micro-kernels ([`add_bias`]): the tile holds the
+//! weights exactly, and decoding it is a copy and a transpose. The others (F16, BF16, the grid
+//! i-quants, when INT8 tiles are forced) are decoded to f32 and requantized per 32
 //! symmetrically (`amax / 127`, round to nearest even), an error of at most `amax / 254` per
 //! weight, under the 2- to 6-bit formats' own steps but a second rounding. Q4_K requantized
 //! per 32 took 64 us per 64x2048 tile on a Xeon core, 70% of the tile's time at 32 tokens
 //! (2026-11-27); stored exactly and decoded in registers (`q4_k`), 6-7 us (2026-11-28,
 //! docs/benchmarks.md). Q6_K requantized per 32 cost a fixture its top-1 agreement with
-//! llama.cpp; stored exactly with a scale per 16 its tile flushes twice as often (about 0.7x
+//! llama.cpp (Q2_K was requantized so until 2026-11-30); stored exactly with a scale per 16 its tile flushes twice as often (about 0.7x
 //! Q4_K's rate on an Ice Lake core, 2026-11-30) and still runs 2x the BF16 tiles there.
 //!
 //! The activations get a scale per 32 too (`Activations::int8_grouped`): with one per token,
@@ -31,19 +32,18 @@ use super::direct;
 use super::with_scratch;
 use super::{Activations, GgmlType, Isa, LINE, PackedLayout, Rows, STRIP, Scratch, TILE_ROWS};
 use super::{dequantize_row, has_fast_kernel, unpack_rows};
-use crate::packed::XSUM_UNIT;
 
 /// `k` per scale of an INT8 tile: the block size of the 32-value formats, and the sub-block of
 /// Q4_K / Q5_K / IQ4_XS.
 pub(crate) const GROUP: usize = 32;
 
-/// `k` per scale of the INT8 tiles of the types with a scale per 16 and no mins (Q6_K, Q3_K):
-/// stored exactly, flushed twice as often.
+/// `k` per scale of the INT8 tiles of the types with a scale per 16 (Q6_K, Q3_K, and Q2_K
+/// with a min per 16 too): stored exactly, flushed twice as often.
 const GROUP_16: usize = 16;
 
 /// `k` per scale of `ty`'s INT8 tiles.
 pub(crate) fn group(ty: GgmlType) -> usize {
-    if matches!(ty, GgmlType::Q6_K | GgmlType::Q3_K) {
+    if matches!(ty, GgmlType::Q6_K | GgmlType::Q3_K | GgmlType::Q2_K) {
         GROUP_16
     } else {
         GROUP
@@ -56,7 +56,7 @@ pub(crate) fn exact(ty: GgmlType) -> bool {
     use GgmlType::*;
     matches!(
         ty,
-        Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q4_K | Q5_K | IQ4_NL | IQ4_XS | Q6_K | Q3_K
+        Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q4_K | Q5_K | IQ4_NL | IQ4_XS | Q6_K | Q3_K | Q2_K
     )
 }
 
@@ -117,10 +117,9 @@ fn add_bias_body(
     a: &Activations,
     tokens: Range<usize>,
 ) {
-    let groups = a.k_pad / GROUP;
-    assert!(
-        a.scale_group == GROUP && a.xsum_unit == GROUP && GROUP == XSUM_UNIT && n_pad <= TILE_ROWS
-    );
+    // The bias groups are the activations' sum units (`group` of the tile's type).
+    let groups = a.k_pad / a.xsum_unit;
+    assert!(a.scale_group == GROUP && matches!(a.xsum_unit, 16 | 32) && n_pad <= TILE_ROWS);
     let bias = &bias[..groups * n_pad];
     for (j, t) in tokens.enumerate() {
         let sums = &a.scaled_sum[t * groups..(t + 1) * groups];
@@ -345,31 +344,6 @@ pub(super) fn fill_body<const AVX512: bool, const AVX2: bool>(
         let row = &mut s.b[r * k_pad..(r + 1) * k_pad];
         let (strip, c) = (r / STRIP, r % STRIP);
         let sc = &mut scales[strip * groups * STRIP..][..groups * STRIP];
-        #[cfg(target_arch = "x86_64")]
-        if AVX512 && decoded && !exact {
-            // `k` is a whole number of blocks of 32 or 256 here.
-            let (q, d, m) = (
-                &s.q[r * k..(r + 1) * k],
-                &s.d[r * k / UNIT..(r + 1) * k / UNIT],
-                &s.m[r * k / UNIT..(r + 1) * k / UNIT],
-            );
-            let mut row_scales = [0.0f32; x86::BATCH];
-            for (b, ((q, (d, m)), out)) in q
-                .chunks(x86::BATCH * GROUP)
-                .zip(d.chunks(2 * x86::BATCH).zip(m.chunks(2 * x86::BATCH)))
-                .zip(row[..k].chunks_mut(x86::BATCH * GROUP))
-                .enumerate()
-            {
-                let n = q.len() / GROUP;
-                // SAFETY: `AVX512` is only set by `fill_avx512`, whose caller checked the
-                // features; the slices hold `n` groups (and 2 `n` units) each.
-                unsafe { x86::batch_requantize(q, d, m, out, &mut row_scales[..n]) };
-                for (g, v) in row_scales[..n].iter().enumerate() {
-                    sc[(b * x86::BATCH + g) * STRIP + c] = *v;
-                }
-            }
-            continue;
-        }
         // `k` is a whole number of blocks of 32 or 256 (or of 1 for the float types): a
         // group lies within `k` or within the padding, except a float type's last.
         for (g, qb) in row[..k.next_multiple_of(group)]
@@ -387,22 +361,12 @@ pub(super) fn fill_body<const AVX512: bool, const AVX2: bool>(
                 }
                 s.d[at / UNIT]
             } else {
-                // Requantized types have groups of [`GROUP`].
+                // Requantized types (every decoded type is exact) have groups of [`GROUP`].
+                debug_assert!(!decoded);
                 let qb: &mut [u8; GROUP] = qb.try_into().expect("whole groups");
                 let mut v = [0.0f32; GROUP];
-                if decoded {
-                    let u = at / UNIT;
-                    for h in 0..2 {
-                        let (d, m) = (s.d[u + h], s.m[u + h]);
-                        let q = &s.q[at + h * UNIT..][..UNIT];
-                        for (v, &q) in v[h * UNIT..][..UNIT].iter_mut().zip(q) {
-                            *v = d * f32::from(q) + m;
-                        }
-                    }
-                } else {
-                    let len = GROUP.min(k - p0);
-                    v[..len].copy_from_slice(&s.f[at..at + len]);
-                }
+                let len = GROUP.min(k - p0);
+                v[..len].copy_from_slice(&s.f[at..at + len]);
                 requantize(&v, qb)
             };
         }
@@ -466,9 +430,6 @@ pub(super) mod x86 {
     /// [`transpose16`] or [`transpose16_avx2`]: `(src, stride, flip, dst)`.
     pub(super) type Transpose = unsafe fn(&[u8], usize, u8, &mut [u8]);
 
-    /// Groups per batch of [`batch_requantize`]: one zmm of scales.
-    pub(super) const BATCH: usize = 16;
-
     /// [`super::add_bias`] as a register-tiled product: 4 tokens x `n_pad` rows of sums in
     /// registers, each group's biases loaded once for the 4 tokens.
     ///
@@ -483,9 +444,10 @@ pub(super) mod x86 {
         a: &Activations,
         tokens: Range<usize>,
     ) {
-        let groups = a.k_pad / GROUP;
+        let groups = a.k_pad / a.xsum_unit;
         let n = tokens.len();
-        assert!(a.scale_group == GROUP && a.xsum_unit == GROUP && bias.len() >= groups * n_pad);
+        assert!(a.scale_group == GROUP && matches!(a.xsum_unit, 16 | 32));
+        assert!(bias.len() >= groups * n_pad);
         assert!(matches!(n_pad, 32 | 64) && (n == 0 || out.len() >= (n - 1) * ldo + n_pad));
         assert!(a.scaled_sum.len() >= tokens.end * groups);
         let mut j = 0;
@@ -524,7 +486,7 @@ pub(super) mod x86 {
         t0: usize,
         j: usize,
     ) {
-        let groups = a.k_pad / GROUP;
+        let groups = a.k_pad / a.xsum_unit;
         let n_pad = NS * 16;
         let mut acc = [[_mm512_setzero_ps(); NS]; MR];
         for g in 0..groups {
@@ -549,77 +511,6 @@ pub(super) mod x86 {
                     let o = out.as_mut_ptr().add((j + i) * ldo + 16 * s);
                     _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), *acc));
                 }
-            }
-        }
-    }
-
-    /// [`super::requantize`] of `d[u] · q + m[u]` (a scale and min per 16 values) for up to
-    /// [`BATCH`] groups: writes the stored bytes to `out` and the scales to `scales`. The
-    /// groups' scales and inverses are divided in one vector, so no group waits on its own
-    /// divisions.
-    ///
-    /// # Safety
-    /// AVX-512 F/BW/VL must be available.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    #[inline]
-    pub(super) unsafe fn batch_requantize(
-        q: &[i8],
-        d: &[f32],
-        m: &[f32],
-        out: &mut [u8],
-        scales: &mut [f32],
-    ) {
-        let n = scales.len();
-        assert!(
-            n <= BATCH
-                && q.len() == n * GROUP
-                && out.len() == n * GROUP
-                && d.len() >= 2 * n
-                && m.len() >= 2 * n
-        );
-        let mut v = [[_mm512_setzero_ps(); 2]; BATCH];
-        let mut amax = [0.0f32; BATCH];
-        for g in 0..n {
-            for h in 0..2 {
-                // SAFETY: 16 bytes at `32 g + 16 h` lie within `q` (checked above).
-                let qi = unsafe { _mm_loadu_si128(q.as_ptr().add(GROUP * g + 16 * h).cast()) };
-                let qf = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(qi));
-                // A multiply then an add, as the scalar `d * q + m` rounds (not a fused FMA).
-                let (dv, mv) = (_mm512_set1_ps(d[2 * g + h]), _mm512_set1_ps(m[2 * g + h]));
-                v[g][h] = _mm512_add_ps(_mm512_mul_ps(dv, qf), mv);
-            }
-            amax[g] = _mm512_reduce_max_ps(_mm512_max_ps(
-                _mm512_abs_ps(v[g][0]),
-                _mm512_abs_ps(v[g][1]),
-            ));
-        }
-        // `super::scales` for all groups at once: amax / 127 and 127 / amax, 1 where amax is 0.
-        // SAFETY: `amax` holds 16 floats.
-        let a = unsafe { _mm512_loadu_ps(amax.as_ptr()) };
-        let pos = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(a, _mm512_setzero_ps());
-        let one = _mm512_set1_ps(1.0);
-        let scale = _mm512_mask_div_ps(one, pos, a, _mm512_set1_ps(127.0));
-        let inv = _mm512_mask_div_ps(one, pos, _mm512_set1_ps(127.0), a);
-        let mut invs = [0.0f32; BATCH];
-        let mut all = [0.0f32; BATCH];
-        // SAFETY: both arrays hold 16 floats.
-        unsafe {
-            _mm512_storeu_ps(invs.as_mut_ptr(), inv);
-            _mm512_storeu_ps(all.as_mut_ptr(), scale);
-        }
-        scales.copy_from_slice(&all[..n]);
-        for (g, (v, inv)) in v.iter().zip(invs).take(n).enumerate() {
-            let inv = _mm512_set1_ps(inv);
-            for (h, v) in v.iter().enumerate() {
-                // Round to nearest even (the default MXCSR mode), clamp, add the offset.
-                let qv = _mm512_cvtps_epi32(_mm512_mul_ps(*v, inv));
-                let qv = _mm512_min_epi32(
-                    _mm512_max_epi32(qv, _mm512_set1_epi32(-127)),
-                    _mm512_set1_epi32(127),
-                );
-                let b = _mm512_cvtepi32_epi8(_mm512_add_epi32(qv, _mm512_set1_epi32(128)));
-                // SAFETY: 16 bytes at `32 g + 16 h` of `out` (checked above).
-                unsafe { _mm_storeu_si128(out.as_mut_ptr().add(GROUP * g + 16 * h).cast(), b) };
             }
         }
     }

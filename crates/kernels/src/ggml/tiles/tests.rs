@@ -107,8 +107,7 @@ fn tiles_are_taken_for_many_tokens_on_avx512_amx_and_for_exact_types_on_avx_vnni
     for isa in [Isa::Portable, Isa::Avx2] {
         assert_eq!(w.form(isa, 4096), Form::Q8(256));
     }
-    // AVX-VNNI: INT8 tiles for every exact type from one threshold; Q3_K from fewer tokens,
-    // the types requantized per 32 only when forced.
+    // AVX-VNNI: INT8 tiles for every exact type from one threshold, Q3_K from fewer tokens.
     let avx_vnni = Form::Tiles(Kernel::Isa(Isa::AvxVnni), TileFormat::Int8);
     let q8_0 = matrix(GgmlType::Q8_0, 64, 256, &mut 1);
     assert_eq!(q8_0.form(Isa::AvxVnni, INT8_MIN_TOKENS_AVX_VNNI), avx_vnni);
@@ -121,13 +120,26 @@ fn tiles_are_taken_for_many_tokens_on_avx512_amx_and_for_exact_types_on_avx_vnni
     let (vnni_min, avx512_min) = (INT8_MIN_TOKENS_AVX_VNNI_Q3_K, INT8_MIN_TOKENS_Q3_K);
     assert_eq!(q3_k.form(Isa::AvxVnni, vnni_min), avx_vnni);
     assert_eq!(q3_k.form(Isa::AvxVnni, vnni_min - 1), Form::Q8(32));
-    let avx512_int8_q3_k = Form::Tiles(Kernel::Isa(Isa::Avx512), TileFormat::Int8);
+    let avx512_int8_k = Form::Tiles(Kernel::Isa(Isa::Avx512), TileFormat::Int8);
     for isa in [Isa::Avx512, Isa::Amx] {
-        assert_eq!(q3_k.form(isa, avx512_min), avx512_int8_q3_k);
+        assert_eq!(q3_k.form(isa, avx512_min), avx512_int8_k);
         assert_eq!(q3_k.form(isa, avx512_min - 1), Form::Q8(32));
     }
+    // Q2_K, stored exactly with a scale and a bias per 16: early on AVX-512, from the general
+    // threshold on AVX-VNNI.
     let q2_k = matrix(GgmlType::Q2_K, 64, 256, &mut 1);
-    assert!(!matches!(q2_k.form(Isa::AvxVnni, 4096), Form::Tiles(..)));
+    assert_eq!(q2_k.form(Isa::AvxVnni, INT8_MIN_TOKENS_AVX_VNNI), avx_vnni);
+    assert!(!matches!(
+        q2_k.form(Isa::AvxVnni, INT8_MIN_TOKENS_AVX_VNNI - 1),
+        Form::Tiles(..)
+    ));
+    for isa in [Isa::Avx512, Isa::Amx] {
+        assert_eq!(q2_k.form(isa, INT8_MIN_TOKENS_Q2_K), avx512_int8_k);
+        assert!(!matches!(
+            q2_k.form(isa, INT8_MIN_TOKENS_Q2_K - 1),
+            Form::Tiles(..)
+        ));
+    }
     // Q4_K takes AVX-512 INT8 tiles from fewer tokens, on AMX until its BF16 tiles take over.
     let q4_k = matrix(GgmlType::Q4_K, 64, 256, &mut 1);
     let int8 = Form::Tiles(Kernel::Isa(Isa::Avx512), TileFormat::Int8);
