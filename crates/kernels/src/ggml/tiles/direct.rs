@@ -1,9 +1,8 @@
 //! The commonest expert types of MoE releases (Q4_K, Q6_K, and Q3_K of the 3-bit files)
-//! decoded into tiles straight
-//! from their blocks on AVX-512: a strip's 16 rows of one chunk of `k` are
-//! unpacked in registers and transposed into the tile's lines, with no decoded copy of the
-//! tile in between (the generic fills go through `unpack`'s rows). Each is tested bit for bit
-//! against the generic fill.
+//! decoded into tiles straight from their blocks on AVX-512: a strip's 16 rows of one chunk
+//! of `k` are unpacked in registers and transposed into the tile's lines, with no decoded copy
+//! of the tile in between (the generic fills go through `unpack`'s rows). Each is tested bit
+//! for bit against the generic fill.
 
 use std::arch::x86_64::*;
 

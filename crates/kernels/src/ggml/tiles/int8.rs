@@ -15,8 +15,9 @@
 //! per 32 took 64 us per 64x2048 tile on a Xeon core, 70% of the tile's time at 32 tokens
 //! (2026-11-27); stored exactly and decoded in registers (`q4_k`), 6-7 us (2026-11-28,
 //! docs/benchmarks.md). Q6_K requantized per 32 cost a fixture its top-1 agreement with
-//! llama.cpp (Q2_K was requantized so until 2026-11-30); stored exactly with a scale per 16 its tile flushes twice as often (about 0.7x
-//! Q4_K's rate on an Ice Lake core, 2026-11-30) and still runs 2x the BF16 tiles there.
+//! llama.cpp (Q2_K was requantized so until 2026-11-30); stored exactly with a scale per 16
+//! its tile flushes twice as often (about 0.7x Q4_K's rate on an Ice Lake core, 2026-11-30)
+//! and still runs 2x the BF16 tiles there.
 //!
 //! The activations get a scale per 32 too (`Activations::int8_grouped`): with one per token,
 //! four outlier channels at 64x the rest gave 6.6e-2 relative RMS error on Q4_K against 2.0e-3
