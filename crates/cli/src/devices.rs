@@ -23,18 +23,42 @@ fn cpu_name() -> Option<String> {
 }
 
 /// The CPU as the kernels see it.
-fn cpu_json() -> serde_json::Value {
-    use strata_kernels::Isa;
-    let (int8, bf16) = strata_kernels::isa::units();
-    serde_json::json!({
-        "name": cpu_name(),
-        "threads": strata_kernels::num_threads(),
-        "kernels": Isa::selected().name(),
-        "available": Isa::available().iter().map(|i| i.name()).collect::<Vec<_>>(),
-        "int8_unit": int8,
-        "bf16_unit": bf16,
-        "memory_available": strata_model::memory::available_bytes(),
-    })
+struct Cpu {
+    name: Option<String>,
+    threads: usize,
+    kernels: &'static str,
+    available: Vec<&'static str>,
+    int8_unit: &'static str,
+    bf16_unit: &'static str,
+    memory_available: Option<u64>,
+}
+
+impl Cpu {
+    fn detect() -> Self {
+        use strata_kernels::Isa;
+        let (int8_unit, bf16_unit) = strata_kernels::isa::units();
+        Cpu {
+            name: cpu_name(),
+            threads: strata_kernels::num_threads(),
+            kernels: Isa::selected().name(),
+            available: Isa::available().iter().map(|i| i.name()).collect(),
+            int8_unit,
+            bf16_unit,
+            memory_available: strata_model::memory::available_bytes(),
+        }
+    }
+
+    fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "name": self.name,
+            "threads": self.threads,
+            "kernels": self.kernels,
+            "available": self.available,
+            "int8_unit": self.int8_unit,
+            "bf16_unit": self.bf16_unit,
+            "memory_available": self.memory_available,
+        })
+    }
 }
 
 pub fn run(args: DevicesArgs) -> anyhow::Result<()> {
@@ -62,32 +86,26 @@ pub fn run(args: DevicesArgs) -> anyhow::Result<()> {
             Err(_) => Vec::new(),
         };
         let out = serde_json::json!({
-            "cpu": cpu_json(),
+            "cpu": Cpu::detect().json(),
             "devices": list,
             "error": found.as_ref().err().map(|e| e.to_string()),
         });
         outln!("{}", serde_json::to_string_pretty(&out)?)?;
         return Ok(());
     }
-    let cpu = cpu_json();
-    let text = |k: &str| cpu[k].as_str().unwrap_or("unknown").to_owned();
-    outln!("cpu  {} ({} threads)", text("name"), cpu["threads"])?;
-    let available: Vec<&str> = cpu["available"]
-        .as_array()
-        .map(|a| a.iter().filter_map(|v| v.as_str()).collect())
-        .unwrap_or_default();
+    let cpu = Cpu::detect();
+    let name = cpu.name.as_deref().unwrap_or("unknown");
+    outln!("cpu  {name} ({} threads)", cpu.threads)?;
     outln!(
         "  kernels      {} (available: {}; `STRATA_KERNEL` picks one)",
-        text("kernels"),
-        available.join(" ")
+        cpu.kernels,
+        cpu.available.join(" ")
     )?;
-    outln!("  int8         {}", text("int8_unit"))?;
-    outln!("  bf16         {}", text("bf16_unit"))?;
+    outln!("  int8         {}", cpu.int8_unit)?;
+    outln!("  bf16         {}", cpu.bf16_unit)?;
     outln!(
         "  memory       {} available",
-        cpu["memory_available"]
-            .as_u64()
-            .map_or("unknown".to_string(), mib)
+        cpu.memory_available.map_or("unknown".to_string(), mib)
     )?;
     match found {
         Err(e) => outln!("no accelerator: {e}")?,

@@ -9,6 +9,12 @@ use std::arch::x86_64::*;
 use super::int8::x86::transpose16_regs;
 use super::{Rows, STRIP};
 
+/// A strip fill of a type with a scale per 16 and no mins (`q6_k_strip`, `q3_k_strip`):
+/// `(src, rows, blocks, block, dst)`.
+pub(super) type StripFn = unsafe fn(&[u8], usize, usize, usize, &mut [u8]);
+/// Its scales (`q6_k_strip_scales`, `q3_k_strip_scales`): `(src, rows, blocks, block, scales)`.
+pub(super) type StripScalesFn = unsafe fn(&[u8], usize, usize, usize, &mut [f32]);
+
 /// One strip of `w`'s k-quant rows beside its tile bytes: the strip's first row, its rows
 /// (at most 16; the rest of the strip is padding) and the tile bytes it fills.
 pub(super) struct Strip<'a> {

@@ -273,28 +273,22 @@ pub(super) fn fill_body<const AVX512: bool, const AVX2: bool>(
         }
         return;
     }
+    // The types with a scale per 16 and no mins: Q6_K (the down projections of the Q4_K_M
+    // files' every other layer) and Q3_K (the experts of the Q3_K_M files).
     #[cfg(target_arch = "x86_64")]
-    if AVX512 && w.ty == GgmlType::Q6_K && k == k_pad {
-        // The down projections of the Q4_K_M files' every other layer.
+    let per_16: Option<(direct::StripFn, direct::StripScalesFn)> = match w.ty {
+        GgmlType::Q6_K => Some((direct::q6_k_strip, direct::q6_k_strip_scales)),
+        GgmlType::Q3_K => Some((direct::q3_k_strip, direct::q3_k_strip_scales)),
+        _ => None,
+    };
+    #[cfg(target_arch = "x86_64")]
+    if let Some((strip, strip_scales)) = per_16.filter(|_| AVX512 && k == k_pad) {
         let (blocks, block, strips) = direct::strips(w, bytes, layout.strip_bytes);
         for (st, sc) in strips.zip(scales.chunks_exact_mut(groups * STRIP)) {
             // SAFETY: as for Q4_K above.
             unsafe {
-                direct::q6_k_strip(st.src, st.rows, blocks, block, st.dst);
-                direct::q6_k_strip_scales(st.src, st.rows, blocks, block, sc);
-            }
-        }
-        return;
-    }
-    #[cfg(target_arch = "x86_64")]
-    if AVX512 && w.ty == GgmlType::Q3_K && k == k_pad {
-        // The experts of the Q3_K_M files, as Q6_K.
-        let (blocks, block, strips) = direct::strips(w, bytes, layout.strip_bytes);
-        for (st, sc) in strips.zip(scales.chunks_exact_mut(groups * STRIP)) {
-            // SAFETY: as for Q4_K above.
-            unsafe {
-                direct::q3_k_strip(st.src, st.rows, blocks, block, st.dst);
-                direct::q3_k_strip_scales(st.src, st.rows, blocks, block, sc);
+                strip(st.src, st.rows, blocks, block, st.dst);
+                strip_scales(st.src, st.rows, blocks, block, sc);
             }
         }
         return;

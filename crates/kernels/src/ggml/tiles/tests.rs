@@ -120,9 +120,8 @@ fn tiles_are_taken_for_many_tokens_on_avx512_amx_and_for_exact_types_on_avx_vnni
     let (vnni_min, avx512_min) = (INT8_MIN_TOKENS_AVX_VNNI_Q3_K, INT8_MIN_TOKENS_Q3_K);
     assert_eq!(q3_k.form(Isa::AvxVnni, vnni_min), avx_vnni);
     assert_eq!(q3_k.form(Isa::AvxVnni, vnni_min - 1), Form::Q8(32));
-    let avx512_int8_k = Form::Tiles(Kernel::Isa(Isa::Avx512), TileFormat::Int8);
     for isa in [Isa::Avx512, Isa::Amx] {
-        assert_eq!(q3_k.form(isa, avx512_min), avx512_int8_k);
+        assert_eq!(q3_k.form(isa, avx512_min), avx512_int8);
         assert_eq!(q3_k.form(isa, avx512_min - 1), Form::Q8(32));
     }
     // Q2_K, stored exactly with a scale and a bias per 16: early on AVX-512, from the general
@@ -134,7 +133,7 @@ fn tiles_are_taken_for_many_tokens_on_avx512_amx_and_for_exact_types_on_avx_vnni
         Form::Tiles(..)
     ));
     for isa in [Isa::Avx512, Isa::Amx] {
-        assert_eq!(q2_k.form(isa, INT8_MIN_TOKENS_Q2_K), avx512_int8_k);
+        assert_eq!(q2_k.form(isa, INT8_MIN_TOKENS_Q2_K), avx512_int8);
         assert!(!matches!(
             q2_k.form(isa, INT8_MIN_TOKENS_Q2_K - 1),
             Form::Tiles(..)
