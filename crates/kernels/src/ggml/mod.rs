@@ -119,5 +119,23 @@ pub fn random_blocks(ty: GgmlType, n_blocks: usize, seed: &mut u64) -> Vec<u8> {
 
 #[cfg(test)]
 pub(crate) mod test_util {
+    use super::GgmlMatrix;
     pub(crate) use super::random_blocks;
+
+    /// How far a kernel's outputs (`m` tokens of `x` times `w`, token-major) may lie from
+    /// the reference's `want`: `1e-4 · (1 + |want|)`, plus a few ulps of `Σ|w·x|`, since
+    /// float sums taken in another order differ by the rounding of their largest partial
+    /// sums, and an output that cancels to near zero still carries that of terms thousands
+    /// of times larger.
+    pub(crate) fn dot_tolerances(w: &GgmlMatrix, x: &[f32], m: usize, want: &[f32]) -> Vec<f32> {
+        let (n, k) = (w.n(), w.k());
+        let wd = w.dequantize();
+        (0..m * n)
+            .map(|i| {
+                let (t, r) = (i / n, i % n);
+                let mass: f32 = (0..k).map(|c| (wd[r * k + c] * x[t * k + c]).abs()).sum();
+                1e-4 * (1.0 + want[i].abs()) + 4.0 * f32::EPSILON * mass
+            })
+            .collect()
+    }
 }

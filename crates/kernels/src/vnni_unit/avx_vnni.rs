@@ -260,11 +260,6 @@ impl Vnni for AvxVnni {
         }
     }
     #[inline(always)]
-    fn add32(self, a: Self::I, b: Self::I) -> Self::I {
-        // SAFETY: see the impl.
-        unsafe { halves!(_mm256_add_epi32, a, b) }
-    }
-    #[inline(always)]
     fn sub32(self, a: Self::I, b: Self::I) -> Self::I {
         // SAFETY: see the impl.
         unsafe { halves!(_mm256_sub_epi32, a, b) }
@@ -363,6 +358,16 @@ impl Vnni for AvxVnni {
     fn maddubs(self, u: Self::I, s: Self::I) -> Self::I {
         // SAFETY: see the impl.
         unsafe { halves!(_mm256_maddubs_epi16, u, s) }
+    }
+    #[inline(always)]
+    fn madd16(self, a: Self::I, b: Self::I) -> Self::I {
+        // SAFETY: see the impl.
+        unsafe { halves!(_mm256_madd_epi16, a, b) }
+    }
+    #[inline(always)]
+    fn packs32(self, a: Self::I, b: Self::I) -> Self::I {
+        // SAFETY: see the impl; `vpackssdw` works per 128-bit lane, as on 512 bits.
+        unsafe { halves!(_mm256_packs_epi32, a, b) }
     }
     #[inline(always)]
     fn dpwssd(self, acc: Self::I, a: Self::I, b: Self::I) -> Self::I {

@@ -153,11 +153,6 @@ impl Vnni for Avx512Vnni {
         unsafe { _mm512_slli_epi32::<S>(a) }
     }
     #[inline(always)]
-    fn add32(self, a: __m512i, b: __m512i) -> __m512i {
-        // SAFETY: see the impl.
-        unsafe { _mm512_add_epi32(a, b) }
-    }
-    #[inline(always)]
     fn sub32(self, a: __m512i, b: __m512i) -> __m512i {
         // SAFETY: see the impl.
         unsafe { _mm512_sub_epi32(a, b) }
@@ -216,6 +211,16 @@ impl Vnni for Avx512Vnni {
     fn maddubs(self, u: __m512i, s: __m512i) -> __m512i {
         // SAFETY: see the impl.
         unsafe { _mm512_maddubs_epi16(u, s) }
+    }
+    #[inline(always)]
+    fn madd16(self, a: __m512i, b: __m512i) -> __m512i {
+        // SAFETY: see the impl.
+        unsafe { _mm512_madd_epi16(a, b) }
+    }
+    #[inline(always)]
+    fn packs32(self, a: __m512i, b: __m512i) -> __m512i {
+        // SAFETY: see the impl.
+        unsafe { _mm512_packs_epi32(a, b) }
     }
     #[inline(always)]
     fn dpwssd(self, acc: __m512i, a: __m512i, b: __m512i) -> __m512i {

@@ -107,8 +107,6 @@ pub(crate) trait Vnni: Copy {
     fn srli16<const S: u32>(self, a: Self::I) -> Self::I;
     /// Each i32 lane of `a` shifted left by `S` (`vpslld`).
     fn slli32<const S: u32>(self, a: Self::I) -> Self::I;
-    /// i32 lanes added, wrapping.
-    fn add32(self, a: Self::I, b: Self::I) -> Self::I;
     /// i32 lanes subtracted, wrapping.
     fn sub32(self, a: Self::I, b: Self::I) -> Self::I;
     /// Byte lanes subtracted, wrapping (`vpsubb`).
@@ -135,9 +133,15 @@ pub(crate) trait Vnni: Copy {
     /// u8 of `u` times i8 of `s`, adjacent pairs summed into saturated i16 lanes
     /// (`vpmaddubsw`).
     fn maddubs(self, u: Self::I, s: Self::I) -> Self::I;
+    /// Per i32 lane, the sum of the two i16 products of `a` and `b` there, wrapping
+    /// (`vpmaddwd`; `dpwssd` into zero, which the compiler emits as this and an add).
+    fn madd16(self, a: Self::I, b: Self::I) -> Self::I;
     /// `acc` plus, per i32 lane, the sum of the two i16 products of `a` and `b` there,
     /// wrapping (`vpdpwssd`).
     fn dpwssd(self, acc: Self::I, a: Self::I, b: Self::I) -> Self::I;
+    /// The i32 lanes of `a` and `b` narrowed to saturated i16, per 128-bit lane four of `a`
+    /// then four of `b` (`vpackssdw`).
+    fn packs32(self, a: Self::I, b: Self::I) -> Self::I;
     /// `acc` plus, per i32 lane, the sum of the four u8-of-`u` times i8-of-`s` products
     /// there, wrapping (`vpdpbusd`).
     fn dpbusd(self, acc: Self::I, u: Self::I, s: Self::I) -> Self::I;
@@ -363,9 +367,6 @@ impl Vnni for Soft {
     fn slli32<const S: u32>(self, a: Bytes) -> Bytes {
         a.map32(|_, x| if S > 31 { 0 } else { ((x as u32) << S) as i32 })
     }
-    fn add32(self, a: Bytes, b: Bytes) -> Bytes {
-        a.map32(|l, x| x.wrapping_add(b.i32(l)))
-    }
     fn sub32(self, a: Bytes, b: Bytes) -> Bytes {
         a.map32(|l, x| x.wrapping_sub(b.i32(l)))
     }
@@ -415,6 +416,17 @@ impl Vnni for Soft {
         u.map16(|l, _| {
             let p = |i: usize| i32::from(u.0[i]) * i32::from(s.0[i] as i8);
             (p(2 * l) + p(2 * l + 1)).clamp(i16::MIN.into(), i16::MAX.into()) as i16
+        })
+    }
+    fn madd16(self, a: Bytes, b: Bytes) -> Bytes {
+        self.dpwssd(self.zero(), a, b)
+    }
+    fn packs32(self, a: Bytes, b: Bytes) -> Bytes {
+        a.map16(|l, _| {
+            let (lane, i) = (l / 8, l % 8);
+            let src = if i < 4 { a } else { b };
+            src.i32(4 * lane + i % 4)
+                .clamp(i16::MIN.into(), i16::MAX.into()) as i16
         })
     }
     fn dpwssd(self, acc: Bytes, a: Bytes, b: Bytes) -> Bytes {

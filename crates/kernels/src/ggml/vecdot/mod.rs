@@ -174,7 +174,7 @@ const IN_REGISTER_TYPES: [GgmlType; 12] = [
 mod tests {
     use super::*;
     use crate::ggml::GgmlMatrix;
-    use crate::ggml::test_util::random_blocks;
+    use crate::ggml::test_util::{dot_tolerances, random_blocks};
 
     /// Every row once, in interleaved runs, each prefetching a later row of its own run.
     #[test]
@@ -226,8 +226,9 @@ mod tests {
                         Q8Rows::quantize(k, activation_block(ty), m, |r| &x[r * k..(r + 1) * k]);
                     let mut got = vec![f32::NAN; m * n];
                     dot(w.bytes(), n, &a, 0..m, &mut got);
+                    let tols = dot_tolerances(&w, &x, m, &want);
                     for (i, (g, wv)) in got.iter().zip(&want).enumerate() {
-                        let tol = 1e-4 * (1.0 + wv.abs());
+                        let tol = tols[i];
                         assert!(
                             (g - wv).abs() <= tol,
                             "{ty} {isa:?} m {m} at {i}: {g} vs {wv}"

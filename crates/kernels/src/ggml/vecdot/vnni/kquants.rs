@@ -1,7 +1,8 @@
 //! Q4_K, Q5_K and Q6_K: 256-value blocks with integer sub-scales, against activations
 //! quantized per 256. Each 64 values become one register in the activations' order;
-//! `vpmaddubsw` forms pair sums (at most 63 · 127 · 2, no saturation) and `vpdpwssd`
-//! multiplies them by their sub-block's scale into i32, converted to f32 once per block.
+//! `vpdpbusd` forms sums of four products, narrowed to i16 (exact: at most 4 · 63 · 128) and
+//! multiplied by their sub-block's scale into i32 by `vpdpwssd`, converted to f32 once per
+//! block.
 
 // Per-token accumulators read best indexed by the token, as the activation rows are.
 #![allow(clippy::needless_range_loop)]
@@ -43,6 +44,20 @@ mod header {
     /// The i16 lane holding the min of sub-block `k`.
     pub(super) const fn min(k: u16) -> u16 {
         if k < 4 { 8 + k } else { k - 4 }
+    }
+
+    /// The i16 lanes of `packs32` of chunks `a` and `b`'s i32 sums pick the scale of their
+    /// sub-block: per 128-bit lane `L`, four of chunk `a` then four of `b`, from the chunk's
+    /// first sub-block in lanes 0-1 (its i32 lanes 0-7) and its second in lanes 2-3.
+    pub(super) const fn packed_scales(a: u16, b: u16) -> [u8; 64] {
+        let mut o = [0u8; 64];
+        let mut l = 0;
+        while l < 32 {
+            let chunk = if l % 8 < 4 { a } else { b };
+            o[2 * l] = scale(2 * chunk + (l / 16) as u16) as u8;
+            l += 1;
+        }
+        o
     }
 
     /// Each min twice (i16 lanes 0-15, matching the activations' sums per 16); lanes 16-31
@@ -104,25 +119,11 @@ unsafe fn k4<U: Vnni, const N: usize, const FIVE: bool>(
     // The low half of a chunk's register takes the low nibbles of its 32 bytes, the high
     // half the high nibbles: values 64c .. 64c + 64 in order.
     let nibble_shift = u.bytes(halves16(0, 4));
-    // Sub-blocks 2c and 2c + 1 in the two halves: the scale to pick from the decoded header,
-    // and for Q5_K the bits of `qh` that hold their fifth bits.
-    const SCALE: [[u8; 64]; 4] = {
-        let s = header::scale;
-        [
-            halves16(s(0), s(1)),
-            halves16(s(2), s(3)),
-            halves16(s(4), s(5)),
-            halves16(s(6), s(7)),
-        ]
-    };
+    // The scales of chunks 0 and 1's sums narrowed together, then of chunks 2 and 3.
+    const SCALE: [[u8; 64]; 2] = [header::packed_scales(0, 1), header::packed_scales(2, 3)];
     const QH: [[u8; 64]; 4] = [runs16(0, 16), runs16(2, 16), runs16(4, 16), runs16(6, 16)];
     // No closures over unit operations here: one compiled apart would call each instruction.
-    let scale = [
-        u.bytes(SCALE[0]),
-        u.bytes(SCALE[1]),
-        u.bytes(SCALE[2]),
-        u.bytes(SCALE[3]),
-    ];
+    let scale = [u.bytes(SCALE[0]), u.bytes(SCALE[1])];
     let qh_shift = [
         u.bytes(QH[0]),
         u.bytes(QH[1]),
@@ -156,9 +157,12 @@ unsafe fn k4<U: Vnni, const N: usize, const FIVE: bool>(
         } else {
             u.zero()
         };
-        // Even and odd chunks in two sums: one token's chain of dependent `vpdpwssd` was the
-        // critical path of a decode row.
-        let mut sumi = [[u.zero(); N]; 2];
+        // Each chunk's sums of four products per i32 lane, unscaled: lanes 0-7 its first
+        // sub-block, 8-15 its second, each at most 4 · 31 · 128, so two chunks narrow to
+        // i16 exactly and one `vpdpwssd` scales them. (`vpmaddubsw` then `vpdpwssd` per chunk
+        // took two operations where `vpdpbusd` takes one, and the compiler split half of
+        // those `vpdpwssd` into two.)
+        let mut sums = [[u.zero(); N]; 4];
         for c in 0..4 {
             // SAFETY: bytes qs + 32 c .. qs + 32 c + 32 lie within the block.
             let q = unsafe { u.load_dup32(x.as_ptr().add(qs + 32 * c)) };
@@ -168,18 +172,19 @@ unsafe fn k4<U: Vnni, const N: usize, const FIVE: bool>(
             } else {
                 u.and(u.srlv16(q, nibble_shift), m4)
             };
-            let s = u.permw(scale[c], sm);
             for j in 0..N {
                 // SAFETY: block `i` of the row lies within the rows of `xt` (caller).
                 let xv = unsafe { xt.load_x(u, j, 256 * i + 64 * c) };
-                sumi[c % 2][j] = u.dpwssd(sumi[c % 2][j], u.maddubs(v, xv), s);
+                sums[c][j] = u.dpbusd(u.zero(), v, xv);
             }
         }
+        let (s01, s23) = (u.permw(scale[0], sm), u.permw(scale[1], sm));
         for j in 0..N {
             let ddx = u.mulf(dd, u.splatf(xt.s[j][8 * i]));
-            let sumi = u.add32(sumi[0][j], sumi[1][j]);
+            let low = u.madd16(u.packs32(sums[0][j], sums[1][j]), s01);
+            let sumi = u.dpwssd(low, u.packs32(sums[2][j], sums[3][j]), s23);
             // SAFETY: as above.
-            let ms = u.dpwssd(u.zero(), unsafe { xt.load_isums(u, j, i) }, mins16);
+            let ms = u.madd16(unsafe { xt.load_isums(u, j, i) }, mins16);
             acc[j] = u.fmadd(u.cvt(sumi), u.lane::<0>(ddx), acc[j]);
             acc_mins[j] = u.fmadd(u.cvt(ms), u.lane::<1>(ddx), acc_mins[j]);
         }
@@ -206,20 +211,28 @@ impl RowKernel for Q6K {
         // (low register half) or 2 (high half): values 64-127 of a half hold bits 4-5 and
         // 6-7 there, values 0-63 bits 0-1 and 2-3, shifted left by 4 first.
         let qh_shift = u.bytes(halves16(0, 2));
-        // The scale of each pair sum: sub-block `8 half + 4 part + l / 8`.
-        const PICK: [[[u8; 64]; 2]; 2] =
-            [[runs16(0, 8), runs16(4, 8)], [runs16(8, 8), runs16(12, 8)]];
-        let pick = [
-            [u.bytes(PICK[0][0]), u.bytes(PICK[0][1])],
-            [u.bytes(PICK[1][0]), u.bytes(PICK[1][1])],
-        ];
+        // The scale of each i16 lane of half `h`'s two parts narrowed together: per 128-bit
+        // lane `L`, four of part 0 (sub-block `8 h + L`), then four of part 1 (`8 h + 4 + L`).
+        const fn pick(h: u16) -> [u8; 64] {
+            let mut o = [0u8; 64];
+            let mut l = 0;
+            while l < 32 {
+                let part = if l % 8 < 4 { 0 } else { 4 };
+                o[2 * l] = (8 * h + part + (l / 8) as u16) as u8;
+                l += 1;
+            }
+            o
+        }
+        const PICK: [[u8; 64]; 2] = [pick(0), pick(1)];
+        let pick = [u.bytes(PICK[0]), u.bytes(PICK[1])];
         let mut acc = [u.splatf(0.0); N];
         for (i, x) in row.chunks_exact(210).enumerate() {
             let d = f16_at(u, x, 208);
             // SAFETY: the scales are bytes 192..208 of the 210-byte block.
             let sc = u.sext8to16(unsafe { u.load16(x.as_ptr().add(192)) });
-            // The halves in two sums, as for Q4_K.
-            let mut sumi = [[u.zero(); N]; 2];
+            // Sums of four products per i32 lane (at most 4 · 63 · 128: exact in i16), as
+            // for Q4_K; the two halves' scaled sums in one chain.
+            let mut sumi = [u.zero(); N];
             for h in 0..2 {
                 // SAFETY: ql (0..128) and qh (128..192) lie within the 210-byte block.
                 let (ql, qh) = unsafe {
@@ -234,21 +247,32 @@ impl RowKernel for Q6K {
                     u.and_or(ql, m4, top0),
                     u.and_or(u.srlv16(ql, fours), m4, top1),
                 ];
-                for (p, v) in parts.into_iter().enumerate() {
-                    let s = u.permw(pick[h][p], sc);
-                    for j in 0..N {
-                        // SAFETY: block `i` lies within the rows of `xt` (caller).
-                        let xv = unsafe { xt.load_x(u, j, 256 * i + 128 * h + 64 * p) };
-                        sumi[h][j] = u.dpwssd(sumi[h][j], u.maddubs(v, xv), s);
-                    }
+                let s = u.permw(pick[h], sc);
+                for j in 0..N {
+                    // SAFETY: block `i` lies within the rows of `xt` (caller).
+                    let (x0, x1) = unsafe {
+                        (
+                            xt.load_x(u, j, 256 * i + 128 * h),
+                            xt.load_x(u, j, 256 * i + 128 * h + 64),
+                        )
+                    };
+                    let both = u.packs32(
+                        u.dpbusd(u.zero(), parts[0], x0),
+                        u.dpbusd(u.zero(), parts[1], x1),
+                    );
+                    sumi[j] = if h == 0 {
+                        u.madd16(both, s)
+                    } else {
+                        u.dpwssd(sumi[j], both, s)
+                    };
                 }
             }
             for j in 0..N {
                 let dx = xt.s[j][8 * i];
                 // The -32 offset: Σ_u sc_u · 32 · Σ x over unit u (scales in lanes 0-15).
                 // SAFETY: as above.
-                let off = u.dpwssd(u.zero(), unsafe { xt.load_isums(u, j, i) }, sc);
-                let s = u.sub32(u.add32(sumi[0][j], sumi[1][j]), u.slli32::<5>(off));
+                let off = u.madd16(unsafe { xt.load_isums(u, j, i) }, sc);
+                let s = u.sub32(sumi[j], u.slli32::<5>(off));
                 acc[j] = u.fmadd(u.cvt(s), u.splatf(d * dx), acc[j]);
             }
         }

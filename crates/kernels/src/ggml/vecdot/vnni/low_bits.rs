@@ -60,7 +60,7 @@ unsafe fn low_bits<U: Vnni, K: LowBits, const N: usize>(
                             u.load_f2x8(xt.s[j].as_ptr().add(8 * i + g)),
                         )
                     };
-                    let p = u.dpwssd(u.zero(), u.maddubs(w, xv), s);
+                    let p = u.madd16(u.maddubs(w, xv), s);
                     acc[j] = u.fmadd(u.cvt(p), u.mulf(u.splatf(d), xs), acc[j]);
                 }
             }
