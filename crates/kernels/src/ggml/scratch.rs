@@ -37,8 +37,6 @@ pub(super) enum Buffer {
     Gate,
     /// A wave's SwiGLU rows.
     Mid,
-    /// A wave's down-projection rows.
-    Down,
 }
 
 /// Runs `f` on this thread's `which` buffer of `len` floats, its contents left from an earlier
@@ -46,10 +44,10 @@ pub(super) enum Buffer {
 /// buffers (tens of MB at 2,048 rows) were zeroed by `calloc` or by page faults and returned
 /// each time: with the tiles' outputs, `memset`, the allocator and the kernel's page handling
 /// were ~9% of a 512-token prefill's samples (2026-11-30). The buffers stay allocated at their
-/// largest size (the wave's: ~23 MB for Qwen3-30B-A3B's shapes).
+/// largest size (the wave's SwiGLU rows: ~6 MB for Qwen3-30B-A3B's shapes).
 pub(super) fn with_buffer<R>(which: Buffer, len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
     thread_local! {
-        static BUFFERS: [Cell<Vec<f32>>; 4] = Default::default();
+        static BUFFERS: [Cell<Vec<f32>>; 3] = Default::default();
     }
     let mut v = BUFFERS.with(|b| b[which as usize].take());
     if v.len() < len {
