@@ -147,6 +147,19 @@ impl Vnni for AvxVnni {
         unsafe { [_mm256_loadu_si256(p.cast()), _mm256_setzero_si256()] }
     }
     #[inline(always)]
+    unsafe fn load_2x16(self, a: *const u8, b: *const u8) -> Self::I {
+        // SAFETY: see the impl; 16 readable bytes at each (caller).
+        unsafe {
+            [
+                _mm256_inserti128_si256::<1>(
+                    _mm256_castsi128_si256(_mm_loadu_si128(a.cast())),
+                    _mm_loadu_si128(b.cast()),
+                ),
+                _mm256_setzero_si256(),
+            ]
+        }
+    }
+    #[inline(always)]
     unsafe fn load16(self, p: *const u8) -> Self::I {
         // SAFETY: see the impl; 16 readable bytes (caller).
         unsafe {
@@ -406,6 +419,16 @@ impl Vnni for AvxVnni {
         let v =
             unsafe { _mm256_permutevar8x32_ps(a[(L % 16) / 8], _mm256_set1_epi32((L % 8) as i32)) };
         [v, v]
+    }
+    #[inline(always)]
+    fn lanes2<const A: usize, const B: usize>(self, a: Self::F) -> Self::F {
+        // SAFETY: see the impl.
+        unsafe {
+            [
+                _mm256_permutevar8x32_ps(a[(A % 16) / 8], _mm256_set1_epi32((A % 8) as i32)),
+                _mm256_permutevar8x32_ps(a[(B % 16) / 8], _mm256_set1_epi32((B % 8) as i32)),
+            ]
+        }
     }
     #[inline(always)]
     fn splatf(self, v: f32) -> Self::F {

@@ -66,6 +66,16 @@ impl Vnni for Avx512Vnni {
         unsafe { _mm512_zextsi256_si512(_mm256_loadu_si256(p.cast())) }
     }
     #[inline(always)]
+    unsafe fn load_2x16(self, a: *const u8, b: *const u8) -> __m512i {
+        // SAFETY: see the impl; 16 readable bytes at each (caller).
+        unsafe {
+            _mm512_zextsi256_si512(_mm256_inserti128_si256::<1>(
+                _mm256_castsi128_si256(_mm_loadu_si128(a.cast())),
+                _mm_loadu_si128(b.cast()),
+            ))
+        }
+    }
+    #[inline(always)]
     unsafe fn load16(self, p: *const u8) -> __m512i {
         // SAFETY: see the impl; 16 readable bytes (caller); the rest is zeroed.
         unsafe { _mm512_zextsi128_si512(_mm_loadu_si128(p.cast())) }
@@ -252,6 +262,17 @@ impl Vnni for Avx512Vnni {
     fn lane<const L: usize>(self, a: __m512) -> __m512 {
         // SAFETY: see the impl.
         unsafe { _mm512_permutexvar_ps(_mm512_set1_epi32((L % 16) as i32), a) }
+    }
+    #[inline(always)]
+    fn lanes2<const A: usize, const B: usize>(self, a: __m512) -> __m512 {
+        let (a_, b_) = ((A % 16) as i32, (B % 16) as i32);
+        // SAFETY: see the impl.
+        unsafe {
+            let idx = _mm512_setr_epi32(
+                a_, a_, a_, a_, a_, a_, a_, a_, b_, b_, b_, b_, b_, b_, b_, b_,
+            );
+            _mm512_permutexvar_ps(idx, a)
+        }
     }
     #[inline(always)]
     fn splat32(self, v: u32) -> __m512i {

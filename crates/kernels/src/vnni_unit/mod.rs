@@ -51,6 +51,11 @@ pub(crate) trait Vnni: Copy {
     /// # Safety
     /// Both ranges of 16 bytes must be readable.
     unsafe fn load_dup16x2(self, a: *const u8, b: *const u8) -> Self::I;
+    /// The 16 bytes at `a` in bytes 0-15, those at `b` in bytes 16-31, zeros above.
+    ///
+    /// # Safety
+    /// Both ranges of 16 bytes must be readable.
+    unsafe fn load_2x16(self, a: *const u8, b: *const u8) -> Self::I;
     /// The 32 bytes at `p` in the low half, zeros above.
     ///
     /// # Safety
@@ -154,6 +159,8 @@ pub(crate) trait Vnni: Copy {
     fn cvtph(self, a: Self::I) -> Self::F;
     /// Every lane takes lane `L` of `a` (`vpermps`).
     fn lane<const L: usize>(self, a: Self::F) -> Self::F;
+    /// Lanes 0-7 take lane `A` of `a`, lanes 8-15 lane `B` (`vpermps`).
+    fn lanes2<const A: usize, const B: usize>(self, a: Self::F) -> Self::F;
     /// Every lane `v`.
     fn splatf(self, v: f32) -> Self::F;
     /// `a` in lanes 0-7, `b` in lanes 8-15.
@@ -296,6 +303,15 @@ impl Vnni for Soft {
         // SAFETY: the caller's guarantee.
         let l = unsafe { [read::<16>(a), read::<16>(b)] };
         Bytes(std::array::from_fn(|i| l[i / 32][i % 16]))
+    }
+    unsafe fn load_2x16(self, a: *const u8, b: *const u8) -> Bytes {
+        let mut o = [0u8; 64];
+        // SAFETY: 16 readable bytes at each (caller).
+        unsafe {
+            o[..16].copy_from_slice(&read::<16>(a));
+            o[16..32].copy_from_slice(&read::<16>(b));
+        }
+        Bytes(o)
     }
     unsafe fn load_low32(self, p: *const u8) -> Bytes {
         // SAFETY: the caller's guarantee.
@@ -454,6 +470,9 @@ impl Vnni for Soft {
     }
     fn lane<const L: usize>(self, a: [f32; 16]) -> [f32; 16] {
         [a[L % 16]; 16]
+    }
+    fn lanes2<const A: usize, const B: usize>(self, a: [f32; 16]) -> [f32; 16] {
+        std::array::from_fn(|l| if l < 8 { a[A % 16] } else { a[B % 16] })
     }
     fn splatf(self, v: f32) -> [f32; 16] {
         [v; 16]

@@ -18,7 +18,7 @@ use crate::vnni_unit::{Vnni, halves16, runs16};
 /// one register (eight operations, a block's scalar unpacking took about twenty) to the
 /// words `[mins 4-7, scales 0-3, mins 0-3, scales 4-7]`, one byte each.
 mod header {
-    use crate::vnni_unit::lanes128;
+    use crate::vnni_unit::{Vnni, lanes128};
 
     /// Words `[w2, w0, w1, w2]`: each low part in place.
     pub(super) const LOW_WORDS: [u8; 64] =
@@ -48,32 +48,62 @@ mod header {
 
     /// The i16 lanes of `packs32` of chunks `a` and `b`'s i32 sums pick the scale of their
     /// sub-block: per 128-bit lane `L`, four of chunk `a` then four of `b`, from the chunk's
-    /// first sub-block in lanes 0-1 (its i32 lanes 0-7) and its second in lanes 2-3.
-    pub(super) const fn packed_scales(a: u16, b: u16) -> [u8; 64] {
+    /// first sub-block in lanes 0-1 (its i32 lanes 0-7) and its second in lanes 2-3. The
+    /// scales are those of the header decoded at lanes `at ..` (0, or 16 for the second of
+    /// a pair).
+    pub(super) const fn packed_scales(a: u16, b: u16, at: u16) -> [u8; 64] {
         let mut o = [0u8; 64];
         let mut l = 0;
         while l < 32 {
             let chunk = if l % 8 < 4 { a } else { b };
-            o[2 * l] = scale(2 * chunk + (l / 16) as u16) as u8;
+            o[2 * l] = (at + scale(2 * chunk + (l / 16) as u16)) as u8;
             l += 1;
         }
         o
     }
 
-    /// Each min twice (i16 lanes 0-15, matching the activations' sums per 16); lanes 16-31
-    /// pick a zero lane.
+    /// Each min twice, matching the activations' sums per 16: lanes 0-15 the mins of the
+    /// header decoded at lane 0, lanes 16-31 those of the header at lane 16 (for one block
+    /// alone, lane 16 and above are zero).
     pub(super) const fn pick_mins() -> [u8; 64] {
         let mut b = [0u8; 64];
         let mut l = 0;
         while l < 32 {
-            b[2 * l] = if l < 16 {
-                min((l / 2) as u16) as u8
-            } else {
-                16
-            };
+            b[2 * l] = ((l / 16) * 16) as u8 + min(((l % 16) / 2) as u16) as u8;
             l += 1;
         }
         b
+    }
+
+    /// The decoded header bytes of the headers in bytes 0-15 and 16-31 of `h`, as u16 lanes
+    /// 0-15 and 16-31.
+    #[inline(always)]
+    pub(super) fn decode<U: Vnni>(u: U, k: &Consts<U>, h: U::I) -> U::I {
+        let low = u.and(u.srlv16(u.shufb(h, k.low_words), k.low_shift), k.low_mask);
+        let top = u.and(u.srli16::<2>(u.shufb(h, k.top_words)), k.top_mask);
+        u.zext8to16(u.or(low, top))
+    }
+
+    /// The constant operands of [`decode`].
+    pub(super) struct Consts<U: Vnni> {
+        low_words: U::I,
+        low_shift: U::I,
+        low_mask: U::I,
+        top_words: U::I,
+        top_mask: U::I,
+    }
+
+    impl<U: Vnni> Consts<U> {
+        #[inline(always)]
+        pub(super) fn new(u: U) -> Self {
+            Self {
+                low_words: u.bytes(LOW_WORDS),
+                low_shift: u.bytes(LOW_SHIFT),
+                low_mask: u.bytes(LOW_MASK),
+                top_words: u.bytes(TOP_WORDS),
+                top_mask: u.splat8(0x30),
+            }
+        }
     }
 }
 
@@ -103,7 +133,9 @@ impl RowKernel for Q5K {
     }
 }
 
-/// Q4_K, or Q5_K with `FIVE`: the two share scales, mins and the order of values.
+/// Q4_K, or Q5_K with `FIVE`: the two share scales, mins and the order of values. Blocks go
+/// in pairs, both headers decoded in one register (the decode, the f16 conversion and the
+/// mins' product once per two blocks: they were a quarter of a block's operations).
 ///
 /// # Safety
 /// As [`RowKernel::row`].
@@ -114,63 +146,163 @@ unsafe fn k4<U: Vnni, const N: usize, const FIVE: bool>(
     xt: &Tokens<N>,
     out: &mut [f32; N],
 ) {
-    let (block, qs) = if FIVE { (176, 48) } else { (144, 16) };
-    let (m4, one) = (u.splat8(0x0f), u.splat8(1));
-    // The low half of a chunk's register takes the low nibbles of its 32 bytes, the high
-    // half the high nibbles: values 64c .. 64c + 64 in order.
-    let nibble_shift = u.bytes(halves16(0, 4));
-    // The scales of chunks 0 and 1's sums narrowed together, then of chunks 2 and 3.
-    const SCALE: [[u8; 64]; 2] = [header::packed_scales(0, 1), header::packed_scales(2, 3)];
-    const QH: [[u8; 64]; 4] = [runs16(0, 16), runs16(2, 16), runs16(4, 16), runs16(6, 16)];
-    // No closures over unit operations here: one compiled apart would call each instruction.
-    let scale = [u.bytes(SCALE[0]), u.bytes(SCALE[1])];
-    let qh_shift = [
-        u.bytes(QH[0]),
-        u.bytes(QH[1]),
-        u.bytes(QH[2]),
-        u.bytes(QH[3]),
+    let block = if FIVE { 176 } else { 144 };
+    let k = Values::<U, FIVE>::new(u);
+    let hk = header::Consts::new(u);
+    // The scales of chunks 0 and 1's sums narrowed together, then of chunks 2 and 3, for the
+    // header at lane 0 and for the one at lane 16.
+    const SCALE: [[[u8; 64]; 2]; 2] = {
+        let s = header::packed_scales;
+        [[s(0, 1, 0), s(2, 3, 0)], [s(0, 1, 16), s(2, 3, 16)]]
+    };
+    let scale = [
+        [u.bytes(SCALE[0][0]), u.bytes(SCALE[0][1])],
+        [u.bytes(SCALE[1][0]), u.bytes(SCALE[1][1])],
     ];
-    let (low_words, low_shift, low_mask, top_words, top_mask) = (
-        u.bytes(header::LOW_WORDS),
-        u.bytes(header::LOW_SHIFT),
-        u.bytes(header::LOW_MASK),
-        u.bytes(header::TOP_WORDS),
-        u.splat8(0x30),
-    );
     let pick_mins = u.bytes(header::pick_mins());
     // The scales' and the mins' terms in two sums: each block's two dependent FMAs were one
     // chain.
     let mut acc = [u.splatf(0.0); N];
     let mut acc_mins = [u.splatf(0.0); N];
-    for (i, x) in row.chunks_exact(block).enumerate() {
-        // SAFETY: the header is the block's first 16 bytes.
-        let h = unsafe { u.load16(x.as_ptr()) };
-        let low = u.and(u.srlv16(u.shufb(h, low_words), low_shift), low_mask);
-        let top = u.and(u.srli16::<2>(u.shufb(h, top_words)), top_mask);
-        let sm = u.zext8to16(u.or(low, top));
-        // Lanes 0 and 1: d and dmin.
+    let blocks = row.len() / block;
+    let mut i = 0;
+    while i + 2 <= blocks {
+        let (x0, x1) = (&row[i * block..], &row[(i + 1) * block..]);
+        // SAFETY: the headers are the blocks' first 16 bytes.
+        let h = unsafe { u.load_2x16(x0.as_ptr(), x1.as_ptr()) };
+        let sm = header::decode(u, &hk, h);
+        // Lanes 0 and 1: the first block's d and dmin; lanes 8 and 9 the second's.
         let dd = u.cvtph(h);
         let mins16 = u.permw(pick_mins, sm);
+        // SAFETY: blocks `i` and `i + 1` of the row, matching the rows of `xt` (caller).
+        let (s0, s1) = unsafe {
+            (
+                k.sums(
+                    u,
+                    x0,
+                    i,
+                    u.permw(scale[0][0], sm),
+                    u.permw(scale[0][1], sm),
+                    xt,
+                ),
+                k.sums(
+                    u,
+                    x1,
+                    i + 1,
+                    u.permw(scale[1][0], sm),
+                    u.permw(scale[1][1], sm),
+                    xt,
+                ),
+            )
+        };
+        for j in 0..N {
+            let ddx = u.mulf(dd, u.f2x8(xt.s[j][8 * i], xt.s[j][8 * i + 8]));
+            // SAFETY: as above.
+            let ms = u.madd16(unsafe { xt.load_isums2(u, j, i) }, mins16);
+            acc[j] = u.fmadd(u.cvt(s0[j]), u.lane::<0>(ddx), acc[j]);
+            acc[j] = u.fmadd(u.cvt(s1[j]), u.lane::<8>(ddx), acc[j]);
+            acc_mins[j] = u.fmadd(u.cvt(ms), u.lanes2::<1, 9>(ddx), acc_mins[j]);
+        }
+        i += 2;
+    }
+    if i < blocks {
+        let x = &row[i * block..];
+        // SAFETY: the header is the block's first 16 bytes.
+        let h = unsafe { u.load16(x.as_ptr()) };
+        let sm = header::decode(u, &hk, h);
+        let dd = u.cvtph(h);
+        let mins16 = u.permw(pick_mins, sm);
+        // SAFETY: block `i` of the row, matching the rows of `xt` (caller).
+        let s0 = unsafe {
+            k.sums(
+                u,
+                x,
+                i,
+                u.permw(scale[0][0], sm),
+                u.permw(scale[0][1], sm),
+                xt,
+            )
+        };
+        for j in 0..N {
+            let ddx = u.mulf(dd, u.splatf(xt.s[j][8 * i]));
+            // SAFETY: as above.
+            let ms = u.madd16(unsafe { xt.load_isums(u, j, i) }, mins16);
+            acc[j] = u.fmadd(u.cvt(s0[j]), u.lane::<0>(ddx), acc[j]);
+            acc_mins[j] = u.fmadd(u.cvt(ms), u.lane::<1>(ddx), acc_mins[j]);
+        }
+    }
+    for j in 0..N {
+        out[j] = u.hsum(u.fmadd(acc_mins[j], u.splatf(-1.0), acc[j]));
+    }
+}
+
+/// The values of a Q4_K (or, with `FIVE`, Q5_K) block against the tokens.
+struct Values<U: Vnni, const FIVE: bool> {
+    m4: U::I,
+    one: U::I,
+    /// The low half of a chunk's register takes the low nibbles of its 32 bytes, the high
+    /// half the high nibbles: values 64c .. 64c + 64 in order.
+    nibble_shift: U::I,
+    /// Q5_K: the bits of `qh` holding chunk `c`'s fifth bits.
+    qh_shift: [U::I; 4],
+}
+
+impl<U: Vnni, const FIVE: bool> Values<U, FIVE> {
+    #[inline(always)]
+    fn new(u: U) -> Self {
+        const QH: [[u8; 64]; 4] = [runs16(0, 16), runs16(2, 16), runs16(4, 16), runs16(6, 16)];
+        // No closures over unit operations here: one compiled apart would call each
+        // instruction.
+        Self {
+            m4: u.splat8(0x0f),
+            one: u.splat8(1),
+            nibble_shift: u.bytes(halves16(0, 4)),
+            qh_shift: [
+                u.bytes(QH[0]),
+                u.bytes(QH[1]),
+                u.bytes(QH[2]),
+                u.bytes(QH[3]),
+            ],
+        }
+    }
+
+    /// Block `i` (bytes `x`) against each token: its values' products summed per sub-block
+    /// and scaled (`s01`, `s23`: the scales of chunks 0-1 and 2-3 as narrowed), in i32 lanes.
+    ///
+    /// Each chunk's sums of four products per i32 lane come unscaled from `vpdpbusd`: lanes
+    /// 0-7 its first sub-block, 8-15 its second, each at most 4 · 31 · 128, so two chunks
+    /// narrow to i16 exactly and one `vpdpwssd` scales them. (`vpmaddubsw` then `vpdpwssd`
+    /// per chunk took two operations where `vpdpbusd` takes one, and the compiler split half
+    /// of those `vpdpwssd` into two.)
+    ///
+    /// # Safety
+    /// `x` holds block `i` of a row matching the rows of `xt`.
+    #[inline(always)]
+    unsafe fn sums<const N: usize>(
+        &self,
+        u: U,
+        x: &[u8],
+        i: usize,
+        s01: U::I,
+        s23: U::I,
+        xt: &Tokens<N>,
+    ) -> [U::I; N] {
+        let qs = if FIVE { 48 } else { 16 };
         let qh = if FIVE {
             // SAFETY: Q5_K's bytes 16..48 lie within its 176-byte block.
             unsafe { u.load_dup32(x.as_ptr().add(16)) }
         } else {
             u.zero()
         };
-        // Each chunk's sums of four products per i32 lane, unscaled: lanes 0-7 its first
-        // sub-block, 8-15 its second, each at most 4 · 31 · 128, so two chunks narrow to
-        // i16 exactly and one `vpdpwssd` scales them. (`vpmaddubsw` then `vpdpwssd` per chunk
-        // took two operations where `vpdpbusd` takes one, and the compiler split half of
-        // those `vpdpwssd` into two.)
         let mut sums = [[u.zero(); N]; 4];
         for c in 0..4 {
             // SAFETY: bytes qs + 32 c .. qs + 32 c + 32 lie within the block.
             let q = unsafe { u.load_dup32(x.as_ptr().add(qs + 32 * c)) };
             let v = if FIVE {
-                let fifth = u.slli16::<4>(u.and(u.srlv16(qh, qh_shift[c]), one));
-                u.and_or(u.srlv16(q, nibble_shift), m4, fifth)
+                let fifth = u.slli16::<4>(u.and(u.srlv16(qh, self.qh_shift[c]), self.one));
+                u.and_or(u.srlv16(q, self.nibble_shift), self.m4, fifth)
             } else {
-                u.and(u.srlv16(q, nibble_shift), m4)
+                u.and(u.srlv16(q, self.nibble_shift), self.m4)
             };
             for j in 0..N {
                 // SAFETY: block `i` of the row lies within the rows of `xt` (caller).
@@ -178,19 +310,10 @@ unsafe fn k4<U: Vnni, const N: usize, const FIVE: bool>(
                 sums[c][j] = u.dpbusd(u.zero(), v, xv);
             }
         }
-        let (s01, s23) = (u.permw(scale[0], sm), u.permw(scale[1], sm));
-        for j in 0..N {
-            let ddx = u.mulf(dd, u.splatf(xt.s[j][8 * i]));
+        std::array::from_fn(|j| {
             let low = u.madd16(u.packs32(sums[0][j], sums[1][j]), s01);
-            let sumi = u.dpwssd(low, u.packs32(sums[2][j], sums[3][j]), s23);
-            // SAFETY: as above.
-            let ms = u.madd16(unsafe { xt.load_isums(u, j, i) }, mins16);
-            acc[j] = u.fmadd(u.cvt(sumi), u.lane::<0>(ddx), acc[j]);
-            acc_mins[j] = u.fmadd(u.cvt(ms), u.lane::<1>(ddx), acc_mins[j]);
-        }
-    }
-    for j in 0..N {
-        out[j] = u.hsum(u.fmadd(acc_mins[j], u.splatf(-1.0), acc[j]));
+            u.dpwssd(low, u.packs32(sums[2][j], sums[3][j]), s23)
+        })
     }
 }
 

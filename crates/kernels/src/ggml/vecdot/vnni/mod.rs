@@ -72,6 +72,17 @@ impl<const N: usize> Tokens<'_, N> {
         unsafe { u.loadf(self.sums[j].as_ptr().add(16 * i)) }
     }
 
+    /// Token `j`'s integer sums per 16 over the 256-value blocks `i` and `i + 1`: 32 i16
+    /// lanes.
+    ///
+    /// # Safety
+    /// `256 (i + 2) <= k`.
+    #[inline(always)]
+    unsafe fn load_isums2<U: Vnni>(&self, u: U, j: usize, i: usize) -> U::I {
+        // SAFETY: a row has `k / 16` sums and blocks `i`, `i + 1` have 32 of them (64 bytes).
+        unsafe { u.load(self.isums[j].as_ptr().add(16 * i).cast()) }
+    }
+
     /// Token `j`'s integer sums per 16 over the 256-value block `i`: 16 i16 lanes, zeros
     /// above.
     ///

@@ -59,6 +59,10 @@ unsafe fn all_ops<U: Vnni>(
             ),
             ("load_low32", by(u.load_low32(b.as_ptr().add(1)))),
             ("load16", by(u.load16(a.as_ptr().add(9)))),
+            (
+                "load_2x16",
+                by(u.load_2x16(a.as_ptr().add(5), b.as_ptr().add(40))),
+            ),
             ("load_f2x8", fl(u.load_f2x8(f.as_ptr().add(3)))),
             ("loadf", fl(u.loadf(f.as_ptr()))),
         ]
@@ -114,6 +118,7 @@ unsafe fn all_ops<U: Vnni>(
         ("cvt", fl(u.cvt(x))),
         ("cvtph", fl(u.cvtph(x))),
         ("lane", fl(u.lane::<11>(fv))),
+        ("lanes2", fl(u.lanes2::<3, 12>(fv))),
         ("splatf", fl(u.splatf(f[1]))),
         ("f2x8", fl(u.f2x8(f[2], f[5]))),
         ("addf", fl(u.addf(fv, u.cvt(x)))),
