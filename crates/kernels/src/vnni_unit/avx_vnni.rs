@@ -243,6 +243,26 @@ impl Vnni for AvxVnni {
         [srlv16_half(a[0], counts[0]), srlv16_half(a[1], counts[1])]
     }
     #[inline(always)]
+    fn srli16_halves<const LO: u32, const HI: u32>(self, a: Self::I) -> Self::I {
+        // SAFETY: see the impl.
+        unsafe {
+            [
+                _mm256_srl_epi16(a[0], count(LO)),
+                _mm256_srl_epi16(a[1], count(HI)),
+            ]
+        }
+    }
+    #[inline(always)]
+    fn slli16_halves<const LO: u32, const HI: u32>(self, a: Self::I) -> Self::I {
+        // SAFETY: see the impl.
+        unsafe {
+            [
+                _mm256_sll_epi16(a[0], count(LO)),
+                _mm256_sll_epi16(a[1], count(HI)),
+            ]
+        }
+    }
+    #[inline(always)]
     fn slli16<const S: u32>(self, a: Self::I) -> Self::I {
         // SAFETY: see the impl.
         unsafe {

@@ -21,6 +21,18 @@ impl Avx512Vnni {
     }
 }
 
+/// Shift counts of 16-bit lanes: `lo` in the low 256 bits, `hi` in the high 256 bits.
+#[inline(always)]
+fn halves_counts(lo: u32, hi: u32) -> __m512i {
+    // SAFETY: only called from the unit's operations, compiled where AVX-512 F is enabled.
+    unsafe {
+        _mm512_inserti64x4::<1>(
+            _mm512_set1_epi16(lo.min(16) as i16),
+            _mm256_set1_epi16(hi.min(16) as i16),
+        )
+    }
+}
+
 // SAFETY (for every block below): an `Avx512Vnni` exists only when `Isa::Avx512` is
 // available, which requires AVX-512 F, BW, BF16 and VNNI (`crate::isa::detect`); loads read
 // only the bytes their callers guarantee readable.
@@ -146,6 +158,16 @@ impl Vnni for Avx512Vnni {
     fn srlv16(self, a: __m512i, counts: __m512i) -> __m512i {
         // SAFETY: see the impl.
         unsafe { _mm512_srlv_epi16(a, counts) }
+    }
+    #[inline(always)]
+    fn srli16_halves<const LO: u32, const HI: u32>(self, a: __m512i) -> __m512i {
+        // SAFETY: see the impl.
+        unsafe { _mm512_srlv_epi16(a, halves_counts(LO, HI)) }
+    }
+    #[inline(always)]
+    fn slli16_halves<const LO: u32, const HI: u32>(self, a: __m512i) -> __m512i {
+        // SAFETY: see the impl.
+        unsafe { _mm512_sllv_epi16(a, halves_counts(LO, HI)) }
     }
     #[inline(always)]
     fn slli16<const S: u32>(self, a: __m512i) -> __m512i {

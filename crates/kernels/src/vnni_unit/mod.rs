@@ -110,6 +110,13 @@ pub(crate) trait Vnni: Copy {
     fn slli16<const S: u32>(self, a: Self::I) -> Self::I;
     /// Each u16 lane of `a` shifted right (logical) by `S` (`vpsrlw`).
     fn srli16<const S: u32>(self, a: Self::I) -> Self::I;
+    /// The u16 lanes of the low 256 bits shifted right by `LO`, those of the high 256 bits by
+    /// `HI` (`vpsrlvw` by a constant; on 256-bit halves one `vpsrlw` each, where a `srlv16`
+    /// takes six instructions).
+    fn srli16_halves<const LO: u32, const HI: u32>(self, a: Self::I) -> Self::I;
+    /// The u16 lanes of the low 256 bits shifted left by `LO`, those of the high 256 bits by
+    /// `HI` (`vpsllvw` by a constant).
+    fn slli16_halves<const LO: u32, const HI: u32>(self, a: Self::I) -> Self::I;
     /// Each i32 lane of `a` shifted left by `S` (`vpslld`).
     fn slli32<const S: u32>(self, a: Self::I) -> Self::I;
     /// i32 lanes subtracted, wrapping.
@@ -195,19 +202,6 @@ pub(crate) const fn lanes128(b: [u8; 16]) -> [u8; 64] {
         i += 1;
     }
     o
-}
-
-/// 64 bytes of 32 u16 lanes: `lo` in lanes 0-15, `hi` in 16-31 (a constant operand).
-pub(crate) const fn halves16(lo: u16, hi: u16) -> [u8; 64] {
-    let mut b = [0u8; 64];
-    let mut l = 0;
-    while l < 32 {
-        let v = if l < 16 { lo } else { hi };
-        b[2 * l] = v as u8;
-        b[2 * l + 1] = (v >> 8) as u8;
-        l += 1;
-    }
-    b
 }
 
 /// 64 bytes of 32 u16 lanes, lane `l` holding `start + l / run` (a constant operand).
@@ -379,6 +373,18 @@ impl Vnni for Soft {
     }
     fn srli16<const S: u32>(self, a: Bytes) -> Bytes {
         a.map16(|_, x| if S > 15 { 0 } else { ((x as u16) >> S) as i16 })
+    }
+    fn srli16_halves<const LO: u32, const HI: u32>(self, a: Bytes) -> Bytes {
+        a.map16(|l, x| {
+            let c = if l < 16 { LO } else { HI };
+            if c > 15 { 0 } else { ((x as u16) >> c) as i16 }
+        })
+    }
+    fn slli16_halves<const LO: u32, const HI: u32>(self, a: Bytes) -> Bytes {
+        a.map16(|l, x| {
+            let c = if l < 16 { LO } else { HI };
+            if c > 15 { 0 } else { ((x as u16) << c) as i16 }
+        })
     }
     fn slli32<const S: u32>(self, a: Bytes) -> Bytes {
         a.map32(|_, x| if S > 31 { 0 } else { ((x as u32) << S) as i32 })

@@ -9,7 +9,7 @@
 
 use super::{RowKernel, Tokens, f16_at};
 use crate::ggml::GgmlType;
-use crate::vnni_unit::{Vnni, halves16, runs16};
+use crate::vnni_unit::{Vnni, runs16};
 
 /// The header of a Q4_K / Q5_K block (`d`, `dmin` and 12 bytes of 6-bit scales and mins,
 /// ggml's `get_scale_min_k4`) as its 32-bit words `[d|dmin, w0, w1, w2]`: scales 0-3 are the
@@ -240,9 +240,6 @@ unsafe fn k4<U: Vnni, const N: usize, const FIVE: bool>(
 struct Values<U: Vnni, const FIVE: bool> {
     m4: U::I,
     one: U::I,
-    /// The low half of a chunk's register takes the low nibbles of its 32 bytes, the high
-    /// half the high nibbles: values 64c .. 64c + 64 in order.
-    nibble_shift: U::I,
     /// Q5_K: the bits of `qh` holding chunk `c`'s fifth bits.
     qh_shift: [U::I; 4],
 }
@@ -256,7 +253,6 @@ impl<U: Vnni, const FIVE: bool> Values<U, FIVE> {
         Self {
             m4: u.splat8(0x0f),
             one: u.splat8(1),
-            nibble_shift: u.bytes(halves16(0, 4)),
             qh_shift: [
                 u.bytes(QH[0]),
                 u.bytes(QH[1]),
@@ -300,9 +296,9 @@ impl<U: Vnni, const FIVE: bool> Values<U, FIVE> {
             let q = unsafe { u.load_dup32(x.as_ptr().add(qs + 32 * c)) };
             let v = if FIVE {
                 let fifth = u.slli16::<4>(u.and(u.srlv16(qh, self.qh_shift[c]), self.one));
-                u.and_or(u.srlv16(q, self.nibble_shift), self.m4, fifth)
+                u.and_or(u.srli16_halves::<0, 4>(q), self.m4, fifth)
             } else {
-                u.and(u.srlv16(q, self.nibble_shift), self.m4)
+                u.and(u.srli16_halves::<0, 4>(q), self.m4)
             };
             for j in 0..N {
                 // SAFETY: block `i` of the row lies within the rows of `xt` (caller).
@@ -329,11 +325,9 @@ impl RowKernel for Q6K {
     #[inline(always)]
     unsafe fn row<U: Vnni, const N: usize>(u: U, row: &[u8], xt: &Tokens<N>, out: &mut [f32; N]) {
         let (m4, top_bits) = (u.splat8(0x0f), u.splat8(0x30));
-        let fours = u.bytes(halves16(4, 4));
-        // The `qh` bits of a value brought to bits 4-5 of its byte by a right shift of 0
-        // (low register half) or 2 (high half): values 64-127 of a half hold bits 4-5 and
-        // 6-7 there, values 0-63 bits 0-1 and 2-3, shifted left by 4 first.
-        let qh_shift = u.bytes(halves16(0, 2));
+        // The `qh` bits of a value are brought to bits 4-5 of its byte with `qh` in both
+        // register halves: values 0-63 of a half hold bits 0-1 (low half, shifted left by 4)
+        // and 2-3 (high half, by 2), values 64-127 bits 4-5 (in place) and 6-7 (right by 2).
         // The scale of each i16 lane of half `h`'s two parts narrowed together: per 128-bit
         // lane `L`, four of part 0 (sub-block `8 h + L`), then four of part 1 (`8 h + 4 + L`).
         const fn pick(h: u16) -> [u8; 64] {
@@ -364,11 +358,11 @@ impl RowKernel for Q6K {
                         u.load_dup32(x.as_ptr().add(128 + 32 * h)),
                     )
                 };
-                let top0 = u.and(u.srlv16(u.slli16::<4>(qh), qh_shift), top_bits);
-                let top1 = u.and(u.srlv16(qh, qh_shift), top_bits);
+                let top0 = u.and(u.slli16_halves::<4, 2>(qh), top_bits);
+                let top1 = u.and(u.srli16_halves::<0, 2>(qh), top_bits);
                 let parts = [
                     u.and_or(ql, m4, top0),
-                    u.and_or(u.srlv16(ql, fours), m4, top1),
+                    u.and_or(u.srli16::<4>(ql), m4, top1),
                 ];
                 let s = u.permw(pick[h], sc);
                 for j in 0..N {

@@ -10,11 +10,18 @@
 
 use super::{RowKernel, Tokens, f16_at};
 use crate::ggml::GgmlType;
-use crate::vnni_unit::{Vnni, halves16, runs16};
+use crate::vnni_unit::{Vnni, runs16};
 
-/// Shifts that take 2-bit plane `p` into the low half and plane `p + 1` into the high half
-/// of a register loaded with the same 32 bytes twice, for `p` = 0 and 2.
-const PLANES: [[u8; 64]; 2] = [halves16(0, 2), halves16(4, 6)];
+/// `q` (the same 32 bytes in both halves) shifted so that 2-bit plane `p` (0 or 2) lies at
+/// the bottom of each byte of the low half, plane `p + 1` of the high half.
+#[inline(always)]
+fn plane_pair<U: Vnni>(u: U, q: U::I, p: usize) -> U::I {
+    if p < 2 {
+        u.srli16_halves::<0, 2>(q)
+    } else {
+        u.srli16_halves::<4, 6>(q)
+    }
+}
 /// The i16 lanes of the scales per 16 that a plane pair's pair sums take: units `2g ..`
 /// for the pair's first group `g` (0, 2, 4, 6).
 const UNITS: [[u8; 64]; 4] = [runs16(0, 8), runs16(4, 8), runs16(8, 8), runs16(12, 8)];
@@ -97,7 +104,7 @@ impl LowBits for Q2K {
         let v = unsafe { u.load16(x[..16].as_ptr()) };
         let (d, dmin) = (f16_at(u, x, 80), f16_at(u, x, 82));
         let m4 = u.splat8(0x0f);
-        let mins = u.cvt(u.zext8to32(u.and(u.srlv16(v, u.bytes(halves16(4, 4))), m4)));
+        let mins = u.cvt(u.zext8to32(u.and(u.srli16::<4>(v), m4)));
         (u.zext8to16(u.and(v, m4)), u.mulf(mins, u.splatf(-dmin)), d)
     }
 
@@ -106,7 +113,7 @@ impl LowBits for Q2K {
         assert!(x.len() == Self::BLOCK && h < 2);
         // SAFETY: bytes 16 + 32 h .. 48 + 32 h lie within the 84-byte block (checked).
         let q = unsafe { u.load_dup32(x.as_ptr().add(16 + 32 * h)) };
-        u.and(u.srlv16(q, u.bytes(PLANES[p / 2])), u.splat8(3))
+        u.and(plane_pair(u, q, p), u.splat8(3))
     }
 }
 
@@ -125,13 +132,17 @@ impl RowKernel for Q3K {
     }
 }
 
-/// The `hmask` bits of plane pair `p` of half `h`: bits `4h + p` and `4h + p + 1`.
-const HIGH: [[u8; 64]; 4] = [
-    halves16(0, 1),
-    halves16(2, 3),
-    halves16(4, 5),
-    halves16(6, 7),
-];
+/// `hmask` (the same 32 bytes in both halves) shifted so that the bits of plane pair `p` of
+/// half `h`, bits `4h + p` and `4h + p + 1`, lie at the bottom of the two halves' bytes.
+#[inline(always)]
+fn high_bits<U: Vnni>(u: U, hmask: U::I, h: usize, p: usize) -> U::I {
+    match 2 * h + p / 2 {
+        0 => u.srli16_halves::<0, 1>(hmask),
+        1 => u.srli16_halves::<2, 3>(hmask),
+        2 => u.srli16_halves::<4, 5>(hmask),
+        _ => u.srli16_halves::<6, 7>(hmask),
+    }
+}
 
 impl LowBits for Q3K {
     const BLOCK: usize = 110;
@@ -162,8 +173,8 @@ impl LowBits for Q3K {
                 u.load_dup32(x.as_ptr()),
             )
         };
-        let low = u.and(u.srlv16(q, u.bytes(PLANES[p / 2])), u.splat8(3));
-        let bit = u.and(u.srlv16(hmask, u.bytes(HIGH[2 * h + p / 2])), u.splat8(1));
+        let low = u.and(plane_pair(u, q, p), u.splat8(3));
+        let bit = u.and(high_bits(u, hmask, h, p), u.splat8(1));
         u.or(low, u.slli16::<2>(bit))
     }
 }

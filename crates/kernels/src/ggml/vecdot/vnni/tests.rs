@@ -87,6 +87,8 @@ unsafe fn all_ops<U: Vnni>(
         ("and_or", by(u.and_or(x, y, u.bytes(*b)))),
         ("srlv16", by(u.srlv16(x, counts))),
         ("slli16", by(u.slli16::<4>(x))),
+        ("srli16_halves", by(u.srli16_halves::<3, 17>(x))),
+        ("slli16_halves", by(u.slli16_halves::<16, 5>(x))),
         ("srli16", by(u.srli16::<4>(x))),
         ("slli32", by(u.slli32::<5>(x))),
         ("sub32", by(u.sub32(x, y))),
@@ -338,39 +340,41 @@ fn kernels_on_avx_vnni_equal_the_software_unit_bit_for_bit() {
     kernels_agree("AVX-VNNI", |ty| vnni_kernel!(ty, on_avx_vnni));
 }
 
-/// One thread's Q4_K decode rate (one token) from L2 and from DRAM, in tasks of 128 rows
-/// as `GgmlMatrix::matmul` splits them: `cargo test --release -p strata-kernels --lib --
-/// --ignored q4_k_row_dot_timing --nocapture`.
+/// One thread's Q4_K and Q6_K decode rates (one token) from L2 and from DRAM, in tasks of
+/// 128 rows as `GgmlMatrix::matmul` splits them: `cargo test --release -p strata-kernels
+/// --lib -- --ignored q4_k_row_dot_timing --nocapture`.
 #[test]
 #[ignore = "timing, run by hand"]
 fn q4_k_row_dot_timing() {
-    let Some(dot) = super::super::kernel(Isa::selected(), GgmlType::Q4_K) else {
-        eprintln!("NOT MEASURED: no in-register Q4_K kernel on this CPU");
-        return;
-    };
-    let (n, k, task) = (768usize, 2048usize, 128usize);
-    let mut seed = 3;
-    let mats: Vec<Vec<u8>> = (0..96)
-        .map(|_| random_blocks(GgmlType::Q4_K, n * k / 256, &mut seed))
-        .collect();
-    let rb = mats[0].len() / n;
-    let x: Vec<f32> = (0..k)
-        .map(|i| ((i * 7919) % 2001) as f32 / 1000.0 - 1.0)
-        .collect();
-    let a = Q8Rows::quantize(k, 256, 1, |_| &x[..]);
-    let mut out = vec![0.0f32; task];
-    for (name, count) in [("L2 (one matrix)", 1usize), ("DRAM (96 matrices)", 96)] {
-        for _ in 0..3 {
-            let reps = 400;
-            let t = std::time::Instant::now();
-            for r in 0..reps {
-                for rows in mats[r % count].chunks(task * rb) {
-                    dot(rows, task, &a, 0..1, &mut out);
+    let mut out = vec![0.0f32; 128];
+    for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
+        let Some(dot) = super::super::kernel(Isa::selected(), ty) else {
+            eprintln!("NOT MEASURED: no in-register {ty} kernel on this CPU");
+            return;
+        };
+        let (n, k, task) = (768usize, 2048usize, 128usize);
+        let mut seed = 3;
+        let mats: Vec<Vec<u8>> = (0..96)
+            .map(|_| random_blocks(ty, n * k / 256, &mut seed))
+            .collect();
+        let rb = mats[0].len() / n;
+        let x: Vec<f32> = (0..k)
+            .map(|i| ((i * 7919) % 2001) as f32 / 1000.0 - 1.0)
+            .collect();
+        let a = Q8Rows::quantize(k, activation_block(ty), 1, |_| &x[..]);
+        for (name, count) in [("L2 (one matrix)", 1usize), ("DRAM (96 matrices)", 96)] {
+            for _ in 0..3 {
+                let reps = 400;
+                let t = std::time::Instant::now();
+                for r in 0..reps {
+                    for rows in mats[r % count].chunks(task * rb) {
+                        dot(rows, task, &a, 0..1, &mut out);
+                    }
                 }
+                let s = t.elapsed().as_secs_f64();
+                let gb = (reps * mats[0].len()) as f64 / s / 1e9;
+                println!("{ty} {name}: {gb:.1} GB/s");
             }
-            let s = t.elapsed().as_secs_f64();
-            let gb = (reps * mats[0].len()) as f64 / s / 1e9;
-            println!("{name}: {gb:.1} GB/s");
         }
     }
     assert!(out.iter().all(|v| v.is_finite()));
