@@ -297,7 +297,7 @@ fn run_wave(
         // token's experts add in batch order, as `combine` adds them, and the task's slice
         // of `out` stays in cache across the segments. (Down into a `[rows, h]` buffer, then
         // a combine, wrote and read that buffer through DRAM: 33 MB a layer for a 512-token
-        // prompt of Qwen3-30B-A3B, its copies 4-5% of the prefill.)
+        // prompt of Qwen3-30B-A3B; the copies were 3-4% of the prefill.)
         let cols = down_columns(h);
         let out_w = SharedMut::new(out);
         parallel_for(h.div_ceil(cols), |c| {
