@@ -3,9 +3,9 @@
 //! ([`crate::vnni_unit::AvxVnni`], 256-bit halves) and on the software unit
 //! ([`crate::vnni_unit::Soft`]), which every machine can run.
 //!
-//! Against the AVX2 kernels: 64 values per instruction instead of 32, and the products meet
-//! their integer sub-scales in one `vpdpwssd` (k-quants) or reach i32 in one `vpdpbusd`
-//! (blocks of 32 signed values), where AVX2 needs `vpmaddwd` and an add.
+//! Against the AVX2 kernels: 64 values per instruction instead of 32, and the products reach
+//! i32 in one `vpdpbusd`, where AVX2 needs `vpmaddubsw`, `vpmaddwd` and an add; k-quants'
+//! sums then meet their integer sub-scales two registers at a time in one `vpdpwssd`.
 //!
 //! A key design decision: the kernels lay their values out to match the activations as
 //! they lie (one 64-byte load per token per 64 values), decoding the weights into that
