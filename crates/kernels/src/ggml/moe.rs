@@ -357,9 +357,7 @@ fn combine<'a>(
     entries.sort_by_key(|e| e.0);
     for &(t, row, w) in &entries {
         let t = t as usize;
-        for (o, v) in out[t * h..(t + 1) * h].iter_mut().zip(row) {
-            *o += w * v;
-        }
+        vector::axpy(w, row, &mut out[t * h..(t + 1) * h]);
     }
 }
 
