@@ -14,9 +14,7 @@ pub(crate) struct Activations {
     /// Bytes per row of `data`: the row's values, plus a line where rows a multiple of 1 KiB
     /// apart would put the rows of an AMX tile load into a few L1 sets.
     pub(crate) lda: usize,
-    /// Rows of `data`: `m` rounded up to a multiple of [`M_ALIGN`] for a kernel that runs AMX
-    /// tile programs (they read whole 32-row blocks), else `m` (at least 1): decode converts
-    /// one row per expert, and zeroing 31 unused rows cost more than converting the one.
+    /// Rows of `data` ([`padded_rows`]).
     pub(crate) m_pad: usize,
     /// `[m_pad, k_pad]` bf16 or i8, rows beyond `m` zero.
     pub(crate) data: AlignedBuf,
@@ -102,11 +100,7 @@ impl Activations {
         grouped: Option<usize>,
         row: impl Fn(usize) -> &'x [f32],
     ) -> Self {
-        let m_pad = if kernel.uses_tiles() {
-            m.div_ceil(M_ALIGN).max(1) * M_ALIGN
-        } else {
-            m.max(1)
-        };
+        let m_pad = padded_rows(m, kernel);
         let elem = kind.activation_bytes();
         // Rows 4 KiB apart (BF16 at `k = 2048`) put an A tile's 16 rows in one L1 set: on the
         // AMX Xeon a tile load of them took 15.6 ns against 10.8 with a line more per row (4.4
@@ -169,6 +163,62 @@ impl Activations {
         }
     }
 
+    /// `m` rows copied from rows converted before, padded for `kernel`: row `r` is row `i` of
+    /// `sources[c]` for `(c, i) = row(r)`. Each row is converted on its own, so the copy is
+    /// what converting it here would give: a token routed to several experts is converted
+    /// once. Every source must be converted alike (one format, width and sum unit).
+    ///
+    /// # Panics
+    /// If `sources` is empty or its members differ in format or width.
+    pub(crate) fn gather(
+        sources: &[Activations],
+        m: usize,
+        kernel: Kernel,
+        row: impl Fn(usize) -> (usize, usize),
+    ) -> Self {
+        let first = &sources[0];
+        let shape = |a: &Activations| (a.k_pad, a.elem, a.lda, a.scale_group, a.xsum_unit);
+        assert!(
+            sources.iter().all(|a| shape(a) == shape(first)
+                && a.scaled_sum.is_empty() == first.scaled_sum.is_empty()),
+            "activations gathered from differently converted rows"
+        );
+        let (lda, m_pad) = (first.lda, padded_rows(m, kernel));
+        let scales = first.k_pad / first.scale_group;
+        let units = first.k_pad / first.xsum_unit;
+        let mut data = AlignedBuf::zeroed(m_pad * lda);
+        let mut scale = vec![0.0f32; m_pad * scales];
+        let mut xsum = vec![0i32; m_pad * units];
+        let mut scaled_sum = vec![
+            0.0f32;
+            if first.scaled_sum.is_empty() {
+                0
+            } else {
+                m_pad * units
+            }
+        ];
+        let bytes = data.as_mut_slice();
+        for r in 0..m {
+            let (c, i) = row(r);
+            let src = &sources[c];
+            bytes[r * lda..][..lda].copy_from_slice(&src.data.as_slice()[i * lda..][..lda]);
+            scale[r * scales..][..scales].copy_from_slice(&src.scale[i * scales..][..scales]);
+            xsum[r * units..][..units].copy_from_slice(&src.xsum[i * units..][..units]);
+            if !scaled_sum.is_empty() {
+                scaled_sum[r * units..][..units]
+                    .copy_from_slice(&src.scaled_sum[i * units..][..units]);
+            }
+        }
+        Self {
+            data,
+            m_pad,
+            scale,
+            xsum,
+            scaled_sum,
+            ..*first
+        }
+    }
+
     /// The value the kernels multiply at `(row, p)`, as f32.
     pub(crate) fn value(&self, r: usize, p: usize) -> f32 {
         let b = &self.data.as_slice()[r * self.lda..];
@@ -177,5 +227,16 @@ impl Activations {
         } else {
             f32::from(b[p] as i8) * self.scale_at(r, p)
         }
+    }
+}
+
+/// Rows of the converted data for `m` rows on `kernel`: whole 32-row blocks for AMX tile
+/// programs (they read them whole), else `m` (at least 1): decode converts one row per
+/// expert, and zeroing 31 unused rows cost more than converting the one.
+fn padded_rows(m: usize, kernel: Kernel) -> usize {
+    if kernel.uses_tiles() {
+        m.div_ceil(M_ALIGN).max(1) * M_ALIGN
+    } else {
+        m.max(1)
     }
 }

@@ -316,3 +316,38 @@ fn integer_paths_sum_extreme_values_exactly() {
         }
     }
 }
+
+#[test]
+fn gathered_rows_equal_rows_converted_where_they_stand() {
+    // Tokens converted once in chunks, then gathered for an expert's rows (some twice, out
+    // of order), are what converting the expert's rows directly gives: int8 with sums per 32
+    // and per 16, BF16, and padding for the tile programs.
+    let (k, tokens) = (128, 10);
+    let x = rand_vec(tokens * k, &mut 23);
+    let convert = |sums: Option<usize>, rows: &[usize], kernel: Kernel| {
+        let row = |r: usize| &x[rows[r] * k..(rows[r] + 1) * k];
+        match sums {
+            Some(unit) => Activations::int8_grouped(k, rows.len(), kernel, unit, row),
+            None => Activations::bf16(k, rows.len(), kernel, row),
+        }
+    };
+    let picks = [7usize, 0, 3, 3, 9, 2];
+    for sums in [Some(32), Some(16), None] {
+        let chunks: Vec<Activations> = [vec![0, 1, 2, 3], vec![4, 5, 6, 7], vec![8, 9]]
+            .iter()
+            .map(|rows| convert(sums, rows, Kernel::Isa(Isa::Portable)))
+            .collect();
+        for kernel in [Kernel::Isa(Isa::Portable), Kernel::AmxSoft] {
+            let want = convert(sums, &picks, kernel);
+            let got = Activations::gather(&chunks, picks.len(), kernel, |r| {
+                (picks[r] / 4, picks[r] % 4)
+            });
+            let what = format!("sums {sums:?} {kernel:?}");
+            assert_eq!(got.data.as_slice(), want.data.as_slice(), "{what}");
+            assert_eq!((got.m_pad, got.lda), (want.m_pad, want.lda), "{what}");
+            assert_eq!(got.scale, want.scale, "{what}");
+            assert_eq!(got.xsum, want.xsum, "{what}");
+            assert_eq!(got.scaled_sum, want.scaled_sum, "{what}");
+        }
+    }
+}
