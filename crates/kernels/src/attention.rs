@@ -4,18 +4,20 @@
 //!
 //! A prompt's attention is a product of small matrices (the query heads that share a key
 //! head, times the rows of a task, against a block of cache rows), so the fast paths are
-//! register tiles: 4 queries x 4 keys of scores per pass over the head's values (each key
-//! loaded once for four queries, each query once for four keys), 4 queries x 64 values of
-//! weighted sums per pass over the cache rows. One or two queries against the cache at a
-//! time ([`crate::vector::dot_rows2`]) reload every key for every pair of queries and sum each
-//! pair's lanes alone: a 512-token prefill spent 14% of its time there (2026-11-30, Ice Lake).
+//! register tiles of outer products: 8 queries x 32 keys of scores per pass over the head's
+//! values (the keys transposed first, so that each step is a query value broadcast times 32
+//! keys' values), 4 queries x 64 values of weighted sums per pass over the cache rows. One or
+//! two queries against the cache at a time ([`crate::vector::dot_rows2`]) reload every key
+//! for every pair of queries and sum each pair's lanes alone: a 512-token prefill spent 14% of
+//! its time there (2026-11-30, Ice Lake); 4 x 4 dot products summed across their lanes at the
+//! end, 5.3% (2026-12-01, Emerald Rapids); the outer products, 2.9%.
 //!
 //! [`mix`] gives the same bits on every path (each value's sum is one chain of fused
 //! multiply-adds in key order, as [`crate::vector::axpy_rows2`]'s); so does [`exp_shifted`]
 //! (one polynomial, the same operations in every lane, summed in sixteen lanes). [`scores`]
-//! sums each pair in sixteen lanes and a tree on AVX-512 and as [`crate::vector::dot_rows2`]
-//! elsewhere: the paths agree to rounding, and every query's scores are the same whichever
-//! other queries share its tile.
+//! is one chain of fused multiply-adds per pair on AVX-512 and sums as
+//! [`crate::vector::dot_rows2`] elsewhere: the paths agree to rounding, and every query's
+//! scores are the same whichever other queries share its tile.
 
 use crate::Isa;
 use crate::vector::{axpy_rows2, dot_rows, dot_rows2};
@@ -227,9 +229,14 @@ mod x86 {
     /// Bytes of cache rows a kernel keeps in L1 (of 32-48 KiB) while all queries pass.
     const L1_BYTES: usize = 8 * 1024;
 
-    /// [`super::scores`] in register tiles of sixteen pairs (4 queries x 4 keys; the last one
-    /// to three queries as 2 x 8 or 1 x 16) of sixteen-lane sums; edge tiles repeat their last
-    /// key (computed, not stored), so every pair sees the same operations.
+    /// Keys per run of [`scores`]: transposed, `d x KEY_RUN` floats stay in L1 while every
+    /// query passes over them.
+    const KEY_RUN: usize = 32;
+
+    /// [`super::scores`] as outer products: each run of [`KEY_RUN`] keys transposed (`kt`:
+    /// value `c` of every key side by side), then register tiles of up to 8 queries x 32
+    /// keys, one query value broadcast times a row of `kt` per step. Each score is one chain
+    /// of fused multiply-adds in order of the values, whatever the other queries of its tile.
     ///
     /// # Safety
     /// AVX-512 F must be available; `d` is a multiple of 16 and the shapes were checked.
@@ -243,98 +250,121 @@ mod x86 {
         nk: usize,
         out: &mut [f32],
     ) {
-        // Keys in runs that stay in L1 while every query passes over them (from L2 every
-        // tile's four keys were a load per FMA).
-        let run = (L1_BYTES / (4 * d).max(1)).next_multiple_of(16).max(16);
-        for r0 in (0..nk).step_by(run) {
-            let keys_run = r0..nk.min(r0 + run);
+        let mut kt = vec![0.0f32; d * KEY_RUN];
+        for j0 in (0..nk).step_by(KEY_RUN) {
+            let n = (nk - j0).min(KEY_RUN);
+            // SAFETY: keys below `nk` hold `d` values from `j * stride` (the caller), `kt`
+            // holds `d` rows of `KEY_RUN`.
+            unsafe { transpose_keys(keys, stride, j0..j0 + n, d, &mut kt) };
             let mut i0 = 0;
             while i0 < nq {
-                // SAFETY: as this function; the tile's queries lie below `nq`.
-                i0 += unsafe {
-                    match nq - i0 {
-                        4.. => score_tiles::<4, 4>(q, i0, d, keys, stride, nk, &keys_run, out),
-                        2 | 3 => score_tiles::<2, 8>(q, i0, d, keys, stride, nk, &keys_run, out),
-                        _ => score_tiles::<1, 16>(q, i0, d, keys, stride, nk, &keys_run, out),
+                let mi = (nq - i0).min(8);
+                // SAFETY: as this function; queries `i0 .. i0 + mi` lie below `nq`, `kt` holds
+                // `d` rows of `KEY_RUN`, keys `j0 .. j0 + n` of `out`'s rows lie below `nk`.
+                unsafe {
+                    match mi {
+                        8 => score_run::<8>(q, i0, d, &kt, out, nk, j0, n),
+                        7 => score_run::<7>(q, i0, d, &kt, out, nk, j0, n),
+                        6 => score_run::<6>(q, i0, d, &kt, out, nk, j0, n),
+                        5 => score_run::<5>(q, i0, d, &kt, out, nk, j0, n),
+                        4 => score_run::<4>(q, i0, d, &kt, out, nk, j0, n),
+                        3 => score_run::<3>(q, i0, d, &kt, out, nk, j0, n),
+                        2 => score_run::<2>(q, i0, d, &kt, out, nk, j0, n),
+                        _ => score_run::<1>(q, i0, d, &kt, out, nk, j0, n),
                     }
-                };
+                }
+                i0 += mi;
             }
         }
     }
 
-    /// Queries `i0 .. i0 + MQ` against the keys of `run` in tiles of `NK`; returns `MQ`.
+    /// Writes keys `run` (at most [`KEY_RUN`], `d` values each, `stride` apart) side by side
+    /// into `kt`: row `c` holds value `c` of each key, zero past the run's keys.
     ///
     /// # Safety
-    /// As [`scores`]; `i0 + MQ <= nq`.
+    /// AVX-512 F must be available; `d` is a multiple of 16, the keys lie within `keys` and
+    /// `kt` holds `d * KEY_RUN` values.
     #[target_feature(enable = "avx512f")]
     #[inline]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn score_tiles<const MQ: usize, const NK: usize>(
-        q: &[f32],
-        i0: usize,
-        d: usize,
+    unsafe fn transpose_keys(
         keys: &[f32],
         stride: usize,
-        nk: usize,
-        run: &std::ops::Range<usize>,
-        out: &mut [f32],
-    ) -> usize {
-        const { assert!(MQ * NK == 16) };
-        for j0 in run.clone().step_by(NK) {
-            let kj: [usize; NK] = std::array::from_fn(|j| (j0 + j).min(nk - 1) * stride);
-            let mut acc = [_mm512_setzero_ps(); 16];
-            for c in (0..d).step_by(16) {
-                // SAFETY: query rows `i0 .. i0 + MQ` and key rows below `nk` hold `d` values
-                // each within their slices (checked by the caller), `c + 16 <= d`.
-                let (qv, kv): ([__m512; MQ], [__m512; NK]) = unsafe {
-                    (
-                        std::array::from_fn(|i| _mm512_loadu_ps(q.as_ptr().add((i0 + i) * d + c))),
-                        std::array::from_fn(|j| _mm512_loadu_ps(keys.as_ptr().add(kj[j] + c))),
-                    )
-                };
-                for i in 0..MQ {
-                    for j in 0..NK {
-                        acc[NK * i + j] = _mm512_fmadd_ps(qv[i], kv[j], acc[NK * i + j]);
+        run: std::ops::Range<usize>,
+        d: usize,
+        kt: &mut [f32],
+    ) {
+        for half in 0..KEY_RUN / 16 {
+            let first = run.start + 16 * half;
+            for c0 in (0..d).step_by(16) {
+                let rows: [__m512i; 16] = std::array::from_fn(|j| {
+                    if first + j < run.end {
+                        // SAFETY: key `first + j` of the run holds values `c0 .. c0 + 16`.
+                        unsafe {
+                            _mm512_castps_si512(_mm512_loadu_ps(
+                                keys.as_ptr().add((first + j) * stride + c0),
+                            ))
+                        }
+                    } else {
+                        _mm512_setzero_si512()
+                    }
+                });
+                for (c, v) in crate::transpose::dwords16(rows).into_iter().enumerate() {
+                    // SAFETY: row `c0 + c` of `kt`, keys `16 half .. + 16`, lie within it.
+                    unsafe {
+                        let at = kt.as_mut_ptr().add((c0 + c) * KEY_RUN + 16 * half);
+                        _mm512_storeu_ps(at, _mm512_castsi512_ps(v));
                     }
                 }
             }
-            let mut sums = [0.0f32; 16];
-            // SAFETY: `sums` holds 16 floats.
-            unsafe { _mm512_storeu_ps(sums.as_mut_ptr(), lane_sums(acc)) };
-            for i in 0..MQ {
-                let n = NK.min(nk - j0);
-                out[(i0 + i) * nk + j0..][..n].copy_from_slice(&sums[NK * i..][..n]);
-            }
         }
-        MQ
     }
 
-    /// Lane `v` of the result: the sum of `acc[v]`'s sixteen lanes, as `(e0 + e2) + (e1 + e3)`
-    /// within each 128-bit quarter, then `(q0 + q1) + (q2 + q3)` over the quarters.
+    /// Queries `i0 .. i0 + MQ` against the `n` keys of a transposed run `kt` (keys `j0 ..` of
+    /// `out`'s rows, `nk` wide).
+    ///
+    /// # Safety
+    /// As [`scores`], for this tile.
     #[target_feature(enable = "avx512f")]
     #[inline]
-    fn lane_sums(acc: [__m512; 16]) -> __m512 {
-        // Four accumulators into one: quarter `l` of the result holds quarter `l`'s sum of
-        // each of the four, in order.
-        let four = |a: __m512, b: __m512, c: __m512, d: __m512| {
-            let ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
-            let cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
-            _mm512_add_ps(
-                _mm512_shuffle_ps::<0x44>(ab, cd),
-                _mm512_shuffle_ps::<0xee>(ab, cd),
-            )
-        };
-        let w: [__m512; 4] = std::array::from_fn(|g| {
-            four(acc[4 * g], acc[4 * g + 1], acc[4 * g + 2], acc[4 * g + 3])
-        });
-        // Quarters added in pairs, twice: quarter `g` of the result is `w[g]`'s total.
-        let pairs = |a: __m512, b: __m512| {
-            _mm512_add_ps(
-                _mm512_shuffle_f32x4::<0x88>(a, b),
-                _mm512_shuffle_f32x4::<0xdd>(a, b),
-            )
-        };
-        pairs(pairs(w[0], w[1]), pairs(w[2], w[3]))
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn score_run<const MQ: usize>(
+        q: &[f32],
+        i0: usize,
+        d: usize,
+        kt: &[f32],
+        out: &mut [f32],
+        nk: usize,
+        j0: usize,
+        n: usize,
+    ) {
+        let mut acc = [[_mm512_setzero_ps(); 2]; MQ];
+        for c in 0..d {
+            // SAFETY: row `c` of `kt` holds `KEY_RUN` (32) floats; query rows below `nq`
+            // hold `d` values (the caller).
+            unsafe {
+                let row = kt.as_ptr().add(c * KEY_RUN);
+                let kv = [_mm512_loadu_ps(row), _mm512_loadu_ps(row.add(16))];
+                for (i, acc) in acc.iter_mut().enumerate() {
+                    let w = _mm512_set1_ps(*q.get_unchecked((i0 + i) * d + c));
+                    acc[0] = _mm512_fmadd_ps(w, kv[0], acc[0]);
+                    acc[1] = _mm512_fmadd_ps(w, kv[1], acc[1]);
+                }
+            }
+        }
+        for (i, acc) in acc.iter().enumerate() {
+            for (v, acc) in acc.iter().enumerate() {
+                let cols = n.saturating_sub(16 * v).min(16);
+                if cols == 0 {
+                    break;
+                }
+                let mask = ((1u32 << cols) - 1) as __mmask16;
+                // SAFETY: columns `j0 + 16 v .. + cols` of query row `i0 + i` lie within `out`.
+                unsafe {
+                    let o = out.as_mut_ptr().add((i0 + i) * nk + j0 + 16 * v);
+                    _mm512_mask_storeu_ps(o, mask, *acc);
+                }
+            }
+        }
     }
 
     /// [`super::mix`] in register tiles of 4 queries x 64 values (then 16 at a time, then

@@ -63,6 +63,8 @@ pub mod numa;
 pub mod packed;
 pub mod peak;
 pub mod pool;
+#[cfg(target_arch = "x86_64")]
+mod transpose;
 pub mod vector;
 #[cfg(any(target_arch = "x86_64", test))]
 mod vnni_unit;

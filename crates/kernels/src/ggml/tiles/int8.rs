@@ -605,43 +605,13 @@ pub(super) mod x86 {
     ///
     /// # Safety
     /// AVX-512 F must be available.
-    // `c` names both the source registers and the destination lines.
-    #[allow(clippy::needless_range_loop)]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     #[inline]
     pub(crate) unsafe fn transpose16_regs(r: [__m512i; 16], dst: &mut [u8]) {
         assert!(dst.len() >= 16 * 64);
-        // SAFETY: line `n` is written at `64 n .. + 64`, within `dst` (checked above).
-        unsafe {
-            // Pairs of rows interleaved by dword, then groups of four rows by qword: `v[g][c]`
-            // holds, in 128-bit lane `j`, quad `4 j + c` of rows `4 g .. 4 g + 4`.
-            let mut v = [[_mm512_setzero_si512(); 4]; 4];
-            for (g, v) in v.iter_mut().enumerate() {
-                let [a, b, c, d] = [r[4 * g], r[4 * g + 1], r[4 * g + 2], r[4 * g + 3]];
-                let (lo01, hi01) = (_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
-                let (lo23, hi23) = (_mm512_unpacklo_epi32(c, d), _mm512_unpackhi_epi32(c, d));
-                v[0] = _mm512_unpacklo_epi64(lo01, lo23);
-                v[1] = _mm512_unpackhi_epi64(lo01, lo23);
-                v[2] = _mm512_unpacklo_epi64(hi01, hi23);
-                v[3] = _mm512_unpackhi_epi64(hi01, hi23);
-            }
-            // A 4x4 transpose of 128-bit lanes per `c`: line `4 j + c` is lane `j` of
-            // `v[0][c] .. v[3][c]`.
-            for c in 0..4 {
-                let x0 = _mm512_shuffle_i32x4::<0x44>(v[0][c], v[1][c]);
-                let x1 = _mm512_shuffle_i32x4::<0xee>(v[0][c], v[1][c]);
-                let x2 = _mm512_shuffle_i32x4::<0x44>(v[2][c], v[3][c]);
-                let x3 = _mm512_shuffle_i32x4::<0xee>(v[2][c], v[3][c]);
-                let out = [
-                    _mm512_shuffle_i32x4::<0x88>(x0, x2),
-                    _mm512_shuffle_i32x4::<0xdd>(x0, x2),
-                    _mm512_shuffle_i32x4::<0x88>(x1, x3),
-                    _mm512_shuffle_i32x4::<0xdd>(x1, x3),
-                ];
-                for (j, o) in out.into_iter().enumerate() {
-                    _mm512_storeu_si512(dst.as_mut_ptr().add((4 * j + c) * 64).cast(), o);
-                }
-            }
+        for (n, line) in crate::transpose::dwords16(r).into_iter().enumerate() {
+            // SAFETY: line `n` is written at `64 n .. + 64`, within `dst` (checked above).
+            unsafe { _mm512_storeu_si512(dst.as_mut_ptr().add(64 * n).cast(), line) };
         }
     }
 }
