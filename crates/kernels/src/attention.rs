@@ -173,6 +173,32 @@ pub fn exp(x: f32) -> f32 {
 /// Lanes of [`exp_shifted`]'s sum.
 const SUM_LANES: usize = 16;
 
+/// The largest of `init` and the values of `x`, NaN ignored (as [`f32::max`] ignores it): a
+/// softmax row's shift. In sixteen independent lanes, so that it vectorises where a chain of
+/// `f32::max` waited on each comparison (1.5% of a 512-token prefill, 2026-12-01).
+pub fn max(x: &[f32], init: f32) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if Isa::selected() >= Isa::Avx512 {
+        // SAFETY: `Isa::Avx512` is only selected where the CPU has AVX-512 F.
+        return unsafe { x86::max_avx512(x, init) };
+    }
+    max_body(x, init)
+}
+
+/// [`max`]'s loop, compiled for each instruction set.
+#[inline(always)]
+fn max_body(x: &[f32], init: f32) -> f32 {
+    let mut lanes = [init; SUM_LANES];
+    let mut chunks = x.chunks_exact(SUM_LANES);
+    for chunk in &mut chunks {
+        for (l, &v) in lanes.iter_mut().zip(chunk) {
+            *l = l.max(v);
+        }
+    }
+    let m = chunks.remainder().iter().fold(init, |m, &v| m.max(v));
+    lanes.into_iter().fold(m, f32::max)
+}
+
 /// `x[i] = e^(x[i] - shift)` ([`exp`]) for every value; returns their sum, formed in sixteen
 /// lanes (value `i` into lane `i % 16` of the whole sixteens), the lanes added first to last,
 /// then the rest in order: the same bits on every path.
@@ -515,6 +541,15 @@ mod x86 {
             _mm512_set1_epi32(127),
         ));
         _mm512_mul_ps(y, _mm512_castsi512_ps(e))
+    }
+
+    /// [`super::max`] compiled for AVX-512.
+    ///
+    /// # Safety
+    /// AVX-512 F must be available.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn max_avx512(x: &[f32], init: f32) -> f32 {
+        super::max_body(x, init)
     }
 
     /// [`super::exp_shifted`] on AVX-512.

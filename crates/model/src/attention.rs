@@ -295,7 +295,7 @@ fn attend(qs: &[f32], group: usize, keys: &[Range<usize>], cache: &KvBlocks) -> 
                 continue;
             }
             let seen = &mut row[v0..v1];
-            let m = seen.iter().copied().fold(max[i], f32::max);
+            let m = blocks::max(seen, max[i]);
             // The sums so far in units of the new maximum (zero before the first block).
             let rescale = blocks::exp(max[i] - m);
             sum[i] = sum[i] * rescale + blocks::exp_shifted(seen, m);

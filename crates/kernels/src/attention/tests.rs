@@ -134,3 +134,28 @@ fn a_block_past_the_cache_is_refused() {
 fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
+
+#[test]
+fn max_is_the_largest_value_with_nan_ignored() {
+    let mut seed = 3;
+    for len in [0usize, 1, 15, 16, 17, 40, 128] {
+        let mut x = rand_vec(len, &mut seed);
+        if len > 3 {
+            x[2] = f32::NAN;
+        }
+        for init in [f32::NEG_INFINITY, 0.1, 5.0] {
+            let want = x.iter().copied().fold(init, f32::max);
+            assert_eq!(
+                max(&x, init).to_bits(),
+                want.to_bits(),
+                "len {len} init {init}"
+            );
+            assert_eq!(
+                max_body(&x, init).to_bits(),
+                want.to_bits(),
+                "len {len} portable"
+            );
+        }
+    }
+    assert!(max(&[f32::NAN; 20], f32::NAN).is_nan());
+}
