@@ -248,7 +248,7 @@ pub(crate) fn activations<'x>(
     m: usize,
     kernel: Kernel,
     fmt: TileFormat,
-    row: impl Fn(usize) -> &'x [f32],
+    row: impl Fn(usize) -> &'x [f32] + Sync,
 ) -> Activations {
     let k_pad = fmt.layout(ty, 1, k).k_pad;
     match fmt {

@@ -4,7 +4,7 @@
 
 use super::micro::{self, Kernel};
 use super::{Kind, M_ALIGN, PackedMatrix, XSUM_UNIT, bf16_bits_to_f32};
-use crate::buf::AlignedBuf;
+use crate::buf::{AlignedBuf, SharedMut};
 
 /// Activations converted for one packed matrix: BF16, or int8 with per-token or per-32 scales.
 pub(crate) struct Activations {
@@ -41,7 +41,7 @@ impl Activations {
         w: &PackedMatrix,
         m: usize,
         kernel: Kernel,
-        row: impl Fn(usize) -> &'x [f32],
+        row: impl Fn(usize) -> &'x [f32] + Sync,
     ) -> Self {
         Self::convert(w.kind, w.k_pad, m, kernel, None, row)
     }
@@ -52,7 +52,7 @@ impl Activations {
         k_pad: usize,
         m: usize,
         kernel: Kernel,
-        row: impl Fn(usize) -> &'x [f32],
+        row: impl Fn(usize) -> &'x [f32] + Sync,
     ) -> Self {
         Self::convert(Kind::Bf16, k_pad, m, kernel, None, row)
     }
@@ -67,7 +67,7 @@ impl Activations {
         m: usize,
         kernel: Kernel,
         xsum_unit: usize,
-        row: impl Fn(usize) -> &'x [f32],
+        row: impl Fn(usize) -> &'x [f32] + Sync,
     ) -> Self {
         assert!(
             matches!(xsum_unit, 16 | 32),
@@ -98,7 +98,7 @@ impl Activations {
         m: usize,
         kernel: Kernel,
         grouped: Option<usize>,
-        row: impl Fn(usize) -> &'x [f32],
+        row: impl Fn(usize) -> &'x [f32] + Sync,
     ) -> Self {
         let m_pad = padded_rows(m, kernel);
         let elem = kind.activation_bytes();
@@ -117,38 +117,51 @@ impl Activations {
         let scales = k_pad / scale_group;
         let mut scale = vec![0.0f32; m_pad * scales];
         let mut xsum = vec![0i32; m_pad * units];
-        let bytes = data.as_mut_slice();
-        for r in 0..m {
-            let x = row(r);
-            let dst = &mut bytes[r * lda..r * lda + k_pad * elem];
-            if kind == Kind::Bf16 {
-                // SAFETY: any two bytes are a valid u16; the row starts 64-byte aligned (aligned
-                // buffer, `lda` a multiple of 64), so the whole row is the aligned middle part.
-                let (head, dst16, _) = unsafe { dst.align_to_mut::<u16>() };
-                assert!(
-                    head.is_empty() && dst16.len() >= x.len(),
-                    "bf16 row not aligned"
-                );
-                micro::to_bf16(x, dst16);
-            } else {
-                let sums = &mut xsum[r * units..(r + 1) * units];
-                if grouped.is_some() {
-                    let sc = &mut scale[r * scales..(r + 1) * scales];
+        let mut scaled_sum = vec![0.0f32; if grouped.is_some() { m_pad * units } else { 0 }];
+        // Rows in parallel tasks: a prompt's 512 rows converted on the calling thread alone
+        // left the other cores waiting (2026-12-01).
+        let (bytes, scale_w, xsum_w) = (
+            SharedMut::new(data.as_mut_slice()),
+            SharedMut::new(&mut scale),
+            SharedMut::new(&mut xsum),
+        );
+        let scaled_w = SharedMut::new(&mut scaled_sum);
+        crate::parallel_for(m.div_ceil(ROWS_PER_TASK), |task| {
+            for r in task * ROWS_PER_TASK..((task + 1) * ROWS_PER_TASK).min(m) {
+                let x = row(r);
+                // SAFETY: row `r` is this task's alone, and each array's part for it lies
+                // within the array (`m_pad >= m` rows of `lda` bytes, `scales`, `units`).
+                let (dst, sc, sums) = unsafe {
+                    (
+                        &mut bytes.part(r * lda, lda)[..k_pad * elem],
+                        scale_w.part(r * scales, scales),
+                        xsum_w.part(r * units, units),
+                    )
+                };
+                if kind == Kind::Bf16 {
+                    // SAFETY: any two bytes are a valid u16; the row starts 64-byte aligned
+                    // (aligned buffer, `lda` a multiple of 64), so the whole row is the aligned
+                    // middle part.
+                    let (head, dst16, _) = unsafe { dst.align_to_mut::<u16>() };
+                    assert!(
+                        head.is_empty() && dst16.len() >= x.len(),
+                        "bf16 row not aligned"
+                    );
+                    micro::to_bf16(x, dst16);
+                } else if grouped.is_some() {
                     micro::quantize_i8_groups(x, &mut dst[..x.len()], sc, sums, xsum_unit);
+                    // Each unit's scale times its sum, for the tiles' group biases.
+                    let per_scale = XSUM_UNIT / xsum_unit;
+                    // SAFETY: as above.
+                    let scaled = unsafe { scaled_w.part(r * units, units) };
+                    for (u, (o, &s)) in scaled.iter_mut().zip(sums.iter()).enumerate() {
+                        *o = sc[u / per_scale] * s as f32;
+                    }
                 } else {
-                    scale[r] = micro::quantize_i8(x, &mut dst[..x.len()], sums, xsum_unit);
+                    sc[0] = micro::quantize_i8(x, &mut dst[..x.len()], sums, xsum_unit);
                 }
             }
-        }
-        let scaled_sum = if grouped.is_some() {
-            let per_scale = XSUM_UNIT / xsum_unit;
-            xsum.iter()
-                .enumerate()
-                .map(|(u, &x)| scale[u / per_scale] * x as f32)
-                .collect()
-        } else {
-            Vec::new()
-        };
+        });
         Self {
             k_pad,
             elem,
@@ -229,6 +242,9 @@ impl Activations {
         }
     }
 }
+
+/// Rows one task of [`Activations::convert`] converts.
+const ROWS_PER_TASK: usize = 16;
 
 /// Rows of the converted data for `m` rows on `kernel`: whole 32-row blocks for AMX tile
 /// programs (they read them whole), else `m` (at least 1): decode converts one row per
