@@ -74,4 +74,4 @@ pub use error::KernelError;
 pub use isa::Isa;
 pub use moe::{Expert, MoeExperts, MoeOptions, dense_mlp, fused_moe, fused_moe_with};
 pub use packed::{PackSource, PackedFormat, PackedMatrix};
-pub use pool::{num_threads, parallel_for};
+pub use pool::{num_threads, parallel_chunks_mut, parallel_for};

@@ -50,6 +50,25 @@ pub fn parallel_for(n_tasks: usize, f: impl Fn(usize) + Sync) {
     pool().run(n_tasks, &f);
 }
 
+/// Runs `f(i, chunk)` for every `chunk`-long piece of `data` (the last may be shorter), piece
+/// `i` at `i * chunk`, across the pool's threads: a prompt's row-wise steps (norms, rotary
+/// embeddings) in place.
+pub fn parallel_chunks_mut<T: Send>(
+    data: &mut [T],
+    chunk: usize,
+    f: impl Fn(usize, &mut [T]) + Sync,
+) {
+    let chunk = chunk.max(1);
+    let len = data.len();
+    let shared = crate::buf::SharedMut::new(data);
+    parallel_for(len.div_ceil(chunk), |i| {
+        let start = i * chunk;
+        // SAFETY: task `i` alone takes `start .. start + chunk` (within `data`).
+        let piece = unsafe { shared.part(start, chunk.min(len - start)) };
+        f(i, piece);
+    });
+}
+
 thread_local! {
     /// True on pool workers and on a caller while it takes part in a job: nested calls run inline.
     static IN_POOL: Cell<bool> = const { Cell::new(false) };
@@ -342,6 +361,20 @@ fn pin_to_cpu(cpu: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_chunk_is_visited_once_with_its_index() {
+        for (len, chunk) in [(0usize, 4usize), (10, 4), (12, 4), (5, 16), (7, 0)] {
+            let mut v: Vec<usize> = vec![0; len];
+            parallel_chunks_mut(&mut v, chunk, |i, piece| {
+                for (j, x) in piece.iter_mut().enumerate() {
+                    *x += i * chunk.max(1) + j + 1;
+                }
+            });
+            let want: Vec<usize> = (1..=len).collect();
+            assert_eq!(v, want, "len {len} chunk {chunk}");
+        }
+    }
 
     #[test]
     fn cpu_lists_parse() {

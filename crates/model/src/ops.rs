@@ -1,15 +1,39 @@
 //! Small row-wise operations of the forward pass: RMSNorm, SiLU·up, softmax, residual add.
 
 /// RMSNorm of every `w.len()`-wide row of `x`, in place: `x · w / sqrt(mean(x²) + eps)`.
+/// A prompt's rows go in parallel tasks of [`ROWS_PER_TASK`], each row's squares summed in
+/// sixteen lanes: one chain of adds per row on the calling thread alone was 3% of a 512-token
+/// prefill while the other cores waited (2026-12-01).
 pub fn rms_norm(x: &mut [f32], w: &[f32], eps: f32) {
     let d = w.len();
-    for row in x.chunks_exact_mut(d) {
-        let ms = row.iter().map(|v| v * v).sum::<f32>() / d as f32;
-        let inv = 1.0 / (ms + eps).sqrt();
-        for (v, g) in row.iter_mut().zip(w) {
-            *v = *v * inv * g;
+    if d == 0 {
+        return;
+    }
+    strata_kernels::parallel_chunks_mut(x, ROWS_PER_TASK * d, |_, rows| {
+        for row in rows.chunks_exact_mut(d) {
+            let inv = 1.0 / (sum_of_squares(row) / d as f32 + eps).sqrt();
+            for (v, g) in row.iter_mut().zip(w) {
+                *v = *v * inv * g;
+            }
+        }
+    });
+}
+
+/// Rows per task of the row-wise steps of a prompt.
+pub(crate) const ROWS_PER_TASK: usize = 16;
+
+/// `Σ v²` in sixteen lanes (value `i` into lane `i % 16`), the lanes added in order, then the
+/// rest: a loop that vectorises, with the same bits on every machine.
+fn sum_of_squares(x: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; 16];
+    let mut chunks = x.chunks_exact(16);
+    for chunk in &mut chunks {
+        for (l, v) in lanes.iter_mut().zip(chunk) {
+            *l += v * v;
         }
     }
+    let sum = lanes.iter().sum::<f32>();
+    chunks.remainder().iter().fold(sum, |s, v| s + v * v)
 }
 
 /// `gate[i] = silu(gate[i]) * up[i]`.

@@ -150,11 +150,17 @@ pub fn route_with_candidates(
     routing
 }
 
-/// Indices of the `k` largest values, largest first (ties to the lower index).
+/// Indices of the `k` largest values, largest first (ties to the lower index): the `k` first
+/// selected, then only they sorted (a whole sort of every token's scores was 1% of a 512-token
+/// prefill, on the thread the others wait for).
 fn top_indices(v: &[f32], k: usize) -> Vec<usize> {
+    let order = |&a: &usize, &b: &usize| v[b].total_cmp(&v[a]).then(a.cmp(&b));
     let mut idx: Vec<usize> = (0..v.len()).collect();
-    idx.sort_by(|&a, &b| v[b].total_cmp(&v[a]).then(a.cmp(&b)));
-    idx.truncate(k);
+    if k < idx.len() {
+        idx.select_nth_unstable_by(k, order);
+        idx.truncate(k);
+    }
+    idx.sort_unstable_by(order);
     idx
 }
 
@@ -230,5 +236,27 @@ mod tests {
         let r = route(&cfg, &logits, Some(&bias));
         assert_eq!(r.ids, vec![5, 0]);
         assert!((r.weights[0] - sigmoid(0.9)).abs() < 1e-6);
+    }
+
+    #[test]
+    fn top_indices_are_the_head_of_the_whole_order() {
+        // Ties (to the lower index), NaN and infinities, every k.
+        let v = [
+            0.5,
+            -1.0,
+            0.5,
+            f32::NAN,
+            2.0,
+            f32::NEG_INFINITY,
+            0.5,
+            3.0,
+            -0.0,
+            0.0,
+        ];
+        let mut all: Vec<usize> = (0..v.len()).collect();
+        all.sort_by(|&a, &b| v[b].total_cmp(&v[a]).then(a.cmp(&b)));
+        for k in 0..=v.len() + 1 {
+            assert_eq!(top_indices(&v, k), all[..k.min(v.len())], "k {k}");
+        }
     }
 }
