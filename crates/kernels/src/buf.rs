@@ -131,6 +131,25 @@ impl Drop for AlignedBuf {
     }
 }
 
+/// `n` zeros, written by the pool's threads where `n` is large: a prompt's activations
+/// (megabytes a layer) zeroed, and their fresh pages faulted in, on the calling thread alone
+/// left the other cores waiting.
+pub fn zeroed_f32(n: usize) -> Vec<f32> {
+    const PER_TASK: usize = 1 << 16;
+    if n <= PER_TASK {
+        return vec![0.0; n];
+    }
+    let mut v: Vec<f32> = Vec::with_capacity(n);
+    crate::parallel_chunks_mut(&mut v.spare_capacity_mut()[..n], PER_TASK, |_, part| {
+        for x in part {
+            x.write(0.0);
+        }
+    });
+    // SAFETY: the first `n` elements were written above (every piece of `..n` by its task).
+    unsafe { v.set_len(n) };
+    v
+}
+
 /// A mutable slice shared between parallel tasks that each write a disjoint part of it.
 pub(crate) struct SharedMut<'a, T> {
     ptr: *mut T,

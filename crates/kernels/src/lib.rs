@@ -69,7 +69,7 @@ pub mod vector;
 #[cfg(any(target_arch = "x86_64", test))]
 mod vnni_unit;
 
-pub use buf::{AlignedBuf, limit_malloc_arenas};
+pub use buf::{AlignedBuf, limit_malloc_arenas, zeroed_f32};
 pub use error::KernelError;
 pub use isa::Isa;
 pub use moe::{Expert, MoeExperts, MoeOptions, dense_mlp, fused_moe, fused_moe_with};

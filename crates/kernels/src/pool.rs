@@ -377,6 +377,15 @@ mod tests {
     }
 
     #[test]
+    fn zeroed_vectors_are_zero_at_every_size() {
+        for n in [0usize, 10, 1 << 16, (1 << 16) + 5, 300_001] {
+            let v = crate::zeroed_f32(n);
+            assert_eq!(v.len(), n);
+            assert!(v.iter().all(|x| x.to_bits() == 0), "n {n}");
+        }
+    }
+
+    #[test]
     fn cpu_lists_parse() {
         assert_eq!(parse_cpu_list("0-3,8"), Some(vec![0, 1, 2, 3, 8]));
         assert_eq!(parse_cpu_list(" 5 "), Some(vec![5]));

@@ -205,7 +205,8 @@ fn head_tasks(spans: &[SeqSpan], n_heads: usize, n: usize) -> Vec<HeadTask> {
     tasks
 }
 
-/// Scatters the tasks' outputs (`[rows, n * width]` each) into `[T, n_heads * width]`.
+/// Scatters the tasks' outputs (`[rows, n * width]` each) into `[T, n_heads * width]`, blocks
+/// of rows in parallel (a prompt's megabytes copied on one thread left the others waiting).
 fn scatter_heads(
     outs: Vec<Vec<f32>>,
     tasks: &[HeadTask],
@@ -214,14 +215,21 @@ fn scatter_heads(
     width: usize,
     t: usize,
 ) -> Vec<f32> {
-    let mut attn = vec![0.0f32; t * n_heads * width];
-    for (task, out) in tasks.iter().zip(outs) {
-        let w = task.n * width;
-        for (i, r) in task.rows.clone().enumerate() {
-            let dst = (spans[task.span].row + r) * n_heads * width + task.head * width;
-            attn[dst..dst + w].copy_from_slice(&out[i * w..(i + 1) * w]);
+    let row_w = n_heads * width;
+    let mut attn = strata_kernels::zeroed_f32(t * row_w);
+    let rows_per_task = crate::ops::ROWS_PER_TASK;
+    strata_kernels::parallel_chunks_mut(&mut attn, rows_per_task * row_w, |c, block| {
+        let first = c * rows_per_task;
+        let rows = first..first + block.len() / row_w.max(1);
+        for (task, out) in tasks.iter().zip(&outs) {
+            let (w, row0) = (task.n * width, spans[task.span].row + task.rows.start);
+            let overlap = row0.max(rows.start)..(row0 + task.rows.len()).min(rows.end);
+            for g in overlap {
+                let (i, dst) = (g - row0, (g - first) * row_w + task.head * width);
+                block[dst..dst + w].copy_from_slice(&out[i * w..(i + 1) * w]);
+            }
         }
-    }
+    });
     attn
 }
 

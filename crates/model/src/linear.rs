@@ -165,7 +165,7 @@ impl Linear {
 
     /// `x: [m, k_in]` -> `[m, n_out]`.
     pub fn forward(&self, x: &[f32], m: usize) -> Vec<f32> {
-        let mut out = vec![0.0f32; m * self.n_out];
+        let mut out = strata_kernels::zeroed_f32(m * self.n_out);
         self.forward_into(x, m, &mut out);
         out
     }
