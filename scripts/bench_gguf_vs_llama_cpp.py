@@ -267,10 +267,21 @@ def worker(args) -> None:
         # Without logits_all, Llama.eval keeps no scores: read llama.cpp's last row.
         return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))
 
+    # `Llama` takes no `use_extra_bufts` (an unknown keyword is swallowed by its **kwargs, and
+    # llama.cpp repacked whatever was asked until 2026-12-01): set it on the model parameters
+    # the constructor starts from.
+    import llama_cpp.llama as llama_module
+    default_params = llama_module.llama_cpp.llama_model_default_params
+
+    def model_params():
+        params = default_params()
+        params.use_extra_bufts = args.llama_repack
+        return params
+
+    llama_module.llama_cpp.llama_model_default_params = model_params
     t0 = time.perf_counter()
     llm = Llama(model_path=str(args.model), n_ctx=4096, n_batch=512, n_ubatch=512,
-                n_threads=args.threads, n_threads_batch=args.threads, verbose=False,
-                use_extra_bufts=args.llama_repack)
+                n_threads=args.threads, n_threads_batch=args.threads, verbose=False)
     t_load = time.perf_counter()
     tokens = llm.tokenize(prompt.encode(), add_bos=True, special=False)
     t_tok = time.perf_counter()
