@@ -10,7 +10,7 @@ import time
 import pytest
 from playwright.sync_api import expect
 
-from conftest import Server
+from conftest import Server, stop_if_running
 
 TIMEOUT_MS = 60_000
 
@@ -93,7 +93,7 @@ def test_accelerator_panel_shows_the_executors_counters(browser, hybrid, log_dir
     assert 1 <= resident <= 19, resident
     assert counted is not None and counted.startswith(f"{resident} "), (resident, counted, table)
     page.screenshot(path=str(log_dir / "07-hybrid.png"), full_page=True)
-    page.click("#halt")
+    stop_if_running(page)
     expect(page.locator("#send")).to_be_enabled(timeout=TIMEOUT_MS)
     page.close()
 

@@ -9,7 +9,7 @@ import urllib.request
 
 from playwright.sync_api import Page, expect
 
-from conftest import MODEL
+from conftest import MODEL, stop_if_running
 
 TIMEOUT_MS = 60_000
 
@@ -95,7 +95,7 @@ def test_expert_view_updates_during_a_request(page: Page, log_dir):
     assert seen, "the expert view drew no frame with routed tokens while the request ran"
     shot(page, log_dir, "03-experts-during-request")
     assert float(page.locator("#gen-tps").inner_text()) >= 0
-    page.click("#halt")
+    stop_if_running(page)
     wait_idle(page)
 
 
