@@ -111,6 +111,7 @@ pub(super) fn int8_twin(w: &GgmlMatrix, x: &[f32], m: usize) -> Vec<f32> {
         m,
         crate::packed::micro::Kernel::Isa(Isa::Portable),
         int8::group(w.ty()),
+        crate::ggml::vecdot::activation_block(w.ty()),
         |r| &x[r * k..(r + 1) * k],
     );
     let xq: Vec<f32> = (0..m)

@@ -253,7 +253,15 @@ pub(crate) fn activations<'x>(
     let k_pad = fmt.layout(ty, 1, k).k_pad;
     match fmt {
         TileFormat::Bf16 => Activations::bf16(k_pad, m, kernel, row),
-        TileFormat::Int8 => Activations::int8_grouped(k_pad, m, kernel, int8::group(ty), row),
+        // Each token's scales as the row-dot kernels quantize it for `ty`, so that a prompt
+        // and its decoded tokens see the same activations. Per 256 (Q4_K, Q5_K, Q6_K), one
+        // multiply by the activation scale serves a block's eight flushes: the Q4_K tile
+        // kernel 445-451 -> 463-472 GOPS, Q6_K's 313-328 -> 344-361, on an Emerald Rapids
+        // core (2026-12-01, `tile_fill_and_kernel_timing`, best of four alternating rounds).
+        TileFormat::Int8 => {
+            let scales = super::vecdot::activation_block(ty);
+            Activations::int8_grouped(k_pad, m, kernel, int8::group(ty), scales, row)
+        }
     }
 }
 

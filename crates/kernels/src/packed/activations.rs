@@ -1,12 +1,13 @@
 //! Activations converted once per matrix call for the micro-kernels: BF16 rows, or int8
-//! rows with a scale per token (or per [`XSUM_UNIT`] values of a token) and per-unit sums (the
-//! zero-point correction).
+//! rows with a scale per token (or per [`XSUM_UNIT`] or 256 values of a token) and per-unit
+//! sums (the zero-point correction).
 
 use super::micro::{self, Kernel};
 use super::{Kind, M_ALIGN, PackedMatrix, XSUM_UNIT, bf16_bits_to_f32};
 use crate::buf::{AlignedBuf, SharedMut};
 
-/// Activations converted for one packed matrix: BF16, or int8 with per-token or per-32 scales.
+/// Activations converted for one packed matrix: BF16, or int8 with a scale per token, per 32
+/// or per 256 values.
 pub(crate) struct Activations {
     pub(crate) k_pad: usize,
     /// Bytes per value: 2 (BF16) or 1 (int8).
@@ -20,7 +21,7 @@ pub(crate) struct Activations {
     pub(crate) data: AlignedBuf,
     /// Dequantization scales (integer formats): `[m_pad, k_pad / scale_group]`.
     pub(crate) scale: Vec<f32>,
-    /// `k` per scale: `k_pad` (one per token) or [`XSUM_UNIT`]. Integer kernels flush at
+    /// `k` per scale: `k_pad` (one per token), [`XSUM_UNIT`] or 256. Integer kernels flush at
     /// least this often when it is smaller than a row (see [`Activations::scale_at`]).
     pub(crate) scale_group: usize,
     /// `k` per sum of `xsum`: [`XSUM_UNIT`], or 16 for the INT8 tiles of the types with a
@@ -32,6 +33,13 @@ pub(crate) struct Activations {
     /// [`XSUM_UNIT`], else empty): what a k-quant tile's bias per group is multiplied by,
     /// computed once here rather than again for every 64 output columns.
     pub(crate) scaled_sum: Vec<f32>,
+}
+
+/// How [`Activations::int8_grouped`] converts: sums per `xsum_unit`, scales per `scale_group`.
+#[derive(Clone, Copy)]
+struct Grouped {
+    xsum_unit: usize,
+    scale_group: usize,
 }
 
 impl Activations {
@@ -57,23 +65,33 @@ impl Activations {
         Self::convert(Kind::Bf16, k_pad, m, kernel, None, row)
     }
 
-    /// Converts `m` rows to int8 with a scale per [`XSUM_UNIT`] values and sums per
-    /// `xsum_unit` (32 or 16) for matrices of `k_pad` columns (a multiple of 64) with weight
-    /// scales per `xsum_unit`, padded for `kernel`: the activations of weights decoded into
-    /// INT8 tiles on the fly. A scale per 32 keeps an outlier channel from coarsening the
-    /// whole token; the kernels flush at least per 32 anyway.
+    /// Converts `m` rows to int8 with a scale per `scale_group` values (32 or 256) and sums
+    /// per `xsum_unit` (32 or 16) for matrices of `k_pad` columns (a multiple of 64, and of
+    /// `scale_group`) with weight scales per `xsum_unit`, padded for `kernel`: the activations
+    /// of weights decoded into INT8 tiles on the fly. A scale per 32 keeps an outlier channel
+    /// from coarsening its neighbours; per 256 is what llama.cpp's `Q8_K` gives the k-quants,
+    /// and saves the kernels a multiply per flush.
     pub(crate) fn int8_grouped<'x>(
         k_pad: usize,
         m: usize,
         kernel: Kernel,
         xsum_unit: usize,
+        scale_group: usize,
         row: impl Fn(usize) -> &'x [f32] + Sync,
     ) -> Self {
         assert!(
-            matches!(xsum_unit, 16 | 32),
-            "activation sums per {xsum_unit}"
+            matches!(xsum_unit, 16 | 32) && matches!(scale_group, XSUM_UNIT | 256),
+            "activation sums per {xsum_unit}, scales per {scale_group}"
         );
-        Self::convert(Kind::Int8, k_pad, m, kernel, Some(xsum_unit), row)
+        assert!(
+            k_pad.is_multiple_of(scale_group),
+            "{k_pad} k in scales of {scale_group}"
+        );
+        let grouped = Grouped {
+            xsum_unit,
+            scale_group,
+        };
+        Self::convert(Kind::Int8, k_pad, m, kernel, Some(grouped), row)
     }
 
     /// The scale of row `r` at `k = f0`.
@@ -90,14 +108,14 @@ impl Activations {
         (self.k_pad / self.scale_group, f0 / self.scale_group)
     }
 
-    /// `grouped`: a scale per [`XSUM_UNIT`] and sums per the given unit, else one scale per
-    /// token and sums per [`XSUM_UNIT`].
+    /// `grouped`: scales and sums as it says, else one scale per token and sums per
+    /// [`XSUM_UNIT`].
     fn convert<'x>(
         kind: Kind,
         k_pad: usize,
         m: usize,
         kernel: Kernel,
-        grouped: Option<usize>,
+        grouped: Option<Grouped>,
         row: impl Fn(usize) -> &'x [f32] + Sync,
     ) -> Self {
         let m_pad = padded_rows(m, kernel);
@@ -111,9 +129,9 @@ impl Activations {
             k_pad * elem
         };
         let mut data = AlignedBuf::zeroed(m_pad * lda);
-        let xsum_unit = grouped.unwrap_or(XSUM_UNIT);
+        let xsum_unit = grouped.map_or(XSUM_UNIT, |g| g.xsum_unit);
         let units = k_pad / xsum_unit;
-        let scale_group = if grouped.is_some() { XSUM_UNIT } else { k_pad };
+        let scale_group = grouped.map_or(k_pad, |g| g.scale_group);
         let scales = k_pad / scale_group;
         let mut scale = vec![0.0f32; m_pad * scales];
         let mut xsum = vec![0i32; m_pad * units];
@@ -149,9 +167,17 @@ impl Activations {
                     );
                     micro::to_bf16(x, dst16);
                 } else if grouped.is_some() {
-                    micro::quantize_i8_groups(x, &mut dst[..x.len()], sc, sums, xsum_unit);
+                    if scale_group == XSUM_UNIT {
+                        micro::quantize_i8_groups(x, &mut dst[..x.len()], sc, sums, xsum_unit);
+                    } else {
+                        let runs = x.chunks(scale_group).zip(dst.chunks_mut(scale_group));
+                        let sums = sums.chunks_mut(scale_group / xsum_unit);
+                        for ((sc, (x, dst)), sums) in sc.iter_mut().zip(runs).zip(sums) {
+                            *sc = micro::quantize_i8(x, &mut dst[..x.len()], sums, xsum_unit);
+                        }
+                    }
                     // Each unit's scale times its sum, for the tiles' group biases.
-                    let per_scale = XSUM_UNIT / xsum_unit;
+                    let per_scale = scale_group / xsum_unit;
                     // SAFETY: as above.
                     let scaled = unsafe { scaled_w.part(r * units, units) };
                     for (u, (o, &s)) in scaled.iter_mut().zip(sums.iter()).enumerate() {

@@ -327,7 +327,7 @@ fn gathered_rows_equal_rows_converted_where_they_stand() {
     let convert = |sums: Option<usize>, rows: &[usize], kernel: Kernel| {
         let row = |r: usize| &x[rows[r] * k..(rows[r] + 1) * k];
         match sums {
-            Some(unit) => Activations::int8_grouped(k, rows.len(), kernel, unit, row),
+            Some(unit) => Activations::int8_grouped(k, rows.len(), kernel, unit, 32, row),
             None => Activations::bf16(k, rows.len(), kernel, row),
         }
     };

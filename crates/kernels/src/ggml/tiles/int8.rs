@@ -120,7 +120,7 @@ fn add_bias_body(
 ) {
     // The bias groups are the activations' sum units (`group` of the tile's type).
     let groups = a.k_pad / a.xsum_unit;
-    assert!(a.scale_group == GROUP && matches!(a.xsum_unit, 16 | 32) && n_pad <= TILE_ROWS);
+    assert!(matches!(a.xsum_unit, 16 | 32) && n_pad <= TILE_ROWS && !a.scaled_sum.is_empty());
     let bias = &bias[..groups * n_pad];
     for (j, t) in tokens.enumerate() {
         let sums = &a.scaled_sum[t * groups..(t + 1) * groups];
@@ -420,7 +420,7 @@ pub(super) mod x86 {
     use std::arch::x86_64::*;
     use std::ops::Range;
 
-    use super::{Activations, GROUP};
+    use super::Activations;
 
     /// [`transpose16`] or [`transpose16_avx2`]: `(src, stride, flip, dst)`.
     pub(super) type Transpose = unsafe fn(&[u8], usize, u8, &mut [u8]);
@@ -441,7 +441,7 @@ pub(super) mod x86 {
     ) {
         let groups = a.k_pad / a.xsum_unit;
         let n = tokens.len();
-        assert!(a.scale_group == GROUP && matches!(a.xsum_unit, 16 | 32));
+        assert!(matches!(a.xsum_unit, 16 | 32) && !a.scaled_sum.is_empty());
         assert!(bias.len() >= groups * n_pad);
         assert!(matches!(n_pad, 32 | 64) && (n == 0 || out.len() >= (n - 1) * ldo + n_pad));
         assert!(a.scaled_sum.len() >= tokens.end * groups);

@@ -376,8 +376,9 @@ fn rel_rms(got: &[f32], want: &[f64]) -> f64 {
 
 /// Both tile formats (and the row-dot kernels) against `x · Wᵀ` in f64 on the reference
 /// dequantizer's weights: plain activations, and activations with a few outlier channels (64x
-/// the rest), which int8 activations resolve coarsely around them (hence a scale per 32, not
-/// per token). Prints the errors (`--nocapture`); asserts bounds that hold with margin.
+/// the rest), which int8 activations resolve coarsely around them (hence a scale per 32 or
+/// 256, not per token). Prints the errors (`--nocapture`); asserts bounds that hold with
+/// margin.
 #[test]
 fn int8_and_bf16_tiles_accuracy_against_f64() {
     let (m, n, k) = (32, 64, 2048);
@@ -415,8 +416,15 @@ fn int8_and_bf16_tiles_accuracy_against_f64() {
                 "  {name}: bf16 {:.2e} int8 {:.2e} row-dot {:.2e}",
                 errs[0], errs[1], errs[2]
             );
-            // Per-token activation scales gave 6.4e-2 .. 7.3e-2 with outliers.
-            let bound = if name == "plain" { 1e-2 } else { 2.5e-2 };
+            // Per-token activation scales gave 6.4e-2 .. 7.3e-2 with outliers; per 256 (the
+            // types whose row-dot kernels, like llama.cpp's, quantize so) 3.0e-2 .. 3.4e-2,
+            // per 32 0.9e-2 .. 1.3e-2.
+            let per_256 = crate::ggml::vecdot::activation_block(ty) == 256;
+            let bound = match (name, per_256) {
+                ("plain", _) => 1e-2,
+                (_, true) => 4e-2,
+                _ => 2.5e-2,
+            };
             assert!(errs[0] < 5e-3 && errs[1] < bound, "{ty} {name}: {errs:?}");
         }
         println!("{line}");

@@ -229,7 +229,11 @@ unsafe fn bf16_tile<const MR: usize, const NS: usize>(t: &Tile) {
     unsafe { store(t, &acc) };
 }
 
-/// Converts the i32 sums of one flush span to f32 and accumulates them with the scales.
+/// Converts the i32 sums of one flush span to f32 and accumulates them with the scales: the
+/// arithmetic of the AVX-512 tiles' flush (`avx512::flush`), bit for bit. Where an activation
+/// scale covers several spans, the spans' sums times their weight scales gather in `part`,
+/// which joins `accf` times the activation scale after its last span (or the block's,
+/// `last`).
 ///
 /// # Safety
 /// As [`block_impl`].
@@ -237,14 +241,18 @@ unsafe fn bf16_tile<const MR: usize, const NS: usize>(t: &Tile) {
 #[target_feature(enable = "avx2,fma")]
 unsafe fn flush<const MR: usize, const NS: usize>(
     acc: &[[[__m256i; 2]; NS]; MR],
+    part: &mut [[[__m256; 2]; NS]; MR],
     accf: &mut [[[__m256; 2]; NS]; MR],
     it: &IntTile,
     f0: usize,
+    last: bool,
 ) {
     let (w, a) = (it.pm, it.act);
     let g = f0 / w.group;
+    let shared = a.scale_group / it.fs > 1;
     // Found once per flush, not per row (`Activations::scale_at` divides twice).
     let (stride, col) = a.scale_column(f0);
+    let apply = !shared || last || (f0 + it.fs).is_multiple_of(a.scale_group);
     for i in 0..MR {
         let r = it.row0 + i;
         let corr = if it.correct {
@@ -260,7 +268,15 @@ unsafe fn flush<const MR: usize, const NS: usize>(
                 // SAFETY: `sc` holds 16 floats.
                 let scv = unsafe { _mm256_loadu_ps(sc.as_ptr().add(h * HALF)) };
                 let v = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[i][s][h], corr));
-                accf[i][s][h] = _mm256_fmadd_ps(v, _mm256_mul_ps(scv, xs), accf[i][s][h]);
+                if !shared {
+                    accf[i][s][h] = _mm256_fmadd_ps(v, _mm256_mul_ps(scv, xs), accf[i][s][h]);
+                    continue;
+                }
+                part[i][s][h] = _mm256_fmadd_ps(v, scv, part[i][s][h]);
+                if apply {
+                    accf[i][s][h] = _mm256_fmadd_ps(part[i][s][h], xs, accf[i][s][h]);
+                    part[i][s][h] = _mm256_setzero_ps();
+                }
             }
         }
     }
@@ -274,6 +290,7 @@ unsafe fn int8_tile<const MR: usize, const NS: usize>(t: &Tile, it: &IntTile) {
     let flip = _mm256_set1_epi8(if it.pm.offset == 0 { 0 } else { i8::MIN });
     let ones = _mm256_set1_epi16(1);
     let mut accf = [[[_mm256_setzero_ps(); 2]; NS]; MR];
+    let mut part = accf;
     let mut f = 0;
     while f < t.klen {
         let mut acc = [[[_mm256_setzero_si256(); 2]; NS]; MR];
@@ -298,9 +315,18 @@ unsafe fn int8_tile<const MR: usize, const NS: usize>(t: &Tile, it: &IntTile) {
                 }
             }
         }
-        // SAFETY: as this function.
-        unsafe { flush(&acc, &mut accf, it, it.k0 + f) };
         f += it.fs;
+        // SAFETY: as this function.
+        unsafe {
+            flush(
+                &acc,
+                &mut part,
+                &mut accf,
+                it,
+                it.k0 + f - it.fs,
+                f >= t.klen,
+            )
+        };
     }
     // SAFETY: as this function.
     unsafe { store(t, &accf) };
@@ -313,6 +339,7 @@ unsafe fn int4_tile<const MR: usize, const NS: usize>(t: &Tile, it: &IntTile) {
     let nib = _mm256_set1_epi8(0x0f);
     let ones = _mm256_set1_epi16(1);
     let mut accf = [[[_mm256_setzero_ps(); 2]; NS]; MR];
+    let mut part = accf;
     let mut f = 0;
     while f < t.klen {
         let mut acc = [[[_mm256_setzero_si256(); 2]; NS]; MR];
@@ -341,9 +368,18 @@ unsafe fn int4_tile<const MR: usize, const NS: usize>(t: &Tile, it: &IntTile) {
                 }
             }
         }
-        // SAFETY: as this function.
-        unsafe { flush(&acc, &mut accf, it, it.k0 + f) };
         f += it.fs;
+        // SAFETY: as this function.
+        unsafe {
+            flush(
+                &acc,
+                &mut part,
+                &mut accf,
+                it,
+                it.k0 + f - it.fs,
+                f >= t.klen,
+            )
+        };
     }
     // SAFETY: as this function.
     unsafe { store(t, &accf) };

@@ -23,6 +23,9 @@ use super::flush_span;
 use crate::packed::{Activations, Kind, LINE, PackedMatrix, STRIP};
 use crate::vnni_unit::{Avx512Vnni, AvxVnni, Vnni};
 
+mod spans;
+use spans::{SpanPlan, SpanScales, Sums, flush, start_span};
+
 /// Safe entry point; see [`super::run_block`] for the contract.
 pub(super) fn block(
     w: &PackedMatrix,
@@ -137,7 +140,29 @@ impl Tile {
             }
         }
     }
+
+    /// Prefetches every line of this tile's share below step `end` not yet fetched (as
+    /// [`Self::prefetch`] for each step up to `end`, checked once).
+    #[inline(always)]
+    fn prefetch_below<U: Vnni, const NS: usize>(
+        &self,
+        u: U,
+        klines: usize,
+        end: usize,
+        next: &mut usize,
+    ) {
+        while *next < end {
+            let p = *next;
+            self.prefetch::<U, NS>(u, klines, p, next);
+        }
+    }
 }
+
+/// Quad steps of [`int8_tile`]'s unrolled span loop: every flush span (16 `k` or a multiple)
+/// is a whole number of them. One step per iteration spent a fifth of the loop's
+/// instructions on its counter and the prefetch check, and its branches took issue slots on
+/// a port the multiplies use.
+const INT8_STEPS: usize = 4;
 
 /// Extra inputs of the integer tiles.
 struct IntTile<'a> {
@@ -438,164 +463,6 @@ unsafe fn add_sums<const MR: usize, const NS: usize>(t: &Tile, acc: &[[__m512; N
     }
 }
 
-/// What every register tile of one block shares about its flush spans' scales, found once
-/// per block: the divisions here, done per tile, took 1.1% of a 512-token prefill.
-#[derive(Clone, Copy)]
-struct SpanPlan {
-    /// Activation scales per row, and the column of the block's first span.
-    xs_row: usize,
-    xs_col: usize,
-    /// Spans per activation scale, and spans left on the first one (a block may start
-    /// inside an activation scale's `k`).
-    xs_spans: usize,
-    xs_left: usize,
-    /// Spans per tile, and the weight scale group of the first.
-    spans: usize,
-    group: usize,
-    /// Floats between two strips' weight scales, and between two spans' (16, or 0 for one
-    /// span).
-    ws_strip: usize,
-    ws_step: usize,
-    /// Activation sums per row, the block's first span's first, and sums per span.
-    xsum_row: usize,
-    xsum_col: usize,
-    xsum_span: usize,
-}
-
-impl SpanPlan {
-    fn new(w: &PackedMatrix, a: &Activations, ks: &Range<usize>, fs: usize) -> Self {
-        let (xs_row, xs_col) = a.scale_column(ks.start);
-        let spans = ks.len().div_ceil(fs);
-        let xs_spans = (a.scale_group / fs).max(1);
-        assert!(fs.is_multiple_of(a.xsum_unit) && ks.start.is_multiple_of(a.xsum_unit));
-        Self {
-            xs_row,
-            xs_col,
-            xs_spans,
-            xs_left: xs_spans - (ks.start % a.scale_group / fs).min(xs_spans - 1),
-            spans,
-            group: ks.start / w.group,
-            ws_strip: w.groups * STRIP,
-            ws_step: if spans > 1 { STRIP } else { 0 },
-            xsum_row: a.k_pad / a.xsum_unit,
-            xsum_col: ks.start / a.xsum_unit,
-            xsum_span: fs / a.xsum_unit,
-        }
-    }
-}
-
-/// Where a register tile's scales lie, found once per tile and stepped span by span: an index
-/// computed per span (two divisions and a bounds-checked slice per scale) made the flush
-/// about twice its arithmetic.
-struct SpanScales {
-    /// Activation scale of the tile's first row for the current span; row `i`'s is `i *
-    /// plan.xs_row` further.
-    xs: *const f32,
-    /// Spans left before the next activation scale.
-    xs_left: usize,
-    /// The 16 weight scales of the tile's first strip for the current span; strip `s`'s are
-    /// `s * plan.ws_strip` further, the next span's `plan.ws_step` further.
-    ws: *const f32,
-    /// The first row's activation sums of the current span; row `i`'s are `i *
-    /// plan.xsum_row` further.
-    xsum: *const i32,
-    plan: SpanPlan,
-}
-
-impl SpanScales {
-    /// The scales of a tile of `mr` rows and `ns` strips, every one checked to lie within the
-    /// scale arrays.
-    #[inline(always)]
-    fn new(it: &IntTile, mr: usize, ns: usize) -> Self {
-        let (a, w, p) = (it.act, it.pm, it.plan);
-        let last_col = p.xs_col + (p.spans - 1 + p.xs_spans - p.xs_left) / p.xs_spans;
-        assert!((it.row0 + mr - 1) * p.xs_row + last_col < a.scale.len());
-        let ws_first = (it.strip0 * w.groups + p.group) * STRIP;
-        let ws_last = ws_first + (ns - 1) * p.ws_strip + (p.spans - 1) * p.ws_step;
-        assert!(ws_last + STRIP <= w.scales.len());
-        let xsum_first = it.row0 * p.xsum_row + p.xsum_col;
-        let xsum_end = xsum_first + (mr - 1) * p.xsum_row + p.spans * p.xsum_span;
-        assert!(xsum_end <= a.xsum.len());
-        Self {
-            // SAFETY: within the slices (asserted above).
-            xs: unsafe { a.scale.as_ptr().add(it.row0 * p.xs_row + p.xs_col) },
-            xs_left: p.xs_left,
-            // SAFETY: as above.
-            ws: unsafe { w.scales.as_ptr().add(ws_first) },
-            // SAFETY: as above.
-            xsum: unsafe { a.xsum.as_ptr().add(xsum_first) },
-            plan: p,
-        }
-    }
-
-    /// Moves on to the next span's scales; past the last span the pointers may point past
-    /// their arrays (never read).
-    #[inline(always)]
-    fn step(&mut self) {
-        self.ws = self.ws.wrapping_add(self.plan.ws_step);
-        self.xsum = self.xsum.wrapping_add(self.plan.xsum_span);
-        self.xs_left -= 1;
-        if self.xs_left == 0 {
-            self.xs_left = self.plan.xs_spans;
-            self.xs = self.xs.wrapping_add(1);
-        }
-    }
-}
-
-/// A flush span's accumulators at its start: minus each row's offset correction, so the span's
-/// sums come out corrected (wrapping i32 adds: the same bits as subtracting after), one
-/// instruction per accumulator fewer in the flush. Values stored without an offset start from
-/// zero.
-///
-/// Plain loops: an `array::from_fn` here was compiled as a call without the unit's features
-/// (10% of a Q4_K prefill's samples on an Ice Lake).
-#[inline(always)]
-fn start_span<U: Vnni, const MR: usize, const NS: usize>(
-    u: U,
-    it: &IntTile,
-    sc: &SpanScales,
-) -> [[U::I; NS]; MR] {
-    let mut acc = [[u.zero(); NS]; MR];
-    if it.pm.offset == 0 {
-        return acc;
-    }
-    for (i, acc) in acc.iter_mut().enumerate() {
-        let mut sum = 0i32;
-        for j in 0..sc.plan.xsum_span {
-            // SAFETY: row `i`'s sums of this span lie within the activation sums
-            // (`SpanScales::new` checked every span's).
-            sum += unsafe { *sc.xsum.add(i * sc.plan.xsum_row + j) };
-        }
-        acc.fill(u.splat32((it.pm.offset * sum).wrapping_neg() as u32));
-    }
-    acc
-}
-
-/// Converts the corrected i32 sums of one flush span to f32 and accumulates them with the
-/// span's scales, then steps `sc` to the next span.
-#[inline(always)]
-fn flush<U: Vnni, const MR: usize, const NS: usize>(
-    u: U,
-    acc: &[[U::I; NS]; MR],
-    sc: &mut SpanScales,
-    accf: &mut [[U::F; NS]; MR],
-) {
-    let mut ws = [u.splatf(0.0); NS];
-    for (s, ws) in ws.iter_mut().enumerate() {
-        // SAFETY: strip `s`'s 16 scales of this span lie within the weight scales
-        // (`SpanScales::new` checked every span's).
-        *ws = unsafe { u.loadf(sc.ws.add(s * sc.plan.ws_strip)) };
-    }
-    for i in 0..MR {
-        // SAFETY: row `i`'s scale of this span lies within the activation scales (as above).
-        let xs = u.splatf(unsafe { *sc.xs.add(i * sc.plan.xs_row) });
-        for s in 0..NS {
-            accf[i][s] = u.fmadd(u.cvt(acc[i][s]), u.mulf(ws[s], xs), accf[i][s]);
-        }
-    }
-    sc.step();
-}
-
 /// Adds the tile's sums into the output.
 ///
 /// # Safety
@@ -621,6 +488,7 @@ unsafe fn store<U: Vnni, const MR: usize, const NS: usize>(
 ///
 /// # Safety
 /// As [`int8_tile`]; the unit's features are enabled here.
+#[inline(never)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 unsafe fn int8_tile_hw<const MR: usize, const NS: usize, const PF: bool>(
     u: Avx512Vnni,
@@ -635,6 +503,7 @@ unsafe fn int8_tile_hw<const MR: usize, const NS: usize, const PF: bool>(
 ///
 /// # Safety
 /// As [`int4_tile`]; the unit's features are enabled here.
+#[inline(never)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 unsafe fn int4_tile_hw<const MR: usize, const NS: usize, const PF: bool>(
     u: Avx512Vnni,
@@ -654,34 +523,65 @@ unsafe fn int8_tile<U: Vnni, const MR: usize, const NS: usize, const PF: bool>(
     t: &Tile,
     it: &IntTile,
 ) {
-    let mut accf = [[u.splatf(0.0); NS]; MR];
+    // SAFETY: the caller's guarantee.
+    unsafe {
+        if it.plan.shared_scales() {
+            int8_tile_on::<_, MR, NS, PF, true>(u, t, it)
+        } else {
+            int8_tile_on::<_, MR, NS, PF, false>(u, t, it)
+        }
+    }
+}
+
+/// [`int8_tile`] with activation scales `SHARED` by several spans or not (see [`flush`]).
+///
+/// # Safety
+/// As [`int8_tile`].
+#[inline(always)]
+unsafe fn int8_tile_on<
+    U: Vnni,
+    const MR: usize,
+    const NS: usize,
+    const PF: bool,
+    const SHARED: bool,
+>(
+    u: U,
+    t: &Tile,
+    it: &IntTile,
+) {
+    let mut sums = Sums::new(u);
     let mut sc = SpanScales::new(it, MR, NS);
     let mut next_pf = t.pf_phase;
     let mut f = 0;
+    assert!(it.fs.is_multiple_of(4 * INT8_STEPS) && t.klen.is_multiple_of(it.fs));
     while f < t.klen {
         let mut acc = start_span::<_, MR, NS>(u, it, &sc);
-        for q in f / 4..(f + it.fs) / 4 {
+        let mut q0 = f / 4;
+        while q0 < (f + it.fs) / 4 {
             if PF {
-                t.prefetch::<_, NS>(u, t.klen / 4, q, &mut next_pf);
+                t.prefetch_below::<_, NS>(u, t.klen / 4, q0 + INT8_STEPS, &mut next_pf);
             }
-            let mut wv = [u.zero(); NS];
-            for (s, wv) in wv.iter_mut().enumerate() {
-                // SAFETY: quad line `q` of strip `s` lies in the packed data.
-                *wv = unsafe { u.load(t.w.add(s * t.sb + q * LINE)) };
-            }
-            for (i, acc) in acc.iter_mut().enumerate() {
-                // SAFETY: quad `q` of row `i` lies within the row's `k_pad` bytes.
-                let x = u.splat32(unsafe { quad(t.a.add(i * t.lda + 4 * q)) });
-                for s in 0..NS {
-                    acc[s] = u.dpbusd(acc[s], wv[s], x);
+            for q in q0..q0 + INT8_STEPS {
+                let mut wv = [u.zero(); NS];
+                for (s, wv) in wv.iter_mut().enumerate() {
+                    // SAFETY: quad line `q` of strip `s` lies in the packed data.
+                    *wv = unsafe { u.load(t.w.add(s * t.sb + q * LINE)) };
+                }
+                for (i, acc) in acc.iter_mut().enumerate() {
+                    // SAFETY: quad `q` of row `i` lies within the row's `k_pad` bytes.
+                    let x = u.splat32(unsafe { quad(t.a.add(i * t.lda + 4 * q)) });
+                    for s in 0..NS {
+                        acc[s] = u.dpbusd(acc[s], wv[s], x);
+                    }
                 }
             }
+            q0 += INT8_STEPS;
         }
-        flush(u, &acc, &mut sc, &mut accf);
         f += it.fs;
+        flush::<_, MR, NS, SHARED>(u, &acc, &mut sc, &mut sums, f >= t.klen);
     }
     // SAFETY: as this function.
-    unsafe { store(u, t, &accf) };
+    unsafe { store(u, t, sums.total()) };
 }
 
 /// # Safety
@@ -692,8 +592,34 @@ unsafe fn int4_tile<U: Vnni, const MR: usize, const NS: usize, const PF: bool>(
     t: &Tile,
     it: &IntTile,
 ) {
+    // SAFETY: the caller's guarantee.
+    unsafe {
+        if it.plan.shared_scales() {
+            int4_tile_on::<_, MR, NS, PF, true>(u, t, it)
+        } else {
+            int4_tile_on::<_, MR, NS, PF, false>(u, t, it)
+        }
+    }
+}
+
+/// [`int4_tile`] with activation scales `SHARED` by several spans or not (see [`flush`]).
+///
+/// # Safety
+/// As [`int4_tile`].
+#[inline(always)]
+unsafe fn int4_tile_on<
+    U: Vnni,
+    const MR: usize,
+    const NS: usize,
+    const PF: bool,
+    const SHARED: bool,
+>(
+    u: U,
+    t: &Tile,
+    it: &IntTile,
+) {
     let nib = u.splat8(0x0f);
-    let mut accf = [[u.splatf(0.0); NS]; MR];
+    let mut sums = Sums::new(u);
     let mut sc = SpanScales::new(it, MR, NS);
     let mut next_pf = t.pf_phase;
     let mut f = 0;
@@ -723,11 +649,11 @@ unsafe fn int4_tile<U: Vnni, const MR: usize, const NS: usize, const PF: bool>(
                 }
             }
         }
-        flush(u, &acc, &mut sc, &mut accf);
         f += it.fs;
+        flush::<_, MR, NS, SHARED>(u, &acc, &mut sc, &mut sums, f >= t.klen);
     }
     // SAFETY: as this function.
-    unsafe { store(u, t, &accf) };
+    unsafe { store(u, t, sums.total()) };
 }
 
 /// The 4 bytes at `p`, little-endian.
