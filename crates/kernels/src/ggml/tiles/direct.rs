@@ -87,8 +87,7 @@ impl NextStrip {
 /// rows of 8 dwords into 8 registers of 16 rows) and each register gives two lines by a mask
 /// and a shift: a third of the shuffles of transposing the unpacked values. A 64x2048 tile
 /// (with its scales) in 4.7-5.0 us against 5.3-5.6 on an Emerald Rapids core (2026-12-01,
-/// `tile_fill_and_kernel_timing`, three alternating rounds): the stores of the tile, not the
-/// shuffles, are most of what is left.
+/// `tile_fill_and_kernel_timing`, three alternating rounds).
 ///
 /// # Safety
 /// AVX-512 F/BW/VL must be available.
