@@ -158,10 +158,10 @@ impl Tile {
     }
 }
 
-/// Quad steps of [`int8_tile`]'s unrolled span loop: every flush span (16 `k` or a multiple)
-/// is a whole number of them. One step per iteration spent a fifth of the loop's
-/// instructions on its counter and the prefetch check, and its branches took issue slots on
-/// a port the multiplies use.
+/// Quad steps per iteration of [`int8_tile`]'s span loop: every flush span (16 `k` or a
+/// multiple) is a whole number of them, so the loop's counter and prefetch check run once per
+/// four steps (a fifth of the loop's instructions at one step per iteration; the tile timing
+/// did not move measurably on an Emerald Rapids core, 2026-12-01).
 const INT8_STEPS: usize = 4;
 
 /// Extra inputs of the integer tiles.
@@ -484,7 +484,9 @@ unsafe fn store<U: Vnni, const MR: usize, const NS: usize>(
     }
 }
 
-/// The INT8 tile on the CPU's unit.
+/// The INT8 tile on the CPU's unit. Not inlined into the block loop: inlined, how its
+/// variants were compiled moved with unrelated changes (Q4_K's tile at 444-496 GOPS across
+/// three builds of the per-256 flush, 2026-12-01).
 ///
 /// # Safety
 /// As [`int8_tile`]; the unit's features are enabled here.
@@ -499,7 +501,7 @@ unsafe fn int8_tile_hw<const MR: usize, const NS: usize, const PF: bool>(
     unsafe { int8_tile::<_, MR, NS, PF>(u, t, it) }
 }
 
-/// The INT4 tile on the CPU's unit.
+/// The INT4 tile on the CPU's unit, not inlined for the same reason as [`int8_tile_hw`].
 ///
 /// # Safety
 /// As [`int4_tile`]; the unit's features are enabled here.
