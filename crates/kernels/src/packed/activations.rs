@@ -101,6 +101,13 @@ impl Activations {
         self.scale[r * stride + col]
     }
 
+    /// Flush spans of `span` values under one activation scale (at least one): more than one
+    /// lets the integer kernels multiply by the scale once for several spans.
+    #[inline(always)]
+    pub(crate) fn spans_per_scale(&self, span: usize) -> usize {
+        (self.scale_group / span).max(1)
+    }
+
     /// Where the scales at `k = f0` lie: row `r`'s is `scale[r * stride + col]`, as
     /// `(stride, col)` (for loops over rows: two divisions once).
     #[inline(always)]

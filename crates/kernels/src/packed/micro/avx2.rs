@@ -249,7 +249,7 @@ unsafe fn flush<const MR: usize, const NS: usize>(
 ) {
     let (w, a) = (it.pm, it.act);
     let g = f0 / w.group;
-    let shared = a.scale_group / it.fs > 1;
+    let shared = a.spans_per_scale(it.fs) > 1;
     // Found once per flush, not per row (`Activations::scale_at` divides twice).
     let (stride, col) = a.scale_column(f0);
     let apply = !shared || last || (f0 + it.fs).is_multiple_of(a.scale_group);
@@ -315,18 +315,10 @@ unsafe fn int8_tile<const MR: usize, const NS: usize>(t: &Tile, it: &IntTile) {
                 }
             }
         }
+        let f0 = it.k0 + f;
         f += it.fs;
         // SAFETY: as this function.
-        unsafe {
-            flush(
-                &acc,
-                &mut part,
-                &mut accf,
-                it,
-                it.k0 + f - it.fs,
-                f >= t.klen,
-            )
-        };
+        unsafe { flush(&acc, &mut part, &mut accf, it, f0, f >= t.klen) };
     }
     // SAFETY: as this function.
     unsafe { store(t, &accf) };
@@ -368,18 +360,10 @@ unsafe fn int4_tile<const MR: usize, const NS: usize>(t: &Tile, it: &IntTile) {
                 }
             }
         }
+        let f0 = it.k0 + f;
         f += it.fs;
         // SAFETY: as this function.
-        unsafe {
-            flush(
-                &acc,
-                &mut part,
-                &mut accf,
-                it,
-                it.k0 + f - it.fs,
-                f >= t.klen,
-            )
-        };
+        unsafe { flush(&acc, &mut part, &mut accf, it, f0, f >= t.klen) };
     }
     // SAFETY: as this function.
     unsafe { store(t, &accf) };

@@ -41,7 +41,7 @@ impl SpanPlan {
     pub(super) fn new(w: &PackedMatrix, a: &Activations, ks: &Range<usize>, fs: usize) -> Self {
         let (xs_row, xs_col) = a.scale_column(ks.start);
         let spans = ks.len().div_ceil(fs);
-        let xs_spans = (a.scale_group / fs).max(1);
+        let xs_spans = a.spans_per_scale(fs);
         assert!(fs.is_multiple_of(a.xsum_unit) && ks.start.is_multiple_of(a.xsum_unit));
         Self {
             xs_row,
