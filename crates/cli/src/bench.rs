@@ -29,6 +29,8 @@ use strata_kernels::{
     Expert, Isa, MoeExperts, MoeOptions, PackedFormat, fused_moe_with, num_threads, peak,
 };
 
+mod crossover;
+
 /// Arguments of `strata bench moe`.
 #[derive(Debug, Clone, Args)]
 pub struct BenchMoeArgs {
@@ -70,7 +72,9 @@ pub struct BenchMoeArgs {
     /// they share cache lines): keep the default for honest bandwidth figures.
     #[arg(long)]
     pub distinct: Option<usize>,
-    /// Also time AMX against AVX-512 per tokens-per-expert, to find the crossover.
+    /// Also time one expert along each path per tokens per expert, to find the crossovers:
+    /// AMX against AVX-512 for packed formats; for GGUF formats the row-dot kernels against
+    /// INT8 and BF16 tiles, beside the path taken by default.
     #[arg(long)]
     pub crossover: bool,
 }
@@ -185,7 +189,10 @@ impl Peaks {
 }
 
 /// Median seconds of `f(call)` over at least 3 calls and `min_s` seconds, after a warm-up.
-fn time_calls(min_s: f64, mut f: impl FnMut(usize) -> anyhow::Result<()>) -> anyhow::Result<f64> {
+pub(crate) fn time_calls(
+    min_s: f64,
+    mut f: impl FnMut(usize) -> anyhow::Result<()>,
+) -> anyhow::Result<f64> {
     f(0)?;
     let start = Instant::now();
     let mut times = Vec::new();
@@ -328,7 +335,7 @@ pub fn bench_moe(args: &BenchMoeArgs) -> anyhow::Result<()> {
         }
 
         if args.crossover {
-            crossover.extend(measure_crossover(
+            crossover.extend(crossover::packed(
                 &layers[0],
                 fmt,
                 args.min_seconds.min(0.5),
@@ -338,7 +345,14 @@ pub fn bench_moe(args: &BenchMoeArgs) -> anyhow::Result<()> {
     }
     for name in ggml {
         let ty = ggml_type(name).expect("partitioned by ggml_type");
-        points.extend(bench_ggml(args, ty, &mut rng, &mut results, &mut accuracy)?);
+        points.extend(bench_ggml(
+            args,
+            ty,
+            &mut rng,
+            &mut results,
+            &mut accuracy,
+            &mut crossover,
+        )?);
     }
     if !args.json {
         eprintln!("measuring peaks again...");
@@ -468,6 +482,7 @@ fn bench_ggml(
     rng: &mut Lcg,
     results: &mut Vec<Value>,
     accuracy: &mut Vec<Value>,
+    crossover: &mut Vec<Value>,
 ) -> anyhow::Result<Vec<Option<(Isa, PackedFormat)>>> {
     let (h, inter, e, k) = (args.hidden, args.inter, args.experts, args.topk);
     ensure!(
@@ -560,38 +575,14 @@ fn bench_ggml(
             eprintln!("  {name} T={t}: {:.3} ms", seconds * 1e3);
         }
     }
-    Ok(points)
-}
-
-/// Times one expert with `m` tokens on AVX-512 and on AMX (when present).
-fn measure_crossover(
-    layer: &MoeExperts,
-    fmt: PackedFormat,
-    min_s: f64,
-    rng: &mut Lcg,
-) -> anyhow::Result<Vec<Value>> {
-    let h = layer.hidden();
-    let mut v = Vec::new();
-    for m in [1usize, 2, 4, 8, 16, 32, 64, 128, 256] {
-        let x = rng.vec(m * h, 2.0);
-        let mut out = vec![0.0f32; m * h];
-        let mut row = json!({"format": fmt.name(), "tokens_per_expert": m});
-        for isa in Isa::available().into_iter().filter(|i| *i >= Isa::Avx512) {
-            let opts = MoeOptions {
-                isa: Some(isa),
-                ..MoeOptions::default()
-            };
-            let s = time_calls(min_s, |c| {
-                // One expert per call, rotating so its weights come from DRAM.
-                let ids = vec![(c % layer.len()) as u32; m];
-                fused_moe_with(layer, &x, &ids, &vec![1.0; m], &mut out, &opts)?;
-                Ok(())
-            })?;
-            row[format!("{}_seconds", isa.name())] = json!(s);
+    if args.crossover {
+        if !args.json {
+            eprintln!("  {name}: timing each path per tokens per expert...");
         }
-        v.push(row);
+        let min_s = args.min_seconds.min(0.5);
+        crossover.extend(crossover::ggml(&layers, ty, min_s, rng)?);
     }
-    Ok(v)
+    Ok(points)
 }
 
 /// The results, each column as wide as its widest cell: names such as `portable` or
@@ -672,14 +663,8 @@ fn print_table(doc: &Value) -> std::io::Result<()> {
             f(&a["rel_rms_err"]).unwrap_or(f64::NAN)
         )?;
     }
-    for c in doc["crossover"].as_array().into_iter().flatten() {
-        outln!(
-            "crossover {:<8} m={:>4}: avx512 {} ms, amx {} ms",
-            c["format"].as_str().unwrap_or("?"),
-            c["tokens_per_expert"],
-            fmt_opt(f(&c["avx512_seconds"]).map(|s| s * 1e3), 3),
-            fmt_opt(f(&c["amx_seconds"]).map(|s| s * 1e3), 3),
-        )?;
+    for line in crossover::lines(doc) {
+        outln!("{line}")?;
     }
     Ok(())
 }

@@ -290,10 +290,29 @@ impl GgmlMatrix {
 
     /// How a call with `m` tokens on `isa` (available) computes.
     pub(crate) fn form(&self, isa: Isa, m: usize) -> Form {
-        match (tiles::tile_for(isa, m, self.ty), self.decoder) {
-            (Some((kernel, fmt)), _) => Form::Tiles(kernel, fmt),
-            (None, Some(_)) => Form::Q8(vecdot::activation_block(self.ty)),
-            (None, None) => Form::F32,
+        match tiles::tile_for(isa, m, self.ty) {
+            Some((kernel, fmt)) => Form::Tiles(kernel, fmt),
+            None => self.block_form(),
+        }
+    }
+
+    /// How a call computes along `path` on `isa` (available, and one of
+    /// [`GgmlPath::available`] there).
+    pub(crate) fn form_on(&self, isa: Isa, path: GgmlPath) -> Form {
+        match path {
+            GgmlPath::RowDot => self.block_form(),
+            // The VNNI tiles, as the default path runs them below AMX's BF16 tiles.
+            GgmlPath::Int8Tiles => Form::Tiles(Kernel::Isa(isa.min(Isa::Avx512)), TileFormat::Int8),
+            GgmlPath::Bf16Tiles => Form::Tiles(Kernel::Isa(isa), TileFormat::Bf16),
+        }
+    }
+
+    /// The block kernels' form: int8 activations for the types with an integer form, f32 for
+    /// the others.
+    fn block_form(&self) -> Form {
+        match self.decoder {
+            Some(_) => Form::Q8(vecdot::activation_block(self.ty)),
+            None => Form::F32,
         }
     }
 
@@ -417,6 +436,51 @@ impl GgmlMatrix {
             }
         }
         Ok(())
+    }
+}
+
+/// A way for GGUF matrices to compute, fixed by a benchmark (`MoeOptions::ggml_path`); by
+/// default each call picks one by its type, token count and CPU ([`crate::ggml::tile_path`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GgmlPath {
+    /// The block kernels on the weights as stored: integer row-dot kernels, or rows
+    /// dequantized to f32 for types without an integer form.
+    RowDot,
+    /// 64-row tiles decoded to INT8 for the VNNI micro-kernels (AVX-512 or AVX-VNNI).
+    Int8Tiles,
+    /// 64-row tiles decoded to BF16 for the AVX-512 or AMX micro-kernels.
+    Bf16Tiles,
+}
+
+impl GgmlPath {
+    /// The paths `isa` runs.
+    pub fn available(isa: Isa) -> Vec<GgmlPath> {
+        let mut paths = vec![GgmlPath::RowDot];
+        if isa >= Isa::AvxVnni {
+            paths.push(GgmlPath::Int8Tiles);
+        }
+        if isa >= Isa::Avx512 {
+            paths.push(GgmlPath::Bf16Tiles);
+        }
+        paths
+    }
+
+    /// The path's name in benchmark tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            GgmlPath::RowDot => "row-dot",
+            GgmlPath::Int8Tiles => "int8-tiles",
+            GgmlPath::Bf16Tiles => "bf16-tiles",
+        }
+    }
+
+    /// The path a call of `ty` with `tokens` tokens takes by default on `isa`.
+    pub fn default_for(isa: Isa, ty: GgmlType, tokens: usize) -> GgmlPath {
+        match tiles::tile_for(isa, tokens, ty) {
+            Some((_, TileFormat::Int8)) => GgmlPath::Int8Tiles,
+            Some((_, TileFormat::Bf16)) => GgmlPath::Bf16Tiles,
+            None => GgmlPath::RowDot,
+        }
     }
 }
 

@@ -28,9 +28,10 @@ mod unpack;
 mod vecdot;
 
 pub use dequant::{QuantError, dequantize_row, dequantize_row_bf16};
-pub use matrix::GgmlMatrix;
+pub use matrix::{GgmlMatrix, GgmlPath};
 pub use moe::{
-    GgmlExperts, combine_wave, fused_moe_ggml, fused_moe_ggml_ref, ggml_piece_rows, moe_waves,
+    GgmlExperts, combine_wave, fused_moe_ggml, fused_moe_ggml_along, fused_moe_ggml_ref,
+    ggml_piece_rows, moe_waves,
 };
 pub use types::{GgmlType, QK_K};
 

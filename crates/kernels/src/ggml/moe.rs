@@ -18,7 +18,7 @@ use crate::moe::{ExpertBatch, MoeOptions, Segment, active_batches, convert_all, 
 use crate::packed::micro;
 use crate::{Isa, KernelError, parallel_for, vector};
 
-use super::matrix::{Form, Input};
+use super::matrix::{Form, GgmlPath, Input};
 use super::scratch::{Buffer, with_buffer};
 use super::tiles::TileFormat;
 use super::{GgmlMatrix, GgmlType};
@@ -173,6 +173,32 @@ pub fn fused_moe_ggml(
     out: &mut [f32],
     opts: &MoeOptions,
 ) -> Result<(), KernelError> {
+    fused_moe_ggml_on(experts, hidden, batches, out, opts, None)
+}
+
+/// [`fused_moe_ggml`] with every expert matrix along `path` instead of the one its type and
+/// token count pick (benchmarks: `strata bench moe --crossover`). An error if the instruction
+/// set used does not run `path` ([`GgmlPath::available`]).
+pub fn fused_moe_ggml_along(
+    experts: &GgmlExperts,
+    hidden: &[f32],
+    batches: &[ExpertBatch],
+    out: &mut [f32],
+    opts: &MoeOptions,
+    path: GgmlPath,
+) -> Result<(), KernelError> {
+    fused_moe_ggml_on(experts, hidden, batches, out, opts, Some(path))
+}
+
+/// [`fused_moe_ggml`], along `path` if given.
+fn fused_moe_ggml_on(
+    experts: &GgmlExperts,
+    hidden: &[f32],
+    batches: &[ExpertBatch],
+    out: &mut [f32],
+    opts: &MoeOptions,
+    path: Option<GgmlPath>,
+) -> Result<(), KernelError> {
     const OP: &str = "fused moe (ggml)";
     let h = experts.hidden;
     let t = hidden.len() / h.max(1);
@@ -183,8 +209,20 @@ pub fn fused_moe_ggml(
         out.fill(0.0);
     }
     let isa = opts.isa.unwrap_or(Isa::selected()).min(Isa::selected());
+    if let Some(path) = path
+        && !GgmlPath::available(isa).contains(&path)
+    {
+        return Err(KernelError::Mismatch {
+            op: OP,
+            what: format!("the {} path does not run on {}", path.name(), isa.name()),
+        });
+    }
+    let form_of = |w: &GgmlMatrix, m: usize| match path {
+        Some(path) => w.form_on(isa, path),
+        None => w.form(isa, m),
+    };
     for wave in waves(&active, WAVE_ROWS) {
-        run_wave(experts, hidden, &wave, out, isa, &|w, m| w.form(isa, m));
+        run_wave(experts, hidden, &wave, out, isa, &form_of);
     }
     Ok(())
 }

@@ -213,6 +213,64 @@ fn fused_moe_on_tiles_matches_its_twin() {
     }
 }
 
+/// A benchmark's forced path (`MoeOptions::ggml_path`) runs every expert along it on every
+/// instruction set here, equal to that path's twin; a path the instruction set lacks is an
+/// error naming both.
+#[test]
+fn forced_paths_match_their_twins() {
+    use crate::ggml::{GgmlPath, fused_moe_ggml_along};
+    use crate::moe::MoeOptions;
+    let (h, inter, n_exp, k, t) = (256, 256, 4, 2, 12);
+    let mut seed = 31;
+    let gate = matrix(GgmlType::Q4_K, n_exp * inter, h, &mut seed);
+    let up = matrix(GgmlType::Q4_K, n_exp * inter, h, &mut seed);
+    let down = matrix(GgmlType::Q6_K, n_exp * h, inter, &mut seed);
+    let experts =
+        GgmlExperts::from_stacked(&gate, &up, &down, n_exp, h, inter).expect("valid experts");
+    let x = rand_x(t * h, &mut seed);
+    let ids: Vec<u32> = (0..t).flat_map(|i| [0, 1 + (i % 3) as u32]).collect();
+    let weights: Vec<f32> = (0..t * k).map(|i| 0.3 + 0.1 * (i % 4) as f32).collect();
+    let batches = group_by_expert(n_exp, &ids, &weights, k).expect("valid routing");
+    for isa in Isa::available() {
+        for path in GgmlPath::available(isa) {
+            let opts = MoeOptions {
+                isa: Some(isa),
+                ..MoeOptions::default()
+            };
+            let mut got = vec![f32::NAN; t * h];
+            fused_moe_ggml_along(&experts, &x, &batches, &mut got, &opts, path).expect("runs");
+            let (g, ..) = experts.expert(0);
+            let fmt = match g.form_on(isa, path) {
+                Form::Tiles(_, fmt) => Some(fmt),
+                _ => None,
+            };
+            let want = moe_twin(&experts, &x, &batches, |_, _| fmt);
+            let scale = want.iter().fold(0.0f32, |a, v| a.max(v.abs())).max(1e-3);
+            // As `fused_moe_on_tiles_matches_its_twin`: the rounded intermediate may round
+            // the other way near a boundary.
+            let tol = if fmt.is_some() { 2e-3 } else { 1e-4 };
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (g - w).abs() <= tol * scale,
+                    "{} on {isa:?} output {i}: {g} vs {w}",
+                    path.name()
+                );
+            }
+        }
+    }
+    let opts = MoeOptions {
+        isa: Some(Isa::Avx2),
+        ..MoeOptions::default()
+    };
+    let mut out = vec![0.0; t * h];
+    let err = fused_moe_ggml_along(&experts, &x, &batches, &mut out, &opts, GgmlPath::Int8Tiles)
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("int8-tiles path does not run on"),
+        "{err}"
+    );
+}
+
 /// Random shapes through the INT8 tiles of every integer type: ragged rows, `k` a multiple of
 /// 256, 1 to 70 tokens, on the software tile unit and every AVX-512 / AMX path here.
 #[test]
@@ -519,5 +577,88 @@ fn tile_fill_and_kernel_timing() {
             }
             println!("{line}");
         }
+    }
+}
+
+/// Tiles whose blocks come from DRAM against tiles decoded again from cache: the fill alone
+/// and the whole tile (fill, kernel at 32 tokens, biases) per 64x2048 tile, cycling through
+/// more rows than the caches hold. Measured on an Emerald Rapids core (2026-12-01): Q4_K
+/// fill 6.0-6.9 us cold against 4.5 hot, the tile 28-31 us against 25.7; Q6_K fill 9.8-12.1
+/// against 7.6, the tile 36-39 against 33.
+/// `cargo test -p strata-kernels --release -- --ignored cold_tile_timing --nocapture`.
+#[test]
+#[ignore = "timing, run by hand"]
+fn cold_tile_timing() {
+    use std::time::Instant;
+    let (n, k, tiles, m) = (TILE_ROWS, 2048, 640, 32);
+    for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
+        let wm = matrix(ty, n * tiles, k, &mut 3);
+        let tile_len = wm.bytes().len() / tiles;
+        let (fmt, kernel) = (TileFormat::Int8, Kernel::Isa(Isa::selected()));
+        let layout = fmt.layout(ty, n, k);
+        let x = rand_x(m * k, &mut 5);
+        let a = activations(ty, k, m, kernel, fmt, |r| &x[r * k..(r + 1) * k]);
+        let mut line = format!("{ty:>6}");
+        for (name, with_kernel, cold) in [
+            ("fill cold", false, true),
+            ("fill hot", false, false),
+            ("tile cold", true, true),
+            ("tile hot", true, false),
+        ] {
+            let mut best = f64::MAX;
+            for _ in 0..5 {
+                let t0 = Instant::now();
+                for i in 0..tiles {
+                    let at = if cold { i * tile_len } else { 0 };
+                    let w = Rows {
+                        ty,
+                        n,
+                        k,
+                        bytes: &wm.bytes()[at..at + tile_len],
+                    };
+                    if with_kernel {
+                        block(w, kernel, fmt, &a, 0..m, |_, v| {
+                            std::hint::black_box(v);
+                        });
+                    } else {
+                        with_tile(tile_bytes(w, fmt, &layout), |tile| {
+                            drop(decode(w, fmt, &layout, tile));
+                        });
+                    }
+                }
+                best = best.min(t0.elapsed().as_secs_f64() / tiles as f64);
+            }
+            line += &format!(" | {name} {:6.2} us", best * 1e6);
+        }
+        println!("{line}");
+    }
+}
+
+/// A dense projection through the tile path against its tiles' kernel alone: GOPS of
+/// `GgmlMatrix::matmul` (4096x2048, 512 tokens, the pool's threads) and of one tile's kernel
+/// on one thread.
+/// `cargo test -p strata-kernels --release -- --ignored dense_matmul_timing --nocapture`.
+#[test]
+#[ignore = "timing, run by hand"]
+fn dense_matmul_timing() {
+    use std::time::Instant;
+    let (n, k, m) = (4096, 2048, 512);
+    for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
+        let wm = matrix(ty, n, k, &mut 3);
+        let x = rand_x(m * k, &mut 5);
+        let mut out = vec![0.0f32; m * n];
+        wm.matmul(&x, m, &mut out).unwrap();
+        let mut best = f64::MAX;
+        for _ in 0..20 {
+            let t0 = Instant::now();
+            wm.matmul(&x, m, &mut out).unwrap();
+            best = best.min(t0.elapsed().as_secs_f64());
+        }
+        let gops = 2.0 * (n * k * m) as f64 / best / 1e9;
+        println!(
+            "{ty:>6}: matmul {:.2} ms, {gops:.0} GOPS on {} threads",
+            best * 1e3,
+            crate::pool::num_threads()
+        );
     }
 }
