@@ -83,8 +83,16 @@ pub(crate) const INT8_MIN_TOKENS_Q4_K: usize = 8;
 /// docs/benchmarks.md), two quiet alternating rounds, seconds per call at 8 / 16 tokens per
 /// expert: Q8_0 tiles 0.100 / 0.113-0.126 against the VNNI row-dot kernels 0.097-0.099 /
 /// 0.188-0.189 (1.5-1.7x at 16); Q5_0 level at 16 (0.176-0.184 against 0.183-0.187), IQ4_XS
-/// behind (0.200-0.260 against 0.179-0.190), so those keep [`INT8_MIN_TOKENS_AVX512`].
-pub(crate) const INT8_MIN_TOKENS_Q8_0: usize = 16;
+/// behind (0.200-0.260 against 0.179-0.190), so those keep [`INT8_MIN_TOKENS_AVX512`]. On an
+/// Emerald Rapids Xeon (2026-12-01, `strata bench moe --crossover`, and the layer at 8 tokens
+/// per expert, `--tokens 128`, three alternating rounds: 0.082-0.084 s against 0.094-0.096)
+/// the tiles won from 8 (1.12-1.17x; at 4, 0.71x).
+pub(crate) const INT8_MIN_TOKENS_Q8_0: usize = 8;
+/// The same for Q5_K (a scale and a min per 32, decoded by the generic fill). On an Emerald
+/// Rapids Xeon (2026-12-01, `strata bench moe --crossover`, and the layer at 16 tokens per
+/// expert, `--tokens 256`, three alternating rounds: 0.086-0.088 s against 0.115-0.117 for
+/// the VNNI row-dot kernels) the tiles won from 16 (1.33x; at 8, 0.85x).
+pub(crate) const INT8_MIN_TOKENS_Q5_K: usize = 16;
 /// The same for Q6_K, whose INT8 tile (a scale per 16, flushed twice as often as Q4_K's) is
 /// decoded in registers from its blocks. Measured with `strata bench moe --formats q6_k
 /// --tokens 64,128,256,512,1024 --layers 4` (`STRATA_GGML_TILES=int8,1` against
@@ -95,13 +103,14 @@ pub(crate) const INT8_MIN_TOKENS_Q8_0: usize = 16;
 /// 0.259-0.263 / 0.501-0.542.
 pub(crate) const INT8_MIN_TOKENS_Q6_K: usize = 8;
 
-/// The same for Q3_K (a scale per 16, decoded by the generic fill). Measured with `strata
-/// bench moe --formats q3_k --tokens 64,128,256,512` (`STRATA_GGML_TILES=int8,1` against
-/// `int8,1000000000`) on a 2-core Emerald Rapids Xeon with AVX-512 VNNI (2026-11-30,
-/// docs/benchmarks.md), two alternating rounds, seconds per call at 4 / 8 / 16 / 32 tokens
-/// per expert: tiles 0.108-0.109 / 0.117-0.127 / 0.142-0.143 / 0.180-0.183, the VNNI row-dot
-/// kernels 0.049-0.051 / 0.096-0.098 / 0.191-0.199 / 0.379-0.385.
-pub(crate) const INT8_MIN_TOKENS_Q3_K: usize = 16;
+/// The same for Q3_K (a scale per 16). Measured first with `strata bench moe --formats q3_k
+/// --tokens 64,128,256,512` (`STRATA_GGML_TILES=int8,1` against `int8,1000000000`) on a
+/// 2-core Emerald Rapids Xeon with AVX-512 VNNI (2026-11-30, docs/benchmarks.md): then the
+/// tiles won from 16 tokens per expert. Its block decoding has since taken fewer operations:
+/// on the same host (2026-12-01, `strata bench moe --crossover`, and the layer, three
+/// alternating rounds) the tiles won from 4 (0.037-0.038 s against 0.042-0.043, 1.14x; at 8,
+/// 0.049-0.050 against 0.081-0.082, 1.65x; at 2, 0.84x).
+pub(crate) const INT8_MIN_TOKENS_Q3_K: usize = 4;
 /// The same for Q2_K (a scale and a min per 16, stored exactly since 2026-11-30; before, its
 /// tiles requantized it per 32, so it kept the row-dot kernels below 128 tokens). Measured as
 /// Q3_K, the same day and host: tiles 0.089-0.090 / 0.098-0.107 / 0.121-0.133 / 0.165-0.177 /
@@ -117,6 +126,7 @@ fn early_int8_min(ty: GgmlType) -> Option<usize> {
         GgmlType::Q4_K => Some(INT8_MIN_TOKENS_Q4_K),
         GgmlType::Q6_K => Some(INT8_MIN_TOKENS_Q6_K),
         GgmlType::Q8_0 => Some(INT8_MIN_TOKENS_Q8_0),
+        GgmlType::Q5_K => Some(INT8_MIN_TOKENS_Q5_K),
         GgmlType::Q3_K => Some(INT8_MIN_TOKENS_Q3_K),
         GgmlType::Q2_K => Some(INT8_MIN_TOKENS_Q2_K),
         _ => None,
