@@ -142,11 +142,18 @@ fn early_int8_min(ty: GgmlType) -> Option<usize> {
 /// 1.72-1.94x, Q6_K 0.93-1.19x / 1.31-1.48x / 1.62-1.80x (at 8, 0.81-0.86x), Q2_K (stored
 /// exactly) 1.16-1.33x / 1.52-1.70x at 16 / 32 (at 8, 0.86-0.93x). Earlier, on a
 /// Xeon with AMX (2026-11-29): Q8_0 and IQ4_XS 1.2-2.2x from 32; Q4_K level at 32 and 64
-/// before its flush read scales without divisions (`SpanScales`).
-pub(crate) const INT8_MIN_TOKENS_AVX_VNNI: usize = 32;
-/// The same for Q3_K, whose tiles won from 8 tokens per expert there: 1.17-1.28x at 8
-/// (0.131-0.140 s against 0.163-0.167), 1.7x at 16, 2.2-2.5x at 32; at 4, 0.5-0.6x.
-pub(crate) const INT8_MIN_TOKENS_AVX_VNNI_Q3_K: usize = 8;
+/// before its flush read scales without divisions (`SpanScales`). Since the per-256 flush, on
+/// the same Emerald Rapids (2026-12-01, `strata bench moe --crossover` and the layer at 16
+/// tokens per expert, `--tokens 256`, two alternating rounds): Q4_K 0.121-0.127 s against
+/// 0.166-0.171 (1.35x), Q6_K 0.140-0.158 against 0.157 (1.0-1.12x), Q2_K 0.172-0.206 against
+/// 0.246-0.254 (1.19-1.48x); in the crossover Q5_K 1.22x and IQ4_XS 1.23x at 16; at 8 every
+/// type but Q3_K and Q8_0 behind.
+pub(crate) const INT8_MIN_TOKENS_AVX_VNNI: usize = 16;
+/// The same for Q3_K and Q8_0, whose tiles won from 8 tokens per expert there: Q3_K
+/// 1.17-1.28x at 8 (0.131-0.140 s against 0.163-0.167), 1.7x at 16, 2.2-2.5x at 32, at 4
+/// 0.5-0.6x (2026-11-30); Q8_0 at 8 0.102-0.110 s against 0.123 (1.13-1.20x, the layer,
+/// 2026-12-01), at 4 0.63x (the crossover).
+pub(crate) const INT8_MIN_TOKENS_AVX_VNNI_EARLY: usize = 8;
 /// The same for the types requantized per 32 (F16, BF16, the grid i-quants) when INT8 tiles
 /// are forced (by default they keep their own kernels here): Q6_K, when it was requantized so
 /// (2026-11-29, the Xeon with AMX), was level at 64 tokens per expert and 1.33-1.78x at 128
@@ -228,7 +235,7 @@ pub(crate) fn tile_for(isa: Isa, m: usize, ty: GgmlType) -> Option<(Kernel, Tile
         (Isa::Avx512, TileFormat::Bf16) => Some(TILE_MIN_TOKENS_AVX512),
         (Isa::Avx512, TileFormat::Int8) => Some(INT8_MIN_TOKENS_AVX512),
         (Isa::AvxVnni, TileFormat::Int8) => Some(match ty {
-            GgmlType::Q3_K => INT8_MIN_TOKENS_AVX_VNNI_Q3_K,
+            GgmlType::Q3_K | GgmlType::Q8_0 => INT8_MIN_TOKENS_AVX_VNNI_EARLY,
             _ if int8::exact(ty) => INT8_MIN_TOKENS_AVX_VNNI,
             _ => INT8_MIN_TOKENS_AVX_VNNI_REQUANTIZED,
         }),

@@ -107,17 +107,16 @@ fn tiles_are_taken_for_many_tokens_on_avx512_amx_and_for_exact_types_on_avx_vnni
     for isa in [Isa::Portable, Isa::Avx2] {
         assert_eq!(w.form(isa, 4096), Form::Q8(256));
     }
-    // AVX-VNNI: INT8 tiles for every exact type from one threshold, Q3_K from fewer tokens.
+    // AVX-VNNI: INT8 tiles for every exact type from one threshold, Q3_K and Q8_0 from fewer
+    // tokens.
     let avx_vnni = Form::Tiles(Kernel::Isa(Isa::AvxVnni), TileFormat::Int8);
     let q8_0 = matrix(GgmlType::Q8_0, 64, 256, &mut 1);
-    assert_eq!(q8_0.form(Isa::AvxVnni, INT8_MIN_TOKENS_AVX_VNNI), avx_vnni);
-    assert_eq!(
-        q8_0.form(Isa::AvxVnni, INT8_MIN_TOKENS_AVX_VNNI - 1),
-        Form::Q8(32)
-    );
+    let early = INT8_MIN_TOKENS_AVX_VNNI_EARLY;
+    assert_eq!(q8_0.form(Isa::AvxVnni, early), avx_vnni);
+    assert_eq!(q8_0.form(Isa::AvxVnni, early - 1), Form::Q8(32));
     assert_eq!(q8_0.form(Isa::Avx2, 4096), Form::Q8(32));
     let q3_k = matrix(GgmlType::Q3_K, 64, 256, &mut 1);
-    let (vnni_min, avx512_min) = (INT8_MIN_TOKENS_AVX_VNNI_Q3_K, INT8_MIN_TOKENS_Q3_K);
+    let (vnni_min, avx512_min) = (early, INT8_MIN_TOKENS_Q3_K);
     assert_eq!(q3_k.form(Isa::AvxVnni, vnni_min), avx_vnni);
     assert_eq!(q3_k.form(Isa::AvxVnni, vnni_min - 1), Form::Q8(32));
     for isa in [Isa::Avx512, Isa::Amx] {
