@@ -439,8 +439,9 @@ impl GgmlMatrix {
     }
 }
 
-/// A way for GGUF matrices to compute, fixed by a benchmark (`MoeOptions::ggml_path`); by
-/// default each call picks one by its type, token count and CPU ([`crate::ggml::tile_path`]).
+/// A way for GGUF matrices to compute, fixed by a benchmark
+/// ([`crate::ggml::fused_moe_ggml_along`]); by default each call picks one by its type, token
+/// count and CPU ([`GgmlPath::default_for`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GgmlPath {
     /// The block kernels on the weights as stored: integer row-dot kernels, or rows

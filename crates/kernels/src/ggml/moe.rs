@@ -205,9 +205,6 @@ fn fused_moe_ggml_on(
     check_len(OP, "hidden", t * h, hidden.len())?;
     check_len(OP, "out", t * h, out.len())?;
     let active = active_batches(OP, experts.len(), t, batches, opts)?;
-    if !opts.accumulate {
-        out.fill(0.0);
-    }
     let isa = opts.isa.unwrap_or(Isa::selected()).min(Isa::selected());
     if let Some(path) = path
         && !GgmlPath::available(isa).contains(&path)
@@ -216,6 +213,9 @@ fn fused_moe_ggml_on(
             op: OP,
             what: format!("the {} path does not run on {}", path.name(), isa.name()),
         });
+    }
+    if !opts.accumulate {
+        out.fill(0.0);
     }
     let form_of = |w: &GgmlMatrix, m: usize| match path {
         Some(path) => w.form_on(isa, path),

@@ -212,9 +212,9 @@ fn fused_moe_on_tiles_matches_its_twin() {
     }
 }
 
-/// A benchmark's forced path (`MoeOptions::ggml_path`) runs every expert along it on every
+/// A benchmark's forced path (`fused_moe_ggml_along`) runs every expert along it on every
 /// instruction set here, equal to that path's twin; a path the instruction set lacks is an
-/// error naming both.
+/// error naming both that leaves the output as it was.
 #[test]
 fn forced_paths_match_their_twins() {
     use crate::ggml::{GgmlPath, fused_moe_ggml_along};
