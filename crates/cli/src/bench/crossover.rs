@@ -100,8 +100,49 @@ pub(crate) fn ggml(
     Ok(v)
 }
 
-/// One line per crossover row of the JSON document.
+/// The fewest tokens per expert from which `key` (`fastest` or `default`) names a tile path
+/// at every larger count timed, if any.
+fn tiles_from(rows: &[&Value], key: &str) -> Option<u64> {
+    let mut from = None;
+    for r in rows {
+        if r[key]
+            .as_str()
+            .is_some_and(|p| p != GgmlPath::RowDot.name())
+        {
+            from = from.or(r["tokens_per_expert"].as_u64());
+        } else {
+            from = None;
+        }
+    }
+    from
+}
+
+/// One line per crossover row of the JSON document, and after a GGUF format's rows where its
+/// tiles take over, measured and by default.
 pub(crate) fn lines(doc: &Value) -> Vec<String> {
+    let mut out = row_lines(doc);
+    let rows: Vec<&Value> = doc["crossover"].as_array().into_iter().flatten().collect();
+    let ggml = rows.iter().filter(|r| r["paths"].is_array());
+    let mut formats: Vec<&str> = ggml.filter_map(|r| r["format"].as_str()).collect();
+    formats.dedup();
+    let from = |n: Option<u64>| {
+        n.map_or("never".to_string(), |n| {
+            format!("from {n} tokens per expert")
+        })
+    };
+    for f in formats {
+        let of: Vec<&Value> = rows.iter().copied().filter(|r| r["format"] == f).collect();
+        out.push(format!(
+            "crossover {f}: tiles fastest {}, by default {}",
+            from(tiles_from(&of, "fastest")),
+            from(tiles_from(&of, "default"))
+        ));
+    }
+    out
+}
+
+/// One line per crossover row of the JSON document.
+fn row_lines(doc: &Value) -> Vec<String> {
     let ms = |v: &Value| match v.as_f64() {
         Some(s) => format!("{:.3}", s * 1e3),
         None => "n/a".to_string(),
@@ -147,4 +188,39 @@ pub(crate) fn lines(doc: &Value) -> Vec<String> {
         });
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::lines;
+
+    /// The summary names where the tiles stay ahead at every larger count, measured and by
+    /// default; a format whose tiles never lead says so.
+    #[test]
+    fn summary_names_where_the_tiles_take_over() {
+        let row = |format: &str, m: u64, fastest: &str, default: &str| {
+            json!({"format": format, "tokens_per_expert": m, "fastest": fastest,
+                   "default": default, "paths": [{"path": "row-dot", "seconds": 0.001}]})
+        };
+        let (r, t) = ("row-dot", "int8-tiles");
+        let doc = json!({"crossover": [
+            row("q4_k", 4, r, r), row("q4_k", 8, t, r), row("q4_k", 16, r, t),
+            row("q4_k", 32, t, t), row("q4_k", 64, "bf16-tiles", t),
+            row("q8_0", 4, r, r), row("q8_0", 8, r, r),
+        ]});
+        let out = lines(&doc);
+        assert_eq!(out.len(), 9, "{out:?}");
+        assert!(out[2].ends_with("<- default not the fastest"), "{out:?}");
+        assert_eq!(
+            out[7],
+            "crossover q4_k: tiles fastest from 32 tokens per expert, by default from 16 tokens \
+             per expert"
+        );
+        assert_eq!(
+            out[8],
+            "crossover q8_0: tiles fastest never, by default never"
+        );
+    }
 }
