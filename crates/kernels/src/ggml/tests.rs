@@ -51,6 +51,21 @@ pub(super) fn matrix(ty: GgmlType, n: usize, k: usize, seed: &mut u64) -> GgmlMa
     GgmlMatrix::from_vec(ty, n, k, random_blocks(ty, blocks, seed)).expect("valid matrix")
 }
 
+/// `n_exp` experts of `h` hidden and `inter` intermediate values: gate and up of type `tg`,
+/// down of `td`, random blocks drawn from `seed` in that order.
+pub(super) fn stacked_experts(
+    (tg, td): (GgmlType, GgmlType),
+    n_exp: usize,
+    h: usize,
+    inter: usize,
+    seed: &mut u64,
+) -> GgmlExperts {
+    let gate = matrix(tg, n_exp * inter, h, seed);
+    let up = matrix(tg, n_exp * inter, h, seed);
+    let down = matrix(td, n_exp * h, inter, seed);
+    GgmlExperts::from_stacked(&gate, &up, &down, n_exp, h, inter).expect("valid experts")
+}
+
 /// `|got - want| <= tol · (Σ_p |x_p w_p| + 1e-6)` per output: error relative to the terms'
 /// magnitude, which is what both roundings scale with.
 pub(super) fn check(ty: GgmlType, what: &str, got: &[f32], want: &[f32], mag: &[f32], tol: f32) {
@@ -316,11 +331,7 @@ fn fused_moe_matches_its_twin() {
         (GgmlType::Q8_0, GgmlType::Q4_0),
         (GgmlType::F16, GgmlType::IQ4_XS),
     ] {
-        let gate = matrix(tg, n_exp * inter, h, &mut seed);
-        let up = matrix(tg, n_exp * inter, h, &mut seed);
-        let down = matrix(td, n_exp * h, inter, &mut seed);
-        let experts =
-            GgmlExperts::from_stacked(&gate, &up, &down, n_exp, h, inter).expect("valid experts");
+        let experts = stacked_experts((tg, td), n_exp, h, inter, &mut seed);
         for t in [1usize, 3, 37] {
             let x = rand_x(t * h, &mut seed);
             // Expert 5 gets no token; expert 0 all of them.
@@ -399,10 +410,8 @@ fn a_layer_computed_in_pieces_equals_the_fused_call_bit_for_bit() {
     // and 1 take enough tokens for the tile path where the CPU has it.
     let (h, inter, n_exp, k, t) = (256, 256, 12, 8, 300);
     let mut seed = 31;
-    let gate = matrix(GgmlType::Q4_K, n_exp * inter, h, &mut seed);
-    let up = matrix(GgmlType::Q4_K, n_exp * inter, h, &mut seed);
-    let down = matrix(GgmlType::Q6_K, n_exp * h, inter, &mut seed);
-    let experts = GgmlExperts::from_stacked(&gate, &up, &down, n_exp, h, inter).expect("valid");
+    let types = (GgmlType::Q4_K, GgmlType::Q6_K);
+    let experts = stacked_experts(types, n_exp, h, inter, &mut seed);
     let x = rand_x(t * h, &mut seed);
     let ids: Vec<u32> = (0..t)
         .flat_map(|i| (0..k).map(move |j| ((i * 7 + j * (1 + i % 3)) % n_exp) as u32))

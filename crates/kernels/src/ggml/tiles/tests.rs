@@ -5,12 +5,12 @@
 //! micro-kernel and every AVX-512 and AMX path the CPU has, for every readable type.
 
 use super::super::tests::{
-    GENERIC, INTEGER, check, magnitudes, matrix, moe_twin, rand_x, tile_twin,
+    GENERIC, INTEGER, check, magnitudes, matrix, moe_twin, rand_x, stacked_experts, tile_twin,
 };
 use super::*;
+use crate::ggml::GgmlType;
 use crate::ggml::matrix::Form;
 use crate::ggml::moe::fused_moe_ggml_as;
-use crate::ggml::{GgmlExperts, GgmlType};
 use crate::moe::group_by_expert;
 
 /// The kernels the tile path can run on here (AVX2 and AVX-VNNI take tiles only for some
@@ -180,11 +180,7 @@ fn fused_moe_on_tiles_matches_its_twin() {
         (GgmlType::Q4_K, GgmlType::Q6_K),
         (GgmlType::IQ2_XXS, GgmlType::Q8_0),
     ] {
-        let gate = matrix(tg, n_exp * inter, h, &mut seed);
-        let up = matrix(tg, n_exp * inter, h, &mut seed);
-        let down = matrix(td, n_exp * h, inter, &mut seed);
-        let experts =
-            GgmlExperts::from_stacked(&gate, &up, &down, n_exp, h, inter).expect("valid experts");
+        let experts = stacked_experts((tg, td), n_exp, h, inter, &mut seed);
         // Expert 4 gets no token, expert 0 all 40 of them, the others ragged shares.
         let t = 40;
         let x = rand_x(t * h, &mut seed);
@@ -221,11 +217,8 @@ fn forced_paths_match_their_twins() {
     use crate::moe::MoeOptions;
     let (h, inter, n_exp, k, t) = (256, 256, 4, 2, 12);
     let mut seed = 31;
-    let gate = matrix(GgmlType::Q4_K, n_exp * inter, h, &mut seed);
-    let up = matrix(GgmlType::Q4_K, n_exp * inter, h, &mut seed);
-    let down = matrix(GgmlType::Q6_K, n_exp * h, inter, &mut seed);
-    let experts =
-        GgmlExperts::from_stacked(&gate, &up, &down, n_exp, h, inter).expect("valid experts");
+    let types = (GgmlType::Q4_K, GgmlType::Q6_K);
+    let experts = stacked_experts(types, n_exp, h, inter, &mut seed);
     let x = rand_x(t * h, &mut seed);
     let ids: Vec<u32> = (0..t).flat_map(|i| [0, 1 + (i % 3) as u32]).collect();
     let weights: Vec<f32> = (0..t * k).map(|i| 0.3 + 0.1 * (i % 4) as f32).collect();
