@@ -23,8 +23,8 @@
 #      the rest read from the file), each under a time limit, with the md5 of each output
 #      text.
 # KERNELS=0 skips step 3; RUNS="gpu ktransformers" runs only those of step 4 (of cpu gpu
-# ktransformers ktransformers.spin gpu.spin gpu.profile ktransformers.profile smoe hybrimoe
-# smoe.three-tiers; the .spin runs with STRATA_GPU_SPIN_US=1000, the .profile runs with
+# ktransformers ktransformers.defer ktransformers.spin gpu.spin gpu.profile
+# ktransformers.profile smoe hybrimoe smoe.three-tiers; the .spin runs with STRATA_GPU_SPIN_US=1000, the .profile runs with
 # STRATA_GPU_PROFILE=1, which prints device time by kernel); the outputs and logs of step 4
 # end in OUT_DIR/runs.tgz.
 set -uo pipefail
@@ -75,7 +75,8 @@ done
 run() {
     local name=$1
     shift
-    local all="cpu gpu ktransformers ktransformers.spin gpu.spin gpu.profile ktransformers.profile"
+    local all="cpu gpu ktransformers ktransformers.defer ktransformers.spin gpu.spin"
+    all+=" gpu.profile ktransformers.profile"
     [[ " ${RUNS:-$all smoe hybrimoe smoe.three-tiers} " == *" ${name#*.} "* ]] || return 0
     stamp "generate $name"
     timeout "$limit" "$bin" generate -m "$gguf" -p - -n "$tokens" --temperature 0 "$@" \
@@ -100,6 +101,9 @@ for shape in $shapes; do
     run "$shape.cpu" --device cpu
     run "$shape.gpu" --device gpu
     run "$shape.ktransformers" --device hybrid --policy ktransformers
+    # KTransformers' expert deferral: two of each token's experts per MoE layer run on the
+    # CPU while the device works on the next layer's attention.
+    run "$shape.ktransformers.defer" --device hybrid --policy ktransformers --defer 2
     # The same with waits polling for a millisecond before they block (13 round trips a
     # token), and --device gpu's one.
     STRATA_GPU_SPIN_US=1000 run "$shape.ktransformers.spin" --device hybrid --policy ktransformers

@@ -31,6 +31,10 @@ pub struct Traffic {
     /// where wgpu tracks every dispatch's buffers, places the barriers and encodes the
     /// driver's commands (on an H100 most of a decoded token's time, 11-82 us a dispatch).
     pub submit_ns: u64,
+    /// Host time blocked waiting for the device (a download's result, an event), in
+    /// nanoseconds: in the hybrid layout, the device's part of a step that the host did not
+    /// overlap with its own work.
+    pub wait_ns: u64,
     /// Kernels compiled (a GPU driver compiles each one on its first use unless
     /// [`crate::Device::prepare_kernels`] compiled it ahead).
     pub compiled: u64,
@@ -48,6 +52,7 @@ impl Traffic {
             bind_groups: self.bind_groups - earlier.bind_groups,
             record_ns: self.record_ns - earlier.record_ns,
             submit_ns: self.submit_ns - earlier.submit_ns,
+            wait_ns: self.wait_ns - earlier.wait_ns,
             compiled: self.compiled - earlier.compiled,
         }
     }

@@ -109,7 +109,7 @@ fn moe_combine_with_the_next_norm_equals_the_two_kernels() {
         return;
     };
     let mut rng = Rng::new(12);
-    for (t, h, k) in [(1usize, 2048usize, 8usize), (5, 130, 2)] {
+    for (t, h, k) in [(1usize, 2048usize, 8usize), (5, 130, 2), (2, 2051, 4)] {
         let (x, y) = (rng.vec(t * h), rng.vec(t * k * h));
         let weights = rng.vec(t * k);
         let gain = rng.vec(h);

@@ -126,7 +126,8 @@ fn rms_norm_silu_add_match_reference() {
         return;
     };
     let mut rng = Rng::new(3);
-    for &(rows, dim) in &[(1, 1), (3, 40), (7, 129), (2, 300)] {
+    // Rows of one to several rounds of the workgroup's 1,024 values, ragged or not.
+    for &(rows, dim) in &[(1, 1), (3, 40), (7, 129), (2, 300), (1, 2048), (3, 2051)] {
         let (x, y) = (rng.vec(rows * dim), rng.vec(rows * dim));
         let w = rng.vec(dim);
         // Alone, then behind the residual add it fuses (x += y in place, then the norm).

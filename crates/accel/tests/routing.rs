@@ -72,9 +72,18 @@ fn topk_matches_cpu_router() {
         }),
         ..base
     });
-    for cfg in cases {
+    // Each router on spread logits and on logits of a few values (ties everywhere: the
+    // lower index goes first, as on the CPU).
+    let cases = cases
+        .into_iter()
+        .flat_map(|c| [(c.clone(), false), (c, true)]);
+    for (cfg, tied) in cases {
         let (t, n, k) = (13usize, cfg.n_experts, cfg.top_k);
         let logits: Vec<f32> = rng.vec(t * n).iter().map(|v| v * 4.0).collect();
+        let logits = match tied {
+            true => logits.iter().map(|v| v.round() / 2.0).collect(),
+            false => logits,
+        };
         let bias = rng.vec(n);
         let want = strata_model::routing::route(&cfg, &logits, Some(&bias));
         let (lb, bb) = (up(&*dev, &logits), up(&*dev, &bias));
@@ -102,10 +111,14 @@ fn topk_matches_cpu_router() {
             },
         })
         .unwrap();
-        assert_eq!(down_u32(&*dev, &ids, t * k), want.ids, "{cfg:?}");
+        assert_eq!(
+            down_u32(&*dev, &ids, t * k),
+            want.ids,
+            "{cfg:?}, tied {tied}"
+        );
         assert!(
             max_err(&down(&*dev, &w, t * k), &want.weights) < 1e-5,
-            "{cfg:?}"
+            "{cfg:?}, tied {tied}"
         );
     }
 }

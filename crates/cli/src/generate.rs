@@ -114,6 +114,7 @@ pub fn run(mut args: GenerateArgs) -> anyhow::Result<()> {
     let mut after_prefill = None;
     let mut kernels_after_prefill = None;
     let mut ssd_after_prefill = None;
+    let mut hybrid_after_prefill = None;
     let (outputs, stats) = generate_batch(&engine, std::slice::from_ref(&request), |_, text| {
         if after_prefill.is_none() {
             after_prefill = traffic();
@@ -121,6 +122,9 @@ pub fn run(mut args: GenerateArgs) -> anyhow::Result<()> {
         }
         if ssd_after_prefill.is_none() {
             ssd_after_prefill = ssd.as_ref().map(|t| t.stats());
+        }
+        if hybrid_after_prefill.is_none() {
+            hybrid_after_prefill = hybrid.as_ref().map(|e| e.stats());
         }
         if write_err.is_none()
             && let Err(e) = stdout
@@ -162,7 +166,19 @@ pub fn run(mut args: GenerateArgs) -> anyhow::Result<()> {
         );
     }
     if let Some(exec) = hybrid {
-        eprintln!("[hybrid, policy {}: {}]", exec.policy_name(), exec.stats());
+        let end = exec.stats();
+        // The CPU's expert time per decoded token, beside the device line's waits: where a
+        // hybrid token's time goes.
+        let decoded = outputs[0].tokens.len().saturating_sub(1).max(1) as f64;
+        let decode_cpu = match &hybrid_after_prefill {
+            Some(start) => end.cpu_time.saturating_sub(start.cpu_time),
+            None => end.cpu_time,
+        };
+        eprintln!(
+            "[hybrid, policy {}: {end}; decode: CPU experts {:.2} ms per token]",
+            exec.policy_name(),
+            decode_cpu.as_secs_f64() * 1e3 / decoded,
+        );
     }
     if let (Some(dev), Some(start), Some(end)) = (&accel, after_prefill, traffic()) {
         print_traffic(
@@ -183,11 +199,11 @@ pub fn run(mut args: GenerateArgs) -> anyhow::Result<()> {
 
 /// The accelerator's line: memory it holds, and per decoded token the submissions, the
 /// dispatches, the host time recording and submitting them, host round trips (downloads)
-/// and bytes each way.
+/// and the host's time blocked on them, and bytes each way.
 fn print_traffic(dev: &dyn strata_accel::Device, decode: strata_accel::Traffic, tokens: usize) {
     let per = |n: u64| n as f64 / tokens.max(1) as f64;
     eprintln!(
-        "[{}: {:.1} MiB resident; per decoded token ({tokens}): {:.1} submissions, {:.0} dispatches ({:.1} new bind groups) recorded in {:.2} ms and submitted in {:.2} ms of host time, {:.1} host round trips, {:.1} KiB up, {:.1} KiB down]",
+        "[{}: {:.1} MiB resident; per decoded token ({tokens}): {:.1} submissions, {:.0} dispatches ({:.1} new bind groups) recorded in {:.2} ms and submitted in {:.2} ms of host time, {:.1} host round trips waited on for {:.2} ms, {:.1} KiB up, {:.1} KiB down]",
         dev.info().name,
         dev.memory().live as f64 / (1u64 << 20) as f64,
         per(decode.submissions),
@@ -196,6 +212,7 @@ fn print_traffic(dev: &dyn strata_accel::Device, decode: strata_accel::Traffic, 
         per(decode.record_ns) / 1e6,
         per(decode.submit_ns) / 1e6,
         per(decode.downloads),
+        per(decode.wait_ns) / 1e6,
         per(decode.uploaded) / 1024.0,
         per(decode.downloaded) / 1024.0,
     );

@@ -341,6 +341,11 @@ impl HybridExecutor {
         self.lock().policy.name()
     }
 
+    /// Whether the policy reads the router's candidates ([`Policy::reads_candidates`]).
+    pub fn reads_candidates(&self) -> bool {
+        self.lock().policy.reads_candidates()
+    }
+
     /// [`ExpertExecutor::run`] for a model whose layer input is already on this executor's
     /// device, in `x` (`[T, hidden]` from offset 0: the rows `call.x` holds). `out` gets
     /// the CPU's immediate share; the device's share stays on the device, returned as

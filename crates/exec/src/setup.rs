@@ -361,15 +361,15 @@ pub fn load_hybrid(
             ..ExecOptions::default()
         },
     )?);
-    gpu.keep_candidates(true);
+    gpu.keep_candidates(exec.reads_candidates());
     gpu.set_hybrid_executor(Some(exec.clone()));
     Ok((gpu, exec))
 }
 
 /// Hands every MoE block of `model` to `exec` (`None`: back to the CPU path), with the
-/// router's top `2k` candidates in each routing (the policies may score them: HybriMoE).
+/// router's top `2k` candidates in each routing when its policy scores them (HybriMoE).
 pub fn install(model: &mut Model, exec: Option<&Arc<HybridExecutor>>) {
-    model.keep_candidates(exec.is_some());
+    model.keep_candidates(exec.is_some_and(|e| e.reads_candidates()));
     model.set_executor(exec.map(|e| e.clone() as Arc<dyn strata_model::ExpertExecutor>));
 }
 
@@ -404,6 +404,68 @@ mod tests {
             e.contains("no-such-model") && e.contains("deepseek-v3"),
             "{e}"
         );
+    }
+
+    /// The hybrid layout scores the router's candidates on the host only for a policy that
+    /// says it reads them: every other one must decide the same without them.
+    #[test]
+    fn only_a_policy_that_reads_candidates_decides_by_them() {
+        use strata_policy::{Candidates, GpuView, LayerView, Phase};
+        let shape = resolve_model_shape("strata-tiny-moe").unwrap();
+        let (n, layers, k) = (shape.n_experts, shape.moe_layers(), shape.top_k);
+        let hw = Hardware::load(HybridOptions::DEFAULT_HARDWARE).unwrap();
+        let cost = cost_model(hw, shape, 4.5, 4 << 20).unwrap();
+        // Four decode steps over every layer; the candidates rank other experts than the
+        // routing's, so a policy that read them would see a different layer.
+        let mut resident = vec![false; n];
+        resident[..n / 4].iter_mut().for_each(|r| *r = true);
+        let ids: Vec<u32> = (0..k as u32).map(|j| (j * 5 + 1) % n as u32).collect();
+        let weights = vec![1.0 / k as f32; k];
+        let cand_ids: Vec<u32> = (0..2 * k as u32).map(|j| (j * 3 + 2) % n as u32).collect();
+        let cand_scores: Vec<f32> = (0..2 * k).map(|j| 1.0 - j as f32 * 0.05).collect();
+        for kind in PolicyKind::ALL {
+            let decide = |with: bool| {
+                let mut policy = build_policy(kind, &cost, &PolicyOptions::default());
+                let mut decisions = Vec::new();
+                for step in 0..4 {
+                    for layer in 0..layers {
+                        let view = LayerView {
+                            layer,
+                            n_moe_layers: layers,
+                            phase: Phase::Decode,
+                            step,
+                            top_k: k,
+                            ids: &ids,
+                            weights: &weights,
+                            hidden: None,
+                            candidates: with.then_some(Candidates {
+                                per_token: 2 * k,
+                                ids: &cand_ids,
+                                scores: &cand_scores,
+                            }),
+                            gpu: GpuView {
+                                resident: &resident,
+                                free_bytes: 1 << 30,
+                                busy_s: 0.0,
+                            },
+                            cpu_busy_s: 0.0,
+                            pcie_busy_s: 0.0,
+                            context: Some(64),
+                        };
+                        decisions.push(policy.decide(&view, &cost));
+                    }
+                }
+                (policy.reads_candidates(), decisions)
+            };
+            let (reads, with) = decide(true);
+            assert_eq!(reads, kind == PolicyKind::HybriMoE, "{kind}");
+            // The reader decides otherwise here: the check above can see candidates used.
+            let without = decide(false).1;
+            match reads {
+                true => assert_ne!(with, without, "{kind} ignored the candidates"),
+                false => assert_eq!(with, without, "{kind} decided by the candidates"),
+            }
+        }
     }
 
     #[test]

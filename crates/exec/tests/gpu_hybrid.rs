@@ -179,7 +179,7 @@ fn hybrid_layout_runs_a_quantized_gguf() {
 
 /// The hybrid executor installed on the host experts: KTransformers' deferral (decode only,
 /// one expert per token joins the next layer), a small device cache for gpu-lru, HybriMoE
-/// scoring the router's candidates, each equal to the CPU model with the same executor, in
+/// scoring the router's candidates (only it has them computed), each equal to the CPU model with the same executor, in
 /// its logits and its placements; the device's experts add no round trip: one per MoE
 /// layer and step, plus the logits, under every policy.
 #[test]
@@ -197,7 +197,7 @@ fn hybrid_layout_runs_the_executors_policies() {
         let reference = executor(&dev, &dir, &gpu, policy, defer);
         install(&mut cpu, Some(&reference));
         let exec = executor(&dev, &dir, &gpu, policy, defer);
-        gpu.keep_candidates(true);
+        gpu.keep_candidates(exec.reads_candidates());
         gpu.set_hybrid_executor(Some(exec.clone()));
         let (seen, cpu_seen) = (Arc::new(Seen::default()), Arc::new(Seen::default()));
         Backend::set_routing_tap(&gpu, Some(seen.clone()));
@@ -205,9 +205,16 @@ fn hybrid_layout_runs_the_executors_policies() {
         let want = run_cpu(&cpu, &PROMPT, &NEXT);
         let (got, traffic) = run_gpu(&gpu, &PROMPT, &NEXT);
         let round_trips = traffic.downloads;
-        // The policies see the router's best 2k candidates, as on the CPU.
+        // A policy that scores the router's best 2k candidates (HybriMoE) sees them, as on
+        // the CPU; the others' layers do not compute them.
         let candidates = seen.0.lock().unwrap().clone();
         assert!(!candidates.is_empty(), "{policy}");
+        let scored = candidates.iter().all(|c| !c.is_empty());
+        assert_eq!(
+            scored,
+            policy == PolicyKind::HybriMoE,
+            "{policy}: {candidates:?}"
+        );
         assert_eq!(
             candidates,
             *cpu_seen.0.lock().unwrap(),
@@ -315,7 +322,7 @@ fn three_tiers_equal_the_mapped_file() {
             let tier = tiered
                 .then(|| Arc::new(SsdTier::new(&gpu.host_moe_blocks(), &path, &ssd).unwrap()));
             let exec = executor_with(&dev, &path, &gpu, build, tier.clone());
-            gpu.keep_candidates(true);
+            gpu.keep_candidates(exec.reads_candidates());
             gpu.set_hybrid_executor(Some(exec.clone()));
             let (logits, traffic) = run_gpu(&gpu, &prompt, &next);
             let round_trips = traffic.downloads;

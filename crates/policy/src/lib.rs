@@ -273,6 +273,13 @@ pub trait Policy {
 
     /// Decides one MoE layer of one step.
     fn decide(&mut self, view: &LayerView, cost: &CostModel) -> Decision;
+
+    /// Whether [`Policy::decide`] reads [`LayerView::candidates`] (the router's best `2k`
+    /// per token). They cost the accelerator's hybrid layout a pass of the router on the
+    /// host every MoE layer, so an engine computes them only for a policy that reads them.
+    fn reads_candidates(&self) -> bool {
+        false
+    }
 }
 
 /// Groups a layer's routing into one task per expert on the device `place` picks.

@@ -25,7 +25,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         let v = x[base + j];
         s += v * v;
     }
-    let inv = rms_factor(s, l.x, p.head_stride, p.eps);
+    let inv = rms_factor(s, l.x, 64u, p.head_stride, p.eps);
     // Values outside the rotated span: only normalised.
     for (var j = l.x; j < p.head_stride; j += 64u) {
         if (j < p.offset || j >= p.offset + 2u * p.half) {

@@ -23,10 +23,12 @@ fn store_combined(base: u32, c: u32, s: f32) -> f32 {
 }
 
 // `moe_combine.wgsl` (the same sums in the same order), then the next layer's RMSNorm of
-// each updated row into `normed`, in one pass: one workgroup per token (k at most 64), each
-// invocation four columns 64 apart at a time, so a decoded token's single workgroup has
-// four independent sums in flight. Each invocation reads back only the values it wrote.
-@compute @workgroup_size(64)
+// each updated row into `normed`, in one pass: one workgroup of 256 per token (k at most 64),
+// each invocation four columns 256 apart at a time, so a decoded token's single workgroup
+// has four independent sums in flight and a row of 2,048 takes two rounds (with 64
+// invocations eight: 42 us a call on an H200). Each invocation reads back only the values
+// it wrote.
+@compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_id) l: vec3<u32>) {
     let t = wg.y * nwg.x + wg.x;
@@ -40,8 +42,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     }
     workgroupBarrier();
     var sq = vec4<f32>(0.0);
-    for (var c = l.x; c < p.hidden; c += 256u) {
-        let cs = vec4<u32>(c, c + 64u, c + 128u, c + 192u);
+    for (var c = l.x; c < p.hidden; c += 1024u) {
+        let cs = vec4<u32>(c, c + 256u, c + 512u, c + 768u);
         // Columns past the row read the last one and are not stored.
         let at = min(cs, vec4<u32>(p.hidden - 1u));
         var s = vec4<f32>(0.0);
@@ -57,10 +59,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         );
         sq += v * v;
     }
-    let inv = rms_factor(sq.x + sq.y + sq.z + sq.w, l.x, p.hidden, p.eps);
-    for (var c = l.x; c < p.hidden; c += 256u) {
+    let inv = rms_factor(sq.x + sq.y + sq.z + sq.w, l.x, 256u, p.hidden, p.eps);
+    for (var c = l.x; c < p.hidden; c += 1024u) {
         // The four loads first, then the stores (past the row: the last value, not stored).
-        let cs = vec4<u32>(c, c + 64u, c + 128u, c + 192u);
+        let cs = vec4<u32>(c, c + 256u, c + 512u, c + 768u);
         let at = min(cs, vec4<u32>(p.hidden - 1u));
         let v = vec4<f32>(out[base + at.x], out[base + at.y], out[base + at.z], out[base + at.w]);
         let o = v * inv * vec4<f32>(gain[at.x], gain[at.y], gain[at.z], gain[at.w]);

@@ -31,15 +31,16 @@ fn linear_id(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
 
 const NEG_BIG: f32 = -3.0e38;
 
-// Sum and maximum over a workgroup of 64 by halving: every invocation calls them with its
-// value and gets the result; `red` is free again when they return. The fixed tree makes the
-// result independent of timing.
-var<workgroup> red: array<f32, 64>;
+// Sum and maximum over a workgroup of 64 by halving (sums: also of 256, `reduce_sum_of`):
+// every invocation calls them with its value and gets the result; `red` is free again when
+// they return. The fixed tree makes the result independent of timing.
+var<workgroup> red: array<f32, 256>;
 
-fn reduce_sum(v: f32, tid: u32) -> f32 {
+// The sum of the values of the workgroup's `n` invocations (a power of two, at most 256).
+fn reduce_sum_of(v: f32, tid: u32, n: u32) -> f32 {
     red[tid] = v;
     workgroupBarrier();
-    for (var off = 32u; off > 0u; off >>= 1u) {
+    for (var off = n / 2u; off > 0u; off >>= 1u) {
         if (tid < off) {
             red[tid] += red[tid + off];
         }
@@ -50,10 +51,14 @@ fn reduce_sum(v: f32, tid: u32) -> f32 {
     return r;
 }
 
+fn reduce_sum(v: f32, tid: u32) -> f32 {
+    return reduce_sum_of(v, tid, 64u);
+}
+
 // RMSNorm's factor for a row of `dim` values whose squares this invocation summed into
-// `sum_sq` (the workgroup's 64 sums together cover the row): 1 / sqrt(mean(x^2) + eps).
-fn rms_factor(sum_sq: f32, tid: u32, dim: u32, eps: f32) -> f32 {
-    return 1.0 / sqrt(reduce_sum(sum_sq, tid) / f32(dim) + eps);
+// `sum_sq` (the workgroup's `n` sums together cover the row): 1 / sqrt(mean(x^2) + eps).
+fn rms_factor(sum_sq: f32, tid: u32, n: u32, dim: u32, eps: f32) -> f32 {
+    return 1.0 / sqrt(reduce_sum_of(sum_sq, tid, n) / f32(dim) + eps);
 }
 
 fn reduce_max(v: f32, tid: u32) -> f32 {

@@ -20,9 +20,12 @@ fn summed(base: u32, i: u32) -> f32 {
     return v * v;
 }
 
-// One workgroup per row: x += y when there is a residual (written back), then
+// One workgroup of 256 per row: x += y when there is a residual (written back), then
 // out = x * w / sqrt(mean(x^2) + eps). Each invocation reads back only the sums it wrote.
-@compute @workgroup_size(64)
+// A decoded token's row is a single workgroup, whose loads' latency is the kernel's time:
+// each invocation has four values 256 apart in flight at a time, and a row of 2,048 takes
+// two such rounds (a workgroup of 64 took eight, 27 us a call on an H200).
+@compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_id) l: vec3<u32>) {
     let row = wg.y * nwg.x + wg.x;
@@ -30,17 +33,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         return;
     }
     let base = row * p.dim;
-    // Four values 64 apart at a time, their loads independent: a decoded token's row is a
-    // single workgroup, whose loads' latency is the kernel's time.
     var s = vec4<f32>(0.0);
-    for (var i = l.x; i < p.dim; i += 256u) {
-        s += vec4<f32>(summed(base, i), summed(base, i + 64u), summed(base, i + 128u),
-                       summed(base, i + 192u));
+    for (var i = l.x; i < p.dim; i += 1024u) {
+        s += vec4<f32>(summed(base, i), summed(base, i + 256u), summed(base, i + 512u),
+                       summed(base, i + 768u));
     }
-    let inv = rms_factor(s.x + s.y + s.z + s.w, l.x, p.dim, p.eps);
-    for (var i = l.x; i < p.dim; i += 256u) {
+    let inv = rms_factor(s.x + s.y + s.z + s.w, l.x, 256u, p.dim, p.eps);
+    for (var i = l.x; i < p.dim; i += 1024u) {
         // The four loads first, then the stores (past the row: the last value, not stored).
-        let i4 = vec4<u32>(i, i + 64u, i + 128u, i + 192u);
+        let i4 = vec4<u32>(i, i + 256u, i + 512u, i + 768u);
         let at = min(i4, vec4<u32>(p.dim - 1u));
         let xv = vec4<f32>(x[base + at.x], x[base + at.y], x[base + at.z], x[base + at.w]);
         let o = xv * inv * vec4<f32>(w[at.x], w[at.y], w[at.z], w[at.w]);

@@ -169,6 +169,10 @@ impl Policy for HybriMoE {
         }
     }
 
+    fn reads_candidates(&self) -> bool {
+        true
+    }
+
     fn decide(&mut self, view: &LayerView, cost: &CostModel) -> Decision {
         let n = cost.model.n_experts;
         let l = view.layer;

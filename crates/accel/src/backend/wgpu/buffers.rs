@@ -319,8 +319,9 @@ impl WgpuDevice {
         });
         self.check()?;
         let (device, errors, spin) = (self.device.clone(), self.error.clone(), self.spin);
+        let waited = self.waited.clone();
         let read = move || -> Result<Vec<u8>> {
-            super::poll_until(&device, spin, || lock(&result).is_some())?;
+            super::poll_until(&device, spin, &waited, || lock(&result).is_some())?;
             if let Some(e) = lock(&errors).take() {
                 return Err(Error::Device(e));
             }

@@ -22,7 +22,7 @@ mod ops;
 mod pipeline;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -53,9 +53,25 @@ const POLL_LIMIT: Duration = Duration::from_secs(60);
 /// wake-up, for the hybrid layout's round trips), then blocking. A poll returns once the
 /// work submitted before it has finished, but the callback saying so may still be running
 /// on another thread that polled at the same time (the hybrid executor's threads all
-/// poll), so one poll is not enough.
-fn poll_until(device: &wgpu::Device, spin: Duration, done: impl Fn() -> bool) -> Result<()> {
+/// poll), so one poll is not enough. The time it takes is added to `waited` (nanoseconds).
+fn poll_until(
+    device: &wgpu::Device,
+    spin: Duration,
+    waited: &AtomicU64,
+    done: impl Fn() -> bool,
+) -> Result<()> {
     let start = Instant::now();
+    let result = poll_loop(device, spin, start, done);
+    waited.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    result
+}
+
+fn poll_loop(
+    device: &wgpu::Device,
+    spin: Duration,
+    start: Instant,
+    done: impl Fn() -> bool,
+) -> Result<()> {
     while !done() && start.elapsed() < spin {
         device
             .poll(wgpu::PollType::Poll)
@@ -102,6 +118,8 @@ pub struct WgpuDevice {
     params: Mutex<pipeline::ParamArena>,
     /// Submissions and transfers so far.
     traffic: Mutex<Traffic>,
+    /// [`Traffic::wait_ns`], added to by waits on any thread (a download's own).
+    waited: Arc<AtomicU64>,
     /// Each kernel's device time, when profiling (`STRATA_GPU_PROFILE=1`).
     clock: Option<Mutex<clock::KernelClock>>,
     pool: Arc<Mutex<Pool>>,
@@ -197,6 +215,7 @@ impl WgpuDevice {
             binds: Mutex::default(),
             params: Mutex::default(),
             traffic: Mutex::default(),
+            waited: Arc::default(),
             clock,
             pool: Arc::new(Mutex::new(Pool::new(opts.vram_budget.unwrap_or(u64::MAX)))),
             error,
@@ -230,7 +249,10 @@ impl Device for WgpuDevice {
     }
 
     fn traffic(&self) -> Traffic {
-        *lock(&self.traffic)
+        Traffic {
+            wait_ns: self.waited.load(Ordering::Relaxed),
+            ..*lock(&self.traffic)
+        }
     }
 
     fn prepare_kernels(&self, weights: &[WeightType]) {
@@ -285,7 +307,7 @@ impl Device for WgpuDevice {
         if !event.is_done() && !lock(&self.landing).is_empty() {
             self.submit_pending(false);
         }
-        poll_until(&self.device, self.spin, || event.is_done())?;
+        poll_until(&self.device, self.spin, &self.waited, || event.is_done())?;
         self.check()
     }
 
