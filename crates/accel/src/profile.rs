@@ -32,8 +32,9 @@ pub struct Traffic {
     /// driver's commands (on an H100 most of a decoded token's time, 11-82 us a dispatch).
     pub submit_ns: u64,
     /// Host time blocked waiting for the device (a download's result, an event), in
-    /// nanoseconds: in the hybrid layout, the device's part of a step that the host did not
-    /// overlap with its own work.
+    /// nanoseconds, summed over the threads that wait: in the hybrid layout under
+    /// `ktransformers` (one waiting thread), the device's part of a step that the host did
+    /// not overlap with its own work.
     pub wait_ns: u64,
     /// Kernels compiled (a GPU driver compiles each one on its first use unless
     /// [`crate::Device::prepare_kernels`] compiled it ahead).
