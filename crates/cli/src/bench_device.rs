@@ -199,6 +199,8 @@ struct Limits {
     upload: f64,
     /// One expert's upload, as a cache miss makes it (warm, 2.65 MB).
     expert_upload: f64,
+    /// Seconds of one host round trip of 8 KiB.
+    round_trip: f64,
     f32_flops: f64,
     f16_flops: Option<f64>,
 }
@@ -240,6 +242,18 @@ fn measure_limits(dev: &dyn Device, min_seconds: f64) -> anyhow::Result<Limits> 
         dev.wait(&dev.upload(&dst, (i % 4) * EXPERT_BYTES as u64, &expert)?)?;
         expert_s = expert_s.min(start.elapsed().as_secs_f64());
     }
+    // A host round trip as the hybrid layout makes one per MoE layer: an empty submission's
+    // worth of work, then 8 KiB read back (a decoded token's routing and router input),
+    // warm, the median of 101.
+    let mut trips: Vec<f64> = (0..101)
+        .map(|_| {
+            let start = Instant::now();
+            dev.download(&src, 0, 8 << 10)?;
+            Ok(start.elapsed().as_secs_f64())
+        })
+        .collect::<anyhow::Result<_>>()?;
+    trips.sort_by(f64::total_cmp);
+    let round_trip = trips[trips.len() / 2];
     let workgroups = 65_535u32;
     let out = dev.alloc(workgroups as u64 * 64 * 4, 0, "fma peak")?;
     let peak = |half: bool| -> anyhow::Result<f64> {
@@ -273,6 +287,7 @@ fn measure_limits(dev: &dyn Device, min_seconds: f64) -> anyhow::Result<Limits> 
         stream: 3.0 * stream_len as f64 / stream_s,
         upload: len as f64 / upload_s,
         expert_upload: EXPERT_BYTES as f64 / expert_s,
+        round_trip,
         f32_flops,
         f16_flops,
     })
@@ -467,6 +482,7 @@ pub fn run(args: BenchDeviceArgs) -> anyhow::Result<()> {
             "copy_gbps": limits.copy / 1e9, "stream_gbps": limits.stream / 1e9,
             "upload_gbps": limits.upload / 1e9,
             "expert_upload_gbps": limits.expert_upload / 1e9,
+            "round_trip_us": limits.round_trip * 1e6,
             "f32_tflops": limits.f32_flops / 1e12,
             "f16_tflops": limits.f16_flops.map(|f| f / 1e12),
             "points": rows,
@@ -486,11 +502,12 @@ pub fn run(args: BenchDeviceArgs) -> anyhow::Result<()> {
         }
     );
     println!(
-        "limits: copy {:.0} GB/s (read + write), stream {:.0} GB/s (a kernel's x += y), upload {:.1} GB/s (256 MiB, the first) and {:.1} GB/s (an expert's 2.65 MB, warm), FMA f32 {:.1} TFLOPS, f16 {}",
+        "limits: copy {:.0} GB/s (read + write), stream {:.0} GB/s (a kernel's x += y), upload {:.1} GB/s (256 MiB, the first) and {:.1} GB/s (an expert's 2.65 MB, warm), a host round trip of 8 KiB {:.0} us, FMA f32 {:.1} TFLOPS, f16 {}",
         limits.copy / 1e9,
         limits.stream / 1e9,
         limits.upload / 1e9,
         limits.expert_upload / 1e9,
+        limits.round_trip * 1e6,
         limits.f32_flops / 1e12,
         limits
             .f16_flops

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
-use super::{STAGED_MAX, WgpuDevice, lock};
+use super::{DOWNLOAD_SLOT_MAX, DOWNLOAD_SLOTS, STAGED_MAX, WgpuDevice, lock};
 use crate::device::{Buffer, Event, RawBuffer, Readback};
 use crate::{Error, Result};
 
@@ -289,12 +289,7 @@ impl WgpuDevice {
                 message: format!("offset {offset} is not a multiple of 4"),
             });
         }
-        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("download"),
-            size: len.next_multiple_of(4).max(4),
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
+        let staging = self.download_slot(len);
         {
             let mut pending = self.pending();
             let enc = pending.as_mut().expect("pending() creates it").encoder();
@@ -319,7 +314,7 @@ impl WgpuDevice {
         });
         self.check()?;
         let (device, errors, spin) = (self.device.clone(), self.error.clone(), self.spin);
-        let waited = self.waited.clone();
+        let (waited, slots) = (self.waited.clone(), self.download_slots.clone());
         let read = move || -> Result<Vec<u8>> {
             super::poll_until(&device, spin, &waited, || lock(&result).is_some())?;
             if let Some(e) = lock(&errors).take() {
@@ -336,9 +331,33 @@ impl WgpuDevice {
             let out = view[..len as usize].to_vec();
             drop(view);
             staging.unmap();
+            let mut free = lock(&slots);
+            if free.len() < DOWNLOAD_SLOTS && staging.size() <= DOWNLOAD_SLOT_MAX {
+                free.push(staging);
+            }
             Ok(out)
         };
         Ok(Readback::new(event, Box::new(read)))
+    }
+
+    /// A mappable buffer of at least `len` bytes for a download: a free one of its size
+    /// class (a power of two from 4 KiB) kept by an earlier download, else a new one. A
+    /// host round trip then costs no allocation of host-visible memory (a driver call each,
+    /// with its release, when every download made its own buffer: 13 a decoded token in
+    /// the hybrid layout).
+    fn download_slot(&self, len: u64) -> wgpu::Buffer {
+        let size = len.next_power_of_two().max(4096);
+        let mut free = lock(&self.download_slots);
+        if let Some(i) = free.iter().position(|b| b.size() == size) {
+            return free.swap_remove(i);
+        }
+        drop(free);
+        self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("download"),
+            size,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        })
     }
 
     /// [`crate::Device::copy`].

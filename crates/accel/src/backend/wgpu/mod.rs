@@ -45,6 +45,12 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// expert in Q4_K (25 MB) is one staged copy.
 const STAGED_MAX: u64 = 32 << 20;
 
+/// Download buffers kept for reuse ([`WgpuDevice::download_slot`]), and the largest kept:
+/// a decoded token's round trips (routing, logits) reuse them; a rare large download gets
+/// its own.
+const DOWNLOAD_SLOTS: usize = 8;
+const DOWNLOAD_SLOT_MAX: u64 = 16 << 20;
+
 /// How long a wait for submitted work polls before it is given up as never completing.
 const POLL_LIMIT: Duration = Duration::from_secs(60);
 
@@ -120,6 +126,8 @@ pub struct WgpuDevice {
     traffic: Mutex<Traffic>,
     /// [`Traffic::wait_ns`], added to by waits on any thread (a download's own).
     waited: Arc<AtomicU64>,
+    /// Mappable buffers of finished downloads, free for the next ones.
+    download_slots: Arc<Mutex<Vec<wgpu::Buffer>>>,
     /// Each kernel's device time, when profiling (`STRATA_GPU_PROFILE=1`).
     clock: Option<Mutex<clock::KernelClock>>,
     pool: Arc<Mutex<Pool>>,
@@ -216,6 +224,7 @@ impl WgpuDevice {
             params: Mutex::default(),
             traffic: Mutex::default(),
             waited: Arc::default(),
+            download_slots: Arc::default(),
             clock,
             pool: Arc::new(Mutex::new(Pool::new(opts.vram_budget.unwrap_or(u64::MAX)))),
             error,
