@@ -346,7 +346,11 @@ impl WgpuDevice {
     /// with its release, when every download made its own buffer: 13 a decoded token in
     /// the hybrid layout).
     fn download_slot(&self, len: u64) -> wgpu::Buffer {
-        let size = len.next_power_of_two().max(4096);
+        // A download too large to be kept takes what it needs, not the next power of two.
+        let size = match len.next_power_of_two().max(4096) {
+            kept if kept <= DOWNLOAD_SLOT_MAX => kept,
+            _ => len.next_multiple_of(4),
+        };
         let mut free = lock(&self.download_slots);
         if let Some(i) = free.iter().position(|b| b.size() == size) {
             return free.swap_remove(i);
