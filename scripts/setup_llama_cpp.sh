@@ -19,7 +19,9 @@
 # Idempotent: each step is skipped when its output exists; cmake rebuilds only what changed.
 # Needs cmake (installed with apt-get when missing), a C++ compiler and python3 >= 3.9.
 # GGML_NATIVE=ON: the binaries use this CPU's instruction sets (AVX2 here); do not copy them
-# to another machine.
+# to another machine. On a CPU with AMX the native build dies with SIGILL in ggml's AMX code
+# on these VMs (`tilezero`), so there it is built with GGML_NATIVE=OFF and the AVX-512 sets
+# the CPU reports (llama.cpp's AVX-512 VNNI kernels, its AMX path off).
 set -euo pipefail
 
 VERSION=0.3.36
@@ -53,8 +55,17 @@ LLAMA=$SRC/vendor/llama.cpp
 BUILD=$DIR/build
 if [ ! -f "$BUILD/CMakeCache.txt" ]; then
     log "configuring $BUILD"
+    ISA=(-DGGML_NATIVE=ON)
+    if grep -qw amx_int8 /proc/cpuinfo 2>/dev/null; then
+        log "AMX CPU: GGML_NATIVE=OFF with its AVX-512 sets (the native AMX build dies with SIGILL)"
+        ISA=(-DGGML_NATIVE=OFF)
+        for flag in avx512f:AVX512 avx512_vnni:AVX512_VNNI avx512_bf16:AVX512_BF16 \
+            avx512vbmi:AVX512_VBMI avx_vnni:AVX_VNNI; do
+            grep -qw "${flag%%:*}" /proc/cpuinfo && ISA+=("-DGGML_${flag#*:}=ON")
+        done
+    fi
     cmake -S "$LLAMA" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
-        -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
+        "${ISA[@]}" -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
         -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON
 fi
 TARGETS=(llama llama-quantize llama-imatrix llama-server llama-cli llama-bench)
