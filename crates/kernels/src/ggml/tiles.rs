@@ -49,7 +49,36 @@ pub(crate) const TILE_TOKENS: usize = 512;
 /// still ahead on some types. Against the VNNI row-dot kernels (2-core Xeon, 2026-11-27,
 /// `STRATA_GGML_TILES=int8,1000000000` against the default): 1.24-2.0x at 32 tokens per
 /// expert, 1.7-2.2x at 64 (Q4_K, Q6_K, Q8_0).
+///
+/// Below [`TILE_MIN_TOKENS_AMX_INT8_TYPES`] the types whose AVX-512 INT8 tiles hold them exactly
+/// keep those instead ([`amx_bf16_min`]).
 pub(crate) const TILE_MIN_TOKENS_AMX: usize = 32;
+/// The AMX BF16 threshold of the types whose AVX-512 INT8 tiles are exact (but Q2_K): their
+/// `vpdpbusd` tiles decode four to six times faster than BF16 tiles, which repays them at 32
+/// tokens per expert even against `tdpbf16ps`. Measured with `strata bench moe --crossover
+/// --formats q4_k,q6_k,q8_0,iq4_xs,q5_k,q3_k,q2_k --tokens 1 --layers 2 --min-seconds 0.5`
+/// on a 2-vCPU Xeon with AMX (2026-12-02, docs/benchmarks.md), ms per expert, AVX-512 INT8
+/// tiles against AMX BF16 tiles at 32 / 64 tokens per expert: Q4_K 0.778 / 1.378 against
+/// 1.067 / 1.340, Q6_K 1.025 / 1.810 against 1.349 / 1.682, Q8_0 1.113 / 1.746 against 1.434
+/// / 1.815, IQ4_XS 1.672 / 2.291 against 1.881 / 2.309, Q5_K 1.044 / 1.600 against 1.285 /
+/// 1.547, Q3_K 0.973 / 1.608 against 1.427 / 1.626; at 128 BF16 ahead on every type (1.2-1.9x).
+/// Q2_K, whose INT8 tiles flush per 16, was behind at 32 (1.272 against 1.194).
+pub(crate) const TILE_MIN_TOKENS_AMX_INT8_TYPES: usize = 64;
+
+/// Fewest tokens of one matrix call of `ty` for AMX BF16 tiles: below it, AMX takes what
+/// AVX-512 would.
+fn amx_bf16_min(ty: GgmlType) -> usize {
+    match ty {
+        GgmlType::Q4_K
+        | GgmlType::Q6_K
+        | GgmlType::Q8_0
+        | GgmlType::IQ4_XS
+        | GgmlType::Q5_K
+        | GgmlType::Q3_K => TILE_MIN_TOKENS_AMX_INT8_TYPES,
+        _ => TILE_MIN_TOKENS_AMX,
+    }
+}
+
 /// The same on AVX-512 without AMX (`vdpbf16ps`): on that Xeon the tiles were 0.67-1.03x at 32
 /// tokens per expert, 0.89-1.21x at 64 and 1.31-2.02x at 256. Not yet measured on AMD Zen 4/5,
 /// whose BF16 units are relatively faster.
@@ -70,7 +99,7 @@ pub(crate) const INT8_MIN_TOKENS_AMX: usize = 32;
 /// Q6_K, Q8_0), so the threshold stands.
 pub(crate) const INT8_MIN_TOKENS_AVX512: usize = 32;
 /// The same for Q4_K, whose INT8 tiles are decoded in registers from its blocks
-/// (`q4_k`), on AVX-512 and on AMX, below [`TILE_MIN_TOKENS_AMX`]. Measured with `strata
+/// (`q4_k`), on AVX-512 and on AMX, below [`amx_bf16_min`]. Measured with `strata
 /// bench moe --formats q4_k --tokens 64,128,256,512,1024` on the 2-core Xeon with AMX
 /// (2026-11-28, docs/benchmarks.md), seconds per call at 4 / 8 / 16 / 32 tokens per expert:
 /// AVX-512 INT8 tiles 0.043-0.052 / 0.060-0.063 / 0.093-0.113 / 0.156-0.170, the VNNI
@@ -209,11 +238,16 @@ fn forced() -> (Option<TileFormat>, Option<usize>) {
 /// the decode.
 pub(crate) fn tile_for(isa: Isa, m: usize, ty: GgmlType) -> Option<(Kernel, TileFormat)> {
     let (fmt, min) = forced();
-    // Q4_K's and Q8_0's tiles decode fast enough to repay them from a few tokens on; on AMX
-    // they run on AVX-512 until the AMX BF16 tiles take over.
-    let below_amx = isa == Isa::Avx512 || m < TILE_MIN_TOKENS_AMX;
-    let early = early_int8_min(ty).filter(|_| (fmt, min) == (None, None) && isa >= Isa::Avx512);
-    if early.is_some_and(|early| m >= early) && below_amx {
+    let default = (fmt, min) == (None, None);
+    // On AMX, below the type's BF16 threshold, the choice is AVX-512's.
+    let isa = if default && isa == Isa::Amx && m < amx_bf16_min(ty) {
+        Isa::Avx512
+    } else {
+        isa
+    };
+    // Some types' INT8 tiles decode fast enough to repay them from a few tokens on.
+    let early = early_int8_min(ty).filter(|_| default && isa == Isa::Avx512);
+    if early.is_some_and(|early| m >= early) {
         return Some((Kernel::Isa(Isa::Avx512), TileFormat::Int8));
     }
     // AMX keeps BF16: `tdpbsud` with a scale per 32 flushes its four accumulator tiles per 32

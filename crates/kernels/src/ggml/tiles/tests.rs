@@ -93,7 +93,7 @@ fn tiles_are_taken_for_many_tokens_on_avx512_amx_and_for_exact_types_on_avx_vnni
     }
     assert_eq!(w.form(Isa::Avx512, 4096), avx512_int8);
     assert_eq!(
-        w.form(Isa::Amx, TILE_MIN_TOKENS_AMX),
+        w.form(Isa::Amx, TILE_MIN_TOKENS_AMX_INT8_TYPES),
         Form::Tiles(Kernel::Isa(Isa::Amx), TileFormat::Bf16)
     );
     assert_eq!(
@@ -149,7 +149,7 @@ fn tiles_are_taken_for_many_tokens_on_avx512_amx_and_for_exact_types_on_avx_vnni
     for isa in [Isa::Avx512, Isa::Amx] {
         assert_eq!(q4_k.form(isa, INT8_MIN_TOKENS_Q4_K - 1), Form::Q8(256));
         assert_eq!(q4_k.form(isa, INT8_MIN_TOKENS_Q4_K), int8);
-        assert_eq!(q4_k.form(isa, TILE_MIN_TOKENS_AMX - 1), int8);
+        assert_eq!(q4_k.form(isa, TILE_MIN_TOKENS_AMX_INT8_TYPES - 1), int8);
     }
     assert_eq!(q4_k.form(Isa::Avx512, 4096), int8);
     // So does Q8_0, from its own threshold.
@@ -158,7 +158,21 @@ fn tiles_are_taken_for_many_tokens_on_avx512_amx_and_for_exact_types_on_avx_vnni
         assert_eq!(q8_0.form(isa, INT8_MIN_TOKENS_Q8_0), int8);
     }
     let amx_bf16 = Form::Tiles(Kernel::Isa(Isa::Amx), TileFormat::Bf16);
-    assert_eq!(q4_k.form(Isa::Amx, TILE_MIN_TOKENS_AMX), amx_bf16);
+    assert_eq!(
+        q4_k.form(Isa::Amx, TILE_MIN_TOKENS_AMX_INT8_TYPES),
+        amx_bf16
+    );
+    // IQ4_XS has no early threshold: on AMX it takes AVX-512's INT8 tiles from 32 tokens
+    // until the BF16 tiles take over; Q2_K's BF16 tiles take over from 32.
+    let iq4_xs = matrix(GgmlType::IQ4_XS, 64, 256, &mut 1);
+    assert_eq!(iq4_xs.form(Isa::Amx, INT8_MIN_TOKENS_AVX512), int8);
+    assert_eq!(
+        iq4_xs.form(Isa::Amx, TILE_MIN_TOKENS_AMX_INT8_TYPES),
+        amx_bf16
+    );
+    let q2_k = matrix(GgmlType::Q2_K, 64, 256, &mut 1);
+    assert_eq!(q2_k.form(Isa::Amx, TILE_MIN_TOKENS_AMX - 1), int8);
+    assert_eq!(q2_k.form(Isa::Amx, TILE_MIN_TOKENS_AMX), amx_bf16);
     // Types without an integer form take BF16 tiles.
     let f16 = matrix(GgmlType::F16, 64, 256, &mut 1);
     let bf16 = TileFormat::Bf16;
