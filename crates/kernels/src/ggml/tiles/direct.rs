@@ -102,51 +102,15 @@ pub(super) unsafe fn q4_k_strip(
     let row_bytes = blocks * block;
     assert!(rows <= 16 && src.len() >= rows * row_bytes && dst.len() >= blocks * 64 * 64);
     let nib = _mm512_set1_epi8(0x0f);
-    // `vpermt2q` indices: 128-bit lanes 0 and 2 (or 1 and 3) of the two sources, alternated.
-    let (even, odd) = (
-        _mm512_set_epi64(13, 12, 5, 4, 9, 8, 1, 0),
-        _mm512_set_epi64(15, 14, 7, 6, 11, 10, 3, 2),
-    );
     let next = NextStrip::new(src, rows * row_bytes, 4 * blocks);
     for b in 0..blocks {
         for p in 0..4 {
             next.fetch(4 * b + p);
-            let chunk = |c: usize| {
-                if c >= rows {
-                    return _mm256_setzero_si256();
-                }
-                let at = c * row_bytes + b * block + 16 + 32 * p;
-                // SAFETY: 32 bytes at `at` lie within row `c`'s block `b` (checked above).
-                unsafe { _mm256_loadu_si256(src.as_ptr().add(at).cast()) }
-            };
-            // `z[c]`: row `c`'s 8 dwords, then row `c + 8`'s.
-            let z: [__m512i; 8] = std::array::from_fn(|c| {
-                _mm512_inserti64x4::<1>(_mm512_castsi256_si512(chunk(c)), chunk(c + 8))
-            });
-            // An 8x8 dword transpose in each 256-bit half: `u[e]` holds, per 128-bit lane
-            // `l`, dword `4 (l % 2) + e` of rows 0-3 (of the half), `u[4 + e]` of rows 4-7.
-            let t: [__m512i; 8] = std::array::from_fn(|i| {
-                let (a, b) = (z[i / 2 * 2], z[i / 2 * 2 + 1]);
-                if i % 2 == 0 {
-                    _mm512_unpacklo_epi32(a, b)
-                } else {
-                    _mm512_unpackhi_epi32(a, b)
-                }
-            });
-            let u: [__m512i; 8] = std::array::from_fn(|i| {
-                let (h, e) = (i / 4, i % 4);
-                let (a, b) = (t[4 * h + e / 2], t[4 * h + e / 2 + 2]);
-                if e % 2 == 0 {
-                    _mm512_unpacklo_epi64(a, b)
-                } else {
-                    _mm512_unpackhi_epi64(a, b)
-                }
-            });
+            // SAFETY: the caller checked the features; `src` holds `rows` rows (checked above).
+            let dwords =
+                unsafe { q4_k_chunk_dwords(src, rows, row_bytes, b * block + 16 + 32 * p) };
             let lines = &mut dst[(64 * b + 16 * p) * 64..][..16 * 64];
-            for d in 0..8 {
-                let idx = if d < 4 { even } else { odd };
-                // Dword `d` of all 16 rows, in row order.
-                let v = _mm512_permutex2var_epi64(u[d % 4], idx, u[4 + d % 4]);
+            for (d, v) in dwords.into_iter().enumerate() {
                 let lo = _mm512_and_si512(v, nib);
                 let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), nib);
                 // SAFETY: lines `d` and `8 + d` lie within `lines` (16 lines).
@@ -157,6 +121,59 @@ pub(super) unsafe fn q4_k_strip(
             }
         }
     }
+}
+
+/// The 32 bytes at `at` of each of the strip's `rows` rows (`row_bytes` apart in `src`; at
+/// most 16, the rest read as zero) as 8 registers of one dword per row: register `d` holds
+/// dword `d` of every row, in row order. For a Q4_K chunk of 64 `k` (its 32 bytes of
+/// nibbles), register `d` holds quad `d` of the chunk in its low nibbles and quad `8 + d` in
+/// its high ones.
+///
+/// # Safety
+/// AVX-512 F/BW/VL must be available; `src` must hold `rows` rows.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
+unsafe fn q4_k_chunk_dwords(src: &[u8], rows: usize, row_bytes: usize, at: usize) -> [__m512i; 8] {
+    // `vpermt2q` indices: 128-bit lanes 0 and 2 (or 1 and 3) of the two sources, alternated.
+    let (even, odd) = (
+        _mm512_set_epi64(13, 12, 5, 4, 9, 8, 1, 0),
+        _mm512_set_epi64(15, 14, 7, 6, 11, 10, 3, 2),
+    );
+    let chunk = |c: usize| {
+        if c >= rows {
+            return _mm256_setzero_si256();
+        }
+        let bytes = &src[c * row_bytes + at..][..32];
+        // SAFETY: `bytes` holds 32 bytes.
+        unsafe { _mm256_loadu_si256(bytes.as_ptr().cast()) }
+    };
+    // `z[c]`: row `c`'s 8 dwords, then row `c + 8`'s.
+    let z: [__m512i; 8] = std::array::from_fn(|c| {
+        _mm512_inserti64x4::<1>(_mm512_castsi256_si512(chunk(c)), chunk(c + 8))
+    });
+    // An 8x8 dword transpose in each 256-bit half: `u[e]` holds, per 128-bit lane `l`, dword
+    // `4 (l % 2) + e` of rows 0-3 (of the half), `u[4 + e]` of rows 4-7.
+    let t: [__m512i; 8] = std::array::from_fn(|i| {
+        let (a, b) = (z[i / 2 * 2], z[i / 2 * 2 + 1]);
+        if i % 2 == 0 {
+            _mm512_unpacklo_epi32(a, b)
+        } else {
+            _mm512_unpackhi_epi32(a, b)
+        }
+    });
+    let u: [__m512i; 8] = std::array::from_fn(|i| {
+        let (h, e) = (i / 4, i % 4);
+        let (a, b) = (t[4 * h + e / 2], t[4 * h + e / 2 + 2]);
+        if e % 2 == 0 {
+            _mm512_unpacklo_epi64(a, b)
+        } else {
+            _mm512_unpackhi_epi64(a, b)
+        }
+    });
+    std::array::from_fn(|d| {
+        let idx = if d < 4 { even } else { odd };
+        _mm512_permutex2var_epi64(u[d % 4], idx, u[4 + d % 4])
+    })
 }
 
 /// Writes the INT8 tile lines of one strip of Q6_K rows (as [`q4_k_strip`] takes them; 64
@@ -460,7 +477,10 @@ pub(super) unsafe fn q4_k_strip_scales(
 /// Writes the BF16 tile lines of one strip of Q4_K rows (as [`q4_k_strip`] takes them; 16
 /// lines per group of 32): `d · q + m` per value, a multiply then an add as the generic fill
 /// rounds them, converted to BF16 rounding to nearest even. `scales` and `bias` are the strip's
-/// `[group][16]` (from [`q4_k_strip_scales`]).
+/// `[group][16]` (from [`q4_k_strip_scales`]). As [`q4_k_strip`], the packed bytes are
+/// transposed, so each register holds one dword per row and the 16 rows' scales are one
+/// register: a line (a pair of `k` for 16 rows) is two nibbles per lane converted side by side
+/// and interleaved, with no transpose of the converted values.
 ///
 /// # Safety
 /// AVX-512 F/BW/VL/BF16 must be available.
@@ -478,40 +498,56 @@ pub(super) unsafe fn q4_k_strip_bf16(
     let groups = blocks * 8;
     assert!(rows <= 16 && src.len() >= rows * row_bytes && dst.len() >= groups * 16 * 64);
     assert!(scales.len() >= groups * 16 && bias.len() >= groups * 16);
-    let nib = _mm256_set1_epi8(0x0f);
-    for g in 0..groups {
-        let (b, j) = (g / 8, g % 8);
-        let r: [__m512i; 16] = std::array::from_fn(|c| {
-            if c >= rows {
-                return _mm512_setzero_si512();
+    let nib = _mm512_set1_epi32(0x0f);
+    // `vpermw` indices pairing lane `n` of the two converted halves: words `2n, 2n + 1`.
+    let pair = _mm512_set_epi16(
+        31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4,
+        19, 3, 18, 2, 17, 1, 16, 0,
+    );
+    let next = NextStrip::new(src, rows * row_bytes, 4 * blocks);
+    for b in 0..blocks {
+        for p in 0..4 {
+            next.fetch(4 * b + p);
+            // SAFETY: the caller checked the features; `src` holds `rows` rows (checked above).
+            let dwords =
+                unsafe { q4_k_chunk_dwords(src, rows, row_bytes, b * block + 16 + 32 * p) };
+            // The chunk's low nibbles are group `8 b + 2 p`, its high ones the next.
+            for half in 0..2 {
+                let g = 8 * b + 2 * p + half;
+                // SAFETY: 16 values from `16 g` lie within both (checked above).
+                let (d, m) = unsafe {
+                    (
+                        _mm512_loadu_ps(scales.as_ptr().add(16 * g)),
+                        _mm512_loadu_ps(bias.as_ptr().add(16 * g)),
+                    )
+                };
+                let lines = &mut dst[16 * g * 64..][..16 * 64];
+                for (dw, &v) in dwords.iter().enumerate() {
+                    // Byte `i` of the dword holds value `4 dw + i` of the group.
+                    let value = |byte: usize| {
+                        let q =
+                            _mm512_srl_epi32(v, _mm_cvtsi32_si128((8 * byte + 4 * half) as i32));
+                        let q = _mm512_cvtepi32_ps(_mm512_and_si512(q, nib));
+                        _mm512_add_ps(_mm512_mul_ps(d, q), m)
+                    };
+                    for e in 0..2 {
+                        let (k0, k1) = (value(2 * e), value(2 * e + 1));
+                        // SAFETY: both are 64-byte plain vector types.
+                        let words = unsafe {
+                            std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(k1, k0))
+                        };
+                        let line = _mm512_permutexvar_epi16(pair, words);
+                        // SAFETY: line `2 dw + e` lies within `lines` (16 lines).
+                        unsafe {
+                            _mm512_storeu_si512(
+                                lines.as_mut_ptr().add(64 * (2 * dw + e)).cast(),
+                                line,
+                            )
+                        };
+                    }
+                }
             }
-            let at = c * row_bytes + b * block + 16 + 32 * (j / 2);
-            // SAFETY: 32 bytes at `at` lie within row `c`'s block `b` (checked above).
-            let qs = unsafe { _mm256_loadu_si256(src.as_ptr().add(at).cast()) };
-            let q = if j % 2 == 0 {
-                qs
-            } else {
-                _mm256_srli_epi16::<4>(qs)
-            };
-            let q = _mm256_and_si256(q, nib);
-            let (d, m) = (
-                _mm512_set1_ps(scales[16 * g + c]),
-                _mm512_set1_ps(bias[16 * g + c]),
-            );
-            let value = |q: __m128i| {
-                let q = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q));
-                _mm512_add_ps(_mm512_mul_ps(d, q), m)
-            };
-            let (lo, hi) = (
-                value(_mm256_castsi256_si128(q)),
-                value(_mm256_extracti128_si256::<1>(q)),
-            );
-            // SAFETY: both are 64-byte plain vector types.
-            unsafe { std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(hi, lo)) }
-        });
-        // SAFETY: the caller checked the features; the 16 lines from `16 g` lie within `dst`
-        // (checked above).
-        unsafe { transpose16_regs(r, &mut dst[16 * g * 64..]) };
+        }
     }
 }
 
