@@ -11,10 +11,11 @@
 //! On AVX-512, types whose values an INT8 tile with a scale per 32 (per 16 for Q6_K, Q3_K and
 //! Q2_K) holds exactly (`int8::exact`: every type with a block decoder) decode to it:
 //! `vpdpbusd` does twice the multiplies of `vdpbf16ps`, and a tile decodes faster. AMX and the
-//! other types (F16, BF16, the grid i-quants) take BF16 tiles ([`tile_for`]). On AVX-VNNI
-//! without AVX-512 the INT8 tiles run on 256-bit halves; the other types and plain AVX2 keep
-//! their row-dot kernels. `STRATA_GGML_TILES=int8` forces INT8 tiles on every type, the
-//! others requantized per 32.
+//! other types (F16, BF16, the grid i-quants) take BF16 tiles ([`tile_for`]); on AMX most of
+//! the exact types keep AVX-512's INT8 tiles below 64 tokens per call ([`amx_bf16_min`]).
+//! On AVX-VNNI without AVX-512 the INT8 tiles run on 256-bit halves; the other types and
+//! plain AVX2 keep their row-dot kernels. `STRATA_GGML_TILES=int8` forces INT8 tiles on every
+//! type, the others requantized per 32.
 //!
 //! A key design decision: the tile is written in exactly the layout [`PackedMatrix`] packs at
 //! load, and viewed as one, so every packed micro-kernel, the AMX tile program on the software
@@ -62,7 +63,10 @@ pub(crate) const TILE_MIN_TOKENS_AMX: usize = 32;
 /// 1.067 / 1.340, Q6_K 1.025 / 1.810 against 1.349 / 1.682, Q8_0 1.113 / 1.746 against 1.434
 /// / 1.815, IQ4_XS 1.672 / 2.291 against 1.881 / 2.309, Q5_K 1.044 / 1.600 against 1.285 /
 /// 1.547, Q3_K 0.973 / 1.608 against 1.427 / 1.626; at 128 BF16 ahead on every type (1.2-1.9x).
-/// Q2_K, whose INT8 tiles flush per 16, was behind at 32 (1.272 against 1.194).
+/// Q2_K, whose INT8 tiles flush per 16, was behind at 32 (1.272 against 1.194). The layer
+/// (`--formats q4_k,q6_k --tokens 512,1024`, against the threshold of 32, two alternating
+/// rounds): Q4_K 1.27-1.36x at 512 tokens and 1.44-1.51x at 1,024, Q6_K 1.28-1.40x and
+/// 0.95-1.02x.
 pub(crate) const TILE_MIN_TOKENS_AMX_INT8_TYPES: usize = 64;
 
 /// Fewest tokens of one matrix call of `ty` for AMX BF16 tiles: below it, AMX takes what
