@@ -527,9 +527,13 @@ pub(super) fn fill_body<const AVX512: bool>(
     #[cfg(target_arch = "x86_64")]
     if direct && w.ty == GgmlType::Q6_K {
         let (blocks, block, strips) = direct::strips(w, bytes, layout.strip_bytes);
+        s.d.resize(blocks * 16 * STRIP, 0.0);
         for st in strips {
             // SAFETY: as for Q4_K above.
-            unsafe { direct::q6_k_strip_bf16(st.src, st.rows, blocks, block, st.dst) };
+            unsafe {
+                direct::q6_k_strip_scales(st.src, st.rows, blocks, block, &mut s.d);
+                direct::q6_k_strip_bf16(st.src, st.rows, blocks, block, &s.d, st.dst);
+            }
         }
         return;
     }
