@@ -537,6 +537,15 @@ pub(super) fn fill_body<const AVX512: bool>(
         }
         return;
     }
+    #[cfg(target_arch = "x86_64")]
+    if direct && w.ty == GgmlType::Q8_0 {
+        let (blocks, _, strips) = direct::strips(w, bytes, layout.strip_bytes);
+        for st in strips {
+            // SAFETY: as for Q4_K above; F16C comes with AVX-512 F.
+            unsafe { direct::q8_0_strip_bf16(st.src, st.rows, blocks, st.dst) };
+        }
+        return;
+    }
     // 1. All rows as BF16, `k_pad` apart; padding rows and columns zero.
     s.h.clear();
     s.h.resize(layout.n_pad * k_pad, 0);

@@ -24,14 +24,13 @@ pub(super) struct Strip<'a> {
     pub dst: &'a mut [u8],
 }
 
-/// `w`'s blocks per row and bytes per block (a k-quant: blocks of 256), and its strips over
-/// `bytes`, `strip_bytes` each.
+/// `w`'s blocks per row and bytes per block, and its strips over `bytes`, `strip_bytes` each.
 pub(super) fn strips<'a>(
     w: Rows<'a>,
     bytes: &'a mut [u8],
     strip_bytes: usize,
 ) -> (usize, usize, impl Iterator<Item = Strip<'a>>) {
-    let (blocks, block) = (w.k / crate::ggml::QK_K, w.ty.block_bytes());
+    let (blocks, block) = (w.k / w.ty.block_size(), w.ty.block_bytes());
     let it = bytes
         .chunks_exact_mut(strip_bytes)
         .enumerate()
@@ -107,8 +106,7 @@ pub(super) unsafe fn q4_k_strip(
         for p in 0..4 {
             next.fetch(4 * b + p);
             // SAFETY: the caller checked the features; `src` holds `rows` rows (checked above).
-            let dwords =
-                unsafe { q4_k_chunk_dwords(src, rows, row_bytes, b * block + 16 + 32 * p) };
+            let dwords = unsafe { dwords_by_row(src, rows, row_bytes, b * block + 16 + 32 * p) };
             let lines = &mut dst[(64 * b + 16 * p) * 64..][..16 * 64];
             for (d, v) in dwords.into_iter().enumerate() {
                 let lo = _mm512_and_si512(v, nib);
@@ -133,7 +131,7 @@ pub(super) unsafe fn q4_k_strip(
 /// AVX-512 F/BW/VL must be available; `src` must hold `rows` rows.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
-unsafe fn q4_k_chunk_dwords(src: &[u8], rows: usize, row_bytes: usize, at: usize) -> [__m512i; 8] {
+unsafe fn dwords_by_row(src: &[u8], rows: usize, row_bytes: usize, at: usize) -> [__m512i; 8] {
     // `vpermt2q` indices: 128-bit lanes 0 and 2 (or 1 and 3) of the two sources, alternated.
     let (even, odd) = (
         _mm512_set_epi64(13, 12, 5, 4, 9, 8, 1, 0),
@@ -499,18 +497,13 @@ pub(super) unsafe fn q4_k_strip_bf16(
     assert!(rows <= 16 && src.len() >= rows * row_bytes && dst.len() >= groups * 16 * 64);
     assert!(scales.len() >= groups * 16 && bias.len() >= groups * 16);
     let nib = _mm512_set1_epi32(0x0f);
-    // `vpermw` indices pairing lane `n` of the two converted halves: words `2n, 2n + 1`.
-    let pair = _mm512_set_epi16(
-        31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4,
-        19, 3, 18, 2, 17, 1, 16, 0,
-    );
+    let pair = pair_words();
     let next = NextStrip::new(src, rows * row_bytes, 4 * blocks);
     for b in 0..blocks {
         for p in 0..4 {
             next.fetch(4 * b + p);
             // SAFETY: the caller checked the features; `src` holds `rows` rows (checked above).
-            let dwords =
-                unsafe { q4_k_chunk_dwords(src, rows, row_bytes, b * block + 16 + 32 * p) };
+            let dwords = unsafe { dwords_by_row(src, rows, row_bytes, b * block + 16 + 32 * p) };
             // The chunk's low nibbles are group `8 b + 2 p`, its high ones the next.
             for half in 0..2 {
                 let g = 8 * b + 2 * p + half;
@@ -531,24 +524,84 @@ pub(super) unsafe fn q4_k_strip_bf16(
                         _mm512_add_ps(_mm512_mul_ps(d, q), m)
                     };
                     for e in 0..2 {
-                        let (k0, k1) = (value(2 * e), value(2 * e + 1));
-                        // SAFETY: both are 64-byte plain vector types.
-                        let words = unsafe {
-                            std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(k1, k0))
-                        };
-                        let line = _mm512_permutexvar_epi16(pair, words);
+                        let line = pair_line(value(2 * e), value(2 * e + 1), pair);
                         // SAFETY: line `2 dw + e` lies within `lines` (16 lines).
                         unsafe {
-                            _mm512_storeu_si512(
-                                lines.as_mut_ptr().add(64 * (2 * dw + e)).cast(),
-                                line,
-                            )
+                            let at = lines.as_mut_ptr().add(64 * (2 * dw + e));
+                            _mm512_storeu_si512(at.cast(), line)
                         };
                     }
                 }
             }
         }
     }
+}
+
+/// Writes the BF16 tile lines of one strip of Q8_0 rows (`rows` rows, at most 16, of `blocks`
+/// blocks of 34 bytes in `src`; 16 lines per block in `dst`): `d · q` plus the zero min, as
+/// the generic fill rounds it, then to BF16 to nearest even. As [`q4_k_strip_bf16`], from
+/// the transposed bytes: each register holds 4 values of every row, and the rows' `d` is one
+/// register (a gather per block).
+///
+/// # Safety
+/// AVX-512 F/BW/VL/BF16 and F16C must be available.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx2,f16c")]
+pub(super) unsafe fn q8_0_strip_bf16(src: &[u8], rows: usize, blocks: usize, dst: &mut [u8]) {
+    let row_bytes = blocks * 34;
+    assert!(rows <= 16 && src.len() >= rows * row_bytes && dst.len() >= blocks * 16 * 64);
+    let mask: __mmask16 = if rows == 16 { !0 } else { (1 << rows) - 1 };
+    let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    let at = _mm512_mullo_epi32(lanes, _mm512_set1_epi32(row_bytes as i32));
+    let pair = pair_words();
+    let next = NextStrip::new(src, rows * row_bytes, blocks);
+    for b in 0..blocks {
+        next.fetch(b);
+        // SAFETY: the lanes below `rows` read the 4 bytes at the start of row `c`'s block `b`
+        // (checked above); masked lanes read nothing.
+        let dm = unsafe {
+            let base = src.as_ptr().add(34 * b);
+            _mm512_mask_i32gather_epi32::<1>(_mm512_setzero_si512(), mask, at, base.cast())
+        };
+        let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm));
+        // SAFETY: the caller checked the features; `src` holds `rows` rows (checked above).
+        let dwords = unsafe { dwords_by_row(src, rows, row_bytes, 34 * b + 2) };
+        let lines = &mut dst[16 * b * 64..][..16 * 64];
+        for (dw, &v) in dwords.iter().enumerate() {
+            // Byte `i` of the dword is value `4 dw + i` of the block, sign-extended.
+            let value = |byte: usize| {
+                let q = _mm512_sll_epi32(v, _mm_cvtsi32_si128((24 - 8 * byte) as i32));
+                let q = _mm512_cvtepi32_ps(_mm512_srai_epi32::<24>(q));
+                _mm512_add_ps(_mm512_mul_ps(d, q), _mm512_setzero_ps())
+            };
+            for e in 0..2 {
+                let line = pair_line(value(2 * e), value(2 * e + 1), pair);
+                // SAFETY: line `2 dw + e` lies within `lines` (16 lines).
+                unsafe {
+                    _mm512_storeu_si512(lines.as_mut_ptr().add(64 * (2 * dw + e)).cast(), line)
+                };
+            }
+        }
+    }
+}
+
+/// `vpermw` indices pairing lane `n` of two converted halves: words `2n, 2n + 1`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn pair_words() -> __m512i {
+    _mm512_set_epi16(
+        31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4,
+        19, 3, 18, 2, 17, 1, 16, 0,
+    )
+}
+
+/// One BF16 tile line from two `k` of 16 rows (`k0`, `k1`: a row per lane): each row's dword
+/// is the pair, rounded to nearest even.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+fn pair_line(k0: __m512, k1: __m512, pair: __m512i) -> __m512i {
+    // SAFETY: both are 64-byte plain vector types.
+    let words = unsafe { std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(k1, k0)) };
+    _mm512_permutexvar_epi16(pair, words)
 }
 
 /// Writes the BF16 tile lines of one strip of Q6_K rows (`rows` rows, at most 16, of `blocks`

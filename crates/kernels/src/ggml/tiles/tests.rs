@@ -328,7 +328,12 @@ fn direct_fills_equal_the_generic_fills() {
     }
     let k = 512;
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-    for ty in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q3_K] {
+    for ty in [
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+        GgmlType::Q3_K,
+        GgmlType::Q8_0,
+    ] {
         for n in [1, 16, 33, 64] {
             let wm = matrix(ty, n, k, &mut (n as u64));
             let w = Rows {
