@@ -10,11 +10,7 @@ use half::{bf16, f16};
 
 use super::iq;
 use super::types::{GgmlType, QK_K};
-
-/// The non-linear 4-bit grid of IQ4_NL and IQ4_XS (`kvalues_iq4nl`).
-const KVALUES_IQ4NL: [i8; 16] = [
-    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
-];
+use super::unpack::KVALUES_IQ4NL;
 
 /// Why a row could not be dequantized.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

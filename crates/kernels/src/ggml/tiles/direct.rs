@@ -584,6 +584,82 @@ pub(super) unsafe fn q8_0_strip_bf16(src: &[u8], rows: usize, blocks: usize, dst
     }
 }
 
+/// Writes the BF16 tile lines of one strip of IQ4_XS rows (`rows` rows, at most 16, of
+/// `blocks` blocks of 136 bytes in `src`; 16 lines per group of 32 in `dst`): `d · (ls - 32)`
+/// times the grid value of each nibble, plus the zero min, as the generic fill rounds it, then
+/// to BF16 to nearest even. As [`q4_k_strip_bf16`], from the transposed bytes, the grid
+/// looked up per lane with `vpermps`; a group's 16 bytes hold its first 16 values in their low
+/// nibbles and the next 16 in their high ones.
+///
+/// # Safety
+/// AVX-512 F/BW/VL/BF16 and F16C must be available.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx2,f16c")]
+pub(super) unsafe fn iq4_xs_strip_bf16(src: &[u8], rows: usize, blocks: usize, dst: &mut [u8]) {
+    let row_bytes = blocks * 136;
+    assert!(rows <= 16 && src.len() >= rows * row_bytes && dst.len() >= blocks * 8 * 16 * 64);
+    let mask: __mmask16 = if rows == 16 { !0 } else { (1 << rows) - 1 };
+    let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    let at = _mm512_mullo_epi32(lanes, _mm512_set1_epi32(row_bytes as i32));
+    let kv = crate::ggml::unpack::KVALUES_IQ4NL.map(f32::from);
+    // SAFETY: `kv` holds 16 floats.
+    let grid = unsafe { _mm512_loadu_ps(kv.as_ptr()) };
+    let (nib, pair) = (_mm512_set1_epi32(0x0f), pair_words());
+    let next = NextStrip::new(src, rows * row_bytes, 4 * blocks);
+    for b in 0..blocks {
+        // SAFETY: the lanes below `rows` read 8 bytes at the start of row `c`'s block `b`
+        // (checked above); masked lanes read nothing.
+        let [head, scales_l] = [0, 4].map(|off| unsafe {
+            let base = src.as_ptr().add(136 * b + off);
+            _mm512_mask_i32gather_epi32::<1>(_mm512_setzero_si512(), mask, at, base.cast())
+        });
+        let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head));
+        let scales_h = _mm512_srli_epi32::<16>(head);
+        for p in 0..4 {
+            next.fetch(4 * b + p);
+            // SAFETY: the caller checked the features; `src` holds `rows` rows (checked above).
+            let dwords = unsafe { dwords_by_row(src, rows, row_bytes, 136 * b + 8 + 32 * p) };
+            for half in 0..2 {
+                // Group `ib` of the block: its 16 bytes are dwords `4 half ..` of the chunk.
+                let ib = 2 * p + half;
+                let field = |v: __m512i, shift: usize, bits: i32| {
+                    let v = _mm512_srl_epi32(v, _mm_cvtsi32_si128(shift as i32));
+                    _mm512_and_si512(v, _mm512_set1_epi32((1 << bits) - 1))
+                };
+                let ls = _mm512_or_si512(
+                    field(scales_l, 4 * ib, 4),
+                    _mm512_slli_epi32::<4>(field(scales_h, 2 * ib, 2)),
+                );
+                let ls = _mm512_sub_epi32(ls, _mm512_set1_epi32(32));
+                let scale = _mm512_maskz_mul_ps(mask, d, _mm512_cvtepi32_ps(ls));
+                let g = 8 * b + ib;
+                let lines = &mut dst[16 * g * 64..][..16 * 64];
+                for (dw, &v) in dwords[4 * half..4 * half + 4].iter().enumerate() {
+                    // Byte `i` of the dword: values `4 dw + i` (low nibble) and `16 + 4 dw + i`
+                    // (high) of the group.
+                    let value = |shift: usize| {
+                        let q = _mm512_and_si512(
+                            _mm512_srl_epi32(v, _mm_cvtsi32_si128(shift as i32)),
+                            nib,
+                        );
+                        let q = _mm512_permutexvar_ps(q, grid);
+                        _mm512_add_ps(_mm512_mul_ps(scale, q), _mm512_setzero_ps())
+                    };
+                    for (nibble, e) in [(0, 0), (0, 1), (4, 0), (4, 1)] {
+                        let line =
+                            pair_line(value(16 * e + nibble), value(16 * e + 8 + nibble), pair);
+                        // SAFETY: line `2 dw + e` (`8 + ...` for the high nibbles) lies within
+                        // `lines` (16 lines).
+                        unsafe {
+                            let at = lines.as_mut_ptr().add(64 * (2 * dw + e + 2 * nibble));
+                            _mm512_storeu_si512(at.cast(), line)
+                        };
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// `vpermw` indices pairing lane `n` of two converted halves: words `2n, 2n + 1`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
