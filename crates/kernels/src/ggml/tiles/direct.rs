@@ -597,23 +597,14 @@ pub(super) unsafe fn q8_0_strip_bf16(src: &[u8], rows: usize, blocks: usize, dst
 pub(super) unsafe fn iq4_xs_strip_bf16(src: &[u8], rows: usize, blocks: usize, dst: &mut [u8]) {
     let row_bytes = blocks * 136;
     assert!(rows <= 16 && src.len() >= rows * row_bytes && dst.len() >= blocks * 8 * 16 * 64);
-    let mask: __mmask16 = if rows == 16 { !0 } else { (1 << rows) - 1 };
-    let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    let at = _mm512_mullo_epi32(lanes, _mm512_set1_epi32(row_bytes as i32));
     let kv = crate::ggml::unpack::KVALUES_IQ4NL.map(f32::from);
     // SAFETY: `kv` holds 16 floats.
     let grid = unsafe { _mm512_loadu_ps(kv.as_ptr()) };
     let (nib, pair) = (_mm512_set1_epi32(0x0f), pair_words());
     let next = NextStrip::new(src, rows * row_bytes, 4 * blocks);
     for b in 0..blocks {
-        // SAFETY: the lanes below `rows` read 8 bytes at the start of row `c`'s block `b`
-        // (checked above); masked lanes read nothing.
-        let [head, scales_l] = [0, 4].map(|off| unsafe {
-            let base = src.as_ptr().add(136 * b + off);
-            _mm512_mask_i32gather_epi32::<1>(_mm512_setzero_si512(), mask, at, base.cast())
-        });
-        let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head));
-        let scales_h = _mm512_srli_epi32::<16>(head);
+        // SAFETY: the caller checked the features and `src` (above).
+        let scales = unsafe { iq4_xs_scales(src, rows, row_bytes, b) };
         for p in 0..4 {
             next.fetch(4 * b + p);
             // SAFETY: the caller checked the features; `src` holds `rows` rows (checked above).
@@ -621,16 +612,7 @@ pub(super) unsafe fn iq4_xs_strip_bf16(src: &[u8], rows: usize, blocks: usize, d
             for half in 0..2 {
                 // Group `ib` of the block: its 16 bytes are dwords `4 half ..` of the chunk.
                 let ib = 2 * p + half;
-                let field = |v: __m512i, shift: usize, bits: i32| {
-                    let v = _mm512_srl_epi32(v, _mm_cvtsi32_si128(shift as i32));
-                    _mm512_and_si512(v, _mm512_set1_epi32((1 << bits) - 1))
-                };
-                let ls = _mm512_or_si512(
-                    field(scales_l, 4 * ib, 4),
-                    _mm512_slli_epi32::<4>(field(scales_h, 2 * ib, 2)),
-                );
-                let ls = _mm512_sub_epi32(ls, _mm512_set1_epi32(32));
-                let scale = _mm512_maskz_mul_ps(mask, d, _mm512_cvtepi32_ps(ls));
+                let scale = scales[ib];
                 let g = 8 * b + ib;
                 let lines = &mut dst[16 * g * 64..][..16 * 64];
                 for (dw, &v) in dwords[4 * half..4 * half + 4].iter().enumerate() {
@@ -654,6 +636,93 @@ pub(super) unsafe fn iq4_xs_strip_bf16(src: &[u8], rows: usize, blocks: usize, d
                             _mm512_storeu_si512(at.cast(), line)
                         };
                     }
+                }
+            }
+        }
+    }
+}
+
+/// The 8 group scales `d · (ls - 32)` of block `b` of the strip's IQ4_XS rows (`rows` rows,
+/// `row_bytes` apart in `src`), one register each with a row per lane (zero past `rows`),
+/// as `unpack` computes them.
+///
+/// # Safety
+/// AVX-512 F/BW/VL and F16C must be available; `src` must hold `rows` rows of at least
+/// `b + 1` blocks.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+unsafe fn iq4_xs_scales(src: &[u8], rows: usize, row_bytes: usize, b: usize) -> [__m512; 8] {
+    assert!(rows <= 16 && src.len() >= rows * row_bytes && row_bytes >= 136 * (b + 1));
+    let mask: __mmask16 = if rows == 16 { !0 } else { (1 << rows) - 1 };
+    let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    let at = _mm512_mullo_epi32(lanes, _mm512_set1_epi32(row_bytes as i32));
+    // SAFETY: the lanes below `rows` read 8 bytes at the start of row `c`'s block `b`
+    // (checked above); masked lanes read nothing.
+    let [head, scales_l] = [0, 4].map(|off| unsafe {
+        let base = src.as_ptr().add(136 * b + off);
+        _mm512_mask_i32gather_epi32::<1>(_mm512_setzero_si512(), mask, at, base.cast())
+    });
+    let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head));
+    let scales_h = _mm512_srli_epi32::<16>(head);
+    let field = |v: __m512i, shift: usize, bits: i32| {
+        let v = _mm512_srl_epi32(v, _mm_cvtsi32_si128(shift as i32));
+        _mm512_and_si512(v, _mm512_set1_epi32((1 << bits) - 1))
+    };
+    std::array::from_fn(|ib| {
+        let ls = _mm512_or_si512(
+            field(scales_l, 4 * ib, 4),
+            _mm512_slli_epi32::<4>(field(scales_h, 2 * ib, 2)),
+        );
+        let ls = _mm512_sub_epi32(ls, _mm512_set1_epi32(32));
+        _mm512_maskz_mul_ps(mask, d, _mm512_cvtepi32_ps(ls))
+    })
+}
+
+/// Writes the INT8 tile lines of one strip of IQ4_XS rows (`rows` rows, at most 16, of
+/// `blocks` blocks of 136 bytes in `src`; 8 lines per group of 32 in `dst`): each value's
+/// grid value plus 128 (rows past `rows` the stored zero, 128), looked up with `vpshufb`
+/// from the transposed nibbles; the group scales into `scales`, the strip's `[group][16]`.
+///
+/// # Safety
+/// AVX-512 F/BW/VL and F16C must be available.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+pub(super) unsafe fn iq4_xs_strip(
+    src: &[u8],
+    rows: usize,
+    blocks: usize,
+    dst: &mut [u8],
+    scales: &mut [f32],
+) {
+    let row_bytes = blocks * 136;
+    assert!(rows <= 16 && src.len() >= rows * row_bytes && dst.len() >= blocks * 8 * 8 * 64);
+    assert!(scales.len() >= blocks * 8 * 16);
+    let stored = crate::ggml::unpack::KVALUES_IQ4NL.map(|v| (v as u8) ^ 0x80);
+    // SAFETY: `stored` holds 16 bytes.
+    let grid = _mm512_broadcast_i32x4(unsafe { _mm_loadu_si128(stored.as_ptr().cast()) });
+    let padding: __mmask16 = if rows == 16 { 0 } else { !0 << rows };
+    let (nib, zero) = (_mm512_set1_epi8(0x0f), _mm512_set1_epi8(-128));
+    let next = NextStrip::new(src, rows * row_bytes, 4 * blocks);
+    for b in 0..blocks {
+        // SAFETY: the caller checked the features and `src` (above).
+        let sc = unsafe { iq4_xs_scales(src, rows, row_bytes, b) };
+        for (ib, sc) in sc.into_iter().enumerate() {
+            // SAFETY: group `8 b + ib`'s 16 scales lie within `scales` (checked above).
+            unsafe { _mm512_storeu_ps(scales.as_mut_ptr().add(16 * (8 * b + ib)), sc) };
+        }
+        for p in 0..4 {
+            next.fetch(4 * b + p);
+            // SAFETY: the caller checked the features; `src` holds `rows` rows (checked above).
+            let dwords = unsafe { dwords_by_row(src, rows, row_bytes, 136 * b + 8 + 32 * p) };
+            for (i, v) in dwords.into_iter().enumerate() {
+                // Dword `i % 4` of group `2 p + i / 4`: its values `4 (i % 4) ..` in the low
+                // nibbles, `16 + 4 (i % 4) ..` in the high ones.
+                let g = 8 * b + 2 * p + i / 4;
+                let lines = &mut dst[8 * g * 64..][..8 * 64];
+                for (line, q) in [(i % 4, v), (4 + i % 4, _mm512_srli_epi16::<4>(v))] {
+                    let bytes = _mm512_shuffle_epi8(grid, _mm512_and_si512(q, nib));
+                    let bytes = _mm512_mask_blend_epi32(padding, bytes, zero);
+                    // SAFETY: `line` < 8 lies within `lines`.
+                    unsafe { _mm512_storeu_si512(lines.as_mut_ptr().add(64 * line).cast(), bytes) };
                 }
             }
         }

@@ -273,6 +273,15 @@ pub(super) fn fill_body<const AVX512: bool, const AVX2: bool>(
         }
         return;
     }
+    #[cfg(target_arch = "x86_64")]
+    if AVX512 && w.ty == GgmlType::IQ4_XS && k == k_pad {
+        let (blocks, _, strips) = direct::strips(w, bytes, layout.strip_bytes);
+        for (st, sc) in strips.zip(scales.chunks_exact_mut(groups * STRIP)) {
+            // SAFETY: as for Q4_K above.
+            unsafe { direct::iq4_xs_strip(st.src, st.rows, blocks, st.dst, sc) };
+        }
+        return;
+    }
     // The types with a scale per 16 and no mins: Q6_K (the down projections of the Q4_K_M
     // files' every other layer) and Q3_K (the experts of the Q3_K_M files).
     #[cfg(target_arch = "x86_64")]
