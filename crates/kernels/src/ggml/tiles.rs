@@ -11,8 +11,8 @@
 //! On AVX-512, types whose values an INT8 tile with a scale per 32 (per 16 for Q6_K, Q3_K and
 //! Q2_K) holds exactly (`int8::exact`: every type with a block decoder) decode to it:
 //! `vpdpbusd` does twice the multiplies of `vdpbf16ps`, and a tile decodes faster. AMX and the
-//! other types (F16, BF16, the grid i-quants) take BF16 tiles ([`tile_for`]); on AMX most of
-//! the exact types keep AVX-512's INT8 tiles below 64 tokens per call ([`amx_bf16_min`]).
+//! other types (F16, BF16, the grid i-quants) take BF16 tiles ([`tile_for`]); on AMX some
+//! types keep AVX-512's INT8 tiles below their own thresholds ([`amx_bf16_min`]).
 //! On AVX-VNNI without AVX-512 the INT8 tiles run on 256-bit halves; the other types and
 //! plain AVX2 keep their row-dot kernels. `STRATA_GGML_TILES=int8` forces INT8 tiles on every
 //! type, the others requantized per 32.
@@ -51,34 +51,36 @@ pub(crate) const TILE_TOKENS: usize = 512;
 /// `STRATA_GGML_TILES=int8,1000000000` against the default): 1.24-2.0x at 32 tokens per
 /// expert, 1.7-2.2x at 64 (Q4_K, Q6_K, Q8_0).
 ///
-/// Below [`TILE_MIN_TOKENS_AMX_INT8_TYPES`] the types whose AVX-512 INT8 tiles hold them exactly
-/// keep those instead ([`amx_bf16_min`]).
+/// Some types keep AVX-512's choice below their own threshold ([`amx_bf16_min`]).
 pub(crate) const TILE_MIN_TOKENS_AMX: usize = 32;
-/// The AMX BF16 threshold of the types whose AVX-512 INT8 tiles are exact (but Q2_K): their
-/// `vpdpbusd` tiles decode four to six times faster than BF16 tiles, which repays them at 32
-/// tokens per expert even against `tdpbf16ps`. Measured with `strata bench moe --crossover
-/// --formats q4_k,q6_k,q8_0,iq4_xs,q5_k,q3_k,q2_k --tokens 1 --layers 2 --min-seconds 0.5`
-/// on a 2-vCPU Xeon with AMX (2026-12-02, docs/benchmarks.md), ms per expert, AVX-512 INT8
-/// tiles against AMX BF16 tiles at 32 / 64 tokens per expert: Q4_K 0.778 / 1.378 against
-/// 1.067 / 1.340, Q6_K 1.025 / 1.810 against 1.349 / 1.682, Q8_0 1.113 / 1.746 against 1.434
-/// / 1.815, IQ4_XS 1.672 / 2.291 against 1.881 / 2.309, Q5_K 1.044 / 1.600 against 1.285 /
-/// 1.547, Q3_K 0.973 / 1.608 against 1.427 / 1.626; at 128 BF16 ahead on every type (1.2-1.9x).
-/// Q2_K, whose INT8 tiles flush per 16, was behind at 32 (1.272 against 1.194). The layer
-/// (`--formats q4_k,q6_k --tokens 512,1024`, against the threshold of 32, two alternating
-/// rounds): Q4_K 1.27-1.36x at 512 tokens and 1.44-1.51x at 1,024, Q6_K 1.28-1.40x and
-/// 0.95-1.02x.
-pub(crate) const TILE_MIN_TOKENS_AMX_INT8_TYPES: usize = 64;
+/// The AMX BF16 threshold of Q6_K, Q5_K and Q3_K, whose AVX-512 INT8 tiles decode several
+/// times faster than their BF16 tiles, which repays them at 32 tokens per expert even against
+/// `tdpbf16ps`. Measured with `strata bench moe --crossover --formats q4_k,q6_k,q8_0,iq4_xs,
+/// q5_k,q3_k,q2_k --tokens 1 --layers 2 --min-seconds 0.5` on a 2-vCPU Xeon with AMX
+/// (2026-12-02, docs/benchmarks.md), ms per expert, AVX-512 INT8 tiles against AMX BF16
+/// tiles at 32 / 64 tokens per expert: Q6_K 1.025 / 1.810 against 1.349 / 1.682, Q5_K 1.044
+/// / 1.600 against 1.285 / 1.547, Q3_K 0.973 / 1.608 against 1.427 / 1.626; at 128 BF16
+/// ahead (1.2-1.4x). Q6_K again after its BF16 fill took its scales once per strip: 1.010 /
+/// 1.591 against 1.290 / 1.570. Q2_K (INT8 tiles flushed per 16) was behind at 32 (1.272
+/// against 1.194) and keeps [`TILE_MIN_TOKENS_AMX`]; so does Q4_K since its BF16 tiles are
+/// filled from the packed nibbles (the same run: 0.877 against 0.677 at 32, 0.554 against
+/// 0.626 at 16).
+pub(crate) const TILE_MIN_TOKENS_AMX_SLOW_BF16_FILL: usize = 64;
+/// The same for Q8_0 and IQ4_XS, whose BF16 tiles are filled in registers from their blocks
+/// (`direct`): in the same session, Q8_0's BF16 tiles 0.623 / 0.655 / 0.704 ms against INT8
+/// tiles 0.680 / 0.853 / 1.097 at 8 / 16 / 32 tokens per expert (row-dot 0.744 at 8); IQ4_XS
+/// 0.487 / 0.575 against 0.527 / 0.807 at 16 / 32, behind at 8 (0.487 against 0.372).
+pub(crate) const TILE_MIN_TOKENS_AMX_Q8_0: usize = 8;
+/// See [`TILE_MIN_TOKENS_AMX_Q8_0`].
+pub(crate) const TILE_MIN_TOKENS_AMX_IQ4_XS: usize = 16;
 
 /// Fewest tokens of one matrix call of `ty` for AMX BF16 tiles: below it, AMX takes what
 /// AVX-512 would.
 fn amx_bf16_min(ty: GgmlType) -> usize {
     match ty {
-        GgmlType::Q4_K
-        | GgmlType::Q6_K
-        | GgmlType::Q8_0
-        | GgmlType::IQ4_XS
-        | GgmlType::Q5_K
-        | GgmlType::Q3_K => TILE_MIN_TOKENS_AMX_INT8_TYPES,
+        GgmlType::Q6_K | GgmlType::Q5_K | GgmlType::Q3_K => TILE_MIN_TOKENS_AMX_SLOW_BF16_FILL,
+        GgmlType::Q8_0 => TILE_MIN_TOKENS_AMX_Q8_0,
+        GgmlType::IQ4_XS => TILE_MIN_TOKENS_AMX_IQ4_XS,
         _ => TILE_MIN_TOKENS_AMX,
     }
 }
@@ -150,6 +152,12 @@ pub(crate) const INT8_MIN_TOKENS_Q3_K: usize = 4;
 /// 0.246-0.262 s at 4 / 8 / 16 / 32 / 64 tokens per expert, the VNNI row-dot kernels
 /// 0.043-0.045 / 0.086-0.090 / 0.170-0.174 / 0.337-0.339 / 0.672-0.699.
 pub(crate) const INT8_MIN_TOKENS_Q2_K: usize = 16;
+/// The same for IQ4_XS, whose INT8 tiles are filled in registers from its blocks (`direct`,
+/// 4.6 us a 64x2048 tile against 39-41 through the generic fill). On the 2-vCPU Xeon with AMX
+/// (2026-12-02, `strata bench moe --crossover --formats iq4_xs`), ms per expert, INT8 tiles
+/// against the VNNI row-dot kernels at 2 / 4 / 8 tokens per expert: 0.251 / 0.281 / 0.372
+/// against 0.265 / 0.362 / 0.682.
+pub(crate) const INT8_MIN_TOKENS_IQ4_XS: usize = 4;
 
 /// Fewest tokens from which `ty` takes AVX-512 INT8 tiles below the general thresholds (on
 /// AMX, until its BF16 tiles take over): the types whose tiles decode cheaply enough to
@@ -162,6 +170,7 @@ fn early_int8_min(ty: GgmlType) -> Option<usize> {
         GgmlType::Q5_K => Some(INT8_MIN_TOKENS_Q5_K),
         GgmlType::Q3_K => Some(INT8_MIN_TOKENS_Q3_K),
         GgmlType::Q2_K => Some(INT8_MIN_TOKENS_Q2_K),
+        GgmlType::IQ4_XS => Some(INT8_MIN_TOKENS_IQ4_XS),
         _ => None,
     }
 }
@@ -268,7 +277,7 @@ pub(crate) fn tile_for(isa: Isa, m: usize, ty: GgmlType) -> Option<(Kernel, Tile
     });
     let default_min = match (isa, fmt) {
         (Isa::Portable, _) => return None,
-        (Isa::Amx, TileFormat::Bf16) => Some(TILE_MIN_TOKENS_AMX),
+        (Isa::Amx, TileFormat::Bf16) => Some(amx_bf16_min(ty)),
         (Isa::Amx, TileFormat::Int8) => Some(INT8_MIN_TOKENS_AMX),
         (Isa::Avx512, TileFormat::Bf16) => Some(TILE_MIN_TOKENS_AVX512),
         (Isa::Avx512, TileFormat::Int8) => Some(INT8_MIN_TOKENS_AVX512),

@@ -92,8 +92,10 @@ fn tiles_are_taken_for_many_tokens_on_avx512_amx_and_for_exact_types_on_avx_vnni
         assert_eq!(w.form(isa, INT8_MIN_TOKENS_Q6_K - 1), Form::Q8(256));
     }
     assert_eq!(w.form(Isa::Avx512, 4096), avx512_int8);
+    let min = TILE_MIN_TOKENS_AMX_SLOW_BF16_FILL;
+    assert_eq!(w.form(Isa::Amx, min - 1), avx512_int8);
     assert_eq!(
-        w.form(Isa::Amx, TILE_MIN_TOKENS_AMX_INT8_TYPES),
+        w.form(Isa::Amx, min),
         Form::Tiles(Kernel::Isa(Isa::Amx), TileFormat::Bf16)
     );
     assert_eq!(
@@ -149,27 +151,32 @@ fn tiles_are_taken_for_many_tokens_on_avx512_amx_and_for_exact_types_on_avx_vnni
     for isa in [Isa::Avx512, Isa::Amx] {
         assert_eq!(q4_k.form(isa, INT8_MIN_TOKENS_Q4_K - 1), Form::Q8(256));
         assert_eq!(q4_k.form(isa, INT8_MIN_TOKENS_Q4_K), int8);
-        assert_eq!(q4_k.form(isa, TILE_MIN_TOKENS_AMX_INT8_TYPES - 1), int8);
+        assert_eq!(q4_k.form(isa, TILE_MIN_TOKENS_AMX - 1), int8);
     }
     assert_eq!(q4_k.form(Isa::Avx512, 4096), int8);
-    // So does Q8_0, from its own threshold.
-    for isa in [Isa::Avx512, Isa::Amx] {
-        assert_eq!(q8_0.form(isa, INT8_MIN_TOKENS_Q8_0 - 1), Form::Q8(32));
-        assert_eq!(q8_0.form(isa, INT8_MIN_TOKENS_Q8_0), int8);
-    }
     let amx_bf16 = Form::Tiles(Kernel::Isa(Isa::Amx), TileFormat::Bf16);
-    assert_eq!(
-        q4_k.form(Isa::Amx, TILE_MIN_TOKENS_AMX_INT8_TYPES),
-        amx_bf16
-    );
-    // IQ4_XS has no early threshold: on AMX it takes AVX-512's INT8 tiles from 32 tokens
-    // until the BF16 tiles take over; Q2_K's BF16 tiles take over from 32.
-    let iq4_xs = matrix(GgmlType::IQ4_XS, 64, 256, &mut 1);
-    assert_eq!(iq4_xs.form(Isa::Amx, INT8_MIN_TOKENS_AVX512), int8);
-    assert_eq!(
-        iq4_xs.form(Isa::Amx, TILE_MIN_TOKENS_AMX_INT8_TYPES),
-        amx_bf16
-    );
+    assert_eq!(q4_k.form(Isa::Amx, TILE_MIN_TOKENS_AMX), amx_bf16);
+    // So do Q8_0 and IQ4_XS, from their own thresholds; on AMX their BF16 tiles take over
+    // from theirs (Q8_0's at once).
+    for (w, early, amx) in [
+        (&q8_0, INT8_MIN_TOKENS_Q8_0, TILE_MIN_TOKENS_AMX_Q8_0),
+        (
+            &matrix(GgmlType::IQ4_XS, 64, 256, &mut 1),
+            INT8_MIN_TOKENS_IQ4_XS,
+            TILE_MIN_TOKENS_AMX_IQ4_XS,
+        ),
+    ] {
+        for isa in [Isa::Avx512, Isa::Amx] {
+            assert!(!matches!(w.form(isa, early - 1), Form::Tiles(..)));
+        }
+        assert_eq!(w.form(Isa::Avx512, early), int8);
+        assert_eq!(w.form(Isa::Avx512, 4096), int8);
+        if early < amx {
+            assert_eq!(w.form(Isa::Amx, amx - 1), int8);
+        }
+        assert_eq!(w.form(Isa::Amx, amx), amx_bf16);
+    }
+    // Q2_K's BF16 tiles take over from the general threshold.
     let q2_k = matrix(GgmlType::Q2_K, 64, 256, &mut 1);
     assert_eq!(q2_k.form(Isa::Amx, TILE_MIN_TOKENS_AMX - 1), int8);
     assert_eq!(q2_k.form(Isa::Amx, TILE_MIN_TOKENS_AMX), amx_bf16);
