@@ -53,9 +53,9 @@ pub(crate) const TILE_TOKENS: usize = 512;
 ///
 /// Some types keep AVX-512's choice below their own threshold ([`amx_bf16_min`]).
 pub(crate) const TILE_MIN_TOKENS_AMX: usize = 32;
-/// The AMX BF16 threshold of Q6_K, Q5_K and Q3_K, whose AVX-512 INT8 tiles decode several
-/// times faster than their BF16 tiles, which repays them at 32 tokens per expert even against
-/// `tdpbf16ps`. Measured with `strata bench moe --crossover --formats q4_k,q6_k,q8_0,iq4_xs,
+/// The AMX BF16 threshold of Q6_K and Q3_K (and Q5_K before [`TILE_MIN_TOKENS_AMX_Q5_K`]),
+/// whose AVX-512 INT8 tiles decode several times faster than their BF16 tiles, which repays
+/// them at 32 tokens per expert even against `tdpbf16ps`. Measured with `strata bench moe --crossover --formats q4_k,q6_k,q8_0,iq4_xs,
 /// q5_k,q3_k,q2_k --tokens 1 --layers 2 --min-seconds 0.5` on a 2-vCPU Xeon with AMX
 /// (2026-12-02, docs/benchmarks.md), ms per expert, AVX-512 INT8 tiles against AMX BF16
 /// tiles at 32 / 64 tokens per expert: Q6_K 1.025 / 1.810 against 1.349 / 1.682, Q5_K 1.044
@@ -73,12 +73,17 @@ pub(crate) const TILE_MIN_TOKENS_AMX_SLOW_BF16_FILL: usize = 64;
 pub(crate) const TILE_MIN_TOKENS_AMX_Q8_0: usize = 8;
 /// See [`TILE_MIN_TOKENS_AMX_Q8_0`].
 pub(crate) const TILE_MIN_TOKENS_AMX_IQ4_XS: usize = 16;
+/// The same for Q5_K since its INT8 tiles are decoded in registers (its BF16 tiles still go
+/// through the generic fill): INT8 tiles 1.263 ms per expert against 1.405 for BF16 at 64
+/// tokens per expert, 2.295 against 1.981 at 128 (the same session, after the change).
+pub(crate) const TILE_MIN_TOKENS_AMX_Q5_K: usize = 128;
 
 /// Fewest tokens of one matrix call of `ty` for AMX BF16 tiles: below it, AMX takes what
 /// AVX-512 would.
 fn amx_bf16_min(ty: GgmlType) -> usize {
     match ty {
-        GgmlType::Q6_K | GgmlType::Q5_K | GgmlType::Q3_K => TILE_MIN_TOKENS_AMX_SLOW_BF16_FILL,
+        GgmlType::Q6_K | GgmlType::Q3_K => TILE_MIN_TOKENS_AMX_SLOW_BF16_FILL,
+        GgmlType::Q5_K => TILE_MIN_TOKENS_AMX_Q5_K,
         GgmlType::Q8_0 => TILE_MIN_TOKENS_AMX_Q8_0,
         GgmlType::IQ4_XS => TILE_MIN_TOKENS_AMX_IQ4_XS,
         _ => TILE_MIN_TOKENS_AMX,
@@ -123,11 +128,15 @@ pub(crate) const INT8_MIN_TOKENS_Q4_K: usize = 8;
 /// per expert, `--tokens 128`, three alternating rounds: 0.082-0.084 s against 0.094-0.096)
 /// the tiles won from 8 (1.12-1.17x; at 4, 0.71x).
 pub(crate) const INT8_MIN_TOKENS_Q8_0: usize = 8;
-/// The same for Q5_K (a scale and a min per 32, decoded by the generic fill). On an Emerald
-/// Rapids Xeon (2026-12-01, `strata bench moe --crossover`, and the layer at 16 tokens per
-/// expert, `--tokens 256`, three alternating rounds: 0.086-0.088 s against 0.115-0.117 for
-/// the VNNI row-dot kernels) the tiles won from 16 (1.33x; at 8, 0.85x).
-pub(crate) const INT8_MIN_TOKENS_Q5_K: usize = 16;
+/// The same for Q5_K (a scale and a min per 32). When the generic fill decoded it, on an
+/// Emerald Rapids Xeon (2026-12-01, `strata bench moe --crossover`, and the layer at 16
+/// tokens per expert, `--tokens 256`, three alternating rounds: 0.086-0.088 s against
+/// 0.115-0.117 for the VNNI row-dot kernels) the tiles won from 16 (1.33x; at 8, 0.85x).
+/// Decoded in registers (`direct::q5_k_strip`), on the 2-vCPU Xeon with AMX (2026-12-02,
+/// `--crossover --formats q5_k`, ms per expert at 8 / 16 / 32 tokens per expert): tiles
+/// 0.360 / 0.502 / 0.751 (generic fill 0.564 / 0.690 / 0.924), row-dot 0.471 / 0.848 /
+/// 1.621; at 4, 0.271 against 0.241.
+pub(crate) const INT8_MIN_TOKENS_Q5_K: usize = 8;
 /// The same for Q6_K, whose INT8 tile (a scale per 16, flushed twice as often as Q4_K's) is
 /// decoded in registers from its blocks. Measured with `strata bench moe --formats q6_k
 /// --tokens 64,128,256,512,1024 --layers 4` (`STRATA_GGML_TILES=int8,1` against

@@ -124,6 +124,54 @@ pub(super) unsafe fn q4_k_strip(
     }
 }
 
+/// Writes the INT8 tile lines of one strip of Q5_K rows (as [`q4_k_strip`] does Q4_K's): its
+/// `qs` nibbles (at byte 48) with their fifth bit from the block's 32 `qh` bytes (at 16; bit
+/// `j` of `qh[l]` for value `l` of group `j`), both transposed packed. Its scales and biases
+/// are [`q4_k_strip_scales`]'s: the block header is laid out as Q4_K's.
+///
+/// # Safety
+/// AVX-512 F/BW/VL must be available.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
+pub(super) unsafe fn q5_k_strip(
+    src: &[u8],
+    rows: usize,
+    blocks: usize,
+    block: usize,
+    dst: &mut [u8],
+) {
+    let row_bytes = blocks * block;
+    assert!(rows <= 16 && src.len() >= rows * row_bytes && block >= 176);
+    assert!(dst.len() >= blocks * 64 * 64);
+    let (nib, one) = (_mm512_set1_epi8(0x0f), _mm512_set1_epi8(1));
+    let next = NextStrip::new(src, rows * row_bytes, 4 * blocks);
+    for b in 0..blocks {
+        // SAFETY: the caller checked the features; `src` holds `rows` rows (checked above).
+        let qh = unsafe { dwords_by_row(src, rows, row_bytes, b * block + 16) };
+        for p in 0..4 {
+            next.fetch(4 * b + p);
+            // SAFETY: as above.
+            let qs = unsafe { dwords_by_row(src, rows, row_bytes, b * block + 48 + 32 * p) };
+            let lines = &mut dst[(64 * b + 16 * p) * 64..][..16 * 64];
+            for (d, (v, h)) in qs.into_iter().zip(qh).enumerate() {
+                let high = |bit: u32| {
+                    let h = _mm512_srl_epi16(h, _mm_cvtsi32_si128(bit as i32));
+                    _mm512_slli_epi16::<4>(_mm512_and_si512(h, one))
+                };
+                let lo = _mm512_or_si512(_mm512_and_si512(v, nib), high(2 * p as u32));
+                let hi = _mm512_or_si512(
+                    _mm512_and_si512(_mm512_srli_epi16::<4>(v), nib),
+                    high(2 * p as u32 + 1),
+                );
+                // SAFETY: lines `d` and `8 + d` lie within `lines` (16 lines).
+                unsafe {
+                    _mm512_storeu_si512(lines.as_mut_ptr().add(64 * d).cast(), lo);
+                    _mm512_storeu_si512(lines.as_mut_ptr().add(64 * (8 + d)).cast(), hi);
+                }
+            }
+        }
+    }
+}
+
 /// The 32 bytes at `at` of each of the strip's `rows` rows (`row_bytes` apart in `src`; at
 /// most 16, the rest read as zero) as 8 registers of one dword per row: register `d` holds
 /// dword `d` of every row, in row order. For a Q4_K chunk of 64 `k` (its 32 bytes of

@@ -259,15 +259,19 @@ pub(super) fn fill_body<const AVX512: bool, const AVX2: bool>(
     // unsigned tiles of biased types.
     let flip = if biased { 0 } else { 0x80 };
     #[cfg(target_arch = "x86_64")]
-    if AVX512 && w.ty == GgmlType::Q4_K && k == k_pad {
-        // The commonest expert type of MoE releases, decoded straight from its blocks.
+    if AVX512 && matches!(w.ty, GgmlType::Q4_K | GgmlType::Q5_K) && k == k_pad {
+        // The commonest expert types of MoE releases, decoded straight from their blocks.
         let (blocks, block, strips) = direct::strips(w, bytes, layout.strip_bytes);
+        let strip = match w.ty {
+            GgmlType::Q4_K => direct::q4_k_strip,
+            _ => direct::q5_k_strip,
+        };
         for (st, sc) in strips.zip(scales.chunks_exact_mut(groups * STRIP)) {
             let (src, rows) = (st.src, st.rows);
             // SAFETY: `AVX512` is only set by `fill_avx512`, whose caller checked the
             // features (F16C comes with AVX-512 on every CPU that has it).
             unsafe {
-                direct::q4_k_strip(src, rows, blocks, block, st.dst);
+                strip(src, rows, blocks, block, st.dst);
                 direct::q4_k_strip_scales(src, rows, blocks, block, sc, bias, st.r0, n_pad);
             }
         }
