@@ -342,9 +342,11 @@ fn direct_fills_equal_the_generic_fills() {
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     for ty in [
         GgmlType::Q4_K,
+        GgmlType::Q5_K,
         GgmlType::Q6_K,
         GgmlType::Q3_K,
         GgmlType::Q8_0,
+        GgmlType::IQ4_XS,
     ] {
         for n in [1, 16, 33, 64] {
             let wm = matrix(ty, n, k, &mut (n as u64));
