@@ -558,15 +558,13 @@ pub(super) fn fill_body<const AVX512: bool>(
     #[cfg(target_arch = "x86_64")]
     if direct && matches!(w.ty, GgmlType::Q8_0 | GgmlType::IQ4_XS) {
         let (blocks, _, strips) = direct::strips(w, bytes, layout.strip_bytes);
+        let strip = match w.ty {
+            GgmlType::Q8_0 => direct::q8_0_strip_bf16,
+            _ => direct::iq4_xs_strip_bf16,
+        };
         for st in strips {
             // SAFETY: as for Q4_K above; F16C comes with AVX-512 F.
-            unsafe {
-                if w.ty == GgmlType::Q8_0 {
-                    direct::q8_0_strip_bf16(st.src, st.rows, blocks, st.dst);
-                } else {
-                    direct::iq4_xs_strip_bf16(st.src, st.rows, blocks, st.dst);
-                }
-            }
+            unsafe { strip(st.src, st.rows, blocks, st.dst) };
         }
         return;
     }

@@ -49,6 +49,50 @@ pub(super) fn strips<'a>(
     (blocks, block, it)
 }
 
+/// Dwords gathered from a strip's rows, a row per lane (`vpgatherdd`): the rows' block
+/// headers as 16 lanes. Lanes past `rows` read nothing and are zero.
+pub(super) struct RowGather {
+    /// The lanes of the strip's rows.
+    pub mask: __mmask16,
+    /// Each lane's row offset.
+    at: __m512i,
+    row_bytes: usize,
+}
+
+impl RowGather {
+    /// For `rows` rows (at most 16) of `row_bytes` bytes at the start of `src`.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(super) fn new(src: &[u8], rows: usize, row_bytes: usize) -> Self {
+        assert!(rows <= 16 && src.len() >= rows * row_bytes);
+        let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        Self {
+            mask: if rows == 16 { !0 } else { (1 << rows) - 1 },
+            at: _mm512_mullo_epi32(lanes, _mm512_set1_epi32(row_bytes as i32)),
+            row_bytes,
+        }
+    }
+
+    /// The 4 bytes at `off` of each row of `src` (the `src` given to [`RowGather::new`]).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(super) fn dword(&self, src: &[u8], off: usize) -> __m512i {
+        let rows = self.mask.count_ones() as usize;
+        assert!(off + 4 <= self.row_bytes && src.len() >= rows * self.row_bytes);
+        // SAFETY: the lanes below `rows` read 4 bytes at `off` of their row, within `src`
+        // (checked above); masked lanes read nothing.
+        unsafe {
+            let base = src.as_ptr().add(off);
+            _mm512_mask_i32gather_epi32::<1>(
+                _mm512_setzero_si512(),
+                self.mask,
+                self.at,
+                base.cast(),
+            )
+        }
+    }
+}
+
 /// The next strip's rows (the 16 after a strip's, contiguous), fetched into L2 while a strip
 /// is transposed, a share of their lines per step: an expert's blocks come from DRAM, and
 /// sixteen rows read side by side were too many streams for the hardware prefetcher.
@@ -373,21 +417,15 @@ pub(super) unsafe fn q3_k_strip_scales(
     let row_bytes = blocks * block;
     assert!(rows <= 16 && src.len() >= rows * row_bytes && block >= 110);
     assert!(scales.len() >= blocks * 16 * 16);
-    let mask: __mmask16 = if rows == 16 { !0 } else { (1 << rows) - 1 };
-    let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    let at = _mm512_mullo_epi32(lanes, _mm512_set1_epi32(row_bytes as i32));
+    let gather = RowGather::new(src, rows, row_bytes);
+    let mask = gather.mask;
     let (nibble, two_bits, bias) = (
         _mm512_set1_epi32(0x0f),
         _mm512_set1_epi32(0x03),
         _mm512_set1_epi32(32),
     );
     for b in 0..blocks {
-        // SAFETY: the lanes below `rows` read 4 bytes at 96, 100, 104 and 106 of row `c`'s
-        // block `b` (checked above); masked lanes read nothing.
-        let [w0, w1, w2, dw] = [96, 100, 104, 106].map(|off| unsafe {
-            let base = src.as_ptr().add(b * block + off);
-            _mm512_mask_i32gather_epi32::<1>(_mm512_setzero_si512(), mask, at, base.cast())
-        });
+        let [w0, w1, w2, dw] = [96, 100, 104, 106].map(|off| gather.dword(src, b * block + off));
         // `d` is the f16 at 108: the upper half of the word at 106.
         let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(dw)));
         for u in 0..16 {
@@ -422,16 +460,11 @@ pub(super) unsafe fn q6_k_strip_scales(
     let row_bytes = blocks * block;
     assert!(rows <= 16 && src.len() >= rows * row_bytes && block >= 210);
     assert!(scales.len() >= blocks * 16 * 16);
-    let mask: __mmask16 = if rows == 16 { !0 } else { (1 << rows) - 1 };
-    let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    let at = _mm512_mullo_epi32(lanes, _mm512_set1_epi32(row_bytes as i32));
+    let gather = RowGather::new(src, rows, row_bytes);
+    let mask = gather.mask;
     for b in 0..blocks {
-        // SAFETY: the lanes below `rows` read 4 bytes at 192, 196, 200, 204 and 206 of row
-        // `c`'s block `b` (checked above); masked lanes read nothing.
-        let [s0, s1, s2, s3, dw] = [192, 196, 200, 204, 206].map(|off| unsafe {
-            let base = src.as_ptr().add(b * block + off);
-            _mm512_mask_i32gather_epi32::<1>(_mm512_setzero_si512(), mask, at, base.cast())
-        });
+        let [s0, s1, s2, s3, dw] =
+            [192, 196, 200, 204, 206].map(|off| gather.dword(src, b * block + off));
         // `d` is the f16 at 208: the upper half of the word at 206.
         let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(dw)));
         for (j, v) in [s0, s1, s2, s3].into_iter().enumerate() {
@@ -472,9 +505,8 @@ pub(super) unsafe fn q4_k_strip_scales(
     let row_bytes = blocks * block;
     assert!(rows <= 16 && src.len() >= rows * row_bytes && block >= 16);
     assert!(scales.len() >= blocks * 8 * 16 && bias.len() >= (blocks * 8 - 1) * n_pad + r0 + 16);
-    let mask: __mmask16 = if rows == 16 { !0 } else { (1 << rows) - 1 };
-    let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    let at = _mm512_mullo_epi32(lanes, _mm512_set1_epi32(row_bytes as i32));
+    let gather = RowGather::new(src, rows, row_bytes);
+    let mask = gather.mask;
     let (k1, k2, k3) = (
         _mm512_set1_epi32(0x3f3f3f3f),
         _mm512_set1_epi32(0x0f0f0f0f),
@@ -482,12 +514,7 @@ pub(super) unsafe fn q4_k_strip_scales(
     );
     let (byte, sign) = (_mm512_set1_epi32(0xff), _mm512_set1_epi32(i32::MIN));
     for b in 0..blocks {
-        // SAFETY: the lanes below `rows` read 4 bytes at 0, 4, 8 and 12 of row `c`'s block
-        // `b` (checked above); masked lanes read nothing.
-        let [dm, u0, u1, u2] = [0, 4, 8, 12].map(|off| unsafe {
-            let base = src.as_ptr().add(b * block + off);
-            _mm512_mask_i32gather_epi32::<1>(_mm512_setzero_si512(), mask, at, base.cast())
-        });
+        let [dm, u0, u1, u2] = [0, 4, 8, 12].map(|off| gather.dword(src, b * block + off));
         let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm));
         let dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(dm)));
         // The 6-bit scales and mins of sub-blocks 0-3 are the low bits of bytes 0-3 and
@@ -534,15 +561,9 @@ pub(super) unsafe fn q4_k_strip_scales(
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
 unsafe fn iq4_xs_scales(src: &[u8], rows: usize, row_bytes: usize, b: usize) -> [__m512; 8] {
     assert!(rows <= 16 && src.len() >= rows * row_bytes && row_bytes >= 136 * (b + 1));
-    let mask: __mmask16 = if rows == 16 { !0 } else { (1 << rows) - 1 };
-    let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    let at = _mm512_mullo_epi32(lanes, _mm512_set1_epi32(row_bytes as i32));
-    // SAFETY: the lanes below `rows` read 8 bytes at the start of row `c`'s block `b`
-    // (checked above); masked lanes read nothing.
-    let [head, scales_l] = [0, 4].map(|off| unsafe {
-        let base = src.as_ptr().add(136 * b + off);
-        _mm512_mask_i32gather_epi32::<1>(_mm512_setzero_si512(), mask, at, base.cast())
-    });
+    let gather = RowGather::new(src, rows, row_bytes);
+    let mask = gather.mask;
+    let [head, scales_l] = [0, 4].map(|off| gather.dword(src, 136 * b + off));
     let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head));
     let scales_h = _mm512_srli_epi32::<16>(head);
     let field = |v: __m512i, shift: usize, bits: i32| {

@@ -6,7 +6,7 @@
 use std::arch::x86_64::*;
 
 use super::super::int8::x86::transpose16_regs;
-use super::{NextStrip, dwords_by_row, iq4_xs_scales};
+use super::{NextStrip, RowGather, dwords_by_row, iq4_xs_scales};
 
 /// Writes the BF16 tile lines of one strip of Q4_K rows (as [`q4_k_strip`](super::q4_k_strip) takes them; 16
 /// lines per group of 32): `d · q + m` per value, a multiply then an add as the generic fill
@@ -90,19 +90,12 @@ pub(in crate::ggml::tiles) unsafe fn q8_0_strip_bf16(
 ) {
     let row_bytes = blocks * 34;
     assert!(rows <= 16 && src.len() >= rows * row_bytes && dst.len() >= blocks * 16 * 64);
-    let mask: __mmask16 = if rows == 16 { !0 } else { (1 << rows) - 1 };
-    let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    let at = _mm512_mullo_epi32(lanes, _mm512_set1_epi32(row_bytes as i32));
+    let gather = RowGather::new(src, rows, row_bytes);
     let pair = pair_words();
     let next = NextStrip::new(src, rows * row_bytes, blocks);
     for b in 0..blocks {
         next.fetch(b);
-        // SAFETY: the lanes below `rows` read the 4 bytes at the start of row `c`'s block `b`
-        // (checked above); masked lanes read nothing.
-        let dm = unsafe {
-            let base = src.as_ptr().add(34 * b);
-            _mm512_mask_i32gather_epi32::<1>(_mm512_setzero_si512(), mask, at, base.cast())
-        };
+        let dm = gather.dword(src, 34 * b);
         let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm));
         // SAFETY: the caller checked the features; `src` holds `rows` rows (checked above).
         let dwords = unsafe { dwords_by_row(src, rows, row_bytes, 34 * b + 2) };
