@@ -178,11 +178,23 @@ pub fn bf16_dot_on_dpbf16() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         static FAST: OnceLock<bool> = OnceLock::new();
-        *FAST.get_or_init(|| {
+        *FAST.get_or_init(|| has_avx512_bf16() && is_amd())
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// Whether the CPU is AMD's (CPUID vendor "AuthenticAMD"): where its cores and Intel's
+/// differ in what the kernels are tuned to (the `vdpbf16ps` rate, the order decode reads
+/// weight rows in).
+pub(crate) fn is_amd() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static AMD: OnceLock<bool> = OnceLock::new();
+        *AMD.get_or_init(|| {
             let leaf0 = std::arch::x86_64::__cpuid(0);
             // "AuthenticAMD" in EBX, EDX, ECX.
-            let amd = (leaf0.ebx, leaf0.edx, leaf0.ecx) == (0x6874_7541, 0x6974_6e65, 0x444d_4163);
-            has_avx512_bf16() && amd
+            (leaf0.ebx, leaf0.edx, leaf0.ecx) == (0x6874_7541, 0x6974_6e65, 0x444d_4163)
         })
     }
     #[cfg(not(target_arch = "x86_64"))]

@@ -25,37 +25,99 @@ use super::dot::Q8Rows;
 pub(crate) type BlockDot =
     fn(src: &[u8], n_rows: usize, a: &Q8Rows, tokens: Range<usize>, tile: &mut [f32]);
 
-/// Sequential runs a task's rows are read in, interleaved row by row ([`for_each_row`]): a
-/// core's hardware prefetchers follow several streams at once, and one stream per thread
-/// under-reads DRAM. On a 2-core Xeon (Ice Lake-SP, 2026-11-30) one thread summed 10.9 GB/s
-/// from one stream and 15.0 from four; the Q4_K kernel at one token, one thread, 128-row
-/// tasks from DRAM (`q4_k_row_dot_timing`, alternating builds) read 6.5-8.0 GB/s in one run
-/// (4 rows prefetched ahead) and 7.6-9.2 in four (1 row ahead in each; 2 ahead and 8 runs no
-/// better). Not yet measured on AMD CPUs.
+/// The order a task's rows are read in: `streams` sequential runs, interleaved row by row,
+/// each prefetching into L1 the row `ahead` rows further in its own run while one computes
+/// (the hardware prefetchers alone left decode waiting on DRAM). Cores differ in how many
+/// streams their prefetchers follow well, so the order is chosen by vendor ([`row_order`]).
 #[cfg(any(target_arch = "x86_64", test))]
-const ROW_STREAMS: usize = 4;
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct RowOrder {
+    streams: usize,
+    ahead: usize,
+}
 
-/// Rows ahead of the one computing, within its run, whose bytes the row-dot kernels prefetch
-/// into L1: with [`ROW_STREAMS`] runs, as far ahead in time as 4 rows of one run, the
-/// distance measured best on one run (`strata bench moe --formats q4_k,q6_k,q8_0 --tokens
-/// 1,4 --layers 4` on a 2-core Xeon, 2026-11-27: VNNI kernels 2 rows against none
-/// 1.03-1.39x, 4 against 2 0.85-1.20x; AVX2 kernels 4 against none 1.18-1.75x).
+/// Intel's cores: four runs, one row ahead in each. On a 2-core Xeon (Ice Lake-SP,
+/// 2026-11-30) one thread summed 10.9 GB/s from one stream and 15.0 from four; the Q4_K
+/// kernel at one token, one thread, 128-row tasks from DRAM (`q4_k_row_dot_timing`,
+/// alternating builds) read 6.5-8.0 GB/s in one run (4 rows prefetched ahead) and 7.6-9.2 in
+/// four (1 row ahead in each; 2 ahead and 8 runs no better). One run, the distance measured
+/// best there (`strata bench moe --formats q4_k,q6_k,q8_0 --tokens 1,4 --layers 4`, a 2-core
+/// Xeon, 2026-11-27): VNNI kernels 2 rows against none 1.03-1.39x, 4 against 2 0.85-1.20x;
+/// AVX2 kernels 4 against none 1.18-1.75x.
 #[cfg(any(target_arch = "x86_64", test))]
-const PREFETCH_ROWS: usize = 1;
+const ROW_ORDER_INTEL: RowOrder = RowOrder {
+    streams: 4,
+    ahead: 1,
+};
+
+/// AMD's cores: one run, four rows ahead. On a 2-vCPU Zen 5 EPYC (2026-12-02,
+/// docs/benchmarks.md), `strata bench moe --formats q4_k,q6_k,q8_0 --tokens 1,4 --layers 4`,
+/// three alternating rounds, ms per layer at one token: Q4_K 0.571-0.680 against 0.713-0.801
+/// for Intel's order, Q6_K 0.707-1.075 against 0.976-1.018, Q8_0 1.218-1.314 against
+/// 1.473-1.569; the AVX2 kernels alike (Q4_K 0.634-0.644 against 0.888-0.910). Two runs four
+/// ahead and one run eight ahead were level with it; eight runs, or four two ahead, behind.
+#[cfg(any(target_arch = "x86_64", test))]
+const ROW_ORDER_AMD: RowOrder = RowOrder {
+    streams: 1,
+    ahead: 4,
+};
+
+/// The row order of this CPU's vendor, or `STRATA_ROW_ORDER=STREAMS,AHEAD` (benchmarks; a
+/// value that is not two numbers, the first at least 1, is ignored with a warning). Read once.
+#[cfg(target_arch = "x86_64")]
+fn row_order() -> RowOrder {
+    static ORDER: std::sync::OnceLock<RowOrder> = std::sync::OnceLock::new();
+    *ORDER.get_or_init(|| {
+        let by_vendor = if crate::isa::is_amd() {
+            ROW_ORDER_AMD
+        } else {
+            ROW_ORDER_INTEL
+        };
+        let Ok(v) = std::env::var("STRATA_ROW_ORDER") else {
+            return by_vendor;
+        };
+        match parse_row_order(&v) {
+            Some(order) => order,
+            None => {
+                eprintln!(
+                    "warning: STRATA_ROW_ORDER={v:?} ignored (expected STREAMS,AHEAD, e.g. 4,1); \
+                     using {},{}",
+                    by_vendor.streams, by_vendor.ahead
+                );
+                by_vendor
+            }
+        }
+    })
+}
+
+/// `STREAMS,AHEAD` with at least one stream.
+#[cfg(any(target_arch = "x86_64", test))]
+fn parse_row_order(v: &str) -> Option<RowOrder> {
+    let (streams, ahead) = v.split_once(',')?;
+    let (streams, ahead) = (streams.trim().parse().ok()?, ahead.trim().parse().ok()?);
+    (streams >= 1).then_some(RowOrder { streams, ahead })
+}
 
 /// Calls `f(row, ahead)` for the rows of a task of `n` rows in the order the row-dot kernels
-/// compute them, `ahead` the row to prefetch while it computes, if any. Plain loops: as a
-/// `flat_map` iterator its state machine was 2% of a decoded token's samples.
+/// compute them ([`row_order`]), `ahead` the row to prefetch while it computes, if any.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn for_each_row(n: usize, f: impl FnMut(usize, Option<usize>)) {
+    for_each_row_in(row_order(), n, f)
+}
+
+/// [`for_each_row`] in a given order. Plain loops: as a `flat_map` iterator its state
+/// machine was 2% of a decoded token's samples.
 #[cfg(any(target_arch = "x86_64", test))]
 #[inline(always)]
-fn for_each_row(n: usize, mut f: impl FnMut(usize, Option<usize>)) {
-    let per = n.div_ceil(ROW_STREAMS);
+fn for_each_row_in(order: RowOrder, n: usize, mut f: impl FnMut(usize, Option<usize>)) {
+    let per = n.div_ceil(order.streams);
     for i in 0..per {
-        for s in 0..ROW_STREAMS {
+        for s in 0..order.streams {
             let (r, end) = (s * per + i, ((s + 1) * per).min(n));
             if r < end {
-                let ahead = r + PREFETCH_ROWS;
-                f(r, (ahead < end).then_some(ahead));
+                let ahead = r + order.ahead;
+                f(r, (ahead > r && ahead < end).then_some(ahead));
             }
         }
     }
@@ -181,25 +243,64 @@ mod tests {
     use crate::ggml::GgmlMatrix;
     use crate::ggml::test_util::{dot_tolerances, random_blocks};
 
-    /// Every row once, in interleaved runs, each prefetching a later row of its own run.
+    /// Every row once, in interleaved runs, each prefetching a later row of its own run, in
+    /// both vendors' orders and others.
     #[test]
     fn rows_are_visited_once_each() {
-        for n in [0, 1, 3, 4, 5, 7, 128, 130] {
-            let mut order: Vec<(usize, Option<usize>)> = Vec::new();
-            for_each_row(n, |r, ahead| order.push((r, ahead)));
-            let mut rows: Vec<usize> = order.iter().map(|&(r, _)| r).collect();
-            rows.sort_unstable();
-            assert_eq!(rows, (0..n).collect::<Vec<_>>(), "n {n}");
-            let per = n.div_ceil(ROW_STREAMS);
-            for &(r, ahead) in &order {
-                if let Some(a) = ahead {
-                    assert_eq!((a, a / per), (r + PREFETCH_ROWS, r / per), "n {n}");
+        let orders = [
+            ROW_ORDER_INTEL,
+            ROW_ORDER_AMD,
+            RowOrder {
+                streams: 3,
+                ahead: 0,
+            },
+        ];
+        for order in orders {
+            for n in [0, 1, 3, 4, 5, 7, 128, 130] {
+                let mut seen: Vec<(usize, Option<usize>)> = Vec::new();
+                for_each_row_in(order, n, |r, ahead| seen.push((r, ahead)));
+                let mut rows: Vec<usize> = seen.iter().map(|&(r, _)| r).collect();
+                rows.sort_unstable();
+                assert_eq!(rows, (0..n).collect::<Vec<_>>(), "{order:?} n {n}");
+                let per = n.div_ceil(order.streams);
+                for &(r, ahead) in &seen {
+                    if let Some(a) = ahead {
+                        assert_eq!((a, a / per), (r + order.ahead, r / per), "{order:?} n {n}");
+                    }
                 }
+                // Every row but the last `ahead` of each run has its prefetch.
+                let prefetched = seen.iter().filter(|(_, a)| a.is_some()).count();
+                let runs = (0..order.streams).filter(|s| s * per < n).count();
+                let expected = if order.ahead == 0 {
+                    0
+                } else {
+                    (0..runs)
+                        .map(|s| (((s + 1) * per).min(n) - s * per).saturating_sub(order.ahead))
+                        .sum()
+                };
+                assert_eq!(prefetched, expected, "{order:?} n {n}");
             }
         }
         let mut runs: Vec<usize> = Vec::new();
-        for_each_row(8, |r, _| runs.push(r));
+        for_each_row_in(ROW_ORDER_INTEL, 8, |r, _| runs.push(r));
         assert_eq!(runs, [0, 2, 4, 6, 1, 3, 5, 7]);
+        let mut runs: Vec<usize> = Vec::new();
+        for_each_row_in(ROW_ORDER_AMD, 5, |r, _| runs.push(r));
+        assert_eq!(runs, [0, 1, 2, 3, 4]);
+    }
+
+    #[test]
+    fn row_order_overrides_parse() {
+        assert_eq!(
+            parse_row_order("2, 6"),
+            Some(RowOrder {
+                streams: 2,
+                ahead: 6
+            })
+        );
+        for bad in ["", "4", "0,1", "a,1", "4,-1", "4,1,2"] {
+            assert_eq!(parse_row_order(bad), None, "{bad:?}");
+        }
     }
 
     /// Each in-register kernel against the general integer path (the same integer sums),
