@@ -126,8 +126,12 @@ pub(crate) const INT8_MIN_TOKENS_Q4_K: usize = 8;
 /// behind (0.200-0.260 against 0.179-0.190), so those keep [`INT8_MIN_TOKENS_AVX512`]. On an
 /// Emerald Rapids Xeon (2026-12-01, `strata bench moe --crossover`, and the layer at 8 tokens
 /// per expert, `--tokens 128`, three alternating rounds: 0.082-0.084 s against 0.094-0.096)
-/// the tiles won from 8 (1.12-1.17x; at 4, 0.71x).
-pub(crate) const INT8_MIN_TOKENS_Q8_0: usize = 8;
+/// the tiles won from 8 (1.12-1.17x; at 4, 0.71x). Since its INT8 tiles are filled in
+/// registers from its blocks (`direct::q8_0_strip`), on a Zen 5 EPYC (2026-12-02, `strata
+/// bench moe --crossover --formats q8_0`, two rounds, ms per expert at 2 / 4 / 8 tokens per
+/// expert): tiles 0.168-0.170 / 0.189 / 0.212-0.219 (generic fill 0.415-0.439 / 0.432-0.455
+/// / 0.477-0.499), row-dot 0.186-0.189 / 0.242-0.243 / 0.464; not yet measured on Intel.
+pub(crate) const INT8_MIN_TOKENS_Q8_0: usize = 4;
 /// The same for Q5_K (a scale and a min per 32). When the generic fill decoded it, on an
 /// Emerald Rapids Xeon (2026-12-01, `strata bench moe --crossover`, and the layer at 16
 /// tokens per expert, `--tokens 256`, three alternating rounds: 0.086-0.088 s against

@@ -277,12 +277,19 @@ pub(super) fn fill_body<const AVX512: bool, const AVX2: bool>(
         }
         return;
     }
+    // The types with one scale per group of 32 and no mins, whose strips write their scales.
     #[cfg(target_arch = "x86_64")]
-    if AVX512 && w.ty == GgmlType::IQ4_XS && k == k_pad {
+    let per_32: Option<direct::ScaledStripFn> = match w.ty {
+        GgmlType::IQ4_XS => Some(direct::iq4_xs_strip),
+        GgmlType::Q8_0 => Some(direct::q8_0_strip),
+        _ => None,
+    };
+    #[cfg(target_arch = "x86_64")]
+    if let Some(strip) = per_32.filter(|_| AVX512 && k == k_pad) {
         let (blocks, _, strips) = direct::strips(w, bytes, layout.strip_bytes);
         for (st, sc) in strips.zip(scales.chunks_exact_mut(groups * STRIP)) {
             // SAFETY: as for Q4_K above.
-            unsafe { direct::iq4_xs_strip(st.src, st.rows, blocks, st.dst, sc) };
+            unsafe { strip(st.src, st.rows, blocks, st.dst, sc) };
         }
         return;
     }
