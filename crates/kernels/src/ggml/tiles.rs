@@ -172,6 +172,17 @@ pub(crate) const INT8_MIN_TOKENS_Q2_K: usize = 16;
 /// against 0.265 / 0.362 / 0.682.
 pub(crate) const INT8_MIN_TOKENS_IQ4_XS: usize = 4;
 
+/// The same for Q4_0 and Q5_0 (Q5_0: the down projections of DeepSeek-V2-Lite's Q4_K_M
+/// files, whose 1,408 are no whole number of k-quant blocks), whose INT8 tiles are filled in
+/// registers from their blocks (`direct::q4_0_strip`, `direct::q5_0_strip`). On a Zen 5 EPYC
+/// (2026-12-02, `strata bench moe --crossover --formats q4_0,q5_0`, two rounds, ms per expert
+/// at 4 / 8 / 16 tokens per expert): Q4_0 tiles 0.207-0.271 / 0.233-0.297 / 0.312-0.381
+/// (generic fill 0.337-0.346 / 0.386-0.393 / 0.462-0.464), row-dot 0.254-0.266 / 0.491-0.511
+/// / 0.916-0.974; Q5_0 tiles 0.239-0.254 / 0.255-0.266 / 0.333-0.346 (generic fill
+/// 0.557-0.569 / 0.599-0.607 / 0.679-0.681), row-dot 0.248-0.255 / 0.482-0.493 /
+/// 0.922-0.930. Level at 4, so from 8; not yet measured on Intel.
+pub(crate) const INT8_MIN_TOKENS_Q4_0_Q5_0: usize = 8;
+
 /// Fewest tokens from which `ty` takes AVX-512 INT8 tiles below the general thresholds (on
 /// AMX, until its BF16 tiles take over): the types whose tiles decode cheaply enough to
 /// repay them at a few tokens per expert.
@@ -184,6 +195,7 @@ fn early_int8_min(ty: GgmlType) -> Option<usize> {
         GgmlType::Q3_K => Some(INT8_MIN_TOKENS_Q3_K),
         GgmlType::Q2_K => Some(INT8_MIN_TOKENS_Q2_K),
         GgmlType::IQ4_XS => Some(INT8_MIN_TOKENS_IQ4_XS),
+        GgmlType::Q4_0 | GgmlType::Q5_0 => Some(INT8_MIN_TOKENS_Q4_0_Q5_0),
         _ => None,
     }
 }

@@ -18,7 +18,8 @@ pub(super) type StripFn = unsafe fn(&[u8], usize, usize, usize, &mut [u8]);
 /// Its scales (`q6_k_strip_scales`, `q3_k_strip_scales`): `(src, rows, blocks, block, scales)`.
 pub(super) type StripScalesFn = unsafe fn(&[u8], usize, usize, usize, &mut [f32]);
 /// A strip fill of a type with a scale per 32 and no mins that writes its scales too
-/// (`iq4_xs_strip`, `q8_0_strip`): `(src, rows, blocks, dst, scales)`.
+/// (`iq4_xs_strip`, `q8_0_strip`, `q4_0_strip`, `q5_0_strip`): `(src, rows, blocks, dst,
+/// scales)`.
 pub(super) type ScaledStripFn = unsafe fn(&[u8], usize, usize, &mut [u8], &mut [f32]);
 
 /// One strip of `w`'s k-quant rows beside its tile bytes: the strip's first row, its rows
@@ -671,6 +672,105 @@ pub(super) unsafe fn q8_0_strip(
             unsafe {
                 let at = dst.as_mut_ptr().add(64 * (8 * b + line));
                 _mm512_storeu_si512(at.cast(), _mm512_xor_si512(v, flip));
+            }
+        }
+    }
+}
+
+/// [`q4_0_like_strip`] for Q4_0.
+///
+/// # Safety
+/// As [`q4_0_like_strip`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+pub(super) unsafe fn q4_0_strip(
+    src: &[u8],
+    rows: usize,
+    blocks: usize,
+    dst: &mut [u8],
+    scales: &mut [f32],
+) {
+    // SAFETY: the caller's guarantees.
+    unsafe { q4_0_like_strip::<false>(src, rows, blocks, dst, scales) }
+}
+
+/// [`q4_0_like_strip`] for Q5_0.
+///
+/// # Safety
+/// As [`q4_0_like_strip`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+pub(super) unsafe fn q5_0_strip(
+    src: &[u8],
+    rows: usize,
+    blocks: usize,
+    dst: &mut [u8],
+    scales: &mut [f32],
+) {
+    // SAFETY: the caller's guarantees.
+    unsafe { q4_0_like_strip::<true>(src, rows, blocks, dst, scales) }
+}
+
+/// Writes the INT8 tile lines of one strip of Q4_0 rows (`{f16 d; u8 qs[16]}`, value `q - 8`)
+/// or, with `FIVE`, Q5_0 rows (`{f16 d; u32 qh; u8 qs[16]}`, the fifth bit of value `j` bit
+/// `j` of `qh`, value `q - 16`): `rows` rows, at most 16, of `blocks` blocks in `src`, 8 lines
+/// per block in `dst`, each value's byte plus 128 (rows past `rows` the stored zero, 128);
+/// the rows' `d` as the block's 16 scales in `scales` (the strip's `[block][16]`, zero past
+/// `rows`). Dword `i` of the 16 bytes of nibbles, gathered across the rows, holds line `i` in
+/// its low nibbles and line `4 + i` in its high ones; a line's four fifth bits are spread to
+/// bit 4 of their bytes by one multiply (bit `k` times `2^(4 + 7k)` lands on `8k + 4`, and
+/// no other product of the four reaches those bits).
+///
+/// # Safety
+/// AVX-512 F/BW/VL and F16C must be available.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+unsafe fn q4_0_like_strip<const FIVE: bool>(
+    src: &[u8],
+    rows: usize,
+    blocks: usize,
+    dst: &mut [u8],
+    scales: &mut [f32],
+) {
+    let (block, qs) = if FIVE { (22, 6) } else { (18, 2) };
+    let row_bytes = blocks * block;
+    assert!(rows <= 16 && src.len() >= rows * row_bytes && dst.len() >= blocks * 8 * 64);
+    assert!(scales.len() >= blocks * 16);
+    let gather = RowGather::new(src, rows, row_bytes);
+    let padding: __mmask16 = if rows == 16 { 0 } else { !0 << rows };
+    let nib = _mm512_set1_epi8(0x0f);
+    // The stored byte `q - offset + 128`.
+    let to_stored = _mm512_set1_epi8(if FIVE { 112 } else { 120 });
+    let zero = _mm512_set1_epi8(-128);
+    let (spread, bit4) = (
+        _mm512_set1_epi32((1 << 4) | (1 << 11) | (1 << 18) | (1 << 25)),
+        _mm512_set1_epi32(0x1010_1010),
+    );
+    let next = NextStrip::new(src, rows * row_bytes, blocks);
+    for b in 0..blocks {
+        next.fetch(b);
+        let at = block * b;
+        let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(gather.dword(src, at)));
+        // SAFETY: block `b`'s 16 scales lie within `scales` (checked above).
+        unsafe { _mm512_storeu_ps(scales.as_mut_ptr().add(16 * b), d) };
+        let qh = if FIVE {
+            gather.dword(src, at + 2)
+        } else {
+            _mm512_setzero_si512()
+        };
+        for i in 0..4 {
+            let q = gather.dword(src, at + qs + 4 * i);
+            for (line, nibbles) in [(i, q), (4 + i, _mm512_srli_epi32::<4>(q))] {
+                let mut v = _mm512_and_si512(nibbles, nib);
+                if FIVE {
+                    // Values `4 line ..` (line < 4) or `16 + 4 (line - 4) ..`: bits `4 line ..`
+                    // of `qh` either way.
+                    let h = _mm512_srl_epi32(qh, _mm_cvtsi32_si128(4 * line as i32));
+                    let h = _mm512_mullo_epi32(_mm512_and_si512(h, _mm512_set1_epi32(0xf)), spread);
+                    // v | (h & bit4)
+                    v = _mm512_ternarylogic_epi32::<0xf8>(v, h, bit4);
+                }
+                let v = _mm512_mask_blend_epi32(padding, _mm512_add_epi8(v, to_stored), zero);
+                // SAFETY: line `8 b + line` lies within `dst` (checked above).
+                unsafe { _mm512_storeu_si512(dst.as_mut_ptr().add(64 * (8 * b + line)).cast(), v) };
             }
         }
     }

@@ -156,7 +156,7 @@ fn tiles_are_taken_for_many_tokens_on_avx512_amx_and_for_exact_types_on_avx_vnni
     assert_eq!(q4_k.form(Isa::Avx512, 4096), int8);
     let amx_bf16 = Form::Tiles(Kernel::Isa(Isa::Amx), TileFormat::Bf16);
     assert_eq!(q4_k.form(Isa::Amx, TILE_MIN_TOKENS_AMX), amx_bf16);
-    // So do Q8_0, IQ4_XS and Q5_K, from their own thresholds; on AMX their BF16 tiles take
+    // So do Q8_0, IQ4_XS, Q5_K and Q5_0, from their own thresholds; on AMX their BF16 tiles take
     // over from theirs (Q8_0's at once).
     for (w, early, amx) in [
         (&q8_0, INT8_MIN_TOKENS_Q8_0, TILE_MIN_TOKENS_AMX_Q8_0),
@@ -169,6 +169,11 @@ fn tiles_are_taken_for_many_tokens_on_avx512_amx_and_for_exact_types_on_avx_vnni
             &matrix(GgmlType::Q5_K, 64, 256, &mut 1),
             INT8_MIN_TOKENS_Q5_K,
             TILE_MIN_TOKENS_AMX_Q5_K,
+        ),
+        (
+            &matrix(GgmlType::Q5_0, 64, 256, &mut 1),
+            INT8_MIN_TOKENS_Q4_0_Q5_0,
+            TILE_MIN_TOKENS_AMX,
         ),
     ] {
         for isa in [Isa::Avx512, Isa::Amx] {
@@ -347,6 +352,8 @@ fn direct_fills_equal_the_generic_fills() {
         GgmlType::Q3_K,
         GgmlType::Q8_0,
         GgmlType::IQ4_XS,
+        GgmlType::Q4_0,
+        GgmlType::Q5_0,
     ] {
         for n in [1, 16, 33, 64] {
             let wm = matrix(ty, n, k, &mut (n as u64));
