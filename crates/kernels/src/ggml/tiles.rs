@@ -174,7 +174,7 @@ pub(crate) const INT8_MIN_TOKENS_IQ4_XS: usize = 4;
 
 /// The same for Q4_0 and Q5_0 (Q5_0: the down projections of DeepSeek-V2-Lite's Q4_K_M
 /// files, whose 1,408 are no whole number of k-quant blocks), whose INT8 tiles are filled in
-/// registers from their blocks (`direct::q4_0_strip`, `direct::q5_0_strip`). On a Zen 5 EPYC
+/// registers from their blocks (`direct::q4_0_like_strip`). On a Zen 5 EPYC
 /// (2026-12-02, `strata bench moe --crossover --formats q4_0,q5_0`, two rounds, ms per expert
 /// at 4 / 8 / 16 tokens per expert): Q4_0 tiles 0.207-0.271 / 0.233-0.297 / 0.312-0.381
 /// (generic fill 0.337-0.346 / 0.386-0.393 / 0.462-0.464), row-dot 0.254-0.266 / 0.491-0.511

@@ -18,8 +18,7 @@ pub(super) type StripFn = unsafe fn(&[u8], usize, usize, usize, &mut [u8]);
 /// Its scales (`q6_k_strip_scales`, `q3_k_strip_scales`): `(src, rows, blocks, block, scales)`.
 pub(super) type StripScalesFn = unsafe fn(&[u8], usize, usize, usize, &mut [f32]);
 /// A strip fill of a type with a scale per 32 and no mins that writes its scales too
-/// (`iq4_xs_strip`, `q8_0_strip`, `q4_0_strip`, `q5_0_strip`): `(src, rows, blocks, dst,
-/// scales)`.
+/// (`iq4_xs_strip`, `q8_0_strip`, `q4_0_like_strip`): `(src, rows, blocks, dst, scales)`.
 pub(super) type ScaledStripFn = unsafe fn(&[u8], usize, usize, &mut [u8], &mut [f32]);
 
 /// One strip of `w`'s k-quant rows beside its tile bytes: the strip's first row, its rows
@@ -677,38 +676,6 @@ pub(super) unsafe fn q8_0_strip(
     }
 }
 
-/// [`q4_0_like_strip`] for Q4_0.
-///
-/// # Safety
-/// As [`q4_0_like_strip`].
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
-pub(super) unsafe fn q4_0_strip(
-    src: &[u8],
-    rows: usize,
-    blocks: usize,
-    dst: &mut [u8],
-    scales: &mut [f32],
-) {
-    // SAFETY: the caller's guarantees.
-    unsafe { q4_0_like_strip::<false>(src, rows, blocks, dst, scales) }
-}
-
-/// [`q4_0_like_strip`] for Q5_0.
-///
-/// # Safety
-/// As [`q4_0_like_strip`].
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
-pub(super) unsafe fn q5_0_strip(
-    src: &[u8],
-    rows: usize,
-    blocks: usize,
-    dst: &mut [u8],
-    scales: &mut [f32],
-) {
-    // SAFETY: the caller's guarantees.
-    unsafe { q4_0_like_strip::<true>(src, rows, blocks, dst, scales) }
-}
-
 /// Writes the INT8 tile lines of one strip of Q4_0 rows (`{f16 d; u8 qs[16]}`, value `q - 8`)
 /// or, with `FIVE`, Q5_0 rows (`{f16 d; u32 qh; u8 qs[16]}`, the fifth bit of value `j` bit
 /// `j` of `qh`, value `q - 16`): `rows` rows, at most 16, of `blocks` blocks in `src`, 8 lines
@@ -721,9 +688,8 @@ pub(super) unsafe fn q5_0_strip(
 ///
 /// # Safety
 /// AVX-512 F/BW/VL and F16C must be available.
-#[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
-unsafe fn q4_0_like_strip<const FIVE: bool>(
+pub(super) unsafe fn q4_0_like_strip<const FIVE: bool>(
     src: &[u8],
     rows: usize,
     blocks: usize,

@@ -282,8 +282,8 @@ pub(super) fn fill_body<const AVX512: bool, const AVX2: bool>(
     let per_32: Option<direct::ScaledStripFn> = match w.ty {
         GgmlType::IQ4_XS => Some(direct::iq4_xs_strip),
         GgmlType::Q8_0 => Some(direct::q8_0_strip),
-        GgmlType::Q4_0 => Some(direct::q4_0_strip),
-        GgmlType::Q5_0 => Some(direct::q5_0_strip),
+        GgmlType::Q4_0 => Some(direct::q4_0_like_strip::<false>),
+        GgmlType::Q5_0 => Some(direct::q4_0_like_strip::<true>),
         _ => None,
     };
     #[cfg(target_arch = "x86_64")]
