@@ -26,12 +26,39 @@ use super::unpack::UNIT;
 /// Activation values per scale for weights in blocks of 32.
 pub(crate) const QBLOCK: usize = 32;
 
+/// The order a [`Q8Rows`] row's int8 values lie in. Scales and sums are always in order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Q8Layout {
+    /// In order.
+    Natural,
+    /// Within every 128 values, their quarters in the order 0, 2, 1, 3: what the low nibbles,
+    /// then the high nibbles, of 64 consecutive Q4_K or Q5_K value bytes hold (the two halves
+    /// of two 64-value chunks), so that one 64-byte load of a block's values meets the
+    /// activations of two `vpdpbusd` as they lie (the AVX-512 VNNI row-dot kernels of those
+    /// types; rows of a multiple of 128 values).
+    NibblePairs,
+}
+
+impl Q8Layout {
+    /// Where value `p` of a row lies.
+    pub(crate) fn position(self, p: usize) -> usize {
+        match self {
+            Q8Layout::Natural => p,
+            Q8Layout::NibblePairs => {
+                const QUARTER_AT: [usize; 4] = [0, 2, 1, 3];
+                p / 128 * 128 + QUARTER_AT[p % 128 / 32] * 32 + p % 32
+            }
+        }
+    }
+}
+
 /// `m` rows of `k` activations quantized for the int8 kernels.
 pub(crate) struct Q8Rows {
     pub k: usize,
     m: usize,
     block: usize,
-    /// `[m, k]` int8 values, 32-byte aligned rows.
+    layout: Q8Layout,
+    /// `[m, k]` int8 values in `layout`, 32-byte aligned rows.
     q: AlignedBuf,
     /// `[m, k / 32]` scales (equal within a 256-value block when `block` is 256).
     s: Vec<f32>,
@@ -46,15 +73,21 @@ impl Q8Rows {
     /// Quantizes rows `row(0) .. row(m - 1)` (each `k` values, `k` a multiple of `block`)
     /// with one scale per `block` values: 32, or 256 for weights in 256-value blocks, whose
     /// kernels then apply a block's integer sub-scales before converting to f32 once per
-    /// block (ggml's `Q8_K`). Prompts' rows are quantized on the pool: done on the calling
-    /// thread alone, they left the other cores waiting for a tenth of a prefill.
+    /// block (ggml's `Q8_K`); the values lie in `layout`. Prompts' rows are quantized on the
+    /// pool: done on the calling thread alone, they left the other cores waiting for a tenth
+    /// of a prefill.
     pub(crate) fn quantize<'x>(
         k: usize,
         block: usize,
+        layout: Q8Layout,
         m: usize,
         row: impl Fn(usize) -> &'x [f32] + Sync,
     ) -> Q8Rows {
         debug_assert!(block.is_multiple_of(QBLOCK) && k.is_multiple_of(block));
+        assert!(
+            layout == Q8Layout::Natural || k.is_multiple_of(128),
+            "{layout:?} activations need rows of a multiple of 128 values, not {k}"
+        );
         let mut q = AlignedBuf::zeroed(m * k);
         let mut s = vec![0.0f32; m * k / QBLOCK];
         let mut sums = vec![0.0f32; m * k / UNIT];
@@ -74,12 +107,19 @@ impl Q8Rows {
                     )
                 };
                 quantize_row(row(r), block, qr, sr, sumr, isumr);
+                if layout == Q8Layout::NibblePairs {
+                    for values in qr.chunks_exact_mut(128) {
+                        let (first, second) = values.split_at_mut(64);
+                        first[32..].swap_with_slice(&mut second[..32]);
+                    }
+                }
             }
         });
         Q8Rows {
             k,
             m,
             block,
+            layout,
             q,
             s,
             sums,
@@ -97,6 +137,12 @@ impl Q8Rows {
         self.block
     }
 
+    /// The order of the int8 values.
+    pub(crate) fn layout(&self) -> Q8Layout {
+        self.layout
+    }
+
+    /// Row `r`'s int8 values, in [`Self::layout`].
     pub(crate) fn q(&self, r: usize) -> &[i8] {
         let b = &self.q.as_slice()[r * self.k..(r + 1) * self.k];
         // SAFETY: i8 and u8 have the same size, alignment and every bit pattern is valid.
@@ -120,7 +166,7 @@ impl Q8Rows {
 
     /// The value the kernels multiply at `(r, p)`, as f32 (for reference computations).
     pub(crate) fn value(&self, r: usize, p: usize) -> f32 {
-        self.q(r)[p] as f32 * self.s(r)[p / QBLOCK]
+        self.q(r)[self.layout.position(p)] as f32 * self.s(r)[p / QBLOCK]
     }
 }
 
@@ -175,6 +221,11 @@ pub(crate) struct WRow<'a> {
 
 /// `out[j] = w · x[t0 + j]` for `out.len()` consecutive activation rows from `t0`.
 pub(crate) fn dot_rows(isa: Isa, w: &WRow, a: &Q8Rows, t0: usize, out: &mut [f32]) {
+    assert_eq!(
+        a.layout(),
+        Q8Layout::Natural,
+        "unpacked rows meet values in order"
+    );
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx2 {
         for (c, o) in out.chunks_mut(4).enumerate() {
@@ -286,7 +337,7 @@ mod tests {
             let x: Vec<f32> = (0..7 * k)
                 .map(|_| (lcg(&mut seed) % 2001) as f32 / 1000.0 - 1.0)
                 .collect();
-            let a = Q8Rows::quantize(k, QBLOCK, 7, |r| &x[r * k..(r + 1) * k]);
+            let a = Q8Rows::quantize(k, QBLOCK, Q8Layout::Natural, 7, |r| &x[r * k..(r + 1) * k]);
             for mins in [&m[..], &[][..]] {
                 let w = WRow {
                     q: &wq,
@@ -309,6 +360,28 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Nibble pairs hold the same values as the natural order, each at its position: the
+    /// middle quarters of every 128 swapped.
+    #[test]
+    fn nibble_pairs_hold_the_natural_values_moved() {
+        let (k, m) = (384, 2);
+        let x: Vec<f32> = (0..m * k).map(|i| (i % 97) as f32 - 48.0).collect();
+        let rows = |layout| Q8Rows::quantize(k, 256, layout, m, |r| &x[r * k..(r + 1) * k]);
+        let (natural, pairs) = (rows(Q8Layout::Natural), rows(Q8Layout::NibblePairs));
+        for r in 0..m {
+            for p in 0..k {
+                let at = Q8Layout::NibblePairs.position(p);
+                assert_eq!(pairs.q(r)[at], natural.q(r)[p], "row {r} value {p}");
+                assert_eq!(pairs.value(r, p), natural.value(r, p));
+            }
+            assert_eq!(pairs.isums(r), natural.isums(r));
+        }
+        let moved: Vec<usize> = [0, 31, 32, 63, 64, 95, 96, 127, 128, 160]
+            .map(|p| Q8Layout::NibblePairs.position(p))
+            .into();
+        assert_eq!(moved, [0, 31, 64, 95, 32, 63, 96, 127, 128, 192]);
     }
 
     /// The inlined rounding equals `f32::round` (C's `roundf`) on every halfway case and

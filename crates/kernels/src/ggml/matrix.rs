@@ -26,7 +26,7 @@ use crate::packed::micro::Kernel;
 use crate::packed::{Activations, StableBytes};
 use crate::{Isa, KernelError, parallel_for, vector};
 
-use super::dot::{Q8Rows, WRow, dot_rows};
+use super::dot::{Q8Layout, Q8Rows, WRow, dot_rows};
 use super::scratch::with_scratch;
 use super::tiles::{self, TileFormat};
 use super::unpack::{UNIT, decoder, unpack_rows};
@@ -292,7 +292,7 @@ impl GgmlMatrix {
     pub(crate) fn form(&self, isa: Isa, m: usize) -> Form {
         match tiles::tile_for(isa, m, self.ty) {
             Some((kernel, fmt)) => Form::Tiles(kernel, fmt),
-            None => self.block_form(),
+            None => self.block_form(isa),
         }
     }
 
@@ -300,18 +300,21 @@ impl GgmlMatrix {
     /// [`GgmlPath::available`] there).
     pub(crate) fn form_on(&self, isa: Isa, path: GgmlPath) -> Form {
         match path {
-            GgmlPath::RowDot => self.block_form(),
+            GgmlPath::RowDot => self.block_form(isa),
             // The VNNI tiles, as the default path runs them below AMX's BF16 tiles.
             GgmlPath::Int8Tiles => Form::Tiles(Kernel::Isa(isa.min(Isa::Avx512)), TileFormat::Int8),
             GgmlPath::Bf16Tiles => Form::Tiles(Kernel::Isa(isa), TileFormat::Bf16),
         }
     }
 
-    /// The block kernels' form: int8 activations for the types with an integer form, f32 for
-    /// the others.
-    fn block_form(&self) -> Form {
+    /// The block kernels' form on `isa`: int8 activations for the types with an integer form
+    /// (in the order the in-register kernel reads them), f32 for the others.
+    fn block_form(&self, isa: Isa) -> Form {
         match self.decoder {
-            Some(_) => Form::Q8(vecdot::activation_block(self.ty)),
+            Some(_) => Form::Q8(
+                vecdot::activation_block(self.ty),
+                vecdot::kernel(isa, self.ty).map_or(Q8Layout::Natural, |k| k.layout),
+            ),
             None => Form::F32,
         }
     }
@@ -333,7 +336,7 @@ impl GgmlMatrix {
         row: impl Fn(usize) -> &'x [f32] + Sync,
     ) -> Input {
         match form {
-            Form::Q8(block) => Input::Q8(Q8Rows::quantize(self.k, block, m, row)),
+            Form::Q8(block, layout) => Input::Q8(Q8Rows::quantize(self.k, block, layout, m, row)),
             Form::F32 => Input::F32((0..m).flat_map(|r| row(r).iter().copied()).collect()),
             Form::Tiles(kernel, fmt) => Input::Tiles(
                 tiles::activations(self.ty, self.k, m, kernel, fmt, row),
@@ -369,8 +372,8 @@ impl GgmlMatrix {
             s.tile.clear();
             s.tile.resize(nt * nr, 0.0);
             match (input, self.decoder) {
-                (Input::Q8(a), Some(_)) if let Some(dot) = vecdot::kernel(isa, self.ty) => {
-                    dot(src, nr, a, tokens.clone(), &mut s.tile);
+                (Input::Q8(a), Some(_)) if let Some(k) = vecdot::kernel(isa, self.ty) => {
+                    (k.dot)(src, nr, a, tokens.clone(), &mut s.tile);
                 }
                 (Input::Q8(a), Some(mins)) => {
                     s.q.resize(nr * k, 0);
@@ -488,8 +491,9 @@ impl GgmlPath {
 /// How a [`GgmlMatrix`] call computes: its activations' form decides the kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Form {
-    /// Int8 activations per this many values, integer dot products on the blocks.
-    Q8(usize),
+    /// Int8 activations per this many values in this order, integer dot products on the
+    /// blocks.
+    Q8(usize, Q8Layout),
     /// F32 activations, rows dequantized to f32 (types without an integer form).
     F32,
     /// Weight tiles decoded to packed BF16 or INT8 for the packed micro-kernels, activations
@@ -502,7 +506,7 @@ impl Form {
     pub(crate) fn token_chunk(self) -> usize {
         match self {
             Form::Tiles(..) => tiles::TILE_TOKENS,
-            Form::Q8(_) | Form::F32 => TOKEN_CHUNK,
+            Form::Q8(..) | Form::F32 => TOKEN_CHUNK,
         }
     }
 }

@@ -9,6 +9,7 @@ use super::super::tests::{
 };
 use super::*;
 use crate::ggml::GgmlType;
+use crate::ggml::dot::Q8Layout;
 use crate::ggml::matrix::Form;
 use crate::ggml::moe::fused_moe_ggml_as;
 use crate::moe::group_by_expert;
@@ -89,7 +90,10 @@ fn tiles_are_taken_for_many_tokens_on_avx512_amx_and_for_exact_types_on_avx_vnni
     let avx512_int8 = Form::Tiles(Kernel::Isa(Isa::Avx512), TileFormat::Int8);
     for isa in [Isa::Avx512, Isa::Amx] {
         assert_eq!(w.form(isa, INT8_MIN_TOKENS_Q6_K), avx512_int8);
-        assert_eq!(w.form(isa, INT8_MIN_TOKENS_Q6_K - 1), Form::Q8(256));
+        assert_eq!(
+            w.form(isa, INT8_MIN_TOKENS_Q6_K - 1),
+            Form::Q8(256, Q8Layout::Natural)
+        );
     }
     assert_eq!(w.form(Isa::Avx512, 4096), avx512_int8);
     let min = TILE_MIN_TOKENS_AMX_SLOW_BF16_FILL;
@@ -104,10 +108,10 @@ fn tiles_are_taken_for_many_tokens_on_avx512_amx_and_for_exact_types_on_avx_vnni
     );
     assert_eq!(
         w.form(Isa::AvxVnni, INT8_MIN_TOKENS_AVX_VNNI - 1),
-        Form::Q8(256)
+        Form::Q8(256, Q8Layout::Natural)
     );
     for isa in [Isa::Portable, Isa::Avx2] {
-        assert_eq!(w.form(isa, 4096), Form::Q8(256));
+        assert_eq!(w.form(isa, 4096), Form::Q8(256, Q8Layout::Natural));
     }
     // AVX-VNNI: INT8 tiles for every exact type from one threshold, Q3_K and Q8_0 from fewer
     // tokens.
@@ -115,15 +119,24 @@ fn tiles_are_taken_for_many_tokens_on_avx512_amx_and_for_exact_types_on_avx_vnni
     let q8_0 = matrix(GgmlType::Q8_0, 64, 256, &mut 1);
     let early = INT8_MIN_TOKENS_AVX_VNNI_EARLY;
     assert_eq!(q8_0.form(Isa::AvxVnni, early), avx_vnni);
-    assert_eq!(q8_0.form(Isa::AvxVnni, early - 1), Form::Q8(32));
-    assert_eq!(q8_0.form(Isa::Avx2, 4096), Form::Q8(32));
+    assert_eq!(
+        q8_0.form(Isa::AvxVnni, early - 1),
+        Form::Q8(32, Q8Layout::Natural)
+    );
+    assert_eq!(q8_0.form(Isa::Avx2, 4096), Form::Q8(32, Q8Layout::Natural));
     let q3_k = matrix(GgmlType::Q3_K, 64, 256, &mut 1);
     let (vnni_min, avx512_min) = (early, INT8_MIN_TOKENS_Q3_K);
     assert_eq!(q3_k.form(Isa::AvxVnni, vnni_min), avx_vnni);
-    assert_eq!(q3_k.form(Isa::AvxVnni, vnni_min - 1), Form::Q8(32));
+    assert_eq!(
+        q3_k.form(Isa::AvxVnni, vnni_min - 1),
+        Form::Q8(32, Q8Layout::Natural)
+    );
     for isa in [Isa::Avx512, Isa::Amx] {
         assert_eq!(q3_k.form(isa, avx512_min), avx512_int8);
-        assert_eq!(q3_k.form(isa, avx512_min - 1), Form::Q8(32));
+        assert_eq!(
+            q3_k.form(isa, avx512_min - 1),
+            Form::Q8(32, Q8Layout::Natural)
+        );
     }
     // Q2_K, stored exactly with a scale and a bias per 16: early on AVX-512, from the general
     // threshold on AVX-VNNI.
@@ -146,10 +159,19 @@ fn tiles_are_taken_for_many_tokens_on_avx512_amx_and_for_exact_types_on_avx_vnni
     assert_eq!(q4_k.form(Isa::AvxVnni, INT8_MIN_TOKENS_AVX_VNNI), avx_vnni);
     assert_eq!(
         q4_k.form(Isa::AvxVnni, INT8_MIN_TOKENS_AVX_VNNI - 1),
-        Form::Q8(256)
+        Form::Q8(256, Q8Layout::Natural)
     );
     for isa in [Isa::Avx512, Isa::Amx] {
-        assert_eq!(q4_k.form(isa, INT8_MIN_TOKENS_Q4_K - 1), Form::Q8(256));
+        // Its VNNI row-dot kernel reads activations in nibble pairs.
+        let pairs = if cfg!(target_arch = "x86_64") {
+            Q8Layout::NibblePairs
+        } else {
+            Q8Layout::Natural
+        };
+        assert_eq!(
+            q4_k.form(isa, INT8_MIN_TOKENS_Q4_K - 1),
+            Form::Q8(256, pairs)
+        );
         assert_eq!(q4_k.form(isa, INT8_MIN_TOKENS_Q4_K), int8);
         assert_eq!(q4_k.form(isa, TILE_MIN_TOKENS_AMX - 1), int8);
     }

@@ -18,12 +18,19 @@ use std::ops::Range;
 use crate::Isa;
 
 use super::GgmlType;
-use super::dot::Q8Rows;
+use super::dot::{Q8Layout, Q8Rows};
 
 /// `tile[j · n_rows + r] = row_r · x[tokens.start + j]`: `n_rows` rows of whole blocks
 /// (`src`, consecutive) against a range of activation rows.
 pub(crate) type BlockDot =
     fn(src: &[u8], n_rows: usize, a: &Q8Rows, tokens: Range<usize>, tile: &mut [f32]);
+
+/// An in-register kernel and the order it needs its activations' values in.
+#[derive(Clone, Copy)]
+pub(crate) struct RowDot {
+    pub(crate) dot: BlockDot,
+    pub(crate) layout: Q8Layout,
+}
 
 /// The order a task's rows are read in: `streams` sequential runs, interleaved row by row,
 /// each prefetching into L1 the row `ahead` rows further in its own run while one computes
@@ -157,36 +164,45 @@ pub(crate) fn activation_block(ty: GgmlType) -> usize {
 }
 
 /// The VNNI kernel of `$ty` run by `vnni::$on` (`on_cpu`, `on_avx_vnni` or, in tests,
-/// `on_soft`).
+/// `on_soft`), with its activations' layout.
 macro_rules! vnni_kernel {
     ($ty:expr, $on:ident) => {{
-        use crate::ggml::vecdot::{BlockDot, vnni};
+        use crate::ggml::vecdot::{RowDot, vnni};
+        use vnni::RowKernel as _;
+        macro_rules! row_dot {
+            ($k:ty) => {
+                Some(RowDot {
+                    dot: vnni::$on::<$k>,
+                    layout: <$k>::LAYOUT,
+                })
+            };
+        }
         match $ty {
-            GgmlType::Q2_K => Some(vnni::$on::<vnni::Q2K> as BlockDot),
-            GgmlType::Q3_K => Some(vnni::$on::<vnni::Q3K> as BlockDot),
-            GgmlType::Q4_K => Some(vnni::$on::<vnni::Q4K> as BlockDot),
-            GgmlType::Q5_K => Some(vnni::$on::<vnni::Q5K> as BlockDot),
-            GgmlType::Q6_K => Some(vnni::$on::<vnni::Q6K> as BlockDot),
-            GgmlType::Q8_0 => Some(vnni::$on::<vnni::Q8_0> as BlockDot),
-            GgmlType::Q4_0 => Some(vnni::$on::<vnni::Q4_0> as BlockDot),
-            GgmlType::Q5_0 => Some(vnni::$on::<vnni::Q5_0> as BlockDot),
-            GgmlType::Q4_1 => Some(vnni::$on::<vnni::Q4_1> as BlockDot),
-            GgmlType::Q5_1 => Some(vnni::$on::<vnni::Q5_1> as BlockDot),
-            GgmlType::IQ4_NL => Some(vnni::$on::<vnni::IQ4NL> as BlockDot),
-            GgmlType::IQ4_XS => Some(vnni::$on::<vnni::IQ4XS> as BlockDot),
+            GgmlType::Q2_K => row_dot!(vnni::Q2K),
+            GgmlType::Q3_K => row_dot!(vnni::Q3K),
+            GgmlType::Q4_K => row_dot!(vnni::Q4K),
+            GgmlType::Q5_K => row_dot!(vnni::Q5K),
+            GgmlType::Q6_K => row_dot!(vnni::Q6K),
+            GgmlType::Q8_0 => row_dot!(vnni::Q8_0),
+            GgmlType::Q4_0 => row_dot!(vnni::Q4_0),
+            GgmlType::Q5_0 => row_dot!(vnni::Q5_0),
+            GgmlType::Q4_1 => row_dot!(vnni::Q4_1),
+            GgmlType::Q5_1 => row_dot!(vnni::Q5_1),
+            GgmlType::IQ4_NL => row_dot!(vnni::IQ4NL),
+            GgmlType::IQ4_XS => row_dot!(vnni::IQ4XS),
             _ => None,
         }
     }};
 }
 
 /// The in-register kernel for `ty` on `isa`, if there is one: the VNNI kernel on AVX-512
-/// where `ty` has one, else the AVX2 kernel.
+/// where `ty` has one, else the AVX2 kernel. Its activations are quantized in its layout.
 ///
 /// AVX-VNNI CPUs keep the AVX2 kernels: the VNNI kernels on 256-bit halves
 /// (`vnni::on_avx_vnni`, checked in tests) measured 0.6-1.3x them at 1, 4 and 32 tokens per
 /// expert on a Xeon's AVX-VNNI (2026-11-29, docs/benchmarks.md; 2.2-3x slower for Q2_K,
 /// Q3_K and Q5_K, whose word permutes and variable shifts take several AVX2 instructions).
-pub(crate) fn kernel(isa: Isa, ty: GgmlType) -> Option<BlockDot> {
+pub(crate) fn kernel(isa: Isa, ty: GgmlType) -> Option<RowDot> {
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx512
         && let Some(dot) = vnni_kernel!(ty, on_cpu)
@@ -195,7 +211,7 @@ pub(crate) fn kernel(isa: Isa, ty: GgmlType) -> Option<BlockDot> {
     }
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx2 {
-        return match ty {
+        let dot: Option<BlockDot> = match ty {
             GgmlType::Q2_K => Some(avx2::q2_k),
             GgmlType::Q3_K => Some(avx2::q3_k),
             GgmlType::Q4_K => Some(avx2::q4_k),
@@ -210,6 +226,10 @@ pub(crate) fn kernel(isa: Isa, ty: GgmlType) -> Option<BlockDot> {
             GgmlType::IQ4_XS => Some(avx2::iq4_xs),
             _ => None,
         };
+        return dot.map(|dot| RowDot {
+            dot,
+            layout: Q8Layout::Natural,
+        });
     }
     let _ = (isa, ty);
     None
@@ -313,7 +333,7 @@ mod tests {
         let mut seed = 5;
         for ty in IN_REGISTER_TYPES {
             for isa in Isa::available() {
-                let Some(dot) = kernel(isa, ty) else {
+                let Some(RowDot { dot, layout }) = kernel(isa, ty) else {
                     if isa >= Isa::Avx2 {
                         panic!("{ty} has no in-register kernel on {isa:?}");
                     }
@@ -330,8 +350,9 @@ mod tests {
                     let mut want = vec![0.0f32; m * n];
                     w.matmul_with(Isa::Portable, &x, m, &mut want)
                         .expect("shapes");
-                    let a =
-                        Q8Rows::quantize(k, activation_block(ty), m, |r| &x[r * k..(r + 1) * k]);
+                    let a = Q8Rows::quantize(k, activation_block(ty), layout, m, |r| {
+                        &x[r * k..(r + 1) * k]
+                    });
                     let mut got = vec![f32::NAN; m * n];
                     dot(w.bytes(), n, &a, 0..m, &mut got);
                     let tols = dot_tolerances(&w, &x, m, &want);

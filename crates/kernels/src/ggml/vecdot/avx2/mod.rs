@@ -8,7 +8,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::{Q8Rows, Tokens, for_each_row};
+use super::{Q8Layout, Q8Rows, Tokens, for_each_row};
 use kquants::{q2_k_n, q3_k_n, q4_k_n, q5_k_n, q6_k_n};
 use small::{iq4_nl_n, iq4_xs_n, q4_0_n, q4_1_n, q5_0_n, q5_1_n, q8_0_n};
 
@@ -34,6 +34,7 @@ macro_rules! entry {
                     && rb.is_multiple_of($block_bytes)
                     && rb / $block_bytes * $values == a.k
                     && a.block() == $act
+                    && a.layout() == Q8Layout::Natural
                     && tokens.end <= a.rows()
                     && tile.len() == tokens.len() * n_rows,
                 "{n_rows} rows of {rb} bytes against {} activations of {} per {}, \

@@ -1,15 +1,17 @@
 //! Q4_K, Q5_K and Q6_K: 256-value blocks with integer sub-scales, against activations
-//! quantized per 256. Each 64 values become one register in the activations' order;
-//! `vpdpbusd` forms sums of four products, narrowed to i16 (exact: at most 4 · 63 · 128) and
-//! multiplied by their sub-block's scale into i32 by `vpdpwssd`, converted to f32 once per
-//! block.
+//! quantized per 256. Each 64 values become one register; `vpdpbusd` forms sums of four
+//! products, narrowed to i16 (exact: at most 4 · 63 · 128) and multiplied by their
+//! sub-block's scale into i32 by `vpdpwssd`, converted to f32 once per block. Q6_K's
+//! registers hold values in order; Q4_K's and Q5_K's hold the low or the high nibbles of 64
+//! bytes, and their activations lie to match ([`Q8Layout::NibblePairs`]).
 
 // Per-token accumulators read best indexed by the token, as the activation rows are.
 #![allow(clippy::needless_range_loop)]
 
 use super::{RowKernel, Tokens, f16_at};
 use crate::ggml::GgmlType;
-use crate::vnni_unit::{Vnni, runs16};
+use crate::ggml::dot::Q8Layout;
+use crate::vnni_unit::Vnni;
 
 /// The header of a Q4_K / Q5_K block (`d`, `dmin` and 12 bytes of 6-bit scales and mins,
 /// ggml's `get_scale_min_k4`) as its 32-bit words `[d|dmin, w0, w1, w2]`: scales 0-3 are the
@@ -46,17 +48,17 @@ mod header {
         if k < 4 { 8 + k } else { k - 4 }
     }
 
-    /// The i16 lanes of `packs32` of chunks `a` and `b`'s i32 sums pick the scale of their
-    /// sub-block: per 128-bit lane `L`, four of chunk `a` then four of `b`, from the chunk's
-    /// first sub-block in lanes 0-1 (its i32 lanes 0-7) and its second in lanes 2-3. The
-    /// scales are those of the header decoded at lanes `at ..` (0, or 16 for the second of
-    /// a pair).
-    pub(super) const fn packed_scales(a: u16, b: u16, at: u16) -> [u8; 64] {
+    /// The i16 lanes of `packs32` of the i32 sums of registers `a` and `b` pick the scale of
+    /// their sub-block: per 128-bit lane `L`, four of `a` then four of `b`, from the
+    /// register's sub-block `[0]` in lanes 0-1 (its i32 lanes 0-7) and `[1]` in lanes 2-3.
+    /// The scales are those of the header decoded at lanes `at ..` (0, or 16 for the second
+    /// of a pair).
+    pub(super) const fn packed_scales(a: [u16; 2], b: [u16; 2], at: u16) -> [u8; 64] {
         let mut o = [0u8; 64];
         let mut l = 0;
         while l < 32 {
-            let chunk = if l % 8 < 4 { a } else { b };
-            o[2 * l] = (at + scale(2 * chunk + (l / 16) as u16)) as u8;
+            let sub_blocks = if l % 8 < 4 { a } else { b };
+            o[2 * l] = (at + scale(sub_blocks[l / 16])) as u8;
             l += 1;
         }
         o
@@ -117,6 +119,7 @@ pub(in crate::ggml::vecdot) struct Q5K;
 
 impl RowKernel for Q4K {
     const TYPE: GgmlType = GgmlType::Q4_K;
+    const LAYOUT: Q8Layout = Q8Layout::NibblePairs;
     #[inline(always)]
     unsafe fn row<U: Vnni, const N: usize>(u: U, row: &[u8], xt: &Tokens<N>, out: &mut [f32; N]) {
         // SAFETY: the caller's guarantees.
@@ -126,6 +129,7 @@ impl RowKernel for Q4K {
 
 impl RowKernel for Q5K {
     const TYPE: GgmlType = GgmlType::Q5_K;
+    const LAYOUT: Q8Layout = Q8Layout::NibblePairs;
     #[inline(always)]
     unsafe fn row<U: Vnni, const N: usize>(u: U, row: &[u8], xt: &Tokens<N>, out: &mut [f32; N]) {
         // SAFETY: the caller's guarantees.
@@ -149,11 +153,15 @@ unsafe fn k4<U: Vnni, const N: usize, const FIVE: bool>(
     let block = if FIVE { 176 } else { 144 };
     let k = Values::<U, FIVE>::new(u);
     let hk = header::Consts::new(u);
-    // The scales of chunks 0 and 1's sums narrowed together, then of chunks 2 and 3, for the
-    // header at lane 0 and for the one at lane 16.
+    // The scales of the sums of the first 64 value bytes' low and high nibbles narrowed
+    // together (sub-blocks 0 and 2, then 1 and 3), then of the next 64 bytes', for the header
+    // at lane 0 and for the one at lane 16.
     const SCALE: [[[u8; 64]; 2]; 2] = {
         let s = header::packed_scales;
-        [[s(0, 1, 0), s(2, 3, 0)], [s(0, 1, 16), s(2, 3, 16)]]
+        [
+            [s([0, 2], [1, 3], 0), s([4, 6], [5, 7], 0)],
+            [s([0, 2], [1, 3], 16), s([4, 6], [5, 7], 16)],
+        ]
     };
     let scale = [
         [u.bytes(SCALE[0][0]), u.bytes(SCALE[0][1])],
@@ -239,37 +247,31 @@ unsafe fn k4<U: Vnni, const N: usize, const FIVE: bool>(
 /// The values of a Q4_K (or, with `FIVE`, Q5_K) block against the tokens.
 struct Values<U: Vnni, const FIVE: bool> {
     m4: U::I,
-    one: U::I,
-    /// Q5_K: the bits of `qh` holding chunk `c`'s fifth bits.
-    qh_shift: [U::I; 4],
+    /// Q5_K: bit 4 of each byte, where a value's fifth bit goes.
+    bit4: U::I,
 }
 
 impl<U: Vnni, const FIVE: bool> Values<U, FIVE> {
     #[inline(always)]
     fn new(u: U) -> Self {
-        const QH: [[u8; 64]; 4] = [runs16(0, 16), runs16(2, 16), runs16(4, 16), runs16(6, 16)];
-        // No closures over unit operations here: one compiled apart would call each
-        // instruction.
         Self {
             m4: u.splat8(0x0f),
-            one: u.splat8(1),
-            qh_shift: [
-                u.bytes(QH[0]),
-                u.bytes(QH[1]),
-                u.bytes(QH[2]),
-                u.bytes(QH[3]),
-            ],
+            bit4: u.splat8(0x10),
         }
     }
 
     /// Block `i` (bytes `x`) against each token: its values' products summed per sub-block
-    /// and scaled (`s01`, `s23`: the scales of chunks 0-1 and 2-3 as narrowed), in i32 lanes.
+    /// and scaled (`s01`, `s23`: the scales of the first and the second 64 value bytes'
+    /// sums as narrowed), in i32 lanes.
     ///
-    /// Each chunk's sums of four products per i32 lane come unscaled from `vpdpbusd`: lanes
-    /// 0-7 its first sub-block, 8-15 its second, each at most 4 · 31 · 128, so two chunks
-    /// narrow to i16 exactly and one `vpdpwssd` scales them. (`vpmaddubsw` then `vpdpwssd`
-    /// per chunk took two operations where `vpdpbusd` takes one, and the compiler split half
-    /// of those `vpdpwssd` into two.)
+    /// Each 64 value bytes are one load: their low nibbles are sub-blocks `4p` and `4p + 2`
+    /// (in the register's halves), their high nibbles `4p + 1` and `4p + 3`, which the
+    /// activations' [`Q8Layout::NibblePairs`] meet as they lie (two 32-byte loads of one
+    /// 64-value chunk, each spread by a variable shift, took a quarter more operations).
+    /// Their sums of four products per i32 lane come unscaled from `vpdpbusd`, each at most
+    /// 4 · 31 · 128, so the low and high sums narrow to i16 exactly and one `vpdpwssd`
+    /// scales them. (`vpmaddubsw` then `vpdpwssd` took two operations where `vpdpbusd` takes
+    /// one, and the compiler split half of those `vpdpwssd` into two.)
     ///
     /// # Safety
     /// `x` holds block `i` of a row matching the rows of `xt`.
@@ -284,26 +286,51 @@ impl<U: Vnni, const FIVE: bool> Values<U, FIVE> {
         xt: &Tokens<N>,
     ) -> [U::I; N] {
         let qs = if FIVE { 48 } else { 16 };
-        let qh = if FIVE {
+        // Q5_K: the fifth bits at bit 4 of each value's byte, for the low and the high
+        // nibbles of each 64 value bytes. `qh[l]` holds, in bit `2c` and `2c + 1`, those of
+        // the low and high nibbles of byte `l` of chunk `c` (32 bytes each).
+        let fifth = if FIVE {
             // SAFETY: Q5_K's bytes 16..48 lie within its 176-byte block.
-            unsafe { u.load_dup32(x.as_ptr().add(16)) }
+            let qh = unsafe { u.load_dup32(x.as_ptr().add(16)) };
+            // Shifts within each byte (bit 4 of a u16 lane's byte comes from the same byte).
+            // No closure here: one compiled apart would call each instruction.
+            let b4 = self.bit4;
+            [
+                [
+                    u.and(u.slli16_halves::<4, 2>(qh), b4),
+                    u.and(u.slli16_halves::<3, 1>(qh), b4),
+                ],
+                [
+                    u.and(u.srli16_halves::<0, 2>(qh), b4),
+                    u.and(u.srli16_halves::<1, 3>(qh), b4),
+                ],
+            ]
         } else {
-            u.zero()
+            [[u.zero(); 2]; 2]
         };
+        // Per 64 value bytes `p`: sums[2 p] of the low nibbles, sums[2 p + 1] of the high.
         let mut sums = [[u.zero(); N]; 4];
-        for c in 0..4 {
-            // SAFETY: bytes qs + 32 c .. qs + 32 c + 32 lie within the block.
-            let q = unsafe { u.load_dup32(x.as_ptr().add(qs + 32 * c)) };
-            let v = if FIVE {
-                let fifth = u.slli16::<4>(u.and(u.srlv16(qh, self.qh_shift[c]), self.one));
-                u.and_or(u.srli16_halves::<0, 4>(q), self.m4, fifth)
+        for p in 0..2 {
+            // SAFETY: bytes qs + 64 p .. qs + 64 p + 64 lie within the block.
+            let q = unsafe { u.load(x.as_ptr().add(qs + 64 * p)) };
+            let (low, high) = if FIVE {
+                (
+                    u.and_or(q, self.m4, fifth[p][0]),
+                    u.and_or(u.srli16::<4>(q), self.m4, fifth[p][1]),
+                )
             } else {
-                u.and(u.srli16_halves::<0, 4>(q), self.m4)
+                (u.and(q, self.m4), u.and(u.srli16::<4>(q), self.m4))
             };
             for j in 0..N {
                 // SAFETY: block `i` of the row lies within the rows of `xt` (caller).
-                let xv = unsafe { xt.load_x(u, j, 256 * i + 64 * c) };
-                sums[c][j] = u.dpbusd(u.zero(), v, xv);
+                let (x_low, x_high) = unsafe {
+                    (
+                        xt.load_x(u, j, 256 * i + 128 * p),
+                        xt.load_x(u, j, 256 * i + 128 * p + 64),
+                    )
+                };
+                sums[2 * p][j] = u.dpbusd(u.zero(), low, x_low);
+                sums[2 * p + 1][j] = u.dpbusd(u.zero(), high, x_high);
             }
         }
         std::array::from_fn(|j| {

@@ -14,7 +14,7 @@
 
 use std::ops::Range;
 
-use super::{GgmlType, Q8Rows, Tokens, for_each_row};
+use super::{GgmlType, Q8Layout, Q8Rows, Tokens, for_each_row};
 #[cfg(target_arch = "x86_64")]
 use crate::vnni_unit::Avx512Vnni;
 use crate::vnni_unit::Vnni;
@@ -31,6 +31,9 @@ pub(super) use small::{IQ4NL, IQ4XS, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
 pub(super) trait RowKernel {
     /// The block type it computes.
     const TYPE: GgmlType;
+
+    /// The order it reads its activations' values in.
+    const LAYOUT: Q8Layout = Q8Layout::Natural;
 
     /// `out[j] = row · x_j` for the `N` tokens of `xt`.
     ///
@@ -116,13 +119,15 @@ fn check<K: RowKernel>(
             && rb.is_multiple_of(K::TYPE.block_bytes())
             && rb / K::TYPE.block_bytes() * K::TYPE.block_size() == a.k
             && a.block() == super::activation_block(K::TYPE)
+            && a.layout() == K::LAYOUT
             && tokens.end <= a.rows()
             && tile.len() == tokens.len() * n_rows,
-        "{n_rows} rows of {rb} bytes against {} activations of {} per {}, tokens {tokens:?}, \
-         tile {}",
+        "{n_rows} rows of {rb} bytes against {} activations of {} per {} ({:?}), tokens \
+         {tokens:?}, tile {}",
         a.rows(),
         a.k,
         a.block(),
+        a.layout(),
         tile.len()
     );
     rb

@@ -2,7 +2,7 @@
 //! software unit against the general integer path, and on the CPU bit for bit against the
 //! software unit.
 
-use super::super::{BlockDot, IN_REGISTER_TYPES as TYPES, activation_block};
+use super::super::{IN_REGISTER_TYPES as TYPES, RowDot, activation_block};
 use crate::Isa;
 use crate::ggml::dot::Q8Rows;
 use crate::ggml::test_util::{dot_tolerances, random_blocks};
@@ -235,14 +235,16 @@ fn weights(ty: GgmlType, n: usize, k: usize, fill: Option<u8>, seed: &mut u64) -
 }
 
 /// `dot` against the general integer path (the portable matmul) on `m` tokens.
-fn check_against_unpacked(w: &GgmlMatrix, x: &[f32], m: usize, dot: BlockDot, label: &str) {
+fn check_against_unpacked(w: &GgmlMatrix, x: &[f32], m: usize, dot: RowDot, label: &str) {
     let (n, k, ty) = (w.n(), w.k(), w.ty());
     let mut want = vec![0.0f32; m * n];
     w.matmul_with(Isa::Portable, x, m, &mut want)
         .expect("shapes");
-    let a = Q8Rows::quantize(k, activation_block(ty), m, |r| &x[r * k..(r + 1) * k]);
+    let a = Q8Rows::quantize(k, activation_block(ty), dot.layout, m, |r| {
+        &x[r * k..(r + 1) * k]
+    });
     let mut got = vec![f32::NAN; m * n];
-    dot(w.bytes(), n, &a, 0..m, &mut got);
+    (dot.dot)(w.bytes(), n, &a, 0..m, &mut got);
     let tols = dot_tolerances(w, x, m, &want);
     for (i, (g, wv)) in got.iter().zip(&want).enumerate() {
         let tol = tols[i];
@@ -295,7 +297,7 @@ fn kernels_on_the_software_unit_match_the_unpacked_path() {
 
 /// Every VNNI kernel on a CPU unit (`cpu` picks its kernel for a type) against the general
 /// integer path and bit for bit against the software unit.
-fn kernels_agree(unit: &str, cpu: impl Fn(GgmlType) -> Option<BlockDot>) {
+fn kernels_agree(unit: &str, cpu: impl Fn(GgmlType) -> Option<RowDot>) {
     let mut seed = 9;
     for ty in TYPES {
         let soft = vnni_kernel!(ty, on_soft).expect("a VNNI kernel");
@@ -306,10 +308,13 @@ fn kernels_agree(unit: &str, cpu: impl Fn(GgmlType) -> Option<BlockDot>) {
             let w = weights(ty, n, k, fill, &mut seed);
             let x = activations(m, k, fill.is_some());
             check_against_unpacked(&w, &x, m, cpu, unit);
-            let a = Q8Rows::quantize(k, activation_block(ty), m, |r| &x[r * k..(r + 1) * k]);
+            assert_eq!(cpu.layout, soft.layout, "{ty}");
+            let a = Q8Rows::quantize(k, activation_block(ty), soft.layout, m, |r| {
+                &x[r * k..(r + 1) * k]
+            });
             let (mut on_cpu, mut on_soft) = (vec![0.0f32; m * n], vec![0.0f32; m * n]);
-            cpu(w.bytes(), n, &a, 0..m, &mut on_cpu);
-            soft(w.bytes(), n, &a, 0..m, &mut on_soft);
+            (cpu.dot)(w.bytes(), n, &a, 0..m, &mut on_cpu);
+            (soft.dot)(w.bytes(), n, &a, 0..m, &mut on_soft);
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(
                 bits(&on_cpu),
@@ -348,7 +353,7 @@ fn kernels_on_avx_vnni_equal_the_software_unit_bit_for_bit() {
 fn q4_k_row_dot_timing() {
     let mut out = vec![0.0f32; 128];
     for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
-        let Some(dot) = super::super::kernel(Isa::selected(), ty) else {
+        let Some(RowDot { dot, layout }) = super::super::kernel(Isa::selected(), ty) else {
             eprintln!("NOT MEASURED: no in-register {ty} kernel on this CPU");
             return;
         };
@@ -361,7 +366,7 @@ fn q4_k_row_dot_timing() {
         let x: Vec<f32> = (0..k)
             .map(|i| ((i * 7919) % 2001) as f32 / 1000.0 - 1.0)
             .collect();
-        let a = Q8Rows::quantize(k, activation_block(ty), 1, |_| &x[..]);
+        let a = Q8Rows::quantize(k, activation_block(ty), layout, 1, |_| &x[..]);
         for (name, count) in [("L2 (one matrix)", 1usize), ("DRAM (96 matrices)", 96)] {
             for _ in 0..3 {
                 let reps = 400;
