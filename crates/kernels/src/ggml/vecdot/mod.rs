@@ -33,14 +33,27 @@ pub(crate) struct RowDot {
 }
 
 /// The order a task's rows are read in: `streams` sequential runs, interleaved row by row,
-/// each prefetching into L1 the row `ahead` rows further in its own run while one computes
-/// (the hardware prefetchers alone left decode waiting on DRAM). Cores differ in how many
-/// streams their prefetchers follow well, so the order is chosen by vendor ([`row_order`]).
+/// each prefetching into L1 the row `ahead` rows further in its own run (or further, to be
+/// at least `ahead_bytes` ahead) while one computes (the hardware prefetchers alone left
+/// decode waiting on DRAM). Cores differ in how many streams their prefetchers follow well,
+/// so the order is chosen by vendor ([`row_order`]).
 #[cfg(any(target_arch = "x86_64", test))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct RowOrder {
     streams: usize,
     ahead: usize,
+    ahead_bytes: usize,
+}
+
+#[cfg(any(target_arch = "x86_64", test))]
+impl RowOrder {
+    /// This order for rows of `row_bytes`: `ahead` raised to cover `ahead_bytes`.
+    fn for_rows_of(self, row_bytes: usize) -> RowOrder {
+        RowOrder {
+            ahead: self.ahead.max(self.ahead_bytes.div_ceil(row_bytes.max(1))),
+            ..self
+        }
+    }
 }
 
 /// Intel's cores: four runs, one row ahead in each. On a 2-core Xeon (Ice Lake-SP,
@@ -55,6 +68,7 @@ struct RowOrder {
 const ROW_ORDER_INTEL: RowOrder = RowOrder {
     streams: 4,
     ahead: 1,
+    ahead_bytes: 0,
 };
 
 /// AMD's cores: one run, four rows ahead. On a 2-vCPU Zen 5 EPYC (2026-12-02,
@@ -63,14 +77,20 @@ const ROW_ORDER_INTEL: RowOrder = RowOrder {
 /// for Intel's order, Q6_K 0.707-1.075 against 0.976-1.018, Q8_0 1.218-1.314 against
 /// 1.473-1.569; the AVX2 kernels alike (Q4_K 0.634-0.644 against 0.888-0.910). Two runs four
 /// ahead and one run eight ahead were level with it; eight runs, or four two ahead, behind.
+/// At least 8 KiB ahead: four rows of a `down` projection (768 values) are only 1.7 KiB of
+/// Q4_K. On another 2-vCPU Zen 5 (2026-12-02, the same command, `STRATA_THREADS=1`, four
+/// alternating rounds) one thread read 23.2-24.8 GB/s of Q4_K against 21.4-23.5 without it,
+/// Q6_K 24.7-29.9 against 24.7-27.1; two threads level within this host's noise (29-37).
 #[cfg(any(target_arch = "x86_64", test))]
 const ROW_ORDER_AMD: RowOrder = RowOrder {
     streams: 1,
     ahead: 4,
+    ahead_bytes: 8192,
 };
 
-/// The row order of this CPU's vendor, or `STRATA_ROW_ORDER=STREAMS,AHEAD` (benchmarks; a
-/// value that is not two numbers, the first at least 1, is ignored with a warning). Read once.
+/// The row order of this CPU's vendor, or `STRATA_ROW_ORDER=STREAMS,AHEAD[,BYTES]`
+/// (benchmarks; `BYTES` the least distance ahead, 0 if not given; a value that is not two or
+/// three numbers, the first at least 1, is ignored with a warning). Read once.
 #[cfg(target_arch = "x86_64")]
 fn row_order() -> RowOrder {
     static ORDER: std::sync::OnceLock<RowOrder> = std::sync::OnceLock::new();
@@ -87,9 +107,9 @@ fn row_order() -> RowOrder {
             Some(order) => order,
             None => {
                 eprintln!(
-                    "warning: STRATA_ROW_ORDER={v:?} ignored (expected STREAMS,AHEAD, e.g. 4,1); \
-                     using {},{}",
-                    by_vendor.streams, by_vendor.ahead
+                    "warning: STRATA_ROW_ORDER={v:?} ignored (expected STREAMS,AHEAD[,BYTES], \
+                     e.g. 4,1 or 1,4,8192); using {},{},{}",
+                    by_vendor.streams, by_vendor.ahead, by_vendor.ahead_bytes
                 );
                 by_vendor
             }
@@ -97,20 +117,30 @@ fn row_order() -> RowOrder {
     })
 }
 
-/// `STREAMS,AHEAD` with at least one stream.
+/// `STREAMS,AHEAD[,BYTES]` with at least one stream.
 #[cfg(any(target_arch = "x86_64", test))]
 fn parse_row_order(v: &str) -> Option<RowOrder> {
-    let (streams, ahead) = v.split_once(',')?;
-    let (streams, ahead) = (streams.trim().parse().ok()?, ahead.trim().parse().ok()?);
-    (streams >= 1).then_some(RowOrder { streams, ahead })
+    let numbers: Vec<usize> = v
+        .split(',')
+        .map(|n| n.trim().parse().ok())
+        .collect::<Option<_>>()?;
+    match numbers[..] {
+        [streams, ahead] | [streams, ahead, _] if streams >= 1 => Some(RowOrder {
+            streams,
+            ahead,
+            ahead_bytes: numbers.get(2).copied().unwrap_or(0),
+        }),
+        _ => None,
+    }
 }
 
-/// Calls `f(row, ahead)` for the rows of a task of `n` rows in the order the row-dot kernels
-/// compute them ([`row_order`]), `ahead` the row to prefetch while it computes, if any.
+/// Calls `f(row, ahead)` for the rows of a task of `n` rows of `row_bytes` in the order the
+/// row-dot kernels compute them ([`row_order`]), `ahead` the row to prefetch while it
+/// computes, if any.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-fn for_each_row(n: usize, f: impl FnMut(usize, Option<usize>)) {
-    for_each_row_in(row_order(), n, f)
+fn for_each_row(n: usize, row_bytes: usize, f: impl FnMut(usize, Option<usize>)) {
+    for_each_row_in(row_order().for_rows_of(row_bytes), n, f)
 }
 
 /// [`for_each_row`] in a given order. Plain loops: as a `flat_map` iterator its state
@@ -273,7 +303,9 @@ mod tests {
             RowOrder {
                 streams: 3,
                 ahead: 0,
+                ahead_bytes: 0,
             },
+            ROW_ORDER_AMD.for_rows_of(432),
         ];
         for order in orders {
             for n in [0, 1, 3, 4, 5, 7, 128, 130] {
@@ -309,16 +341,34 @@ mod tests {
         assert_eq!(runs, [0, 1, 2, 3, 4]);
     }
 
+    /// Short rows are prefetched further ahead in rows, to stay `ahead_bytes` ahead.
+    #[test]
+    fn prefetch_distance_covers_the_bytes() {
+        let ahead = |rb| ROW_ORDER_AMD.for_rows_of(rb).ahead;
+        // A Q4_K `down` row (768 values), a `gate` row (2,048), a row longer than 8 KiB.
+        assert_eq!((ahead(432), ahead(1152), ahead(10_000)), (19, 8, 4));
+        assert_eq!(ROW_ORDER_INTEL.for_rows_of(432), ROW_ORDER_INTEL);
+    }
+
     #[test]
     fn row_order_overrides_parse() {
         assert_eq!(
             parse_row_order("2, 6"),
             Some(RowOrder {
                 streams: 2,
-                ahead: 6
+                ahead: 6,
+                ahead_bytes: 0,
             })
         );
-        for bad in ["", "4", "0,1", "a,1", "4,-1", "4,1,2"] {
+        assert_eq!(
+            parse_row_order("1,4,8192"),
+            Some(RowOrder {
+                streams: 1,
+                ahead: 4,
+                ahead_bytes: 8192,
+            })
+        );
+        for bad in ["", "4", "0,1", "a,1", "4,-1", "4,1,2,3", "4,1,x"] {
             assert_eq!(parse_row_order(bad), None, "{bad:?}");
         }
     }

@@ -81,7 +81,7 @@ unsafe fn rows_at<const N: usize>(
     kernel: Kernel<N>,
 ) {
     let n_rows = src.len() / rb;
-    for_each_row(n_rows, |r, ahead| {
+    for_each_row(n_rows, rb, |r, ahead| {
         // The next row of this run into L1 while this one computes.
         if let Some(a) = ahead {
             for line in src[a * rb..(a + 1) * rb].chunks(64) {

@@ -157,7 +157,7 @@ unsafe fn all_rows<U: Vnni, K: RowKernel>(
         tile: &mut [f32],
     ) {
         let n_rows = src.len() / rb;
-        for_each_row(n_rows, |r, ahead| {
+        for_each_row(n_rows, rb, |r, ahead| {
             // The next row of this run into L1 while this one computes: the hardware
             // prefetchers alone left decode waiting on DRAM.
             if let Some(a) = ahead {
