@@ -8,7 +8,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::{Q8Layout, Q8Rows, Tokens, for_each_row};
+use super::{Q8Layout, Q8Rows, Tokens, rows};
 use kquants::{q2_k_n, q3_k_n, q4_k_n, q5_k_n, q6_k_n};
 use small::{iq4_nl_n, iq4_xs_n, q4_0_n, q4_1_n, q5_0_n, q5_1_n, q8_0_n};
 
@@ -81,7 +81,7 @@ unsafe fn rows_at<const N: usize>(
     kernel: Kernel<N>,
 ) {
     let n_rows = src.len() / rb;
-    for_each_row(n_rows, rb, |r, ahead| {
+    for (r, ahead) in rows(n_rows, rb) {
         // The next row of this run into L1 while this one computes.
         if let Some(a) = ahead {
             for line in src[a * rb..(a + 1) * rb].chunks(64) {
@@ -90,12 +90,12 @@ unsafe fn rows_at<const N: usize>(
             }
         }
         let mut o = [0.0f32; N];
-        // SAFETY: the caller's guarantees (`for_each_row` passes rows below `n_rows`).
+        // SAFETY: the caller's guarantees (`rows` yields rows below `n_rows`).
         unsafe { kernel(&src[r * rb..(r + 1) * rb], xt, &mut o) };
         for (j, v) in o.iter().enumerate() {
             tile[j * n_rows + r] = *v;
         }
-    });
+    }
 }
 
 // name, kernel, block bytes, values per block, activation values per scale

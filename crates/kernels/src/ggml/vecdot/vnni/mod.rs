@@ -14,7 +14,7 @@
 
 use std::ops::Range;
 
-use super::{GgmlType, Q8Layout, Q8Rows, Tokens, for_each_row};
+use super::{GgmlType, Q8Layout, Q8Rows, Tokens, rows};
 #[cfg(target_arch = "x86_64")]
 use crate::vnni_unit::Avx512Vnni;
 use crate::vnni_unit::Vnni;
@@ -157,7 +157,7 @@ unsafe fn all_rows<U: Vnni, K: RowKernel>(
         tile: &mut [f32],
     ) {
         let n_rows = src.len() / rb;
-        for_each_row(n_rows, rb, |r, ahead| {
+        for (r, ahead) in rows(n_rows, rb) {
             // The next row of this run into L1 while this one computes: the hardware
             // prefetchers alone left decode waiting on DRAM.
             if let Some(a) = ahead {
@@ -168,12 +168,12 @@ unsafe fn all_rows<U: Vnni, K: RowKernel>(
                 }
             }
             let mut o = [0.0f32; N];
-            // SAFETY: the caller's guarantees (`for_each_row` passes rows below `n_rows`).
+            // SAFETY: the caller's guarantees (`rows` yields rows below `n_rows`).
             unsafe { K::row(u, &src[r * rb..(r + 1) * rb], xt, &mut o) };
             for (j, v) in o.iter().enumerate() {
                 tile[j * n_rows + r] = *v;
             }
-        });
+        }
     }
     let n_rows = src.len() / rb;
     for t in tokens.clone().step_by(4) {
