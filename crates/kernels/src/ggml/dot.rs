@@ -366,7 +366,7 @@ mod tests {
     /// middle quarters of every 128 swapped.
     #[test]
     fn nibble_pairs_hold_the_natural_values_moved() {
-        let (k, m) = (384, 2);
+        let (k, m) = (512, 2);
         let x: Vec<f32> = (0..m * k).map(|i| (i % 97) as f32 - 48.0).collect();
         let rows = |layout| Q8Rows::quantize(k, 256, layout, m, |r| &x[r * k..(r + 1) * k]);
         let (natural, pairs) = (rows(Q8Layout::Natural), rows(Q8Layout::NibblePairs));
