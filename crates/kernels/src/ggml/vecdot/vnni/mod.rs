@@ -10,7 +10,9 @@
 //! A key design decision: the kernels lay their values out to match the activations as
 //! they lie (one 64-byte load per token per 64 values), decoding the weights into that
 //! order once per row, since a row's decode is shared by up to four tokens and a token's
-//! load is not.
+//! load is not. Where the weights' own order saves operations on every block (Q4_K and
+//! Q5_K's nibbles) the activations are quantized in it instead ([`RowKernel::LAYOUT`]):
+//! that reorder is paid once per token for all rows.
 
 use std::ops::Range;
 
